@@ -1,0 +1,171 @@
+"""`ReplayConfig`: how one SSM state is stored and read, and its string form.
+
+String form (used on the command line, in result files and in test ids):
+
+    fp32                      the reference: FP32 state, conventional decoding (window 1)
+    X                         conventional eager decoding with the state stored in format X (window 1)
+    shared:X                  ReplaySSM with one checkpoint in X for reads and recurrence (window 16)
+    R/Q                       split precision: read copy in R, recurrence copy in Q (window 16)
+    ...@L                     window L, e.g. nvfp4/fp8sr@16, fp16@1
+    ...#tag#tag               options: #seed=N, #closed (GDN closed-loop fold), #open,
+                              #spec=T:alpha (speculative flush schedule), #skip=EPS
+
+Format specs may carry their own options (`nvfp4:axis=headdim,scale=head/fp16sr@16`); they are
+validated and canonicalised through `replayssm_eval.quant.get_format`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+DEFAULT_REPLAY_WINDOW = 16
+GDN_FOLDS = ("open", "closed")
+_TAGS = "seed=N, open, closed, spec=T:alpha, skip=EPS"
+
+
+@dataclass(frozen=True)
+class SpeculativeFlush:
+    """Speculative decoding: each step appends `drafts` entries (T) to the ring and commits a prefix.
+
+    The committed count per step is 1 + the number of leading successes among T-1 Bernoulli(alpha)
+    draws, so 1 <= committed <= T. A step starts with a flush when h + T > L (h committed entries):
+    the decision needs only h and T, and the ring never holds more than L + T entries.
+    """
+
+    drafts: int
+    accept: float
+
+    def __post_init__(self):
+        if self.drafts < 1:
+            raise ValueError(f"speculative drafts per step must be >= 1, got {self.drafts}")
+        if not 0.0 <= self.accept <= 1.0:
+            raise ValueError(f"speculative acceptance rate must be in [0, 1], got {self.accept}")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How one SSM layer's state is stored, read and rounded (REPLAYSSM.md §3).
+
+    read / recur: format specs of the read copy (S_lo) and the recurrence copy (S_hi).
+    shared: one stored copy serves both (Q_read = Q_recur, and SR draws one set of bits).
+    window: L; 1 is conventional eager decoding with a quantized state.
+    seed: Philox key material for stochastic rounding (see `kernels.keys`).
+    speculative: None for one token per step, else the speculative flush schedule.
+    gdn_fold: 'open' buffers u computed from the read copy (vLLM); 'closed' re-folds from S_hi
+        with the buffered raw k, v, beta, g at flush. Ignored by Mamba-2.
+    skip_read_below: if set, heads whose cumulative decay since the checkpoint is below this
+        value skip the checkpoint read on non-flush steps (its contribution is taken as zero).
+    """
+
+    read: str = "fp32"
+    recur: str = "fp32"
+    window: int = 1
+    shared: bool = True
+    seed: int = 0
+    speculative: SpeculativeFlush | None = None
+    gdn_fold: str = "open"
+    skip_read_below: float | None = None
+
+    def __post_init__(self):
+        from replayssm_eval.quant import get_format
+
+        object.__setattr__(self, "read", get_format(self.read).name)
+        object.__setattr__(self, "recur", get_format(self.recur).name)
+        if self.shared and self.read != self.recur:
+            raise ValueError(f"a shared checkpoint has one format, got read={self.read!r} recur={self.recur!r}")
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if self.gdn_fold not in GDN_FOLDS:
+            raise ValueError(f"unknown gdn_fold {self.gdn_fold!r}; known: {', '.join(GDN_FOLDS)}")
+        if self.skip_read_below is not None and not 0.0 < self.skip_read_below < 1.0:
+            raise ValueError(f"skip_read_below must be in (0, 1), got {self.skip_read_below}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def read_format(self):
+        from replayssm_eval.quant import get_format
+
+        return get_format(self.read)
+
+    @property
+    def recur_format(self):
+        from replayssm_eval.quant import get_format
+
+        return get_format(self.recur)
+
+    @property
+    def is_reference(self) -> bool:
+        """True for the exact FP32 reference (window and speculation do not change FP32 numbers)."""
+        return self.read == "fp32" and self.recur == "fp32" and self.skip_read_below is None
+
+    @property
+    def name(self) -> str:
+        """Canonical string form; `ReplayConfig.parse(c.name) == c`."""
+        if self.shared:
+            default_window = 1 if self.window == 1 else DEFAULT_REPLAY_WINDOW
+            base = self.read if self.window == 1 else f"shared:{self.read}"
+        else:
+            default_window = DEFAULT_REPLAY_WINDOW
+            base = f"{self.read}/{self.recur}"
+        text = base if self.window == default_window else f"{base}@{self.window}"
+        if self.seed:
+            text += f"#seed={self.seed}"
+        if self.gdn_fold != "open":
+            text += f"#{self.gdn_fold}"
+        if self.speculative is not None:
+            text += f"#spec={self.speculative.drafts}:{self.speculative.accept:g}"
+        if self.skip_read_below is not None:
+            text += f"#skip={self.skip_read_below:g}"
+        return text
+
+    def __str__(self) -> str:
+        return self.name
+
+    def replace(self, **changes) -> "ReplayConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def parse(cls, text: str) -> "ReplayConfig":
+        """Parse the string form described in the module docstring."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"empty replay config {text!r}; examples: fp32, shared:nvfp4, nvfp4/fp16sr@16")
+        body, *tags = text.strip().split("#")
+        fields: dict = {}
+        for tag in tags:
+            key, _, value = tag.partition("=")
+            try:
+                if key == "seed":
+                    fields["seed"] = int(value)
+                elif key in GDN_FOLDS and not value:
+                    fields["gdn_fold"] = key
+                elif key == "spec":
+                    drafts, accept = value.split(":")
+                    fields["speculative"] = SpeculativeFlush(int(drafts), float(accept))
+                elif key == "skip":
+                    fields["skip_read_below"] = float(value)
+                else:
+                    raise ValueError
+            except ValueError as err:
+                detail = f": {err}" if str(err) else ""
+                raise ValueError(f"bad option #{tag} in replay config {text!r}{detail}; known options: {_TAGS}") from None
+
+        body, at, window = body.partition("@")
+        if body.startswith("shared:"):
+            read = recur = body[len("shared:"):]
+            shared, default_window = True, DEFAULT_REPLAY_WINDOW
+        elif "/" in body:
+            read, _, recur = body.partition("/")
+            shared, default_window = False, DEFAULT_REPLAY_WINDOW
+        else:
+            read = recur = body
+            shared, default_window = True, 1
+        if at:
+            try:
+                fields["window"] = int(window)
+            except ValueError:
+                raise ValueError(f"bad window {window!r} in replay config {text!r}; expected an integer, e.g. @16") from None
+        else:
+            fields["window"] = default_window
+        return cls(read=read, recur=recur, shared=shared, **fields)

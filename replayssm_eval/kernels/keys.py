@@ -1,0 +1,53 @@
+"""Philox keys and counters for stochastic rounding of stored states.
+
+Every stored state copy draws its random bits from Philox4x32-10 (`quant.philox.randint`) with
+- key = `sr_key(seed, layer, sequence, copy)`: splitmix64 of the run seed, the layer index, the
+  sequence id and the copy (0 = recurrence copy S_hi, 1 = read copy S_lo);
+- counter = (checkpoint index << 32) + element index, the element index being row-major in the
+  state's `[H, P, N]` format layout (GDN states are laid out `[HV, V, K]` for the formats).
+Checkpoint 0 is the one written at prefill; checkpoint k the k-th flush after it. So a run is
+bit-reproducible from its seed, and neither batch composition nor call boundaries change a bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_eval.quant.philox import randint
+
+_MASK64 = (1 << 64) - 1
+RECUR_COPY, READ_COPY = 0, 1
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def sr_key(seed: int, layer: int, sequence: int, copy: int) -> int:
+    """64-bit Philox key of one stored copy, as a signed int64 value (two's complement)."""
+    z = _splitmix64(seed & _MASK64)
+    for part in (layer, sequence, copy):
+        z = _splitmix64(z ^ (part & _MASK64))
+    return z - (1 << 64) if z >= 1 << 63 else z
+
+
+def sr_keys(seed: int, layer: int, seq_ids: torch.Tensor, copy: int) -> torch.Tensor:
+    """[B] int64 keys for a batch of sequences."""
+    return torch.tensor([sr_key(seed, layer, int(s), copy) for s in seq_ids.tolist()], dtype=torch.int64, device=seq_ids.device)
+
+
+def state_random_bits(keys: torch.Tensor, checkpoint: torch.Tensor, state_shape: tuple[int, ...]) -> torch.Tensor:
+    """Random bits for storing one checkpoint of every sequence.
+
+    keys: [B] int64, checkpoint: [B] int64 checkpoint indices, state_shape: (H, P, N) in format layout.
+    Returns [B, H, P, N] int64 holding uint32 values.
+    """
+    numel = 1
+    for size in state_shape:
+        numel *= size
+    element = torch.arange(numel, dtype=torch.int64, device=keys.device)  # [HPN]
+    counter = (checkpoint[:, None] << 32) + element[None, :]  # [B, HPN]
+    return randint(keys[:, None], counter).view(keys.shape[0], *state_shape)

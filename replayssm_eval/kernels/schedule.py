@@ -1,0 +1,130 @@
+"""Flush schedules: where checkpoints are written and which copy each token's output reads.
+
+Both kernel families (and every backend) take their schedule from here, so the step reference,
+the chunked form and the Triton kernels agree on window phases by construction.
+
+A `TokenPlan` covers one call of T tokens for B sequences:
+- `fold_after[b, n]`: after token n the buffer (every entry since the newest checkpoint, token n
+  included) is folded into the recurrence copy and a checkpoint is written (both copies, rounded).
+- `read_hi[b, n]`: token n's output reads the recurrence copy S_hi of the newest checkpoint
+  written before it (flush-step outputs); otherwise it reads the read copy S_lo.
+Token n always reads the newest checkpoint written before it, plus the buffered entries since
+that checkpoint (token n's own entry included).
+
+Fixed window (REPLAYSSM.md §3): decode step n after the anchor has in-window position
+j = (h0 + n) mod L; j = L-1 is the flush: it folds the L entries and its output comes from the
+folded state before rounding, i.e. S_hi of the previous checkpoint plus the L buffered entries.
+
+Speculative (`SpeculativeFlush`): each step appends T entries and commits a prefix of
+1..T of them. When, after a step, h + T > L (h committed entries), the committed entries are
+folded at once (the decision needs only h and T, "early flush") and the next step's outputs read
+the freshly written S_hi. A call may end in the middle of a step; `ScheduleState` carries the rest.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_eval.kernels.config import ReplayConfig
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """Per-sequence schedule position, carried between calls.
+
+    count: [B] int64, committed entries in the buffer since the newest checkpoint (h).
+    step_left: [B] int64, tokens of the current speculative step not yet consumed (0 = at a step boundary).
+    step_read_hi: [B] bool, the current (or, at a boundary, the next) speculative step reads S_hi.
+    steps: [B] int64, speculative steps started so far (the acceptance draws are keyed by it).
+    """
+
+    count: torch.Tensor
+    step_left: torch.Tensor
+    step_read_hi: torch.Tensor
+    steps: torch.Tensor
+
+    @classmethod
+    def start(cls, batch: int, device=None) -> "ScheduleState":
+        """The position right after a prefill wrote the first checkpoint."""
+        zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+        return cls(zeros, zeros.clone(), torch.zeros(batch, dtype=torch.bool, device=device), zeros.clone())
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    fold_after: torch.Tensor  # [B, T] bool
+    read_hi: torch.Tensor  # [B, T] bool
+
+    @property
+    def anchor(self) -> torch.Tensor:
+        """[B, T] int64: index of the checkpoint each token reads (0 = the newest at call start)."""
+        folds = self.fold_after.to(torch.int64)
+        return folds.cumsum(dim=1) - folds
+
+    @property
+    def num_folds(self) -> torch.Tensor:
+        """[B] int64: checkpoints written during the call."""
+        return self.fold_after.sum(dim=1)
+
+
+def accepted_per_step(seed: int, sequence: int, step: int, drafts: int, accept: float) -> int:
+    """Committed entries of one speculative step: 1 + leading successes of T-1 Bernoulli(accept) draws.
+
+    Keyed by (seed, sequence, step) alone, so a run split across calls draws the same numbers.
+    """
+    rng = random.Random(f"accept:{seed}:{sequence}:{step}")
+    committed = 1
+    while committed < drafts and rng.random() < accept:
+        committed += 1
+    return committed
+
+
+def plan_tokens(
+    config: ReplayConfig, state: ScheduleState, num_tokens: int, seq_ids: torch.Tensor
+) -> tuple[TokenPlan, ScheduleState]:
+    """Plan `num_tokens` decode tokens for every sequence from `state`; returns the plan and the state after."""
+    if config.speculative is None:
+        return _plan_window(config.window, state, num_tokens)
+    return _plan_speculative(config, state, num_tokens, seq_ids)
+
+
+def _plan_window(window: int, state: ScheduleState, num_tokens: int) -> tuple[TokenPlan, ScheduleState]:
+    device = state.count.device
+    position = state.count[:, None] + torch.arange(num_tokens, device=device)  # [B, T]
+    fold = position % window == window - 1
+    after = ScheduleState((state.count + num_tokens) % window, state.step_left, state.step_read_hi, state.steps)
+    return TokenPlan(fold_after=fold, read_hi=fold.clone()), after
+
+
+def _plan_speculative(
+    config: ReplayConfig, state: ScheduleState, num_tokens: int, seq_ids: torch.Tensor
+) -> tuple[TokenPlan, ScheduleState]:
+    spec, window = config.speculative, config.window
+    batch = state.count.shape[0]
+    fold = torch.zeros(batch, num_tokens, dtype=torch.bool)
+    read_hi = torch.zeros(batch, num_tokens, dtype=torch.bool)
+    count, left, hi, steps = (t.tolist() for t in (state.count, state.step_left, state.step_read_hi, state.steps))
+    for b in range(batch):
+        for n in range(num_tokens):
+            if left[b] == 0:  # a new step starts at token n
+                left[b] = accepted_per_step(config.seed, int(seq_ids[b]), steps[b], spec.drafts, spec.accept)
+                steps[b] += 1
+            read_hi[b, n] = hi[b]
+            count[b] += 1
+            left[b] -= 1
+            if left[b] == 0:  # the step ends: early flush if the next step might overflow the window
+                hi[b] = count[b] + spec.drafts > window
+                if hi[b]:
+                    fold[b, n] = True
+                    count[b] = 0
+    device = state.count.device
+    after = ScheduleState(
+        count=torch.tensor(count, dtype=torch.int64, device=device),
+        step_left=torch.tensor(left, dtype=torch.int64, device=device),
+        step_read_hi=torch.tensor(hi, dtype=torch.bool, device=device),
+        steps=torch.tensor(steps, dtype=torch.int64, device=device),
+    )
+    return TokenPlan(fold_after=fold.to(device), read_hi=read_hi.to(device)), after

@@ -1,0 +1,29 @@
+"""SSM state formats: exact reference quantizers, their packed layouts, Philox and stochastic rounding.
+
+    from replayssm_eval.quant import get_format
+    fmt = get_format("nvfp4:axis=dstate,scale=head")
+    y = fmt.quantize(state)                     # fake quantization, same shape and dtype
+    packed = fmt.encode(state); fmt.decode(packed)  # the bytes a kernel reads, and back (FP32)
+    get_format("fp16sr").quantize(state, seed=1234, offset=0)
+
+Formats: fp32, bf16, fp16, fp16sr, fp8, fp8sr, fp8e5m2, nvfp4, mxfp8, mxfp4 (`list_formats()`).
+
+Layout convention. A state tensor is `[..., H, P, N]` = `[..., heads, head_dim, d_state]`. Every
+index of the leading dims is one independent state (one sequence of one layer): no scale couples
+two leading indices. Inputs with fewer than 3 dims get leading size-1 dims. Scale groups:
+`tensor` = one scale per leading index (over H, P, N); `head` = per [P, N]; `row` = per row along
+the block axis. Block axes: `dstate` = consecutive elements along N (last dim), `headdim` = along
+P (dim -2). A blocked dim that is not a multiple of the block is zero-padded (as
+TransformerEngine does); padding shows in the packed data, never in the decoded shape.
+
+Stochastic formats (fp16sr, fp8sr) need `seed=` (int) or `random_bits=`. The Philox4x32-10
+counter of the element at flat row-major index i of x is `offset + i` (64-bit), key `seed`, as
+`tl.randint(seed, offset + i)`. `random_bits` (int64 tensor of uint32 values, x's shape) replaces
+Philox; fp16sr uses bits [12:0] of each word, fp8sr bits [15:0].
+"""
+
+from replayssm_eval.quant.formats import StateFormat
+from replayssm_eval.quant.packed import PackedState
+from replayssm_eval.quant.registry import get_format, list_formats
+
+__all__ = ["PackedState", "StateFormat", "get_format", "list_formats"]

@@ -1,0 +1,80 @@
+"""State-tensor layout shared by the torch reference and the Triton host code.
+
+A state is `[..., H, P, N]`; inputs with fewer than 3 dims get leading size-1 dims. Leading
+indices are independent states, flattened here to one dim B. Blocked formats work on an
+"oriented" view `[B, H, R, C]` whose last dim C is the blocked axis: `dstate` keeps
+`[B, H, P, N]`, `headdim` transposes to `[B, H, N, P]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from replayssm_eval.quant import philox
+
+AXES = ("dstate", "headdim")
+SCALE_GROUPS = ("tensor", "head", "row")
+# dims of the oriented [B, H, R, C] tensor that one scale group spans
+_GROUP_DIMS = {"tensor": (1, 2, 3), "head": (2, 3), "row": (3,)}
+
+
+def shape3(shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+    """`shape` with leading 1s up to 3 dims."""
+    shape = tuple(shape)
+    return (1,) * (3 - len(shape)) + shape
+
+
+def as_bhpn(x: torch.Tensor) -> torch.Tensor:
+    """FP32 view `[B, H, P, N]` of a state tensor `[..., H, P, N]`."""
+    h, p, n = shape3(x.shape)[-3:]
+    return x.float().reshape(-1, h, p, n)
+
+
+def orient(x4: torch.Tensor, axis: str) -> torch.Tensor:
+    """`[B, H, P, N]` -> `[B, H, R, C]` with the blocked axis last (contiguous)."""
+    return x4 if axis == "dstate" else x4.transpose(-1, -2).contiguous()
+
+
+def unorient(xo: torch.Tensor, axis: str) -> torch.Tensor:
+    return xo if axis == "dstate" else xo.transpose(-1, -2)
+
+
+def oriented_shape(shape: tuple[int, ...], axis: str) -> tuple[int, ...]:
+    """The oriented `(*lead, H, R, C)` of a state of `shape`."""
+    *lead, h, p, n = shape3(shape)
+    return (*lead, h, n, p) if axis == "headdim" else (*lead, h, p, n)
+
+
+def pad_to(xo: torch.Tensor, block: int) -> torch.Tensor:
+    """Zero-pad the last dim of `xo` to a multiple of `block`."""
+    pad = -xo.shape[-1] % block
+    return torch.nn.functional.pad(xo, (0, pad)) if pad else xo
+
+
+def group_amax(xo: torch.Tensor, scale: str) -> torch.Tensor:
+    """max |x| per scale group of the oriented `[B, H, R, C]`, kept as a broadcastable `[B, H|1, R|1, 1]`; NaN propagates."""
+    return xo.abs().amax(dim=_GROUP_DIMS[scale], keepdim=True)
+
+
+def group_shape(shape: tuple[int, ...], scale: str, axis: str = "dstate") -> tuple[int, ...]:
+    """Shape of the stored FP32 scales: `lead` (tensor), `lead + (H,)` (head), `lead + (H, R)` (row)."""
+    *lead, h, r, _ = oriented_shape(shape, axis)
+    return tuple(lead) + {"tensor": (), "head": (h,), "row": (h, r)}[scale]
+
+
+def random_words(x: torch.Tensor, seed: int | None, offset: int, random_bits: torch.Tensor | None) -> torch.Tensor:
+    """uint32 words (int64) with x's shape: `random_bits` as given, else Philox at counters offset + flat index."""
+    if random_bits is not None:
+        if tuple(random_bits.shape) != tuple(x.shape):
+            raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}, expected x's shape {tuple(x.shape)}")
+        return random_bits.to(device=x.device, dtype=torch.int64)
+    if seed is None:
+        raise ValueError("stochastic rounding needs seed= (an int) or random_bits=; got neither")
+    counter = offset + torch.arange(x.numel(), device=x.device, dtype=torch.int64)
+    return philox.randint(int(seed), counter).reshape(x.shape)
+
+
+def prod(shape) -> int:
+    return math.prod(shape)

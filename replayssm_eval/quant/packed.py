@@ -1,0 +1,29 @@
+"""`PackedState`: the bytes a kernel reads for one quantized state tensor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PackedState:
+    """One encoded state tensor; the layout of each field is given by the format's docstring.
+
+    format        canonical spec string of the format that wrote it (`StateFormat.name`)
+    shape         shape of the tensor that was encoded (decode returns this shape)
+    data          element codes (uint8), or the elements themselves for fp32 / bf16 / fp16
+    scales        per-block scale bytes (uint8: E4M3 for nvfp4, E8M0 for mx), else None
+    global_scale  FP32 decode scales (nvfp4 S_dec, fp8 amax/max), else None
+    """
+
+    format: str
+    shape: tuple[int, ...]
+    data: torch.Tensor
+    scales: torch.Tensor | None = None
+    global_scale: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.global_scale) if t is not None)

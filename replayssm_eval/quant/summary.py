@@ -1,0 +1,46 @@
+"""`replayssm-eval formats`: bits, bytes of one SSM state and round-trip error of every state format.
+
+    replayssm-eval formats --geometry qwen3.5-4b --distribution student-t3 --json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from replayssm_eval.cli import command
+from replayssm_eval.quant.measure import DISTRIBUTIONS, GEOMETRIES, format_error_table, parse_geometry
+
+
+@dataclass(frozen=True)
+class FormatsConfig:
+    geometry: str = field(default="nemotron-3-nano-4b", metadata={
+        "help": f"state geometry: {', '.join(GEOMETRIES)}, or custom 'H,P,N' (heads, head_dim, d_state)"})
+    distribution: str = field(default="gaussian", metadata={
+        "help": "synthetic state values", "choices": DISTRIBUTIONS})
+    formats: tuple[str, ...] = field(default_factory=tuple, metadata={
+        "help": "format spec, e.g. nvfp4:axis=headdim,scale=head; all formats with default options if none"})
+    states: int = field(default=2, metadata={"help": "independent states sampled for the error"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampled states and of stochastic rounding"})
+    json: bool = field(default=False, metadata={"help": "print JSON instead of a table"})
+
+
+@command("formats", help="Bits, bytes per SSM state and round-trip error of each state format.")
+def run_formats(config: FormatsConfig) -> int:
+    h, p, n = parse_geometry(config.geometry)
+    rows = format_error_table(list(config.formats) or None, config.geometry, config.distribution, config.seed,
+                              config.states)
+    if config.json:
+        # strict JSON has no Infinity: an error-free format (fp32) reports sqnr_db null
+        rows = [{**row, "sqnr_db": row["sqnr_db"] if math.isfinite(row["sqnr_db"]) else None} for row in rows]
+        print(json.dumps({"geometry": config.geometry, "shape": [h, p, n], "distribution": config.distribution,
+                          "seed": config.seed, "states": config.states, "formats": rows}, indent=2, allow_nan=False))
+        return 0
+    print(f"geometry {config.geometry} ({h} x {p} x {n}), {config.distribution}, {config.states} states, seed {config.seed}")
+    table = pd.DataFrame(rows).set_index("format")
+    print(table.to_string(formatters={"bits_per_element": "{:g}".format, "rel_rms_error": "{:.3e}".format,
+                                      "sqnr_db": "{:.2f}".format}))
+    return 0

@@ -1,0 +1,301 @@
+"""Triton versions of the state formats: device functions for other kernels, and `quantize_triton`.
+
+Device functions (call them inside your own `@triton.jit` kernels; FP32 in, FP32 out unless noted):
+    round_bf16, round_fp16, round_e4m3, round_e5m2, round_e2m1   RNE (fp8/fp4 saturating), as `rounding`
+    sr_fp16(x, bits), sr_e4m3(x, bits)                            stochastic, bits = uint32 words
+    e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
+    e4m3_encode(v), e2m1_encode(v)                                 on-grid FP32 -> codes (int32)
+They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
+interpreter and any GPU give the same bits as the torch reference.
+
+`quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Group amax reductions
+(FP8 row/head/tensor scales, NVFP4 global scales) run in torch on the host; block maxima, scales,
+rounding and Philox (`tl.randint(seed, offset + flat index)`) run in the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.quant import layout
+from replayssm_eval.quant.formats import FLT_MAX, FP8Format, MXFormat, StateFormat
+
+_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as FP32 for int32 e in [-126, 127]."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _copysign(mag, x):
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+    return (mag.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exponent(a):
+    """floor(log2 a) of FP32 a > 0 from its exponent field (-127 for subnormals)."""
+    return ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _rne_grid(x, M: tl.constexpr, EMIN: tl.constexpr):
+    """RNE of finite or NaN x onto the grid with M mantissa bits and smallest normal exponent EMIN."""
+    a = tl.abs(x)
+    e = _exponent(a)
+    e = tl.where(e < EMIN, EMIN, e)
+    y = a * _pow2(M - e)  # exact: |x| in units of the quantum, < 2^(M+1)
+    r = (y + _MAGIC) - _MAGIC
+    return _copysign(r * _pow2(e - M), x)
+
+
+@triton.jit
+def _clamp(x, bound):
+    """clamp to +-bound keeping NaN (comparisons, not min/max, whose NaN rules differ by backend)."""
+    x = tl.where(x > bound, bound, x)
+    return tl.where(x < -bound, -bound, x)
+
+
+@triton.jit
+def round_bf16(x):
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def round_fp16(x):
+    q = _rne_grid(tl.where(tl.abs(x) >= 65520.0, 0.0, x), 10, -14)
+    return tl.where(tl.abs(x) >= 65520.0, _copysign(tl.full(x.shape, float("inf"), tl.float32), x), q)
+
+
+@triton.jit
+def round_e4m3(x):
+    return _rne_grid(_clamp(x, 448.0), 3, -6)
+
+
+@triton.jit
+def round_e5m2(x):
+    return _rne_grid(_clamp(x, 57344.0), 2, -14)
+
+
+@triton.jit
+def round_e2m1(x):
+    return _rne_grid(_clamp(x, 6.0), 1, 0)
+
+
+@triton.jit
+def _sr_grid(x, bits, K: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr):
+    """sign(x) * q * floor(|x|/q + r/2^K), r = low K bits of `bits`, q = 2^(max(e, EMIN) - M)."""
+    u = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e_field = u >> 23
+    mant24 = ((u & 0x7FFFFF) | 0x800000).to(tl.int64)
+    e = e_field - 127
+    e_eff = tl.where(e < EMIN, EMIN, e)
+    drop = 23 - M + e_eff - e
+    drop = tl.where(drop > 60, 60, drop).to(tl.int64)
+    r = (bits.to(tl.int64) & 0xFFFFFFFF) & ((1 << K) - 1)
+    kept = (mant24 + (r << (drop - K))) >> drop
+    mag = kept.to(tl.float32) * _pow2(e_eff - M)
+    mag = tl.where(e_field == 0, 0.0, mag)
+    return tl.where(x != x, x, _copysign(mag, x))
+
+
+@triton.jit
+def sr_fp16(x, bits):
+    """FP16 stochastic rounding with bits [12:0] (PTX cvt.rs.f16x2.f32); beyond 65504 -> Inf."""
+    y = _sr_grid(x, bits, 13, 10, -14)
+    return tl.where(tl.abs(y) > 65504.0, _copysign(tl.full(x.shape, float("inf"), tl.float32), y), y)
+
+
+@triton.jit
+def sr_e4m3(x, bits):
+    """E4M3 stochastic rounding with bits [15:0] (PTX cvt.rs.satfinite.e4m3x4.f32), saturating."""
+    return _clamp(_sr_grid(x, bits, 16, 3, -6), 448.0)
+
+
+@triton.jit
+def _decode_minifloat(code, E_BITS: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr):
+    c = code.to(tl.int32)
+    e = (c >> M) & ((1 << E_BITS) - 1)
+    m = (c & ((1 << M) - 1)).to(tl.float32)
+    mag = tl.where(e == 0, m * _pow2(e * 0 + (1 - BIAS - M)), (m + (1 << M)) * _pow2(e - BIAS - M))
+    sign = ((c >> (E_BITS + M)) & 1).to(tl.uint32) << 31
+    return (mag.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_decode(code):
+    v = _decode_minifloat(code, 4, 3, 7)
+    return tl.where((code.to(tl.int32) & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def e5m2_decode(code):
+    v = _decode_minifloat(code, 5, 2, 15)
+    e_all = (code.to(tl.int32) & 0x7C) == 0x7C
+    inf = tl.where((code.to(tl.int32) & 0x80) != 0, -float("inf"), float("inf"))
+    return tl.where(e_all, tl.where((code.to(tl.int32) & 3) == 0, inf, float("nan")), v)
+
+
+@triton.jit
+def e2m1_decode(code):
+    return _decode_minifloat(code, 2, 1, 1)
+
+
+@triton.jit
+def e4m3_encode(v):
+    """E4M3fn byte (int32) of an on-grid FP32 value; NaN -> 0x7F with its sign."""
+    a = tl.abs(v)
+    e = _exponent(a)
+    mant = (a.to(tl.int32, bitcast=True) >> 20) & 7
+    mag = tl.where(a < 0.015625, (a * 512.0).to(tl.int32), ((e + 7) << 3) | mant)
+    mag = tl.where(v != v, 0x7F, mag)
+    return mag | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
+def e2m1_encode(v):
+    """E2M1 nibble (int32) of an on-grid FP32 value in [-6, 6]; NaN -> 0."""
+    a = tl.where(v != v, 0.0, tl.abs(v))
+    idx = tl.where(a < 2.0, a * 2.0, tl.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).to(tl.int32)
+    sign = tl.where(v != v, 0, (v.to(tl.int32, bitcast=True) >> 28) & 8)
+    return idx | sign
+
+
+# format kinds of the kernel (globals read inside @triton.jit must be constexpr)
+_FP32, _BF16, _FP16, _FP16SR, _FP8, _FP8SR, _FP8E5M2, _NVFP4, _MXFP8, _MXFP4 = map(tl.constexpr, range(10))
+_KIND = {"fp32": _FP32, "bf16": _BF16, "fp16": _FP16, "fp16sr": _FP16SR, "fp8": _FP8, "fp8sr": _FP8SR,
+         "fp8e5m2": _FP8E5M2, "nvfp4": _NVFP4, "mxfp8": _MXFP8, "mxfp4": _MXFP4}
+_NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))
+_FLT_MAX = tl.constexpr(FLT_MAX)
+
+
+@triton.jit
+def _round_kind(v, bits, KIND: tl.constexpr):
+    if KIND == _BF16:
+        q = round_bf16(v)
+    elif KIND == _FP16:
+        q = round_fp16(v)
+    elif KIND == _FP16SR:
+        q = sr_fp16(v, bits)
+    elif KIND == _FP8SR:
+        q = sr_e4m3(v, bits)
+    elif KIND == _FP8E5M2:
+        q = round_e5m2(v)
+    elif KIND == _FP8:
+        q = round_e4m3(v)
+    else:
+        q = v
+    return q
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, y_ptr, amax_ptr, bits_ptr, seed, offset, n_rows, n_cols,
+    KIND: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, BITS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    idx = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    x = tl.load(x_ptr + idx, mask=mask, other=0.0)  # [BLOCK_R, BLOCK_C]
+    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+    if BITS == _BITS_GIVEN:
+        bits = tl.load(bits_ptr + idx, mask=mask, other=0)
+    elif BITS == _BITS_PHILOX:
+        bits = tl.randint(seed, offset.to(tl.int64) + idx).to(tl.int64)
+    if KIND == _NVFP4:
+        amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
+        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
+        s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)
+        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
+        bmax = tl.max(tl.abs(xb), axis=2)  # [BLOCK_R, BLOCK_C // 16]
+        s_b = round_e4m3(bmax * (s_enc * 0.1666666716337204))
+        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+        enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
+        q = round_e2m1(xb * enc_b[:, :, None])
+        y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
+    elif (KIND == _MXFP8) or (KIND == _MXFP4):
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
+        ab = tl.abs(xb)
+        bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
+        bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
+        EMAX: tl.constexpr = 2 if KIND == _MXFP4 else 8
+        code = _exponent(bmax) - EMAX + 127
+        code = tl.where(code < 0, 0, tl.where(code > 254, 254, code))
+        code = tl.where(bmax == 0.0, 127, code)
+        # X = 2^(code - 127) and 1/X, both exact FP32 (2^-127 is subnormal: built from its bits)
+        scale = tl.where(code == 0, (1 << 22) + tl.zeros_like(code), (code << 23)).to(tl.float32, bitcast=True)
+        inv = tl.where(code == 254, (1 << 22) + tl.zeros_like(code), ((254 - code) << 23)).to(tl.float32, bitcast=True)
+        v = xb * inv[:, :, None]
+        if KIND == _MXFP4:
+            q = round_e2m1(v)
+        else:
+            q = round_e4m3(v)
+        q = q * scale[:, :, None]
+        y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
+    elif SCALED:
+        amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]
+        s = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32))
+        s = tl.where(s == 0.0, 1.0, s)
+        y = _round_kind(tl.math.div_rn(x, s), bits, KIND) * s
+    else:
+        y = _round_kind(x, bits, KIND)
+    tl.store(y_ptr + idx, y, mask=mask)
+
+
+def _row_amax(xo: torch.Tensor, fmt: StateFormat) -> torch.Tensor | None:
+    """Per-row amax of the row's global scale group, `[B*H*R]`, or None when the format has none."""
+    scale = getattr(fmt, "scale", "none")
+    if isinstance(fmt, MXFormat) or scale == "none":
+        return None
+    return layout.group_amax(xo, scale).expand(*xo.shape[:3], 1).reshape(-1).contiguous()
+
+
+def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = None, offset: int = 0,
+                    random_bits: torch.Tensor | None = None) -> torch.Tensor:
+    """`fmt.quantize(x, ...)` computed by one Triton kernel; identical bits."""
+    axis = getattr(fmt, "axis", "dstate")
+    xo = layout.orient(layout.as_bhpn(x), axis).contiguous()  # [B, H, R, C]
+    n_cols = xo.shape[-1]
+    n_rows = xo.numel() // max(n_cols, 1)
+    mode = _NO_BITS
+    bits = xo
+    if fmt.is_stochastic:
+        if random_bits is not None:
+            bits = layout.random_words(x, seed, offset, random_bits).contiguous()
+            mode = _BITS_GIVEN
+        elif seed is None:
+            layout.random_words(x, seed, offset, None)  # raises the missing-seed error
+        else:
+            mode = _BITS_PHILOX
+    amax = _row_amax(xo, fmt)
+    group = getattr(fmt, "BLOCK", 1)
+    block_c = min(max(triton.next_power_of_2(n_cols), group), 1024)
+    block_r = max(1, min(64, 2048 // block_c))
+    y = torch.empty_like(xo)
+    if xo.numel():
+        grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
+        _quantize_kernel[grid](
+            xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
+            KIND=_KIND[fmt.base].value, SCALED=isinstance(fmt, FP8Format) and fmt.scale != "none",
+            FP8_MAX=fmt.max_value if isinstance(fmt, FP8Format) else 1.0, BITS=mode.value,
+            GROUP=group, BLOCK_R=block_r, BLOCK_C=block_c,
+        )
+    return layout.unorient(y, axis).reshape(x.shape).to(x.dtype)
+
+
+__all__ = [
+    "e2m1_decode", "e2m1_encode", "e4m3_decode", "e4m3_encode", "e5m2_decode", "quantize_triton",
+    "round_bf16", "round_e2m1", "round_e4m3", "round_e5m2", "round_fp16", "sr_e4m3", "sr_fp16",
+]

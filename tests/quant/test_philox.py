@@ -1,0 +1,66 @@
+"""Philox4x32-10: Random123 known answers, and bit-identity with Triton's tl.randint (interpreter)."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.quant.philox import philox4x32, randint
+
+# Random123 kat_vectors, philox4x32_10: counter, key, output
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter,key,expected", KAT)
+def test_random123_known_answers(counter, key, expected):
+    words = [torch.tensor([c], dtype=torch.int64) for c in counter]
+    out = philox4x32(key[0] | key[1] << 32, *words)
+    assert [int(o) for o in out] == list(expected)
+
+
+@triton.jit
+def _randint_kernel(out_ptr, seed_ptr, counter_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    seed = tl.load(seed_ptr + i, mask=m, other=0)
+    counter = tl.load(counter_ptr + i, mask=m, other=0)
+    tl.store(out_ptr + i, tl.randint(seed, counter).to(tl.int64), mask=m)
+
+
+@triton.jit
+def _randint_scalar_seed_kernel(out_ptr, seed, offset, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.randint(seed, offset.to(tl.int64) + i).to(tl.int64), mask=i < n)
+
+
+def test_matches_tl_randint_per_element_seeds():
+    g = torch.Generator().manual_seed(1)
+    n = 300
+    seeds = torch.randint(0, 2**62, (n,), generator=g)
+    seeds[:3] = torch.tensor([0, 2**32 + 7, 2**63 - 1])
+    counters = torch.randint(0, 2**62, (n,), generator=g)
+    counters[:4] = torch.tensor([0, 2**32 - 1, 2**32, 2**40 + 12345])
+    out = torch.empty(n, dtype=torch.int64)
+    _randint_kernel[(triton.cdiv(n, 128),)](out, seeds, counters, n, BLOCK=128)
+    assert torch.equal(randint(seeds, counters), out)
+
+
+@pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 2**32 - 50), (2**40 + 3, 2**33 + 1)])
+def test_matches_tl_randint_scalar_seed(seed, offset):
+    n = 200
+    out = torch.empty(n, dtype=torch.int64)
+    _randint_scalar_seed_kernel[(2,)](out, seed, offset, n, BLOCK=128)
+    assert torch.equal(randint(seed, offset + torch.arange(n)), out)
+
+
+def test_words_are_uint32_and_seed_broadcasts():
+    c = torch.arange(1000)
+    r = randint(torch.tensor([[5], [6]]), c)  # [2, 1000]: one key per row
+    assert r.shape == (2, 1000) and r.min() >= 0 and r.max() < 2**32
+    assert torch.equal(r[0], randint(5, c)) and torch.equal(r[1], randint(6, c))
+    assert r.float().mean().item() == pytest.approx(2**31, rel=0.05)

@@ -1,0 +1,97 @@
+"""The Triton formats against the torch reference at rtol=0, atol=0 (interpreter on CPU)."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.quant import get_format, rounding
+from replayssm_eval.quant import triton as qt
+
+SPECS = ["fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4",
+         "fp8:scale=tensor", "fp8sr:scale=head", "fp8e5m2:scale=none", "nvfp4:axis=headdim",
+         "nvfp4:scale=head", "nvfp4:axis=headdim,scale=row", "mxfp8:axis=headdim", "mxfp4:axis=headdim"]
+SHAPES = [(2, 3, 5, 40), (3, 7, 33), (70,)]
+
+
+def _awkward(shape, device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-30, 30, shape, generator=g).float())
+    flat = x.view(-1)
+    flat[:3] = 0.0
+    flat[5] = 2.0**-140  # FP32 subnormal
+    flat[7] = 70000.0  # beyond fp16
+    return x.to(device)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("spec", SPECS)
+def test_quantize_triton_bit_exact(spec, shape, device, bits_equal):
+    fmt = get_format(spec)
+    x = _awkward(shape, device)
+    kw = {"seed": 2**40 + 17, "offset": 2**33 + 5} if fmt.is_stochastic else {}
+    bits_equal(qt.quantize_triton(x, fmt, **kw).cpu(), fmt.quantize(x, **kw).cpu())
+
+
+@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr"])
+def test_random_bits_path(spec, device, bits_equal):
+    fmt = get_format(spec)
+    x = _awkward((2, 4, 24), device)
+    words = torch.randint(0, 2**32, x.shape, generator=torch.Generator().manual_seed(3)).to(device)
+    bits_equal(qt.quantize_triton(x, fmt, random_bits=words).cpu(), fmt.quantize(x, random_bits=words).cpu())
+    with pytest.raises(ValueError, match="seed"):
+        qt.quantize_triton(x, fmt)
+
+
+def test_non_finite_inputs(device, bits_equal):
+    x = torch.randn(2, 3, 48)
+    x[0, 0, 4], x[0, 2, 9], x[1, 1, 40] = float("nan"), float("inf"), -float("inf")
+    for spec in SPECS:
+        fmt = get_format(spec)
+        kw = {"seed": 1} if fmt.is_stochastic else {}
+        bits_equal(qt.quantize_triton(x.to(device), fmt, **kw).cpu(), fmt.quantize(x, **kw))
+
+
+@triton.jit
+def _elementwise_kernel(x_ptr, bits_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(x_ptr + i, mask=m, other=0.0)
+    bits = tl.load(bits_ptr + i, mask=m, other=0)
+    if OP == "sr_fp16":
+        y = qt.sr_fp16(x, bits)
+    elif OP == "sr_e4m3":
+        y = qt.sr_e4m3(x, bits)
+    elif OP == "e4m3_decode":
+        y = qt.e4m3_decode(bits)
+    elif OP == "e5m2_decode":
+        y = qt.e5m2_decode(bits)
+    elif OP == "e2m1_decode":
+        y = qt.e2m1_decode(bits)
+    elif OP == "e4m3_encode":
+        y = qt.e4m3_encode(x).to(tl.float32)
+    else:
+        y = qt.e2m1_encode(x).to(tl.float32)
+    tl.store(out_ptr + i, y, mask=m)
+
+
+def _run(op, x, bits):
+    out = torch.empty_like(x)
+    _elementwise_kernel[(triton.cdiv(x.numel(), 1024),)](x, bits, out, x.numel(), OP=op, BLOCK=1024)
+    return out
+
+
+def test_device_functions(bits_equal):
+    codes = torch.arange(256, dtype=torch.int64)
+    zeros = torch.zeros(256)
+    bits_equal(_run("e4m3_decode", zeros, codes), rounding.e4m3_from_bits(codes))
+    bits_equal(_run("e5m2_decode", zeros, codes), rounding.e5m2_from_bits(codes))
+    bits_equal(_run("e2m1_decode", zeros[:16], codes[:16]), rounding.e2m1_from_bits(codes[:16]))
+    grid = rounding.e4m3_from_bits(codes)
+    assert torch.equal(_run("e4m3_encode", grid, codes).long(), rounding.e4m3_to_bits(grid).long())
+    grid4 = rounding.e2m1_from_bits(codes[:16])
+    assert torch.equal(_run("e2m1_encode", grid4, codes[:16]).long(), codes[:16])
+    x = torch.randn(4096) * torch.exp2(torch.randint(-28, 18, (4096,)).float())
+    words = torch.randint(0, 2**32, (4096,))
+    bits_equal(_run("sr_fp16", x, words), rounding.sr_fp16(x, words))
+    bits_equal(_run("sr_e4m3", x, words), rounding.sr_e4m3(x, words))
