@@ -1,0 +1,466 @@
+"""Triton kernels for ReplaySSM Mamba-2: the chunked scan with in-loop quantization, the decode step, verification.
+
+Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
+
+- `chunked_triton` (= `chunked(..., backend="triton")`): one launch, one program per
+  (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
+  checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
+  `tl.randint` with the keys and counters of `kernels.keys`). In-kernel rounding covers formats
+  whose scale group lies inside one program's tile: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2
+  with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
+  hold the whole head). Other formats (tensor-wide scales, headdim blocks, MX) and FP64 compute
+  fall back to the torch backend with a warning naming the reason.
+- `decode_step_triton`: one token for every sequence. Non-flush sequences read the packed read
+  copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8 codes + FP32 scales, or
+  FP16/BF16/FP32 data) and the buffer and write no state; flush sequences read S_hi and the
+  buffer, and the kernel writes the FP32 fold, which one vectorised pass (`write_checkpoint_packed`)
+  rounds to both copies: this pass does the scale reductions of every format.
+- `verify_triton`: output-only verification of T drafts appended after the committed entries.
+The kernels compute in FP32 (tl.dot with input_precision="ieee", no TF32).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
+from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, merge_packed
+from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
+from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
+from replayssm_eval.quant.triton import (
+    e2m1_decode, e4m3_decode, e5m2_decode, round_bf16, round_e2m1, round_e4m3, round_e5m2, round_fp16, sr_e4m3,
+    sr_fp16,
+)
+
+# kinds of stored formats in the kernels
+_FP32, _BF16, _FP16, _FP16SR, _FP8, _FP8SR, _FP8E5M2, _NVFP4 = range(8)
+_KINDS = {"fp32": _FP32, "bf16": _BF16, "fp16": _FP16, "fp16sr": _FP16SR, "fp8": _FP8, "fp8sr": _FP8SR,
+          "fp8e5m2": _FP8E5M2, "nvfp4": _NVFP4}
+# scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
+_NONE, _ROW, _HEAD, _TENSOR = range(4)
+_SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
+
+
+def _store_kind(fmt) -> tuple[int, int, float]:
+    """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop; raises NotImplementedError with the reason."""
+    if isinstance(fmt, ElementwiseFormat):
+        return _KINDS[fmt.base], _NONE, 1.0
+    if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
+        return _KINDS[fmt.base], _SCOPES[fmt.scale], fmt.max_value
+    if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate" and fmt.scale != "tensor":
+        return _NVFP4, _SCOPES[fmt.scale], 1.0
+    raise NotImplementedError(f"format '{fmt.name}' needs a scale reduction across programs "
+                              "(tensor-wide scale, head_dim blocks or MX blocks)")
+
+
+@triton.jit
+def _round(v, bits, KIND: tl.constexpr):
+    if KIND == 1:
+        q = round_bf16(v)
+    elif KIND == 2:
+        q = round_fp16(v)
+    elif KIND == 3:
+        q = sr_fp16(v, bits)
+    elif KIND == 4:
+        q = round_e4m3(v)
+    elif KIND == 5:
+        q = sr_e4m3(v, bits)
+    elif KIND == 6:
+        q = round_e5m2(v)
+    else:
+        q = v
+    return q
+
+
+@triton.jit
+def _bits(key, counter, KIND: tl.constexpr):
+    """Philox words for the stochastic kinds (fp16sr, fp8sr), as `keys.state_random_bits`; zeros otherwise."""
+    if (KIND == 3) | (KIND == 5):
+        bits = tl.randint(key, counter).to(tl.int64)
+    else:
+        bits = tl.zeros(counter.shape, dtype=tl.int64)
+    return bits
+
+
+@triton.jit
+def _group_amax(v, SCOPE: tl.constexpr):
+    """max |v| per row ([BLOCK_P, 1]) or over the whole tile (head scope: the tile holds the head)."""
+    amax = tl.max(tl.abs(v), axis=1)[:, None]
+    if SCOPE == 2:
+        amax = tl.max(amax, axis=0)[None, :]
+    return amax
+
+
+@triton.jit
+def _quantize_tile(v, bits, KIND: tl.constexpr, SCOPE: tl.constexpr, FP8_MAX: tl.constexpr,
+                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The format's fake quantization of a [BLOCK_P, BLOCK_N] state tile (zero padded), as `fmt.quantize`."""
+    if KIND == 7:  # NVFP4, blocks of 16 along N, TransformerEngine's order of operations
+        amax = _group_amax(v, SCOPE)
+        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
+        s_enc = tl.where(s_enc > 3.4028234663852886e38, 3.4028234663852886e38, s_enc)
+        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+        vb = tl.reshape(v, (BLOCK_P, BLOCK_N // 16, 16))
+        s_b = round_e4m3(tl.max(tl.abs(vb), axis=2) * (s_enc * 0.1666666716337204))  # [BLOCK_P, BLOCK_N // 16]
+        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+        enc_b = tl.where(enc_b > 3.4028234663852886e38, 3.4028234663852886e38, enc_b)
+        q = round_e2m1(vb * enc_b[:, :, None])
+        y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_P, BLOCK_N))
+    elif SCOPE != 0:  # FP8 with an FP32 scale amax / max per row or head
+        s = tl.math.div_rn(_group_amax(v, SCOPE), tl.full((1, 1), FP8_MAX, tl.float32))
+        s = tl.where(s == 0.0, 1.0, s)
+        y = _round(tl.math.div_rn(v, s), bits, KIND) * s
+    else:
+        y = _round(v, bits, KIND)
+    return y
+
+
+@triton.jit
+def _chunk_scan_kernel(
+    x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
+    A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
+    S, L, H, P, N, G, HPG, skip,
+    RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
+    READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
+    SHARED: tl.constexpr, SKIP: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    g = h // HPG
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_l, mask_p, mask_n = offs_l < L, offs_p < P, offs_n < N
+    mask_s = mask_p[:, None] & mask_n[None, :]
+    elem = (h * P + offs_p[:, None]).to(tl.int64) * N + offs_n[None, :]  # [BLOCK_P, BLOCK_N] index in [H, P, N]
+    state_off = b.to(tl.int64) * H * P * N + elem
+    hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
+    lo = hi
+    if not SHARED:
+        lo = tl.load(lo_ptr + state_off, mask=mask_s, other=0.0)
+    pre = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    A = tl.load(A_ptr + h)
+    ck = tl.load(ck_ptr + b)
+    key_hi = tl.load(key_ptr + 2 * b)
+    key_lo = tl.load(key_ptr + 2 * b + 1)
+    causal = offs_l[:, None] >= offs_l[None, :]
+    s = 0
+    while s < S:  # a while loop: the interpreter cannot take range() of a runtime scalar
+        row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
+        dt = tl.load(dt_ptr + row * H + h, mask=mask_l, other=0.0)
+        cs = tl.cumsum(dt * A, axis=0)  # log G_{0..j}
+        x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=mask_l[:, None] & mask_p[None, :], other=0.0)
+        bm = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
+        cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
+        # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
+        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
+        scores = tl.dot(cm, tl.trans(bm), input_precision="ieee") * decay * dt[None, :]
+        y = tl.dot(scores, x, input_precision="ieee")
+        # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
+        g_read = tl.exp(cs)
+        if SKIP:
+            g_read = tl.where(g_read < skip, 0.0, g_read)
+        y_src = tl.dot(cm, tl.trans(hi), input_precision="ieee")
+        if not SHARED:
+            rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
+            y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision="ieee"))
+        y += g_read[:, None] * y_src
+        tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
+        if tl.load(fold_ptr + b * S + s) != 0:
+            cs_last = tl.sum(tl.where(offs_l == BLOCK_L - 1, cs, 0.0), axis=0)  # padding has dt = 0
+            g_seg = tl.exp(cs_last)
+            if SKIP:
+                g_seg = tl.where(g_seg < skip, 0.0, g_seg)
+            w = tl.exp(cs_last - cs) * dt
+            folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision="ieee")
+            counter = ((ck + s + 1) << 32) + elem
+            hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
+            if SHARED:
+                lo = hi
+            else:
+                lo = _quantize_tile(folded, _bits(key_lo, counter, READ), READ, READ_SCOPE, READ_MAX, BLOCK_P, BLOCK_N)
+            pre = folded
+        s += 1
+    tl.store(hi_ptr + state_off, hi, mask=mask_s)
+    if not SHARED:
+        tl.store(lo_ptr + state_off, lo, mask=mask_s)
+    tl.store(pre_ptr + state_off, pre, mask=mask_s)
+
+
+def _chunk_scan(px, pB, pC, pdt, read_hi, folds, A, hi, lo, checkpoint, keys, config, kinds):
+    """Allocate and launch; hi / lo ([B, H, P, N] fp32) are updated in place. Returns (y grid, pre-images)."""
+    batch, S, L, H, P = px.shape
+    G, N = pB.shape[3], pB.shape[4]
+    (recur, recur_scope, recur_max), (read, read_scope, read_max) = kinds
+    block_n = max(16, triton.next_power_of_2(N))
+    whole_head = _HEAD in (recur_scope, read_scope)
+    block_p = max(16, triton.next_power_of_2(P)) if whole_head else min(32, max(16, triton.next_power_of_2(P)))
+    y = torch.empty(batch, S, L, H, P, dtype=torch.float32, device=px.device)
+    pre = torch.zeros_like(hi)
+    grid = (batch, H, triton.cdiv(P, block_p))
+    skip = config.skip_read_below
+    _chunk_scan_kernel[grid](
+        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys,
+        S, L, H, P, N, G, H // G, float(skip or 0.0),
+        RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
+        READ_MAX=read_max, SHARED=config.shared, SKIP=skip is not None,
+        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=block_n,
+        num_warps=4 if block_p * block_n <= 4096 else 8,
+    )
+    return y, pre
+
+
+def _fallback_reason(inp: Inputs) -> str | None:
+    if inp.x.dtype != torch.float32:
+        return "the Triton kernels compute in FP32 (compute_dtype=float64 runs the torch backend)"
+    try:
+        _store_kind(inp.config.recur_format)
+        _store_kind(inp.config.read_format)
+    except NotImplementedError as err:
+        return str(err)
+    return None
+
+
+def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
+    """`chunked(..., backend="triton")` after `_prepare` and planning."""
+    from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
+
+    reason = _fallback_reason(inp)
+    if reason is not None:
+        warnings.warn(f"mamba2 chunked backend='triton' runs the torch backend: {reason}", stacklevel=3)
+        return _chunked_torch(inp, plan, after)
+    batch, tokens, heads, head_dim, groups, d_state = inp.dims
+    state, config = inp.state, inp.config
+    if tokens == 0:
+        return _chunked_torch(inp, plan, after)
+    seg = Segments(inp, plan)
+    grid = lambda t: t.view(batch, seg.segments, seg.length, *t.shape[2:]).contiguous()  # noqa: E731
+    px = grid(seg.scatter(inp.x, state.buffer["x"]))
+    pB = grid(seg.scatter(inp.B, state.buffer["B"]))
+    pC = grid(seg.scatter(inp.C, None))
+    pdt = grid(seg.scatter(inp.dt, state.buffer["dt"]))
+    read_hi = grid(seg.read_hi).to(torch.int8)
+    folds = seg.folds.to(torch.int8).contiguous()
+    keys = torch.stack([sr_keys(config.seed, state.layer, state.seq_ids, RECUR_COPY),
+                        sr_keys(config.seed, state.layer, state.seq_ids, READ_COPY)], 1).contiguous()  # [B, 2]
+    hi = state.hi.clone().contiguous()
+    lo = hi if config.shared else state.lo.clone().contiguous()
+    kinds = (_store_kind(config.recur_format), _store_kind(config.read_format))
+    y_grid, pre = _chunk_scan(px, pB, pC, pdt, read_hi, folds, inp.A.contiguous(), hi, lo,
+                              state.checkpoint.contiguous(), keys, config, kinds)
+    y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
+    y = y + inp.D[:, None] * inp.x
+    packed = state.lo_packed
+    rows = (seg.num_folds > 0).nonzero().flatten()
+    if len(rows):
+        _, _, new_packed = write_checkpoint_packed(pre[rows], config, state.layer, state.seq_ids[rows],
+                                                   (state.checkpoint + seg.num_folds)[rows])
+        packed = merge_packed(packed, new_packed, rows, batch)
+    buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
+              for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
+    out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
+    return y.to(inp.out_dtype), out
+
+
+def chunked_triton(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32):
+    """`chunked(..., backend="triton")`; shapes as `decode_reference`."""
+    from replayssm_eval.kernels.mamba2.chunked import chunked
+
+    return chunked(x, dt, A, B, C, D, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
+                   compute_dtype=compute_dtype, backend="triton")
+
+
+@triton.jit
+def _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask, H, P, N, NB,
+                    READ: tl.constexpr, GS_SCOPE: tl.constexpr):
+    """Decode a [BLOCK_P, BLOCK_N] tile of the packed read copy (layouts of `quant.formats`)."""
+    row = (b * H + h).to(tl.int64) * P + offs_p[:, None]  # [BLOCK_P, 1] row in [B, H, P]
+    if READ == 7:  # NVFP4, axis=dstate: 2 codes per byte (low nibble first), one E4M3 scale per 16
+        byte = tl.load(data_ptr + row * (NB // 2) + offs_n[None, :] // 2, mask=mask, other=0).to(tl.int32)
+        code = (byte >> ((offs_n[None, :] % 2) * 4)) & 0xF
+        s_b = e4m3_decode(tl.load(scale_ptr + row * (NB // 16) + offs_n[None, :] // 16, mask=mask, other=0))
+        v = e2m1_decode(code) * s_b
+    elif (READ == 4) | (READ == 5):
+        v = e4m3_decode(tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0))
+    elif READ == 6:
+        v = e5m2_decode(tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0))
+    else:
+        v = tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    if GS_SCOPE == 1:
+        v = v * tl.load(gs_ptr + row, mask=offs_p[:, None] < P, other=1.0)
+    elif GS_SCOPE == 2:
+        v = v * tl.load(gs_ptr + b * H + h)
+    elif GS_SCOPE == 3:
+        v = v * tl.load(gs_ptr + b)
+    return tl.where(mask, v, 0.0)
+
+
+@triton.jit
+def _replay_kernel(
+    x_ptr, b_ptr, dt_ptr, q_ptr,  # entries [B, E, H, P], [B, E, G, N], [B, E, H] in logical order; queries C [B, T, G, N]
+    count_ptr, read_hi_ptr, fold_ptr,  # [B] int64 entries before the queries, [B] int8, [B] int8
+    hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, H, P, N] fp32 and the packed read copy
+    A_ptr, y_ptr, out_ptr,  # y [B, T, H, P]; out [B, H, P, N] the fold of all entries (FP32)
+    E, T, H, P, N, G, HPG, NB, skip,
+    READ: tl.constexpr, GS_SCOPE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    g = h // HPG
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p, mask_n = offs_p < P, offs_n < N
+    mask_s = mask_p[:, None] & mask_n[None, :]
+    count = tl.load(count_ptr + b)
+    used = count + T  # entries 0..used-1: committed, then the queries' own
+    mask_e = offs_e < used
+    row = b.to(tl.int64) * E + offs_e
+    dt = tl.load(dt_ptr + row * H + h, mask=mask_e, other=0.0)
+    A = tl.load(A_ptr + h)
+    cs = tl.cumsum(dt * A, axis=0)  # [BLOCK_E] log G_{0..e}
+    x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=mask_e[:, None] & mask_p[None, :], other=0.0)
+    k = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_e[:, None] & mask_n[None, :], other=0.0)
+    mask_t = offs_t < T
+    q_rows = b.to(tl.int64) * T + offs_t
+    q = tl.load(q_ptr + (q_rows[:, None] * G + g) * N + offs_n[None, :], mask=mask_t[:, None] & mask_n[None, :], other=0.0)
+    pos = count + offs_t  # [BLOCK_T] entry of each query
+    cs_q = tl.sum(tl.where(offs_e[None, :] == pos[:, None], cs[None, :], 0.0), axis=1)  # [BLOCK_T]
+    # V (W (.) K^T Q), W the causal decay mask
+    w = tl.exp(tl.where(offs_e[None, :] <= pos[:, None], cs_q[:, None] - cs[None, :], float("-inf")))
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * w * dt[None, :]  # [BLOCK_T, BLOCK_E]
+    y = tl.dot(scores, x, input_precision="ieee")
+    state_off = b.to(tl.int64) * H * P * N + (h * P + offs_p[:, None]).to(tl.int64) * N + offs_n[None, :]
+    hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
+    if tl.load(read_hi_ptr + b) != 0:
+        src = hi
+    else:
+        src = _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask_s, H, P, N, NB, READ, GS_SCOPE)
+    g_read = tl.exp(cs_q)
+    if SKIP:
+        g_read = tl.where(g_read < skip, 0.0, g_read)
+    y += g_read[:, None] * tl.dot(q, tl.trans(src), input_precision="ieee")
+    tl.store(y_ptr + (q_rows[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_t[:, None] & mask_p[None, :])
+    if FOLD:
+        if tl.load(fold_ptr + b) != 0:
+            cs_last = tl.sum(tl.where(offs_e == BLOCK_E - 1, cs, 0.0), axis=0)  # entries past `used` have dt = 0
+            g_all = tl.exp(cs_last)
+            if SKIP:
+                g_all = tl.where(g_all < skip, 0.0, g_all)
+            wf = tl.exp(cs_last - cs) * dt
+            folded = g_all * hi + tl.dot(tl.trans(x * wf[:, None]), k, input_precision="ieee")
+            tl.store(out_ptr + state_off, folded, mask=mask_s)
+
+
+def _read_layout(state: ReplayState, config) -> tuple[int, int, tuple, int]:
+    """(kind, global-scale scope, (data, scales, global_scale), padded N) of the read copy the kernels decode.
+
+    The packed encoding is read for fp32/bf16/fp16(sr), fp8 (any scale) and nvfp4 with axis=dstate;
+    other layouts (nvfp4 head_dim blocks, MX) are read from the decoded FP32 copy `state.lo`.
+    """
+    fmt, packed = config.read_format, state.lo_packed
+    n = state.hi.shape[-1]
+    if packed is None or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
+                              or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")):
+        return _FP32, _NONE, (state.lo.contiguous(), None, None), n
+    scope = {"none": _NONE, "row": 1, "head": 2, "tensor": 3}[getattr(fmt, "scale", "none")]
+    if isinstance(fmt, NVFP4Format):
+        return _NVFP4, scope, (packed.data.contiguous(), packed.scales.contiguous(), packed.global_scale.contiguous()), \
+            packed.data.shape[-1] * 2
+    if isinstance(fmt, FP8Format):
+        gs = None if packed.global_scale is None else packed.global_scale.contiguous()
+        return _KINDS[fmt.base], scope, (packed.data.contiguous(), None, gs), n
+    return _FP32, _NONE, (packed.data.contiguous(), None, None), n
+
+
+def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
+    """Launch `_replay_kernel`: entries [B, E, ...] (queries at count..count+T-1), returns (y [B, T, H, P], fold or None)."""
+    batch, E, H, P = x.shape
+    T, G, N = C_q.shape[1], B.shape[2], B.shape[3]
+    read, scope, (data, scales, gs), nb = _read_layout(state, config)
+    y = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)
+    do_fold = bool(fold.any())
+    out = torch.empty_like(state.hi) if do_fold else y
+    block_p = min(32, max(16, triton.next_power_of_2(P)))
+    skip = config.skip_read_below
+    _replay_kernel[(batch, H, triton.cdiv(P, block_p))](
+        x, B, dt, C_q, count, read_hi.to(torch.int8), fold.to(torch.int8), state.hi.contiguous(), data,
+        data if scales is None else scales, data if gs is None else gs, A, y, out,
+        E, T, H, P, N, G, H // G, nb, float(skip or 0.0),
+        READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=do_fold,
+        BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_P=block_p,
+        BLOCK_N=max(16, triton.next_power_of_2(N)),
+    )
+    return y, (out if do_fold else None)
+
+
+def _check_fp32(inp: Inputs):
+    if inp.x.dtype != torch.float32:
+        raise ValueError("compute_dtype must be torch.float32 for the Triton kernels")
+
+
+def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32):
+    """One decode token for every sequence: x [B, H, P], dt [B, H], B and C [B, G, N], D [H], state a ReplayState
+    (or the FP32 state at the anchor). Returns y [B, H, P] and the ReplayState after the token.
+
+    Non-flush sequences read the packed read copy and the buffer; flush sequences read S_hi and the
+    buffer, the kernel writes their FP32 fold and `write_checkpoint_packed` rounds it to both copies.
+    """
+    inp = _prepare(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state, config, layer_idx, seq_ids,
+                   compute_dtype)
+    _check_fp32(inp)
+    st, cfg = inp.state, inp.config
+    plan, after = plan_tokens(cfg, st.schedule, 1, st.seq_ids)
+    rows = torch.arange(x.shape[0], device=x.device)
+    buffer = {k: v.clone() for k, v in st.buffer.items()}
+    count = st.schedule.count
+    for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt)):
+        buffer[key][rows, count] = new[:, 0]
+    y, folded = _replay(buffer["x"], buffer["B"], buffer["dt"], inp.C.contiguous(), count.contiguous(),
+                        plan.read_hi[:, 0], plan.fold_after[:, 0], inp.A.contiguous(), st, cfg)
+    y = y[:, 0] + inp.D[:, None] * inp.x[:, 0]
+    hi, lo, packed, checkpoint = st.hi, st.lo, st.lo_packed, st.checkpoint
+    fold = plan.fold_after[:, 0].nonzero().flatten()
+    if len(fold):
+        checkpoint = checkpoint.clone()
+        checkpoint[fold] += 1
+        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[fold], cfg, st.layer, st.seq_ids[fold], checkpoint[fold])
+        hi, lo = hi.clone(), lo.clone()
+        hi[fold], lo[fold] = new_hi, new_lo
+        lo = hi if cfg.shared else lo
+        packed = merge_packed(packed, new_packed, fold, x.shape[0])
+    return y.to(inp.out_dtype), ReplayState(hi, lo, buffer, after, checkpoint, st.seq_ids, st.layer, packed)
+
+
+def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtype=torch.float32):
+    """Output-only verification of T drafts x [B, T, H, P] (dt [B, T, H], B and C [B, T, G, N]) appended after the
+    committed entries of `state` (a ReplayState): O = G (S_src C^T) + V (W (.) (K^T Q)) + D x, with S_src = S_hi if
+    `state.schedule.step_read_hi` else the packed read copy. Returns O [B, T, H, P]; the state is not changed.
+    """
+    if not isinstance(state, ReplayState):
+        raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
+    inp = _prepare(x, dt, A, B, C, D, state, config, layer_idx, None, compute_dtype)
+    _check_fp32(inp)
+    st = inp.state
+    batch, drafts = x.shape[:2]
+    count = st.schedule.count
+    E = int(count.max()) + drafts
+    ring = {}
+    for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt)):
+        buf = st.buffer[key]
+        ent = torch.zeros(batch, E, *buf.shape[2:], dtype=buf.dtype, device=buf.device)
+        ent[:, :min(E, buf.shape[1])] = buf[:, :E]
+        index = (count[:, None] + torch.arange(drafts, device=x.device)).view(batch, drafts, *[1] * (new.dim() - 2))
+        ring[key] = ent.scatter(1, index.expand_as(new), new)
+    y, _ = _replay(ring["x"], ring["B"], ring["dt"], inp.C.contiguous(), count.contiguous(), st.schedule.step_read_hi,
+                   torch.zeros(batch, dtype=torch.bool, device=x.device), inp.A.contiguous(), st, inp.config)
+    return (y + inp.D[:, None] * inp.x).to(inp.out_dtype)

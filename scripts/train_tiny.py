@@ -1,0 +1,465 @@
+"""Train the tiny fixture models `tiny-nemotron-h` and `tiny-qwen3.5` on Shakespeare bytes.
+
+Both are real Hugging Face classes at toy size, byte-level (vocab 258: 256 bytes + eos + pad):
+
+    tiny-nemotron-h  NemotronHForCausalLM, pattern "M-M-M*M-M-": 5 Mamba-2, 1 attention, 4 MLP
+                     layers; hidden 256; Mamba-2 16 heads x 32 head_dim x 64 state, 2 groups
+    tiny-qwen3.5     Qwen3_5ForCausalLM (text-only qwen3_5_text), 8 layers, 3 GDN : 1 attention;
+                     hidden 256; GDN 4 key heads, 8 value heads, K = V = 32
+
+Data: every play in --data (one .txt file each) except the held-out ones,
+`replayssm_eval.data.bundled.HELD_OUT_PLAYS`, which are the package's bundled evaluation text.
+Each step trains on `batch_size` random windows of `seq_len` bytes (default 16 x 2048), with
+bf16 autocast on a GPU, on the models' plain torch paths (no mamba_ssm, causal_conv1d or fla:
+the script refuses to run where they are importable). Training stops at --time-budget seconds
+or --max-steps, whichever comes first; the learning rate follows whichever is nearer its end.
+
+The SSM heads start with a spread of decay rates so some have long memory: per layer, head h
+gets a quantile u_h (stratified, shuffled) and dt = exp(lerp(log 2e-4, log 0.1, u_h)),
+A = exp(lerp(log 1, log 16, u_h)), i.e. dt_bias = softplus^-1(dt), A_log = log A; the static
+per-token decay exp(-A dt) then runs from about 0.9998 to 0.2. Nemotron-H's time_step_min
+(the lower clamp on dt in its forward) is 1e-4, so the slowest heads are not pinned at the clamp.
+
+Outputs, per model, in --out/<name>/: config.json, model.safetensors (bf16), the byte-level
+tokenizer files, and training.json (command, steps, wall time, held-out bits per byte computed
+in fp32 from the stored bf16 weights, and the per-head decay table: static decay and the mean
+per-token decay measured on held-out text).
+
+Run from the repository root (the package importable: `pip install -e .` or PYTHONPATH=.):
+
+    PYTHONUNBUFFERED=1 python scripts/train_tiny.py --model tiny-nemotron-h \
+        --data ../shared/data/shakespeare --out out/fixtures --time-budget 240
+    # CPU smoke test:
+    python scripts/train_tiny.py --model tiny-qwen3.5 --data ../shared/data/shakespeare \
+        --out /tmp/fx --max-steps 3 --seq-len 256 --batch-size 2 --eval-bytes 1024
+"""
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import importlib.util
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import (
+    NemotronHConfig,
+    NemotronHForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+)
+
+from replayssm_eval.data.bundled import HELD_OUT_PLAYS, load_bundled_text
+from replayssm_eval.models.tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID, VOCAB_SIZE, save_byte_tokenizer
+
+DT_INIT_RANGE = (2e-4, 0.1)
+A_INIT_RANGE = (1.0, 16.0)
+CHECK_BYTES = 2048  # tests/models/test_fixtures.py recomputes bits/byte on this many bundled bytes
+KERNEL_PACKAGES = ("mamba_ssm", "causal_conv1d", "fla")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run; the command line is generated from these fields."""
+
+    model: str  # tiny-nemotron-h | tiny-qwen3.5
+    data: str  # folder of plays, one .txt each
+    out: str  # the model is written to out/<model>/
+    time_budget: float = 240.0  # seconds of training, evaluation not included
+    max_steps: int = 1_000_000
+    seq_len: int = 2048
+    batch_size: int = 16
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    log_every: int = 25
+    eval_bytes: int = 0  # held-out bytes per play to evaluate; 0 = whole plays
+
+
+def nemotron_h_config() -> NemotronHConfig:
+    """tiny-nemotron-h: 3.72M parameters, 7.4 MB in bf16."""
+    return NemotronHConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        hybrid_override_pattern="M-M-M*M-M-",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        mlp_hidden_act="relu2",
+        mamba_num_heads=16,
+        mamba_head_dim=32,
+        ssm_state_size=64,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=128,
+        time_step_min=1e-4,
+        time_step_max=0.1,
+        time_step_floor=1e-4,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=EOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+
+
+def qwen3_5_config() -> Qwen3_5TextConfig:
+    """tiny-qwen3.5: 3.84M parameters, 7.7 MB in bf16."""
+    layer_types = (["linear_attention"] * 3 + ["full_attention"]) * 2
+    return Qwen3_5TextConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=EOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+
+
+MODELS: dict[str, tuple[Callable[[], PretrainedConfig], type[PreTrainedModel]]] = {
+    "tiny-nemotron-h": (nemotron_h_config, NemotronHForCausalLM),
+    "tiny-qwen3.5": (qwen3_5_config, Qwen3_5ForCausalLM),
+}
+
+
+def parse_args() -> TrainConfig:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if field.default is dataclasses.MISSING:
+            parser.add_argument(flag, required=True, type=field.type)
+        else:
+            parser.add_argument(flag, type=type(field.default), default=field.default)
+    cfg = TrainConfig(**vars(parser.parse_args()))
+    if cfg.model not in MODELS:
+        parser.error(f"unknown model {cfg.model!r}; known: {', '.join(MODELS)}")
+    return cfg
+
+
+# ---- data
+
+
+def load_plays(data_dir: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(training plays, held-out plays), each {file stem: bytes}."""
+    plays = {p.stem: p.read_bytes() for p in sorted(data_dir.glob("*.txt")) if p.stem != "metadata"}
+    missing = [stem for stem in HELD_OUT_PLAYS if stem not in plays]
+    if missing:
+        raise FileNotFoundError(f"held-out plays {missing} not in {data_dir}; it has {sorted(plays)}")
+    held_out = {stem: plays.pop(stem) for stem in HELD_OUT_PLAYS}
+    return plays, held_out
+
+
+def byte_ids(data: bytes) -> torch.Tensor:
+    """Token ids of raw bytes: the byte values. [N] int64"""
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
+
+
+def training_stream(plays: dict[str, bytes]) -> torch.Tensor:
+    """All training plays as one id stream, each play followed by eos. [N] int64"""
+    parts = []
+    for data in plays.values():
+        parts += [byte_ids(data), torch.tensor([EOS_TOKEN_ID])]
+    return torch.cat(parts)
+
+
+# ---- model
+
+
+@torch.no_grad()
+def init_slow_heads(model: PreTrainedModel, generator: torch.Generator) -> None:
+    """Spread each SSM layer's heads from slow (decay ~0.9998) to fast; see the file docstring."""
+    for module in ssm_mixers(model):
+        heads = module.A_log.numel()
+        u = (torch.randperm(heads, generator=generator) + torch.rand(heads, generator=generator)) / heads
+        dt = torch.exp(math.log(DT_INIT_RANGE[0]) + u * math.log(DT_INIT_RANGE[1] / DT_INIT_RANGE[0]))
+        a = torch.exp(math.log(A_INIT_RANGE[0]) + u * math.log(A_INIT_RANGE[1] / A_INIT_RANGE[0]))
+        module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        module.A_log.copy_(torch.log(a))
+
+
+def ssm_mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The Mamba-2 mixers (have `in_proj`) or GDN layers (have `in_proj_a`), in layer order."""
+    mixers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
+    if not mixers:
+        raise ValueError(f"no SSM layers (modules with A_log and dt_bias) in {type(model).__name__}")
+    return mixers
+
+
+def static_decay(module: torch.nn.Module) -> torch.Tensor:
+    """Per-head decay for a zero dt input: exp(-exp(A_log) softplus(dt_bias)). [H]
+
+    Mamba-2 clamps dt below at time_step_min (`time_step_limit`); the clamp is applied here too.
+    """
+    dt = F.softplus(module.dt_bias.float())
+    if hasattr(module, "time_step_limit"):
+        dt = dt.clamp(*module.time_step_limit)
+    return torch.exp(-torch.exp(module.A_log.float()) * dt)
+
+
+class DecayMeter:
+    """Mean over tokens of each head's actual per-token decay, from forward hooks.
+
+    Mamba-2: dt is the last `num_heads` columns of `in_proj`'s output, decay exp(-A softplus(dt +
+    dt_bias)) with dt clamped as in the forward. GDN: decay exp(-A softplus(a + dt_bias)), a the
+    output of `in_proj_a`.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.mixers = ssm_mixers(model)
+        self.sums = [torch.zeros(m.A_log.numel(), dtype=torch.float64) for m in self.mixers]
+        self.tokens = [0] * len(self.mixers)
+        self.handles = []
+        for i, mixer in enumerate(self.mixers):
+            proj = mixer.in_proj_a if hasattr(mixer, "in_proj_a") else mixer.in_proj
+            self.handles.append(proj.register_forward_hook(self._hook(i)))
+
+    def _hook(self, index: int):
+        mixer = self.mixers[index]
+        heads = mixer.A_log.numel()
+
+        def hook(_module, _inputs, output):
+            raw = output[..., -heads:].float().reshape(-1, heads)  # [tokens, H]
+            dt = F.softplus(raw + mixer.dt_bias.float())
+            if hasattr(mixer, "time_step_limit"):
+                dt = dt.clamp(*mixer.time_step_limit)
+            decay = torch.exp(-torch.exp(mixer.A_log.float()) * dt)
+            self.sums[index] += decay.sum(0).double().cpu()
+            self.tokens[index] += raw.shape[0]
+
+        return hook
+
+    def means(self) -> list[list[float]]:
+        """Per layer, per head mean decay."""
+        return [(s / max(n, 1)).tolist() for s, n in zip(self.sums, self.tokens)]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def decay_table(per_layer: list[list[float]]) -> dict:
+    """Counts above 0.99 / 0.999 and quantiles of a per-layer, per-head decay list."""
+    flat = torch.tensor([d for layer in per_layer for d in layer], dtype=torch.float64)
+    return {
+        "heads": flat.numel(),
+        "above_0.99": int((flat > 0.99).sum()),
+        "above_0.999": int((flat > 0.999).sum()),
+        "median": float(flat.median()),
+        "max": float(flat.max()),
+        "min": float(flat.min()),
+        "per_layer": [[round(d, 6) for d in layer] for layer in per_layer],
+    }
+
+
+# ---- train and evaluate
+
+
+def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
+    """Linear warmup, then cosine to min_lr_ratio over whichever limit (steps, time) is nearer."""
+    progress = min(1.0, max(step / cfg.max_steps, elapsed / cfg.time_budget))
+    cosine = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * cosine
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; no weight decay on vectors (A_log, dt_bias, D, norms, biases)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
+
+
+def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig) -> dict:
+    """Train in place until the time budget or max_steps; returns step count, wall time, train bits/byte."""
+    device = torch.device(cfg.device)
+    stream = stream.to(device)
+    optimizer = make_optimizer(model, cfg)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    window = torch.arange(cfg.seq_len + 1, device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    model.train()
+
+    step, ema_loss, start = 0, None, time.perf_counter()
+    last_log_time, last_log_step = start, 0
+    while step < cfg.max_steps and time.perf_counter() - start < cfg.time_budget:
+        lr = lr_at(cfg, step, time.perf_counter() - start)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        offsets = torch.randint(0, stream.numel() - cfg.seq_len - 1, (cfg.batch_size, 1), device=device, generator=generator)
+        batch = stream[offsets + window]  # [B, L+1]
+        with autocast:
+            logits = model(input_ids=batch[:, :-1], use_cache=False).logits  # [B, L, V]
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        step += 1
+
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            value = loss.item()  # syncs, so the timing below is real
+            ema_loss = value if ema_loss is None else 0.9 * ema_loss + 0.1 * value
+            now = time.perf_counter()
+            ms = 1000 * (now - last_log_time) / (step - last_log_step)
+            print(
+                f"[{cfg.model}] step {step:5d}  loss {value:.4f}  bpb {value / math.log(2):.3f}  lr {lr:.2e}  "
+                f"{ms:.0f} ms/step  {cfg.batch_size * cfg.seq_len / ms * 1e3:,.0f} tok/s  {now - start:.0f} s"
+            )
+            last_log_time, last_log_step = now, step
+    wall = time.perf_counter() - start
+    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": round(ema_loss / math.log(2), 4)}
+
+
+@torch.no_grad()
+def bits_per_byte(model: PreTrainedModel, ids: torch.Tensor, seq_len: int, batch_size: int) -> float:
+    """Mean next-byte cross-entropy in bits over non-overlapping windows of `ids` ([N] int64).
+
+    Each window starts without context; its first byte is not predicted.
+    """
+    device = next(model.parameters()).device
+    windows = list(ids.split(seq_len))
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        group = windows[i : i + batch_size]
+        for length in sorted({w.numel() for w in group}):  # a short last window goes alone
+            batch = torch.stack([w for w in group if w.numel() == length]).to(device)  # [b, length]
+            if length < 2:
+                continue
+            logits = model(input_ids=batch, use_cache=False).logits.float()  # [b, length, V]
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+            total += loss.item()
+            count += batch[:, 1:].numel()
+    return total / count / math.log(2)
+
+
+def evaluate(model: PreTrainedModel, held_out: dict[str, bytes], cfg: TrainConfig) -> dict:
+    """Held-out bits/byte (fp32 compute) per play and overall, the check value, and the decay tables."""
+    model.eval()
+    meter = DecayMeter(model)
+    per_play, total_bits, total_bytes = {}, 0.0, 0
+    for stem, data in held_out.items():
+        ids = byte_ids(data[: cfg.eval_bytes or None])
+        bpb = bits_per_byte(model, ids, cfg.seq_len, cfg.batch_size)
+        per_play[stem] = round(bpb, 4)
+        predicted = ids.numel() - math.ceil(ids.numel() / cfg.seq_len)
+        total_bits, total_bytes = total_bits + bpb * predicted, total_bytes + predicted
+    meter.remove()
+    check_ids = byte_ids(load_bundled_text().encode("utf-8")[:CHECK_BYTES])
+    return {
+        "held_out_bits_per_byte": round(total_bits / total_bytes, 4),
+        "held_out_bits_per_byte_per_play": per_play,
+        "held_out_bytes": total_bytes,
+        "check_bytes": CHECK_BYTES,
+        "check_bits_per_byte": round(bits_per_byte(model, check_ids, CHECK_BYTES, 1), 5),
+        "decay_static": decay_table([static_decay(m).tolist() for m in ssm_mixers(model)]),
+        "decay_measured_held_out": decay_table(meter.means()),
+    }
+
+
+# ---- provenance and output
+
+
+def git_rev() -> str | None:
+    """HEAD of the repository the script is in, or None (no git, or no commits yet)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    except OSError:
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def check_torch_paths() -> None:
+    """Refuse to train where transformers would bind kernel packages instead of its torch paths."""
+    present = [name for name in KERNEL_PACKAGES if importlib.util.find_spec(name) is not None]
+    if present:
+        raise RuntimeError(f"kernel packages {present} are importable; the fixtures train on the plain torch paths only")
+
+
+def save(model: PreTrainedModel, out_dir: Path, record: dict) -> None:
+    """config.json, model.safetensors (bf16), tokenizer files and training.json into out_dir."""
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    (out_dir / "generation_config.json").unlink(missing_ok=True)
+    save_byte_tokenizer(out_dir)
+    record["model_safetensors_bytes"] = (out_dir / "model.safetensors").stat().st_size
+    (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def main() -> None:
+    cfg = parse_args()
+    check_torch_paths()
+    torch.manual_seed(cfg.seed)
+    train_plays, held_out = load_plays(Path(cfg.data))
+    stream = training_stream(train_plays)
+
+    config_fn, model_cls = MODELS[cfg.model]
+    model = model_cls(config_fn())
+    init_slow_heads(model, torch.Generator().manual_seed(cfg.seed))
+    decay_init = decay_table([static_decay(m).tolist() for m in ssm_mixers(model)])
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[{cfg.model}] {n_params:,} parameters; {stream.numel():,} training bytes from {len(train_plays)} plays; "
+          f"init decay: {decay_init['above_0.99']}/{decay_init['heads']} heads > 0.99, {decay_init['above_0.999']} > 0.999")
+
+    model.to(cfg.device)
+    result = train(model, stream, cfg)
+    model.to(torch.bfloat16).float()  # evaluate exactly the weights that are stored (bf16)
+    start = time.perf_counter()
+    result |= evaluate(model, held_out, cfg)
+    print(f"[{cfg.model}] held-out {result['held_out_bits_per_byte']:.4f} bits/byte {result['held_out_bits_per_byte_per_play']} "
+          f"(eval {time.perf_counter() - start:.0f} s); static decay > 0.99: {result['decay_static']['above_0.99']}, "
+          f"> 0.999: {result['decay_static']['above_0.999']} of {result['decay_static']['heads']}")
+
+    record = {
+        "model": cfg.model,
+        "model_class": model_cls.__name__,
+        "parameters": n_params,
+        "stored_dtype": "bfloat16",
+        "command": "python " + shlex.join(sys.argv),
+        "train_config": dataclasses.asdict(cfg),
+        "tokens_per_step": cfg.batch_size * cfg.seq_len,
+        **result,
+        "decay_init": decay_init,
+        "train_plays": sorted(train_plays),
+        "held_out_plays": list(held_out),
+        "init": {"dt_range": DT_INIT_RANGE, "A_range": A_INIT_RANGE, "scheme": "stratified log-uniform, paired"},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_rev": git_rev(),
+        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
+        "device": torch.cuda.get_device_name() if cfg.device.startswith("cuda") else "cpu",
+    }
+    out_dir = Path(cfg.out) / cfg.model
+    save(model, out_dir, record)
+    print(f"[{cfg.model}] wrote {out_dir}: model.safetensors {record['model_safetensors_bytes']:,} bytes")
+
+
+if __name__ == "__main__":
+    main()
