@@ -1,0 +1,238 @@
+"""Teacher-forced ReplaySSM Gated DeltaNet: parallel inside each segment, sequential between checkpoints.
+
+A segment is the run of buffer entries between two checkpoints (the first segment of a call
+starts with the entries carried in the ReplayState's buffer; they keep their stored u). Inside a
+segment, with gc_t the log of the decay from the checkpoint through entry t and d_t = exp(gc_t)
+(0 where `skip_read_below` drops the checkpoint term), the delta rule of `reference.py` reads
+
+    u_t + beta_t sum_{i<t} exp(gc_t - gc_i) (k_t . k_i) u_i = beta_t (v_t - d_t S_src(t)^T k_t)
+
+a unit-lower-triangular system (WY / UT form). Tokens reading S_hi and tokens reading S_lo only
+differ in their right-hand side, so with T = (I + A)^-1 every u of the segment is
+
+    U = T beta V - (T R_hi) S_hi - (T R_lo) S_lo        R_x: rows beta_t d_t k_t^T of tokens reading x
+    O = (d Q)_hi S_hi + (d Q)_lo S_lo + (M (.) Q K^T) U  M: causal decays exp(gc_t - gc_i), i <= t
+    S_fold = d_end S_hi + sum_i exp(gc_end - gc_i) k_i u_i^T                           (open fold)
+
+and a closed fold solves the same system with every row reading S_hi and every entry's u
+recomputed from its raw (v, beta). Everything that does not depend on the checkpoint (T, the
+W = T R, M) is computed for a block of segments at once; the loop over segments only applies the
+checkpoint (a few batched matmuls) and `write_checkpoint`, all sequences together whatever
+their phase (sequences with fewer segments carry padding that changes nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_eval.kernels.gdn._common import Prepared, _prepare, buffer_keys, empty_buffer, from_format_layout, to_format_layout
+from replayssm_eval.kernels.gdn.reference import _keep
+from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+
+BACKENDS = ("torch", "triton")
+_BLOCK_ELEMENTS = 1 << 26  # budget for one block of precomputed segment tensors, in elements
+
+
+def chunked(
+    q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32, backend="torch"
+) -> tuple[torch.Tensor, ReplayState]:
+    """The teacher-forced form of `decode_reference`: same arguments, same outputs and states.
+
+    Any plan (per-sequence phases, speculative schedules), both fold modes. Returns o
+    [B, T, HV, V] in compute_dtype and the ReplayState after the call, interchangeable with
+    `decode_reference`'s. backend="triton" runs `gdn.triton.chunked_triton` (FP32 only).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=compute_dtype)
+    if backend == "triton":
+        from replayssm_eval.kernels.gdn.triton import chunked_triton
+
+        return chunked_triton(p)
+    return _chunked_torch(p)
+
+
+@dataclass
+class Segments:
+    """Where every token and carried buffer entry sits in the padded [B, NS, L] segment grid."""
+
+    num: int  # NS: segments (max over sequences)
+    length: int  # L: padded segment length
+    tok_index: torch.Tensor  # [B, T] flat index into [B * NS * L] of each token
+    pre_index: torch.Tensor  # [P] flat index of each carried entry
+    pre_source: tuple[torch.Tensor, torch.Tensor]  # (b, slot) of each carried entry
+    folds: torch.Tensor  # [B, NS] bool, segment s of sequence b ends with a fold
+    last: torch.Tensor  # [B, NS] int64, position of the segment's last entry (the fold token), -1 if empty
+    count_after: torch.Tensor  # [B] entries left in the buffer after the call
+
+
+def segment_layout(p: Prepared) -> Segments:
+    fold = p.plan.fold_after  # [B, T]
+    bsz, seqlen = fold.shape
+    device = fold.device
+    count0 = p.state.schedule.count.to(device)
+    n = torch.arange(seqlen, device=device).expand(bsz, seqlen)
+    seg = p.plan.anchor  # [B, T]
+    last_fold = torch.where(fold, n, -1).cummax(dim=1).values
+    last_fold = torch.cat([torch.full((bsz, 1), -1, device=device, dtype=torch.int64), last_fold[:, :-1]], dim=1)
+    pos = torch.where(seg > 0, n - last_fold - 1, count0[:, None] + n)  # [B, T]
+    nfold = p.plan.num_folds  # [B]
+    num = int(nfold.max()) + 1 if seqlen else 1
+    length = max(int(pos.max()) + 1 if seqlen else 0, int(count0.max()) if count0.numel() else 0, 1)
+    tok_index = (torch.arange(bsz, device=device)[:, None] * num + seg) * length + pos
+    pre_b, pre_slot = (torch.arange(p.capacity, device=device)[None, :] < count0[:, None]).nonzero(as_tuple=True)
+    pre_index = (pre_b * num) * length + pre_slot
+    seg_ids = torch.arange(num, device=device)
+    folds = seg_ids[None, :] < nfold[:, None]
+    # entries per segment: tokens plus, for segment 0, the carried ones
+    sizes = torch.zeros(bsz * num, dtype=torch.int64, device=device)
+    sizes.index_add_(0, (torch.arange(bsz, device=device)[:, None] * num + seg).flatten(), torch.ones_like(seg).flatten())
+    sizes = sizes.view(bsz, num)
+    sizes[:, 0] += count0
+    count_after = sizes.gather(1, nfold[:, None]).squeeze(1)
+    return Segments(num, length, tok_index, pre_index, (pre_b, pre_slot), folds, sizes - 1, count_after)
+
+
+def _pad(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor | None) -> torch.Tensor:
+    """Tokens [B, T, ...] (and carried entries [B, cap, ...]) -> zero-padded [B, NS, L, ...]."""
+    bsz = x_tok.shape[0]
+    out = x_tok.new_zeros(bsz * seg.num * seg.length, *x_tok.shape[2:])
+    out[seg.tok_index.flatten()] = x_tok.flatten(0, 1)
+    if x_buf is not None and seg.pre_index.numel():
+        out[seg.pre_index] = x_buf[seg.pre_source].to(out.dtype)
+    return out.view(bsz, seg.num, seg.length, *x_tok.shape[2:])
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[B, NS, L, HV, ...] -> [B, NS, HV, L, ...]."""
+    return x.transpose(2, 3)
+
+
+def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
+    cfg, st, cd = p.config, p.state, p.dtype
+    bsz, seqlen, nv, dk = p.q.shape
+    dv = p.v.shape[-1]
+    closed = cfg.gdn_fold == "closed"
+    seg = segment_layout(p)
+    buf = st.buffer
+    expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731  [B, cap, H, K] -> HV
+    read_hi = _pad(seg, p.plan.read_hi, None)
+    is_pre = _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device), torch.ones_like(buf["g"][..., 0], dtype=torch.bool))
+    k_pad = _pad(seg, p.k, expand(buf["k"]))  # [B, NS, L, HV, K]
+    q_pad = _pad(seg, p.q, None)
+    g_pad = _pad(seg, p.g, buf["g"])  # [B, NS, L, HV]
+    v_pad = _pad(seg, p.v, buf.get("v"))
+    beta_pad = _pad(seg, p.beta, buf.get("beta"))
+    u_known = _pad(seg, torch.zeros_like(p.v), buf["u"])
+
+    hi32, lo32 = st.hi, st.lo
+    s_hi, s_lo = from_format_layout(hi32).to(cd), from_format_layout(lo32).to(cd)  # [B, HV, K, V]
+    ckpt = st.checkpoint.clone()
+    u_all = torch.empty(bsz, seg.num, nv, seg.length, dv, dtype=cd, device=p.q.device)
+    o_all = torch.empty_like(u_all)
+    per_segment = bsz * nv * seg.length * (3 * dk + 4 * dv + 3 * seg.length)
+    block = max(1, min(seg.num, _BLOCK_ELEMENTS // max(per_segment, 1)))
+    rows = torch.arange(bsz, device=p.q.device)
+
+    for start in range(0, seg.num, block):
+        sl = slice(start, min(start + block, seg.num))
+        blk = _precompute(
+            _heads_first(k_pad[:, sl]), _heads_first(q_pad[:, sl]), _heads_first(v_pad[:, sl]),
+            g_pad[:, sl].transpose(2, 3), beta_pad[:, sl].transpose(2, 3), _heads_first(u_known[:, sl]),
+            is_pre[:, sl], read_hi[:, sl], cfg.skip_read_below, closed,
+        )
+        for j, s in enumerate(range(sl.start, sl.stop)):
+            at = {name: t[:, j] for name, t in blk.items()}
+            u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
+            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo + at["m"] @ u
+            folded = seg.folds[:, s]
+            if folded.any():
+                if closed:
+                    u_c = at["u0_c"] - at["w_c"] @ s_hi
+                    state = at["d_end"][..., None, None] * s_hi + at["k_end"].transpose(-1, -2) @ u_c
+                    last = seg.last[:, s].clamp(min=0)
+                    q_last = q_pad[rows, s, last]  # [B, HV, K]
+                    o_fold = torch.einsum("bhkv,bhk->bhv", state, q_last)
+                    take = (folded & read_hi[rows, s, last]).nonzero().flatten()
+                    o[take, :, last[take]] = o_fold[take]
+                else:
+                    state = at["d_end"][..., None, None] * s_hi + at["k_end"].transpose(-1, -2) @ u
+                idx = folded.nonzero().flatten()
+                new_hi, new_lo = write_checkpoint(to_format_layout(state[idx]).contiguous(), cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+                hi32 = hi32.clone()
+                hi32[idx] = new_hi
+                if cfg.shared:
+                    lo32 = hi32
+                else:
+                    lo32 = lo32.clone()
+                    lo32[idx] = new_lo
+                s_hi, s_lo = s_hi.clone(), s_lo.clone()
+                s_hi[idx], s_lo[idx] = from_format_layout(new_hi).to(cd), from_format_layout(new_lo).to(cd)
+                ckpt[idx] += 1
+            u_all[:, s], o_all[:, s] = u, o
+
+    o_tok = o_all.transpose(2, 3).reshape(bsz * seg.num * seg.length, nv, dv)[seg.tok_index.flatten()]
+    return o_tok.view(bsz, seqlen, nv, dv), _state_after(p, seg, hi32, lo32, ckpt, u_all.transpose(2, 3))
+
+
+def _state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplayState:
+    """The ReplayState after the call; its buffer holds the entries of each sequence's last (unfolded) segment.
+
+    u_seg: [B, NS, L, HV, V] the u of every segment entry.
+    """
+    st, cfg = p.state, p.config
+    bsz, nv, dk, dv = p.q.shape[0], p.q.shape[2], p.q.shape[3], p.v.shape[-1]
+    rows = torch.arange(bsz, device=p.q.device)
+    last_seg = p.plan.num_folds
+    new_buf = empty_buffer(buffer_keys(cfg), bsz, p.capacity, st.buffer["k"].shape[2], nv, dk, dv, p.q.device, p.dtype)
+    sources = {
+        "k": lambda: _pad(seg, p.k_heads, st.buffer["k"]), "u": lambda: u_seg, "g": lambda: _pad(seg, p.g, st.buffer["g"]),
+        "v": lambda: _pad(seg, p.v, st.buffer.get("v")), "beta": lambda: _pad(seg, p.beta, st.buffer.get("beta")),
+    }
+    keep = torch.arange(seg.length, device=p.q.device)[None, :] < seg.count_after[:, None]  # [B, L]
+    for name, t in new_buf.items():
+        entries = sources[name]()[rows, last_seg].to(p.dtype)  # [B, L, ...]
+        mask = keep.view(bsz, seg.length, *([1] * (entries.dim() - 2)))
+        t[:, : seg.length] = torch.where(mask, entries, torch.zeros_like(entries))
+    return ReplayState(
+        hi=hi32, lo=lo32, buffer=new_buf, schedule=p.schedule_after, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer
+    )
+
+
+def _precompute(k, q, v, g, beta, u_known, pre, read_hi, eps, closed) -> dict[str, torch.Tensor]:
+    """Checkpoint-independent tensors of a block of segments.
+
+    k, q: [B, S, HV, L, K]; v, u_known: [B, S, HV, L, V]; g, beta: [B, S, HV, L];
+    pre (carried entries, u known), read_hi: [B, S, L] bool.
+    """
+    length = g.shape[-1]
+    gc = g.cumsum(-1)  # [B, S, HV, L]
+    incl = torch.ones(length, length, dtype=torch.bool, device=g.device).tril()
+    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))  # [.., t, i]
+    a = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
+    pre_h = pre[:, :, None, :]  # [B, S, 1, L]
+    hi_h = read_hi[:, :, None, :]
+    d = _keep(gc, eps) * torch.exp(gc)  # [B, S, HV, L]
+    eye = torch.eye(length, dtype=g.dtype, device=g.device)
+    r_v = torch.where(pre_h[..., None], u_known, beta[..., None] * v)
+    r_k = torch.where(pre_h, 0.0, beta * d)[..., None] * k
+    rhs = torch.cat([r_v, r_k * hi_h[..., None], r_k * ~hi_h[..., None]], dim=-1)
+    a_open = a * ~pre_h[..., None]
+    x = torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
+    dv, dk = v.shape[-1], k.shape[-1]
+    qd = d[..., None] * q
+    g_end = gc[..., -1]  # padding has g = 0, so the last position carries the segment's total
+    out = {
+        "u0": x[..., :dv], "w_hi": x[..., dv:dv + dk], "w_lo": x[..., dv + dk:],
+        "q_hi": qd * hi_h[..., None], "q_lo": qd * ~hi_h[..., None],
+        "m": decay * (q @ k.transpose(-1, -2)),
+        "d_end": _keep(g_end, eps) * torch.exp(g_end),
+        "k_end": torch.exp(g_end[..., None] - gc)[..., None] * k,
+    }
+    if closed:
+        r_c = (beta * torch.exp(gc) * _keep(g_end, eps)[..., None])[..., None] * k
+        xc = torch.linalg.solve_triangular(eye + a, torch.cat([beta[..., None] * v, r_c], dim=-1), upper=False, unitriangular=True)
+        out["u0_c"], out["w_c"] = xc[..., :dv], xc[..., dv:]
+    return out

@@ -1,0 +1,573 @@
+"""Triton kernels for ReplaySSM Gated DeltaNet (FP32 math, `tl.dot(..., input_precision="ieee")`).
+
+Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
+autotuned (they update states). One program owns one (sequence, value head, block of BV value
+columns): every GDN quantity of a value column depends only on that column of S, so V blocks
+are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the stored copies are
+[B, HV, V, K] (the formats' layout, see `_common`).
+
+1. `chunked_triton` (backend="triton" of `gdn.chunked`): the checkpoint-independent part of every
+   segment, (I + A)^-1, is solved batched in torch; one launch then walks the segments of each
+   (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
+   copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
+   `kernels.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
+   fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none (|head), nvfp4 axis=dstate with
+   scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
+   Formats whose scale group spans several heads (nvfp4's default scale=tensor, fp8 scale=tensor)
+   or blocks along head_dim, and the MX formats, fall back to the torch backend with a warning
+   naming the reason: no single program sees the amax they need.
+2. `decode_step_triton`: one decode token for B sequences at their own phases. Non-flush rows read
+   the packed read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32
+   scales, or 16/32-bit elements) and the buffer and write no state; flush rows read S_hi and the
+   buffer and write the folded FP32 state, which the host rounds to both copies with
+   `write_checkpoint` and packs with the read format's `encode` (same random bits).
+3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
+   checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.kernels.gdn._common import Prepared, _prepare, to_format_layout
+from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
+from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
+from replayssm_eval.quant.triton import (
+    e2m1_decode, e4m3_decode, e5m2_decode, round_bf16, round_e2m1, round_e4m3, round_e5m2, round_fp16, sr_e4m3, sr_fp16,
+)
+
+FLT_MAX = 3.4028234663852886e38
+# in-kernel store kinds and scale groups
+_FP32, _BF16, _FP16, _FP16SR, _FP8, _FP8SR, _FP8E5M2, _NVFP4 = range(8)
+_KINDS = {"fp32": _FP32, "bf16": _BF16, "fp16": _FP16, "fp16sr": _FP16SR, "fp8": _FP8, "fp8sr": _FP8SR,
+          "fp8e5m2": _FP8E5M2, "nvfp4": _NVFP4}
+_NONE, _ROW, _HEAD = range(3)
+_SCALES = {"none": _NONE, "row": _ROW, "head": _HEAD}
+_MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
+
+
+@triton.jit
+def _mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _round_elements(x, bits, KIND: tl.constexpr):
+    if KIND == _BF16:
+        y = round_bf16(x)
+    elif KIND == _FP16:
+        y = round_fp16(x)
+    elif KIND == _FP16SR:
+        y = sr_fp16(x, bits)
+    elif KIND == _FP8:
+        y = round_e4m3(x)
+    elif KIND == _FP8SR:
+        y = sr_e4m3(x, bits)
+    elif KIND == _FP8E5M2:
+        y = round_e5m2(x)
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constexpr, FMT_MAX: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr):
+    """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
+
+    A format row is one v column (amax over K); a head is the whole tile. elem: [BK, BV] int64
+    element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem).
+    """
+    bits = tl.zeros((BK, BV), dtype=tl.int64)
+    if (KIND == _FP16SR) or (KIND == _FP8SR):
+        bits = tl.randint(key, (checkpoint << 32) + elem).to(tl.int64)
+    if KIND == _NVFP4:
+        ax = tl.abs(x)
+        if SCALE == _HEAD:
+            amax = tl.max(tl.max(ax, axis=1), axis=0) + tl.zeros((BV,), tl.float32)
+        else:
+            amax = tl.max(ax, axis=0)  # [BV]
+        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
+        s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
+        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)  # [BV]
+        xb = tl.reshape(tl.trans(x), (BV, BK // 16, 16))
+        bmax = tl.max(tl.abs(xb), axis=2)  # [BV, BK // 16]
+        s_b = round_e4m3(bmax * (s_enc[:, None] * 0.1666666716337204))
+        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec[:, None])
+        enc_b = tl.where(enc_b > FLT_MAX, FLT_MAX, enc_b)
+        q = round_e2m1(xb * enc_b[:, :, None])
+        y = tl.trans(tl.reshape((q * s_b[:, :, None]) * s_dec[:, None, None], (BV, BK)))
+    elif SCALE == _NONE:
+        y = _round_elements(x, bits, KIND)
+    else:
+        ax = tl.abs(x)
+        if SCALE == _HEAD:
+            amax = tl.max(tl.max(ax, axis=1), axis=0) + tl.zeros((BV,), tl.float32)
+        else:
+            amax = tl.max(ax, axis=0)
+        s = tl.math.div_rn(amax, tl.full(amax.shape, FMT_MAX, tl.float32))
+        s = tl.where(s == 0.0, 1.0, s)[None, :]
+        y = _round_elements(tl.math.div_rn(x, s + tl.zeros_like(x)), bits, KIND) * s
+    return y
+
+
+@triton.jit
+def _chunked_kernel(
+    k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
+    NS, s_begin, HV, K, V,
+    SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr,
+):
+    # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
+    # tinv [NS, LP, LP]; dend [NS]; per b: fold, last [NS], checkpoint index at s_begin, keys;
+    # hi, lo [B, HV, V, K] read at the start and written at the end
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    ts = tl.arange(0, LP)
+    vmask = vs < V
+    kmask = ks < K
+    bh = b * HV + hv
+    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    smask = kmask[:, None] & vmask[None, :]
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
+    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    checkpoint = tl.load(ckpt_ptr + b)
+    key_hi = tl.load(key_hi_ptr + b)
+    key_lo = tl.load(key_lo_ptr + b)
+    causal = ts[:, None] >= ts[None, :]
+    # a constexpr trip count (segments past NS are skipped): the interpreter cannot loop to a runtime bound
+    for j in range(SEGS):
+        s = s_begin + j
+        if s < NS:
+            row = (bh * NS + s).to(tl.int64) * LP + ts  # [LP]
+            kt = tl.load(k_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)  # [LP, BK]
+            qt = tl.load(q_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
+            vt = tl.load(v_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)  # [LP, BV]
+            uk = tl.load(uk_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)
+            gc = tl.load(gc_ptr + row)
+            d = tl.load(d_ptr + row)
+            beta = tl.load(beta_ptr + row)
+            rhi = tl.load(rhi_ptr + row) != 0
+            pre = tl.load(pre_ptr + row) != 0
+            tinv = tl.load(tinv_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
+            ks_hi = _mm(kt, s_hi)  # [LP, BV]
+            ks_src = tl.where(rhi[:, None], ks_hi, _mm(kt, s_lo))
+            rhs = tl.where(pre[:, None], uk, beta[:, None] * (vt - d[:, None] * ks_src))
+            u = _mm(tinv, rhs)
+            qs = tl.where(rhi[:, None], _mm(qt, s_hi), _mm(qt, s_lo)) * d[:, None]
+            m = tl.where(causal, _mm(qt, tl.trans(kt)) * tl.exp(gc[:, None] - gc[None, :]), 0.0)
+            o = qs + _mm(m, u)
+            if tl.load(fold_ptr + b * NS + s) != 0:
+                g_end = tl.load(gc_ptr + (bh * NS + s).to(tl.int64) * LP + LP - 1)
+                d_end = tl.load(dend_ptr + bh * NS + s)
+                kd = kt * tl.exp(g_end - gc)[:, None]  # [LP, BK]
+                if CLOSED:
+                    dc = tl.load(dc_ptr + row)
+                    tinvc = tl.load(tinvc_ptr + row[:, None] * LP + ts[None, :])
+                    uc = _mm(tinvc, beta[:, None] * (vt - dc[:, None] * ks_hi))
+                    folded = d_end * s_hi + _mm(tl.trans(kd), uc)
+                    last = tl.load(last_ptr + b * NS + s)
+                    last_hi = tl.sum(tl.where(ts == last, rhi.to(tl.int32), 0), axis=0) != 0
+                    o = tl.where((ts[:, None] == last) & last_hi, _mm(qt, folded), o)
+                else:
+                    folded = d_end * s_hi + _mm(tl.trans(kd), u)
+                checkpoint += 1
+                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
+                s_hi = tl.where(smask, s_hi, 0.0)
+                if SHARED:
+                    s_lo = s_hi
+                else:
+                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+                    s_lo = tl.where(smask, s_lo, 0.0)
+            out = row[:, None] * V + vs[None, :]
+            tl.store(o_ptr + out, o, mask=vmask[None, :])
+            tl.store(u_ptr + out, u, mask=vmask[None, :])
+    tl.store(hi_ptr + state_idx, s_hi, mask=smask)
+    if not SHARED:
+        tl.store(lo_ptr + state_idx, s_lo, mask=smask)
+
+
+def _store_mode(fmt, whole_head: bool):
+    """(kind, scale group, max) of the in-kernel store of `fmt`, or a string saying why it cannot be done in-kernel."""
+    if isinstance(fmt, ElementwiseFormat):
+        return _KINDS[fmt.base], _NONE, 1.0
+    if isinstance(fmt, FP8Format):
+        group, top = fmt.scale, fmt.max_value
+    elif isinstance(fmt, NVFP4Format):
+        if fmt.axis != "dstate":
+            return f"{fmt.name}: blocks along head_dim (V) cross the program's V block"
+        group, top = fmt.scale, 1.0
+    else:
+        return f"{fmt.name}: MX formats have no in-kernel store here"
+    if group == "tensor":
+        return f"{fmt.name}: its global scale spans every head of a sequence, which no single program sees (use scale=head or scale=row)"
+    if group == "head" and not whole_head:
+        return f"{fmt.name}: scale=head needs V <= {_MAX_HEAD_V} to hold a whole head in one program"
+    return _KINDS[fmt.base], _SCALES[group], top
+
+
+def chunked_triton(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
+    """backend="triton" of `gdn.chunked` (FP32 only); falls back to the torch backend, with a warning, for formats
+    whose rounding needs a reduction no program can do (see the module docstring)."""
+    from replayssm_eval.kernels.gdn.chunked import _chunked_torch
+
+    if p.dtype != torch.float32:
+        raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
+    cfg = p.config
+    dv = p.v.shape[-1]
+    whole_head = dv <= _MAX_HEAD_V
+    modes = [_store_mode(cfg.recur_format, whole_head), _store_mode(cfg.read_format, whole_head)]
+    reasons = [m for m in modes if isinstance(m, str)]
+    if reasons:
+        warnings.warn(f"gdn chunked backend='triton' falls back to torch: {reasons[0]}", stacklevel=3)
+        return _chunked_torch(p)
+    needs_head = any(m[1] == _HEAD for m in modes)
+    return _chunked(p, modes[0], modes[1], block_v=triton.next_power_of_2(dv) if needs_head else None)
+
+
+def _chunked(p: Prepared, hi_mode, lo_mode, block_v=None):
+    from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, segment_layout, _state_after
+
+    cfg, st = p.config, p.state
+    bsz, seqlen, nv, dk = p.q.shape
+    dv = p.v.shape[-1]
+    device = p.q.device
+    closed = cfg.gdn_fold == "closed"
+    seg = segment_layout(p)
+    lp = max(16, triton.next_power_of_2(seg.length))
+    buf = st.buffer
+    expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731
+
+    def padded(x_tok, x_buf):  # -> [B, HV, NS, LP, ...] contiguous
+        x = _pad(seg, x_tok, x_buf)  # [B, NS, L, HV, ...]
+        x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0) * (x.dim() - 4) + (0, lp - seg.length))
+        return x.contiguous()
+
+    k_pad = padded(p.k, expand(buf["k"]))
+    q_pad = padded(p.q, None)
+    v_pad = padded(p.v, buf.get("v"))
+    uk_pad = padded(torch.zeros_like(p.v), buf["u"])
+    g_pad = padded(p.g, buf["g"])  # [B, HV, NS, LP]
+    beta_pad = padded(p.beta, buf.get("beta"))
+    rhi = padded(p.plan.read_hi[..., None].expand(bsz, seqlen, nv).to(torch.int32), None)
+    pre = padded(torch.zeros(bsz, seqlen, nv, dtype=torch.int32, device=device), torch.ones_like(buf["g"], dtype=torch.int32))
+    gc = g_pad.cumsum(-1)
+    eps = cfg.skip_read_below
+    keep = (lambda x: torch.ones_like(x) if eps is None else (torch.exp(x) >= eps).float())  # noqa: E731
+    d = keep(gc) * torch.exp(gc)
+    g_end = gc[..., -1]
+    d_end = keep(g_end) * torch.exp(g_end)  # [B, HV, NS]
+    dc = torch.exp(gc) * keep(g_end)[..., None]
+    incl = torch.ones(lp, lp, dtype=torch.bool, device=device).tril()
+    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))
+    a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
+    eye = torch.eye(lp, device=device).expand_as(a)
+    tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
+    tinv = torch.linalg.solve_triangular(eye + a * (pre == 0)[..., None], eye, upper=False, unitriangular=True).contiguous()
+    del decay, a
+
+    hi = st.hi.float().clone().contiguous()
+    lo = hi if cfg.shared else st.lo.float().clone().contiguous()
+    keys_hi = sr_keys(cfg.seed, p.layer, p.seq_ids, RECUR_COPY)
+    keys_lo = sr_keys(cfg.seed, p.layer, p.seq_ids, READ_COPY)
+    o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=device)
+    u_pad = torch.empty_like(o_pad)
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = block_v or min(max(16, triton.next_power_of_2(dv)), 64)
+    grid = (bsz, nv, triton.cdiv(dv, bv))
+    fold = seg.folds.to(torch.int32).contiguous()
+    last = seg.last.to(torch.int32).contiguous()
+    # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
+    per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)
+    block = min(triton.next_power_of_2(seg.num), max(1, 1 << (_BLOCK_ELEMENTS // max(per_segment, 1)).bit_length() - 1))
+    for start in range(0, seg.num, block):
+        ckpt = (st.checkpoint + seg.folds[:, :start].sum(1)).contiguous()  # checkpoint index at the block's start
+        _chunked_kernel[grid](
+            k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv,
+            tinv_c if closed else tinv, fold, last, ckpt, keys_hi, keys_lo, hi, lo, o_pad, u_pad,
+            seg.num, start, nv, dk, dv,
+            SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
+            HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
+            LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
+            num_warps=4,
+        )
+    o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
+    u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
+    o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)
+    return o_tok, _state_after(p, seg, hi, lo, st.checkpoint + p.plan.num_folds, u_seg)
+
+
+# packed read-copy kinds of the step kernel
+_P_F32, _P_F16, _P_BF16, _P_E4M3, _P_E5M2, _P_NVFP4 = range(6)
+_S_NONE, _S_ROW, _S_HEAD, _S_TENSOR = range(4)
+
+
+@triton.jit
+def _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP,
+                 KIND: tl.constexpr, SCALE: tl.constexpr):
+    """Decode the read copy's tile [BK, BV] (k, v) of (b, hv) from its packed encoding."""
+    mask = (ks[:, None] < K) & (vs[None, :] < V)
+    rowid = (b * HV + hv) * V + vs[None, :]  # format row (b, hv, v)
+    if KIND == _P_NVFP4:
+        byte = tl.load(data_ptr + rowid.to(tl.int64) * (KP // 2) + ks[:, None] // 2, mask=mask, other=0).to(tl.int32)
+        nib = tl.where(ks[:, None] % 2 == 0, byte & 0xF, byte >> 4)
+        sb = tl.load(scales_ptr + rowid.to(tl.int64) * (KP // 16) + ks[:, None] // 16, mask=mask, other=0)
+        x = (e2m1_decode(nib) * e4m3_decode(sb))
+    else:
+        raw = tl.load(data_ptr + rowid.to(tl.int64) * K + ks[:, None], mask=mask, other=0)
+        if KIND == _P_E4M3:
+            x = e4m3_decode(raw)
+        elif KIND == _P_E5M2:
+            x = e5m2_decode(raw)
+        else:
+            x = raw.to(tl.float32)
+    if SCALE == _S_ROW:
+        x = x * tl.load(gs_ptr + rowid, mask=vs[None, :] < V, other=1.0)
+    elif SCALE == _S_HEAD:
+        x = x * tl.load(gs_ptr + b * HV + hv)
+    elif SCALE == _S_TENSOR:
+        x = x * tl.load(gs_ptr + b)
+    return tl.where(mask, x, 0.0)
+
+
+@triton.jit
+def _step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr, count_ptr,
+    rhi_ptr, fold_ptr, hi_ptr, data_ptr, scales_ptr, gs_ptr, u_ptr, o_ptr, folded_ptr,
+    HV, GROUPS, K, V, KP, CAP, eps,
+    W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
+    FOLD: tl.constexpr, CLOSED: tl.constexpr, SKIP: tl.constexpr,
+):
+    # new entries: q, k [B, W, H, K]; v [B, W, HV, V]; g, beta [B, W, HV]; width [B] entries used (<= W)
+    # buffer: k [B, CAP, H, K], u, v [B, CAP, HV, V], g, beta [B, CAP, HV]; count [B] committed entries
+    # rhi, fold [B]: read S_hi (fp32 [B, HV, V, K]) instead of the packed read copy; fold after the last new entry
+    # out: u, o [B, W, HV, V]; folded [B, HV, V, K] (FP32, unrounded) for folding rows
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    cs = tl.arange(0, CP)
+    vmask = vs < V
+    kmask = ks < K
+    h = hv // GROUPS
+    H = HV // GROUPS
+    count = tl.load(count_ptr + b)
+    width = tl.load(width_ptr + b)
+    read_hi = tl.load(rhi_ptr + b) != 0
+    valid = cs < count
+    state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+    smask = kmask[:, None] & vmask[None, :]
+    if read_hi:
+        src = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    else:
+        src = _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
+    # committed buffer: P = sum_i exp(G_h - gc_i) k_i u_i^T
+    bk = tl.load(bk_ptr + ((b * CAP + cs[:, None]) * H + h).to(tl.int64) * K + ks[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+    bu = tl.load(bu_ptr + ((b * CAP + cs[:, None]) * HV + hv).to(tl.int64) * V + vs[None, :], mask=valid[:, None] & vmask[None, :], other=0.0)
+    bg = tl.load(bg_ptr + (b * CAP + cs) * HV + hv, mask=valid, other=0.0)
+    gcb = tl.cumsum(bg, axis=0)
+    g_run = tl.sum(bg, axis=0)  # log decay from the checkpoint through the last entry so far
+    p = _mm(tl.trans(bk * tl.exp(g_run - gcb)[:, None]), bu)  # [BK, BV]
+    for j in range(W):
+        if j < width:
+            tok = (b * W + j) * H + h
+            qj = tl.load(q_ptr + tok.to(tl.int64) * K + ks, mask=kmask, other=0.0)
+            kj = tl.load(k_ptr + tok.to(tl.int64) * K + ks, mask=kmask, other=0.0)
+            ent = (b * W + j) * HV + hv
+            vj = tl.load(v_ptr + ent.to(tl.int64) * V + vs, mask=vmask, other=0.0)
+            gj = tl.load(g_ptr + ent)
+            betaj = tl.load(beta_ptr + ent)
+            g_run = g_run + gj
+            alpha = tl.exp(gj)
+            d = tl.exp(g_run)
+            if SKIP:
+                d = tl.where(d >= eps, d, 0.0)
+            a_prev = d * src + alpha * p  # alpha_j S_{j-1}
+            u = betaj * (vj - tl.sum(a_prev * kj[:, None], axis=0))
+            p = alpha * p + kj[:, None] * u[None, :]
+            o = tl.sum((d * src + p) * qj[:, None], axis=0)
+            tl.store(u_ptr + ent.to(tl.int64) * V + vs, u, mask=vmask)
+            tl.store(o_ptr + ent.to(tl.int64) * V + vs, o, mask=vmask)
+    if FOLD:
+        if tl.load(fold_ptr + b) != 0:
+            s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+            keep = 1.0
+            if SKIP:
+                keep = tl.where(tl.exp(g_run) >= eps, 1.0, 0.0)
+            if CLOSED:
+                s = keep * s_hi
+                for i in range(CP):
+                    if i < count:
+                        e = (b * CAP + i) * HV + hv
+                        ki = tl.load(bk_ptr + ((b * CAP + i) * H + h).to(tl.int64) * K + ks, mask=kmask, other=0.0)
+                        vi = tl.load(bv_ptr + e.to(tl.int64) * V + vs, mask=vmask, other=0.0)
+                        ai = tl.exp(tl.load(bg_ptr + e))
+                        s = ai * s
+                        s = s + ki[:, None] * (tl.load(bbeta_ptr + e) * (vi - tl.sum(s * ki[:, None], axis=0)))[None, :]
+                for j in range(W):
+                    if j < width:
+                        tok = (b * W + j) * H + h
+                        ent = (b * W + j) * HV + hv
+                        kj = tl.load(k_ptr + tok.to(tl.int64) * K + ks, mask=kmask, other=0.0)
+                        vj = tl.load(v_ptr + ent.to(tl.int64) * V + vs, mask=vmask, other=0.0)
+                        s = tl.exp(tl.load(g_ptr + ent)) * s
+                        s = s + kj[:, None] * (tl.load(beta_ptr + ent) * (vj - tl.sum(s * kj[:, None], axis=0)))[None, :]
+                if read_hi:  # the fold token's output comes from the closed-fold state
+                    last = (b * W + width - 1) * HV + hv
+                    ql = tl.load(q_ptr + ((b * W + width - 1) * H + h).to(tl.int64) * K + ks, mask=kmask, other=0.0)
+                    tl.store(o_ptr + last.to(tl.int64) * V + vs, tl.sum(s * ql[:, None], axis=0), mask=vmask)
+            else:
+                s = keep * tl.exp(g_run) * s_hi + p
+            tl.store(folded_ptr + state_idx, s, mask=smask)
+
+
+def _packed_args(packed, fmt, like):
+    """(kind, scale group, data, scales, global scale, padded K) of a packed read copy the step kernel decodes, or None."""
+    if packed is None:
+        return None
+    kinds = {"fp32": _P_F32, "fp16": _P_F16, "fp16sr": _P_F16, "bf16": _P_BF16}
+    if isinstance(fmt, ElementwiseFormat):
+        return kinds[fmt.base], _S_NONE, packed.data.contiguous(), like, like, like.shape[-1]
+    groups = {"none": _S_NONE, "row": _S_ROW, "head": _S_HEAD, "tensor": _S_TENSOR}
+    gs = like if packed.global_scale is None else packed.global_scale.contiguous()
+    if isinstance(fmt, FP8Format):
+        kind = _P_E5M2 if fmt.base == "fp8e5m2" else _P_E4M3
+        return kind, groups[fmt.scale], packed.data.contiguous(), like, gs, like.shape[-1]
+    if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
+        return _P_NVFP4, groups[fmt.scale], packed.data.contiguous(), packed.scales.contiguous(), gs, packed.data.shape[-1] * 2
+    return None
+
+
+def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, fold, closed, groups, eps, block_v=None):
+    """Launch `_step_kernel`. new: dict q, k [B, W, H, K], v [B, W, HV, V], g, beta [B, W, HV] (FP32)."""
+    bsz, nw, nv, dv = new["v"].shape
+    dk = new["k"].shape[-1]
+    cap = buffer["k"].shape[1]
+    args = _packed_args(packed, read_fmt, src_hi)
+    if args is None:  # no packed copy the kernel decodes: the decoded read copy in FP32
+        lo = src_hi if packed is None else read_fmt.decode(packed).float().contiguous()
+        args = (_P_F32, _S_NONE, lo, src_hi, src_hi, dk)
+    kind, scale, data, scales, gs, kp = args
+    u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
+    o = torch.zeros_like(u)
+    folded = torch.zeros_like(src_hi)
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = block_v or min(max(16, triton.next_power_of_2(dv)), 64)
+    grid = (bsz, nv, triton.cdiv(dv, bv))
+    zeros = buffer["g"]
+    _step_kernel[grid](
+        new["q"].contiguous(), new["k"].contiguous(), new["v"].contiguous(), new["g"].contiguous(), new["beta"].contiguous(),
+        width.contiguous(), buffer["k"].contiguous(), buffer["u"].contiguous(), buffer["g"].contiguous(),
+        buffer.get("v", zeros).contiguous(), buffer.get("beta", zeros).contiguous(), count.contiguous(),
+        read_hi.to(torch.int32).contiguous(), fold.to(torch.int32).contiguous(), src_hi, data, scales, gs, u, o, folded,
+        nv, groups, dk, dv, kp, cap, float(eps or 0.0),
+        W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=bk, BV=bv, KIND=kind, SCALE=scale,
+        FOLD=bool(fold.any()), CLOSED=closed, SKIP=eps is not None, num_warps=4,
+    )
+    return u, o, folded
+
+
+def pack_read_copy(state_vk, config, layer, seq_ids, checkpoint):
+    """The read copy of an FP32 state [B, HV, V, K] in its packed encoding, with the random bits `write_checkpoint` uses."""
+    fmt, copy = (config.recur_format, RECUR_COPY) if config.shared else (config.read_format, READ_COPY)
+    bits = None
+    if fmt.is_stochastic:
+        bits = state_random_bits(sr_keys(config.seed, layer, seq_ids, copy), checkpoint, tuple(state_vk.shape[1:]))
+    return fmt.encode(state_vk.float().contiguous(), random_bits=bits)
+
+
+def _read_format(config):
+    return config.recur_format if config.shared else config.read_format
+
+
+def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):
+    """One decode token (T = 1) for B sequences at their own phases, on the Triton step kernel.
+
+    Arguments as `decode_reference` with T = 1. Non-flush rows read the packed read copy
+    (ReplayState.lo_packed, written here at every checkpoint; a state without one is packed from
+    its decoded read copy, which must round-trip exactly) and the buffer; flush rows read S_hi
+    and the buffer, and the folded FP32 state is rounded to both copies by `write_checkpoint`
+    and packed. Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
+    """
+    p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32)
+    cfg, st = p.config, p.state
+    if p.q.shape[1] != 1:
+        raise ValueError(f"decode_step_triton decodes one token: q has T={p.q.shape[1]}, expected 1")
+    fmt = _read_format(cfg)
+    packed = st.lo_packed
+    if isinstance(initial_state, torch.Tensor):
+        packed = pack_read_copy(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)
+    elif packed is None:
+        packed = fmt.encode(st.lo.contiguous())
+        if not torch.equal(fmt.decode(packed), st.lo):
+            raise ValueError("initial_state has no lo_packed and its read copy does not re-encode exactly; "
+                             "start from the FP32 state or a state written by decode_step_triton")
+    hi = st.hi.float().contiguous()
+    count = st.schedule.count
+    new = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
+    width = torch.ones_like(count)
+    fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
+    u, o, folded = _step(hi, packed, fmt, st.buffer, count, new, width, read_hi, fold, cfg.gdn_fold == "closed", p.groups, cfg.skip_read_below)
+    buf = {name: t.clone() for name, t in st.buffer.items()}
+    rows = torch.arange(p.q.shape[0], device=p.q.device)
+    entry = dict(k=p.k_heads[:, 0], u=u[:, 0], g=p.g[:, 0], v=p.v[:, 0], beta=p.beta[:, 0])
+    for name, t in buf.items():
+        t[rows, count] = entry[name]
+    hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
+    if fold.any():
+        idx = fold.nonzero().flatten()
+        new_hi, new_lo = write_checkpoint(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+        new_packed = pack_read_copy(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+        hi_out = hi_out.clone()
+        hi_out[idx] = new_hi
+        lo_out = hi_out if cfg.shared else lo_out.clone()
+        if not cfg.shared:
+            lo_out[idx] = new_lo
+        packed = _assign_packed(packed, idx, new_packed)
+        ckpt[idx] += 1
+        for t in buf.values():
+            t[idx] = 0
+    state = ReplayState(hi=hi_out, lo=lo_out, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt,
+                        seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed)
+    return o, state
+
+
+def _assign_packed(packed, idx, new):
+    """packed with the sequences idx replaced by `new` (all fields lead with the batch dim)."""
+    fields = {}
+    for name in ("data", "scales", "global_scale"):
+        old, rep = getattr(packed, name), getattr(new, name)
+        if old is not None:
+            old = old.clone()
+            old[idx] = rep
+        fields[name] = old
+    return type(packed)(packed.format, packed.shape, **fields)
+
+
+def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_hi, groups, eps=None):
+    """Output-only speculative verification (no state write), one launch for B sequences.
+
+    src_hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b]); packed: the read copy (PackedState or None:
+    then src_hi is read by every row); buffer: k [B, cap, H, K], u [B, cap, HV, V], g [B, cap, HV] with
+    count[b] committed entries; drafts: dict q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV];
+    width [B] drafts used per sequence. Returns the drafts' u and outputs, [B, T, HV, V] each.
+    """
+    fold = torch.zeros_like(count, dtype=torch.bool)
+    if packed is None:
+        read_hi = torch.ones_like(read_hi)
+    u, o, _ = _step(src_hi.float().contiguous(), packed, read_fmt, buffer, count, drafts, width, read_hi, fold, False, groups, eps)
+    return u, o
