@@ -19,6 +19,7 @@ from typing import Any, Callable
 # subcommand name -> module that registers it with @command
 SUBCOMMAND_MODULES = {
     "formats": "replayssm_eval.quant.summary",
+    "kl": "replayssm_eval.kl.cli",
 }
 
 _REGISTRY: dict[str, tuple[type, Callable[[Any], int | None], str]] = {}

@@ -1,0 +1,13 @@
+"""The teacher-forced KL driver behind `replayssm-eval kl`.
+
+    data.sources -> data.tokens -> kl.driver (lockstep segments through kl.runner)
+        -> kl.metrics (per-token KL, reverse KL, top-1, NLL difference) -> kl.store (per-document files)
+        -> kl.buckets (per-length statistics) -> kl.output (kl.json, kl_buckets.csv, kl_vs_length.png)
+
+`run_kl(KLConfig(...))` is the public entry point; docs/kl_json_schema.md documents kl.json.
+"""
+
+from replayssm_eval.kl.cli import KLConfig
+from replayssm_eval.kl.driver import run_kl
+
+__all__ = ["KLConfig", "run_kl"]

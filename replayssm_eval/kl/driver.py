@@ -1,0 +1,355 @@
+"""The teacher-forced KL run: prefill, then lockstep segments of the reference and every config.
+
+For each batch of documents [B, prompt_len + tokens], every model stream (the FP32 reference and
+each config, one `runner.Stream` each, carrying its SSM, conv and KV state) first prefills the
+prompt; its last logits predict generated token 1. Then the tokens fed to the model,
+doc[prompt_len : prompt_len + tokens - 1], go through in segments of `segment_len`: the
+reference's segment logits [B, S, V] are kept while each config runs the same segment, and are
+reduced at once to per-token scalars (`metrics.token_metrics`), so no [tokens, vocab] array ever
+exists. `segment_len` is a multiple of every config's window, so each segment starts at window
+position 0.
+
+Fault handling. Completed documents are stored (atomically) with their per-token metrics, and
+kl.json is re-rendered after each; progress.json is rewritten after every segment. A document is
+the unit of resumption: the carried state (KV caches of up to 128K tokens per config) is far
+larger than the document's metrics, so an interrupted batch is recomputed from its start, which
+is bit-identical because a document's numbers depend only on its tokens, its batch (fixed by
+index) and its sequence id. Ctrl-C leaves the finished documents and a resumable directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from replayssm_eval.data.sources import TextSource, iter_documents
+from replayssm_eval.data.tokens import TokenDocs, tokenize_documents
+from replayssm_eval.kernels.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
+from replayssm_eval.kl import runner as runner_module
+from replayssm_eval.kl.buckets import Bucket, parse_buckets
+from replayssm_eval.kl.cli import DEFAULT_CONFIGS, MAX_TOKENS, KLConfig
+from replayssm_eval.kl.metrics import METRICS, token_metrics, token_nll
+from replayssm_eval.kl.output import (
+    SCHEMA_VERSION,
+    config_results,
+    git_state,
+    reference_results,
+    versions,
+    write_outputs,
+)
+from replayssm_eval.kl.ranks import Ranks, barrier, batches_for_rank, gather_on_main, init_ranks, on_main
+from replayssm_eval.kl.store import (
+    PROGRESS_FILE,
+    RUN_FILE,
+    TOKENS_DIR,
+    atomic_write_json,
+    load_documents,
+    read_json,
+    save_document,
+)
+
+REFERENCE = ReplayConfig()
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Validated settings of a run, resolved from `KLConfig`."""
+
+    options: KLConfig
+    configs: tuple[ReplayConfig, ...]
+    source: TextSource
+    buckets: tuple[Bucket, ...]
+    segment_len: int
+    device: str
+    dtype: str
+    backend: str
+
+    def resolved(self) -> dict:
+        """What the options resolved to, as recorded in kl.json."""
+        return {
+            "configs": [c.name for c in self.configs],
+            "reference": REFERENCE.name,
+            "source": self.source.name,
+            "buckets": [[b.start, b.end] for b in self.buckets],
+            "segment_len": self.segment_len,
+            "device": self.device,
+            "dtype": self.dtype,
+            "backend": self.backend,
+        }
+
+
+def make_plan(options: KLConfig) -> RunPlan:
+    """Check every option that needs no model or data; errors name the value and what is accepted."""
+    if not 1 <= options.tokens <= MAX_TOKENS:
+        raise ValueError(f"--tokens {options.tokens} is out of range; accepted: 1..{MAX_TOKENS}")
+    for name in ("prompt_len", "num_docs", "batch_size", "segment_len"):
+        if getattr(options, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
+    configs = resolve_configs(options)
+    device = options.device if options.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
+    dtype = options.dtype if options.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    backend = options.backend if options.backend != "auto" else ("triton" if device == "cuda" else "torch")
+    return RunPlan(
+        options=options,
+        configs=configs,
+        source=TextSource(dataset=options.dataset, data_files=options.data_files),
+        buckets=tuple(parse_buckets(options.buckets, options.tokens)),
+        segment_len=aligned_segment_len(options.segment_len, configs),
+        device=device,
+        dtype=dtype,
+        backend=backend,
+    )
+
+
+def resolve_configs(options: KLConfig) -> tuple[ReplayConfig, ...]:
+    """--config entries, then the short form (--read/--recur/--window/--seed) as one split config."""
+    configs = [ReplayConfig.parse(text) for text in options.config]
+    short = (options.read, options.recur, options.window)
+    if any(v is not None for v in short):
+        text = f"{options.read or 'fp32'}/{options.recur or 'fp32'}@{options.window or DEFAULT_REPLAY_WINDOW}"
+        configs.append(ReplayConfig.parse(text + (f"#seed={options.seed}" if options.seed else "")))
+    elif options.seed is not None:
+        raise ValueError(f"--seed {options.seed} belongs to the short form (--read/--recur/--window); "
+                         f"with --config write the seed as a tag, e.g. nvfp4/fp16sr#seed={options.seed}")
+    if not configs:
+        configs = [ReplayConfig.parse(text) for text in DEFAULT_CONFIGS]
+    names = [c.name for c in configs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"config {', '.join(repeated)} is given more than once")
+    return tuple(configs)
+
+
+def aligned_segment_len(segment_len: int, configs) -> int:
+    """`segment_len` rounded up to a multiple of every fixed window (speculative schedules have no fixed phase)."""
+    step = math.lcm(*(c.window for c in configs if c.speculative is None), 1)
+    return -(-segment_len // step) * step
+
+
+def run_kl(options: KLConfig) -> Path:
+    """Run (or resume) a KL evaluation and return its output directory."""
+    if options.resume:
+        options = options_for_resume(options)
+        if _is_complete(Path(options.output)):
+            print(f"{options.output} is already complete; nothing to do", file=sys.stderr)
+            return Path(options.output)
+    plan = make_plan(options)
+    ranks = init_ranks(plan.device)
+    tokenizer = runner_module.load_tokenizer(options.model)
+    docs = tokenize_documents(
+        iter_documents(plan.source),
+        tokenizer,
+        num_docs=options.num_docs,
+        length=options.prompt_len + options.tokens,
+        pack=options.pack,
+        min_doc_tokens=options.min_doc_tokens,
+        source_name=plan.source.name,
+    )
+    run_dir = Path(on_main(ranks, lambda: str(_output_dir(options))))
+    device = f"cuda:{ranks.local_rank}" if plan.device == "cuda" and ranks.world > 1 else plan.device
+    runner = runner_module.load_runner(
+        options.model, device=device, dtype=plan.dtype, backend=plan.backend, device_map=options.device_map
+    )
+    barrier(ranks)
+    if ranks.is_main and not options.resume:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resumable = dataclasses.replace(options, output=str(run_dir))
+        atomic_write_json(run_dir / RUN_FILE, {"options": dataclasses.asdict(resumable)})
+    barrier(ranks)
+    header = {
+        "model": options.model,
+        "command": command_line(dataclasses.replace(options, output=str(run_dir), resume=None)),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "options": dataclasses.asdict(options),
+        "resolved": plan.resolved(),
+        "documents": [[dataclasses.asdict(s) for s in spans] for spans in docs.spans],
+    }
+    traffic = {c.name: runner.state_traffic(c) for c in plan.configs}
+
+    def render(done: dict, complete: bool) -> None:
+        _render(plan, run_dir, header, traffic, done, complete)
+
+    try:
+        done = _evaluate(plan, runner, docs, run_dir, ranks, on_document=lambda d: render(d, False))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; finished documents are kept. Continue with: replayssm-eval kl --resume {run_dir}",
+              file=sys.stderr)
+        raise
+    merged = gather_on_main(ranks, done)
+    if ranks.is_main:
+        render(merged, True)
+        (run_dir / PROGRESS_FILE).unlink(missing_ok=True)
+        if not options.keep_token_metrics:
+            shutil.rmtree(run_dir / TOKENS_DIR, ignore_errors=True)
+        print(f"wrote {run_dir}", file=sys.stderr)
+    barrier(ranks)
+    return run_dir
+
+
+def command_line(options: KLConfig) -> str:
+    """The `replayssm-eval kl` command that gives `options` (only options that differ from the defaults)."""
+    words = ["replayssm-eval", "kl"]
+    for f in dataclasses.fields(KLConfig):
+        value = getattr(options, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if value == default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+        else:
+            for item in value if isinstance(value, tuple) else (value,):
+                words += [flag, str(item)]
+    return shlex.join(words)
+
+
+def options_for_resume(given: KLConfig) -> KLConfig:
+    """The stored options of the run in `given.resume`; other options given must match them or be left out."""
+    run_dir = Path(given.resume)
+    if not (run_dir / RUN_FILE).is_file():
+        raise ValueError(f"--resume {str(run_dir)!r}: no {RUN_FILE} there; it is not a kl run directory")
+    stored = read_json(run_dir / RUN_FILE)["options"]
+    stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+    for f in dataclasses.fields(KLConfig):
+        if f.name in ("resume", "output"):
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        value = getattr(given, f.name)
+        if value != default and value != stored[f.name]:
+            flag = "--" + f.name.replace("_", "-")
+            raise ValueError(f"{flag} {value!r} differs from the resumed run's {stored[f.name]!r} "
+                             f"({run_dir / RUN_FILE}); leave it out when resuming")
+    return dataclasses.replace(KLConfig(**stored), output=str(run_dir), resume=str(run_dir))
+
+
+def _is_complete(run_dir: Path) -> bool:
+    path = run_dir / "kl.json"
+    return path.is_file() and read_json(path).get("complete", False)
+
+
+def _output_dir(options: KLConfig) -> Path:
+    """The run directory: --resume, --output, or reports/kl-<model>-<UTC time>; a new one must be empty."""
+    if options.resume:
+        return Path(options.resume)
+    if options.output:
+        path = Path(options.output)
+    else:
+        model = options.model.rstrip("/").replace("/", "_")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = Path("reports") / f"kl-{model}-{stamp}"
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--output {str(path)!r} exists and is not an empty directory; "
+                         f"choose another, or continue it with --resume {path}")
+    return path
+
+
+def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Ranks, on_document) -> dict:
+    """Run this rank's batches, skipping finished documents; returns index -> (metrics [C, 4, N], ref_nll [N])."""
+    options = plan.options
+    names = [c.name for c in plan.configs]
+    batches = batches_for_rank(len(docs), options.batch_size, ranks)
+    done = load_documents(run_dir, [i for batch in batches for i in batch], names, options.tokens)
+    pending = [batch for batch in batches if any(i not in done for i in batch)]
+    bar = tqdm(total=sum(len(b) for b in pending) * options.tokens, unit="tok", unit_scale=True,
+               desc=f"generated tokens x (fp32 + {len(plan.configs)} configs)", disable=not ranks.is_main)
+    with bar:
+        for batch in pending:
+            def on_segment(generated: int, new_tokens: int, metrics: torch.Tensor):
+                bar.update(new_tokens * len(batch))
+                if ranks.is_main:
+                    running = metrics[:, :, 0, :generated].mean(dim=(0, 2))  # [C]
+                    atomic_write_json(run_dir / PROGRESS_FILE, {
+                        "documents": batch, "generated": generated, "tokens": options.tokens,
+                        "kl_mean_so_far": dict(zip(names, running.tolist())),
+                    })
+
+            metrics, ref_nll = evaluate_batch(
+                runner, plan.configs, docs.tokens[batch], torch.tensor(batch), options.prompt_len,
+                plan.segment_len, on_segment,
+            )
+            for row, index in enumerate(batch):
+                save_document(run_dir, index, metrics[row], ref_nll[row], names)
+                done[index] = (metrics[row], ref_nll[row])
+            if ranks.is_main:
+                on_document(done)
+    return done
+
+
+def evaluate_batch(runner, configs, tokens: torch.Tensor, seq_ids: torch.Tensor, prompt_len: int,
+                   segment_len: int, on_segment=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token metrics of one batch.
+
+    tokens: [B, prompt_len + N] int64; seq_ids: [B] int64 (key the SR bits).
+    Returns metrics [B, C, len(METRICS), N] and ref_nll [B, N], float32.
+    `on_segment(generated, new_tokens, metrics)` is called after the prefill and after each segment.
+    """
+    batch, total = tokens.shape
+    length = total - prompt_len
+    tokens = tokens.to(runner.device)
+    metrics = torch.empty(batch, len(configs), len(METRICS), length, dtype=torch.float32)
+    ref_nll = torch.empty(batch, length, dtype=torch.float32)
+    streams = [runner.open(c, seq_ids) for c in (REFERENCE, *configs)]
+    try:
+        # the prefill's last logits predict generated token 1
+        _lockstep([s.prefill for s in streams], tokens[:, :prompt_len], tokens[:, prompt_len:prompt_len + 1],
+                  metrics, ref_nll, slice(0, 1))
+        if on_segment:
+            on_segment(1, 1, metrics)
+        for a in range(0, length - 1, segment_len):
+            b = min(a + segment_len, length - 1)
+            inputs = tokens[:, prompt_len + a : prompt_len + b]  # [B, S], decode steps a..b-1
+            targets = tokens[:, prompt_len + a + 1 : prompt_len + b + 1]  # [B, S], generated tokens a+2..b+1
+            _lockstep([s.extend for s in streams], inputs, targets, metrics, ref_nll, slice(a + 1, b + 1))
+            if on_segment:
+                on_segment(b + 1, b - a, metrics)
+    finally:
+        for stream in streams:
+            stream.close()
+    return metrics.numpy(), ref_nll.numpy()
+
+
+def _lockstep(feeds, inputs, targets, metrics, ref_nll, cols: slice) -> None:
+    """Feed one segment to the reference (feeds[0]), then to each config, reducing each config's logits at once."""
+    ref_logits = feeds[0](inputs)  # [B, S, V]
+    ref_nll[:, cols] = token_nll(ref_logits, targets).cpu()
+    for i, feed in enumerate(feeds[1:]):
+        metrics[:, i, :, cols] = token_metrics(ref_logits, feed(inputs), targets).cpu()
+
+
+def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, done: dict, complete: bool) -> None:
+    """Write kl.json, the CSV and the plot from the finished documents `done`."""
+    indices = sorted(done)
+    metrics = np.stack([done[i][0] for i in indices])  # [D, C, 4, N]
+    ref_nll = np.stack([done[i][1] for i in indices])  # [D, N]
+    buckets = list(plan.buckets)
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "complete": complete,
+        "model": plan.options.model,
+        "tokens": plan.options.tokens,
+        "prompt_len": plan.options.prompt_len,
+        "num_docs": plan.options.num_docs,
+        "documents_done": len(indices),
+        "document_indices": indices,
+        "reference": reference_results(ref_nll, buckets),
+        "configs": [
+            config_results(c, metrics[:, k], buckets, traffic[c.name]) for k, c in enumerate(plan.configs)
+        ],
+        "ci_method": "95% Student t-interval over per-document bucket means, lower bound clipped at 0",
+        "versions": versions(),
+        "git": git_state(),
+        **header,
+    }
+    write_outputs(run_dir, report)

@@ -1,0 +1,83 @@
+"""The KL driver's only binding to `replayssm_eval.models`: load a model and run state-carrying streams.
+
+The driver needs:
+
+    load_tokenizer(model) -> tokenizer           (before any model work, to check the text suffices)
+    load_runner(model, device=, dtype=, backend=, device_map=) -> Runner
+    Runner.device                                where input token ids go
+    Runner.open(config, seq_ids) -> Stream       one model state (SSM, conv, KV) in one ReplayConfig
+    Runner.state_traffic(config) -> dict | None  SSM state bytes per decode token (models.traffic)
+    Stream.prefill(tokens [B, P]) -> logits [B, 1, V] of the last prompt token (anchors the window)
+    Stream.extend(tokens [B, S]) -> logits [B, S, V], continuing from the carried state
+    Stream.close()                               frees the state
+
+Several streams of one runner are alive at once (the reference and every config, in lockstep).
+Here a stream is a `ReplaySession` (its own HF cache and SSM states) of one `ReplayModel`.
+Tests replace `load_tokenizer` and `load_runner` with a fake (tests/kl/kl_fakes.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_eval.kernels.config import ReplayConfig
+
+
+def load_tokenizer(model: str):
+    """The tokenizer of `model` (bundled fixture name, local directory or hub id)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(_resolve(model))
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"unknown model {model!r}: not a bundled fixture, a local model directory or a reachable hub id ({err})"
+        ) from err
+
+
+def load_runner(model: str, *, device: str, dtype: str, backend: str, device_map: str | None) -> "ModelRunner":
+    """`model` loaded through replayssm_eval.models, with its SSM layers on the ReplaySSM kernels."""
+    from replayssm_eval.models import load_model
+
+    return ModelRunner(load_model(model, dtype=dtype, device=device, device_map=device_map, backend=backend))
+
+
+class ModelRunner:
+    """A `ReplayModel`; each stream is a new session of it."""
+
+    def __init__(self, replay_model):
+        self.replay_model = replay_model
+        self.device = replay_model.model.device
+
+    def open(self, config: ReplayConfig, seq_ids: torch.Tensor) -> "ModelStream":
+        return ModelStream(self.replay_model, self.replay_model.new_session(config, seq_ids=seq_ids))
+
+    def state_traffic(self, config: ReplayConfig) -> dict | None:
+        """`models.state_traffic` of this model's SSM geometry; None for a speculative schedule (not modelled)."""
+        from replayssm_eval.models import state_traffic
+
+        if config.speculative is not None:
+            return None
+        return state_traffic(self.replay_model.model.config, config)
+
+
+class ModelStream:
+    def __init__(self, replay_model, session):
+        self.replay_model, self.session = replay_model, session
+
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first call of a session is the prompt; only its last logits are kept."""
+        return self.replay_model.forward(tokens, self.session, logits_to_keep=1)  # [B, 1, V]
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.replay_model.forward(tokens, self.session)  # [B, S, V]
+
+    def close(self) -> None:
+        self.session = None  # drops the HF cache and the SSM states
+
+
+def _resolve(model: str) -> str:
+    """A bundled fixture's directory, else `model` unchanged."""
+    from replayssm_eval.models.fixtures import resolve_model
+
+    return str(resolve_model(model))

@@ -1,0 +1,157 @@
+"""Hugging Face hybrid models with their SSM layers routed through the ReplaySSM kernels.
+
+    rm = load_model("tiny-nemotron-h", dtype=torch.float32, device="cpu", config="nvfp4/fp16sr")
+    ref, run = rm.new_session("fp32"), rm.new_session("nvfp4/fp16sr", seq_ids=[7])
+    for segment in (prompt, *segments):                  # [B, T] token ids
+        p, q = rm.forward(segment, ref), rm.forward(segment, run)   # logits [B, T, vocab]
+
+Hook point: the family's scan functions, rebound once per modeling module (`routing`,
+`mamba2_hooks`, `gdn_hooks` say why there). Each SSM mixer gets a forward pre-hook that tells the
+replacements which layer runs and which session its cache belongs to, and a post-hook that
+fails loudly if a mixer returned without passing through a replacement (a transformers change
+of code path must never turn into a silent FP32 run). Conv states, KV caches, masks, norms and
+projections stay Hugging Face's code. A cache the model creates itself (generate()) gets a
+session with the model's default config.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import Cache
+
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.models import gdn_hooks, mamba2_hooks, routing
+from replayssm_eval.models.families import SCAN_FUNCTIONS, family_of, find_ssm_layers
+from replayssm_eval.models.fixtures import resolve_model
+from replayssm_eval.models.session import ReplaySession, as_config, session_of
+
+_REPLACEMENTS = {
+    "mamba2": (mamba2_hooks.make_chunk_scan, mamba2_hooks.make_state_update),
+    "gdn": (gdn_hooks.make_chunk_rule, gdn_hooks.make_recurrent_rule),
+}
+_CACHE_ARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.24, then 5.17 names
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+class ReplayModel:
+    """An HF causal LM whose SSM layers run through the ReplaySSM kernels.
+
+    model: the HF model (its own object, hooked in place); tokenizer: its tokenizer or None.
+    family: the `families.Family`; layers: {layer_idx: mixer} of every SSM layer.
+    config: default ReplayConfig of new sessions; backend: "torch" | "triton" for the kernels.
+    """
+
+    def __init__(self, model, tokenizer=None, *, config: ReplayConfig | str = "fp32", backend: str = "torch"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.family = family_of(model.config)
+        self.layers = find_ssm_layers(model, self.family)
+        self.config = as_config(config)
+        self.backend = backend
+        for name, make in zip(SCAN_FUNCTIONS[self.family.kind], _REPLACEMENTS[self.family.kind]):
+            routing.rebind(self.family.module, name, make)
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = next(name for name in _CACHE_ARGS if name in params)
+        self._takes_positions = "position_ids" in params
+        self._context_tokens: list = []
+        self._handles = []
+        for mixer in self.layers.values():
+            self._handles.append(mixer.register_forward_pre_hook(self._enter, with_kwargs=True))
+            self._handles.append(mixer.register_forward_hook(self._leave, with_kwargs=True, always_call=True))
+
+    def new_session(
+        self, config: ReplayConfig | str | None = None, *, seq_ids=None, engine: str = "chunked",
+        backend: str | None = None, compute_dtype: torch.dtype = torch.float32,
+    ) -> ReplaySession:
+        """A fresh run (its own HF cache and SSM states) under `config` (default: the model's).
+
+        seq_ids: [B] document ids keying the SR bits; engine: "chunked" | "reference" (the slow
+        step reference); backend: kernel backend (default: the model's). See `ReplaySession`.
+        """
+        return ReplaySession(
+            self.config if config is None else config, seq_ids=seq_ids, engine=engine,
+            backend=self.backend if backend is None else backend, compute_dtype=compute_dtype,
+            new_cache=self._new_cache,
+        )
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, session: ReplaySession, *, attention_mask=None, logits_to_keep=0):
+        """Feed the next tokens [B, T] of the session's documents; returns logits [B, T', vocab].
+
+        attention_mask: [B, T] padding mask of these tokens (1 = real), for a left-padded prompt;
+        the session keeps the full mask and the positions from then on.
+        """
+        batch, length = input_ids.shape
+        if session.tokens and attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("padding after the prompt: only the prompt (the first call of a session) may be padded")
+        kwargs = {self._cache_arg: session.cache, "use_cache": True, "logits_to_keep": logits_to_keep}
+        device = input_ids.device
+        if attention_mask is not None or session.attention_mask is not None:
+            past = session.attention_mask
+            if past is None:
+                past = torch.ones(batch, session.tokens, dtype=torch.long, device=device)
+            new = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+            session.attention_mask = torch.cat([past.to(device), new.long()], dim=1)  # [B, tokens]
+            kwargs["attention_mask"] = session.attention_mask
+        if self._takes_positions:
+            # given explicitly: some families (bamba in 5.24) restart positions at 0 on every cached call
+            if session.attention_mask is None:
+                positions = torch.arange(session.tokens, session.tokens + length, device=device).expand(batch, -1)
+            else:
+                positions = (session.attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+            kwargs["position_ids"] = positions
+        out = self.model(input_ids=input_ids, **kwargs)
+        session.tokens += length
+        return out.logits
+
+    def remove(self) -> None:
+        """Unhook the mixers; the model runs Hugging Face's own scans again."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _new_cache(self):
+        return DynamicCache(config=self.model.config.get_text_config(decoder=True))
+
+    def _enter(self, mixer, args, kwargs):
+        cache = next((v for v in (*args, *kwargs.values()) if isinstance(v, Cache)), None)
+        session = None
+        if cache is not None:
+            session = session_of(cache) or ReplaySession(self.config, backend=self.backend, cache=cache)
+        layer = routing.ActiveLayer(mixer.layer_idx, mixer, session, kwargs.get("attention_mask"))
+        self._context_tokens.append(routing.enter(layer))
+
+    def _leave(self, mixer, args, kwargs, output):
+        layer = routing.leave(self._context_tokens.pop())
+        if output is not None and not layer.routed:
+            raise RuntimeError(
+                f"SSM layer {layer.layer_idx} ({type(mixer).__name__}) ran without reaching a ReplaySSM scan hook; "
+                "this transformers version takes another code path (training mode or a fused kernel?)"
+            )
+
+
+def load_model(
+    name_or_path: str, *, dtype: torch.dtype | str, device: str | torch.device = "cpu", device_map=None,
+    config: ReplayConfig | str = "fp32", backend: str = "torch", **from_pretrained_kwargs,
+) -> ReplayModel:
+    """Load a checkpoint (a fixture name, a local folder or a hub id) and route its SSM layers.
+
+    dtype: weights and activations (torch dtype or fp32 / bf16 / fp16); the SSM state precision
+    is the config's. device_map: passed to from_pretrained (e.g. "auto" to spread a big model
+    with accelerate, which may also offload to "cpu" and "disk"); `device` is used only without
+    it. Other keywords (offload_folder, max_memory, ...) go to from_pretrained.
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    path = resolve_model(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **from_pretrained_kwargs)
+    if device_map is None:
+        model = model.to(device)
+    return ReplayModel(model, tokenizer, config=config, backend=backend)

@@ -1,0 +1,86 @@
+"""The Hugging Face model families whose SSM layers we route, and how their layers are found.
+
+A family is a transformers modeling module (`transformers.models.<type>.modeling_<type>`) that
+defines an SSM mixer and binds, as module globals, the scan functions that `routing` replaces:
+
+    mamba2  mamba2_chunk_scan (prompt and multi-token calls), mamba2_selective_state_update (one token)
+    gdn     torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule
+
+The six Mamba-2 families call the same two functions with the same arguments (checked against
+transformers 5.17 and 5.24: falcon_h1's mup multipliers and its optional z gate sit outside the
+scan, zamba2's mixer is the same torch math as nemotron_h's), so one hook pair serves them all.
+A mixer is recognised by where its class is defined and by its parameters (A_log, dt_bias, an int
+layer_idx), not by class name, so a renamed class in a later transformers still matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    kind: str  # "mamba2" | "gdn"
+
+    @property
+    def module(self) -> str:
+        return f"transformers.models.{self.model_type}.modeling_{self.model_type}"
+
+
+SCAN_FUNCTIONS = {
+    "mamba2": ("mamba2_chunk_scan", "mamba2_selective_state_update"),
+    "gdn": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+}
+
+FAMILIES = {
+    name: Family(name, kind)
+    for name, kind in [
+        ("nemotron_h", "mamba2"), ("mamba2", "mamba2"), ("bamba", "mamba2"), ("granitemoehybrid", "mamba2"),
+        ("falcon_h1", "mamba2"), ("zamba2", "mamba2"),
+        ("qwen3_5", "gdn"), ("qwen3_5_moe", "gdn"), ("qwen3_next", "gdn"),
+    ]
+}
+# text-only configs of the multimodal Qwen3.5 checkpoints use the same modeling module
+ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+NOT_SUPPORTED = {
+    "kimi_linear": "Kimi Delta Attention needs a KDA kernel family (not written yet)",
+    "olmo_hybrid": "GDN, but only in transformers >= 5.24 and not yet checked against our kernels",
+    "mamba": "Mamba-1 has a per-channel diagonal state, not the Mamba-2 scalar-decay heads our kernels take",
+    "falcon_mamba": "Mamba-1 mixer (see mamba)",
+    "jamba": "Mamba-1 mixer (see mamba)",
+}
+
+
+def family_of(config) -> Family:
+    """The family of an HF config; ValueError listing the supported model types otherwise."""
+    model_type = ALIASES.get(config.model_type, config.model_type)
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    reason = f" ({NOT_SUPPORTED[model_type]})" if model_type in NOT_SUPPORTED else ""
+    supported = ", ".join([*FAMILIES, *ALIASES])
+    raise ValueError(f"unsupported model type {config.model_type!r}{reason}; supported: {supported}")
+
+
+def find_ssm_layers(model: nn.Module, family: Family) -> dict[int, nn.Module]:
+    """{layer_idx: mixer} of every SSM mixer of `family` in `model`; ValueError if there is none."""
+    layers: dict[int, nn.Module] = {}
+    for name, module in model.named_modules():
+        if type(module).__module__ != family.module or not _is_mixer(module):
+            continue
+        if module.layer_idx in layers:
+            raise ValueError(f"two SSM mixers claim layer_idx {module.layer_idx} (second: {name})")
+        layers[module.layer_idx] = module
+    if not layers:
+        raise ValueError(
+            f"no {family.kind} SSM layers found in this {family.model_type} model (looked for mixers defined in "
+            f"{family.module}); a trust_remote_code model or a model without SSM layers cannot be routed"
+        )
+    return dict(sorted(layers.items()))
+
+
+def _is_mixer(module: nn.Module) -> bool:
+    params = dict(module.named_parameters(recurse=False))
+    return "A_log" in params and "dt_bias" in params and isinstance(getattr(module, "layer_idx", None), int)

@@ -1,0 +1,132 @@
+"""`ReplaySession`: one run's SSM states, riding on the Hugging Face cache of that run.
+
+A run is a batch of documents decoded under one ReplayConfig. Its HF cache carries the conv
+states and KV caches (Hugging Face's own code); the session carries, per SSM layer, the
+ReplayState the kernels return, and passes it back on the next call. The session is found from
+the cache the model is called with, so several sessions (an FP32 reference and the configs under
+study) share one model in lockstep, each with its own cache.
+
+Window phase: the first call on a fresh cache is the prompt. It runs Hugging Face's FP32 torch
+scan and leaves the exact FP32 state in the cache; the next call writes checkpoint 0 from it
+(the anchor) and every call after that continues the ReplayState, so segment boundaries do not
+change numbers. Sequence ids key the stochastic-rounding bits (`kernels.keys`); layer ids are the
+HF layer indices.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.state import ReplayState
+
+ENGINES = ("chunked", "reference")
+KERNELS = {"mamba2": "replayssm_eval.kernels.mamba2", "gdn": "replayssm_eval.kernels.gdn"}
+# an FP32 state gives the same numbers at any window; a wide one keeps the chunked form parallel
+REFERENCE_WINDOW = 64
+
+# the HF cache points back at its session (a cycle the GC collects with both), so no registry
+# outlives a run and a session adopted from a cache generate() made lives as long as that cache
+_CACHE_ATTR = "_replayssm_session"
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32, or in its own dtype if wider (fp64 runs are for checks)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def as_config(config: ReplayConfig | str) -> ReplayConfig:
+    return ReplayConfig.parse(config) if isinstance(config, str) else config
+
+
+def session_of(cache) -> ReplaySession | None:
+    return getattr(cache, _CACHE_ATTR, None)
+
+
+class ReplaySession:
+    """SSM states of one run; create it with `ReplayModel.new_session`.
+
+    config: the ReplayConfig (or its string form); `reset(config=...)` switches it.
+    seq_ids: [B] document ids of the batch rows (default arange(B) at the first call).
+    engine: "chunked" (teacher-forced chunked kernels, the fast path) or "reference" (the step
+        reference `decode_reference`, token by token inside each call: the slow ground truth).
+    backend: "torch" | "triton", for the chunked engine.
+    compute_dtype: the kernels' math dtype (fp32, or fp64 for checks).
+    new_cache: makes an empty HF cache (each reset gets a new one).
+    cache: instead, an HF cache to adopt as is (one that generate() created).
+    """
+
+    def __init__(
+        self, config: ReplayConfig | str = "fp32", *, seq_ids=None, engine: str = "chunked", backend: str = "torch",
+        compute_dtype: torch.dtype = torch.float32, new_cache: Callable[[], object] | None = None, cache=None,
+    ):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+        self.engine, self.backend, self.compute_dtype = engine, backend, compute_dtype
+        self._new_cache = new_cache
+        self.cache = cache
+        self.reset(config=config, seq_ids=seq_ids)
+
+    def reset(self, *, config: ReplayConfig | str | None = None, seq_ids=None) -> None:
+        """Start new documents: a fresh HF cache, no SSM states, new seq_ids; optionally a new config."""
+        if config is not None:
+            self._config = as_config(config)
+        self.seq_ids = None if seq_ids is None else torch.as_tensor(seq_ids, dtype=torch.int64)
+        self.states: dict[int, ReplayState] = {}
+        self.tokens = 0  # tokens per row fed so far (ReplayModel.forward)
+        self.attention_mask = None  # [B, tokens], kept by ReplayModel.forward once the prompt is padded
+        if self._new_cache is not None:
+            self.cache = self._new_cache()
+        if self.cache is not None:
+            setattr(self.cache, _CACHE_ATTR, self)
+
+    @property
+    def config(self) -> ReplayConfig:
+        return self._config
+
+    @property
+    def kernel_config(self) -> ReplayConfig:
+        """The config handed to the kernels: the FP32 reference runs the chunked form at a wide window."""
+        if self.engine == "chunked" and self._config.is_reference:
+            return self._config.replace(window=REFERENCE_WINDOW, speculative=None)
+        return self._config
+
+    def forget(self, layer_idx: int) -> None:
+        """Drop a layer's state: its HF cache starts over (a prompt call on that layer)."""
+        self.states.pop(layer_idx, None)
+
+    def scan(self, kind: str, layer_idx: int, inputs: tuple, anchor: torch.Tensor, attention_mask) -> torch.Tensor:
+        """Run one decode call of one layer through the kernels; returns the output in the inputs' dtype.
+
+        inputs: the family's kernel inputs (x, dt, A, B, C, D or q, k, v, g, beta), batch first;
+            promoted to at least fp32 (the kernels' math dtype is `compute_dtype`).
+        anchor: the FP32 state the prompt left in the HF cache; used until the layer has a ReplayState.
+        attention_mask: the padding mask of this call's tokens, or None.
+        """
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError(
+                "padding after the prompt: ReplaySSM window phases count every token, so only the prompt "
+                "may be (left-)padded; cut documents to equal length or decode them in separate rows"
+            )
+        kernels = importlib.import_module(KERNELS[kind])
+        inputs = tuple(at_least_fp32(t) for t in inputs)
+        x = inputs[0]
+        seq_ids = self._seq_ids(x.shape[0], x.device)
+        initial = self.states.get(layer_idx, anchor)
+        opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
+        if self.engine == "chunked":
+            y, state = kernels.chunked(*inputs, initial, self.kernel_config, backend=self.backend, **opts)
+        else:
+            y, state = kernels.decode_reference(*inputs, initial, self.kernel_config, **opts)
+        self.states[layer_idx] = state
+        return y.to(x.dtype)
+
+    def _seq_ids(self, batch: int, device) -> torch.Tensor:
+        if self.seq_ids is None:
+            self.seq_ids = torch.arange(batch, dtype=torch.int64)
+        if self.seq_ids.shape != (batch,):
+            raise ValueError(f"seq_ids has {self.seq_ids.numel()} entries, expected one per batch row ({batch})")
+        return self.seq_ids.to(device)

@@ -1,0 +1,121 @@
+"""A fake model for the KL driver's tests: the `kl.runner` protocol without replayssm_eval.models.
+
+FakeRunner is a diagonal linear recurrence over byte tokens, h_t = a * h_{t-1} + E[x_t], with
+logits W h_t. A stream in a non-reference config rounds its carried state to bf16 at every flush
+(window position L-1) and at the end of the prefill, so its KL is > 0 and grows along the
+document, while the `fp32` config runs exactly the reference's operations (KL exactly 0).
+Stochastic-rounding-like noise keyed by (config seed, sequence id) makes results depend on the
+sequence id as the real models' SR bits do. `install(fail_after=N)` makes the N+1-th `extend`
+call raise KeyboardInterrupt, simulating a Ctrl-C after N segments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_eval.kl import runner as runner_module
+from replayssm_eval.models.tokenizer import VOCAB_SIZE, build_byte_tokenizer
+
+FAKE_MODEL = "fake-byte-lm"
+HIDDEN = 24
+
+
+class FakeRunner:
+    device = torch.device("cpu")
+
+    def __init__(self, fail_after: int | None = None):
+        gen = torch.Generator().manual_seed(0)
+        self.embed = torch.randn(VOCAB_SIZE, HIDDEN, generator=gen)  # [V, H]
+        self.decay = 0.9 + 0.099 * torch.rand(HIDDEN, generator=gen)  # [H]
+        self.out = torch.randn(HIDDEN, VOCAB_SIZE, generator=gen) * 0.5  # [H, V]
+        self.fail_after = fail_after
+        self.extends = 0
+        self.opened = []
+
+    def open(self, config, seq_ids):
+        stream = FakeStream(self, config, seq_ids)
+        self.opened.append(stream)
+        return stream
+
+    def state_traffic(self, config):
+        return {"bytes_per_token": 4.0 * HIDDEN / config.window}
+
+
+class FakeStream:
+    def __init__(self, runner: FakeRunner, config, seq_ids: torch.Tensor):
+        self.runner, self.config = runner, config
+        self.h = torch.zeros(len(seq_ids), HIDDEN)  # [B, H]
+        self.steps = 0
+        self.closed = False
+        self.noise = 1e-3 * torch.stack([  # [B, H]: per-sequence perturbation of the stored state
+            torch.randn(HIDDEN, generator=torch.Generator().manual_seed(config.seed * 7919 + int(s))) for s in seq_ids
+        ])
+
+    def _store(self, h):
+        if self.config.is_reference:
+            return h
+        return (h + self.noise * h.abs()).to(torch.bfloat16).float()
+
+    def prefill(self, tokens):
+        for t in range(tokens.shape[1]):
+            self.h = self.runner.decay * self.h + self.runner.embed[tokens[:, t]]
+        logits = self.h[:, None] @ self.runner.out  # [B, 1, V]
+        self.h = self._store(self.h)
+        return logits
+
+    def extend(self, tokens):
+        self.runner.extends += 1
+        if self.runner.fail_after is not None and self.runner.extends > self.runner.fail_after:
+            raise KeyboardInterrupt
+        states = []
+        for t in range(tokens.shape[1]):
+            self.h = self.runner.decay * self.h + self.runner.embed[tokens[:, t]]
+            states.append(self.h)
+            if self.steps % self.config.window == self.config.window - 1:
+                self.h = self._store(self.h)
+            self.steps += 1
+        return torch.stack(states, dim=1) @ self.runner.out  # [B, S, V]
+
+    def close(self):
+        self.closed = True
+
+
+def load_tokenizer(model: str):
+    if model != FAKE_MODEL:
+        raise ValueError(f"unknown model {model!r}; the fake knows only {FAKE_MODEL!r}")
+    return build_byte_tokenizer()
+
+
+def install(fail_after: int | None = None, setattr=setattr) -> list[FakeRunner]:
+    """Point kl.runner at the fake (pass `monkeypatch.setattr` to undo it after a test).
+
+    Returns the list that collects the runners created.
+    """
+    created: list[FakeRunner] = []
+
+    def load_runner(model, *, device, dtype, backend, device_map):
+        load_tokenizer(model)
+        created.append(FakeRunner(fail_after))
+        return created[-1]
+
+    setattr(runner_module, "load_tokenizer", load_tokenizer)
+    setattr(runner_module, "load_runner", load_runner)
+    return created
+
+
+def run_rank(rank: int, world: int, port: int, options) -> None:
+    """One process of a `world`-process run on gloo (the target of torch.multiprocessing.spawn)."""
+    import os
+
+    import torch.distributed as dist
+
+    from replayssm_eval.kl.driver import run_kl
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    install()
+    try:
+        run_kl(options)
+    finally:
+        dist.destroy_process_group()

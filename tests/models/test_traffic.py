@@ -1,0 +1,71 @@
+"""State traffic per decode token, checked on Nemotron-3-Nano-4B's Mamba-2 geometry by hand."""
+
+import pytest
+import transformers as tf
+
+from replayssm_eval.models.presets import get_preset
+from replayssm_eval.models.traffic import state_traffic
+
+# Nemotron-3-Nano-4B: 21 Mamba-2 layers of 96 heads x head_dim 80 x d_state 128, 8 groups
+NANO = get_preset("nemotron-3-nano-4b")
+FP32, FP16 = 96 * 80 * 128 * 4, 96 * 80 * 128 * 2  # 3 932 160 (3.75 MiB), 1 966 080
+NVFP4 = 96 * 80 * 128 // 2 + 96 * 80 * 128 // 16 + 4  # E2M1 nibbles + E4M3 block scales + FP32 global: 552 964
+ENTRY = 2 * (96 * 80 + 8 * 128 + 96)  # bf16 x, B, dt: 17 600
+
+
+def test_conventional_fp32_is_read_plus_write_of_the_state():
+    t = state_traffic(NANO, "fp32")
+    assert t["bytes_per_copy"] == {"read": FP32, "recur": FP32}
+    assert t["conventional"] == {"read": FP32, "write": FP32, "total": 7_864_320}
+    # window 1: every token is a flush, no buffer
+    assert t["replay"]["total"] == 7_864_320 and t["replay"]["buffer_read"] == 0 == t["replay"]["buffer_write"]
+    assert t["per_model"]["conventional"] == 21 * 7_864_320
+
+
+def test_split_nvfp4_read_fp16sr_recur_window_16():
+    t = state_traffic(NANO, "nvfp4/fp16sr@16")
+    assert t["bytes_per_copy"] == {"read": NVFP4, "recur": FP16} and t["buffer_entry_bytes"] == ENTRY
+    r = t["replay"]
+    assert r["state_read"] == (15 * 552_964 + 1_966_080) / 16 == 641_283.75
+    assert r["state_write"] == (1_966_080 + 552_964) / 16 == 157_440.25  # flush writes both copies
+    assert r["buffer_read"] == 15 * (7 * 17_600 + 17_600) / 16 == 132_000  # (L-1)/2 entries per token
+    assert r["buffer_write"] == 15 * 17_600 / 16 == 16_500
+    assert r["total"] == 947_224
+    assert t["conventional"]["total"] == 2 * FP16
+    assert t["per_model"]["ratio_vs_fp32"] == pytest.approx(7_864_320 / 947_224)
+    assert t["per_model"]["replay"] == 21 * 947_224
+
+
+def test_shared_checkpoint_writes_one_copy():
+    r = state_traffic(NANO, "shared:nvfp4@16")["replay"]
+    assert r["state_read"] == NVFP4 and r["state_write"] == NVFP4 / 16
+
+
+def test_gdn_closed_fold_buffers_raw_inputs_too():
+    # Qwen3.5-4B GDN: HV=32 value heads x V=128, K=128, 16 key heads
+    geo = get_preset("qwen3.5-4b")
+    assert (geo.num_ssm_layers, geo.num_heads, geo.head_dim, geo.state_dim, geo.n_groups) == (24, 32, 128, 128, 16)
+    open_, closed = state_traffic(geo, "nvfp4/fp32@4"), state_traffic(geo, "nvfp4/fp32@4#closed")
+    k, u, g = 16 * 128, 32 * 128, 32
+    assert open_["buffer_entry_bytes"] == 2 * (k + u + g)
+    assert closed["buffer_entry_bytes"] == 2 * (k + u + g + u + g)
+    # non-flush tokens j = 0, 1, 2 read 0 + 1 + 2 entries of (k, u, g); the flush reads 3 of (k, v, beta, g)
+    assert closed["replay"]["buffer_read"] == (3 * 2 * (k + u + g) + 3 * 2 * (k + u + g + g)) / 4 == 18_576
+    assert open_["replay"]["state_write"] == (32 * 128 * 128 * 4 + open_["bytes_per_copy"]["read"]) / 4
+
+
+def test_geometry_from_an_hf_config_or_a_preset_name():
+    config = tf.NemotronHConfig(
+        layers_block_type=["mamba", "attention", "mamba", "mlp", "mamba"], mamba_num_heads=96, mamba_head_dim=80,
+        ssm_state_size=128, n_groups=8, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+    )
+    t = state_traffic(config, "fp32")
+    assert t["geometry"]["num_ssm_layers"] == 3 and t["geometry"]["state"] == [96, 80, 128]
+    assert state_traffic("nemotron-3-nano-4b", "fp32") == state_traffic(NANO, "fp32")
+    with pytest.raises(ValueError, match="num_heads, head_dim, state_dim, n_groups unknown"):
+        state_traffic("qwen3.5-122b-a10b", "fp32")
+
+
+def test_speculative_schedule_is_refused():
+    with pytest.raises(ValueError, match="speculative"):
+        state_traffic(NANO, "nvfp4/fp16sr@16#spec=4:0.7")
