@@ -168,31 +168,90 @@ def e2m1_encode(v):
     return idx | sign
 
 
-# format kinds of the kernel (globals read inside @triton.jit must be constexpr)
-_FP32, _BF16, _FP16, _FP16SR, _FP8, _FP8SR, _FP8E5M2, _NVFP4, _MXFP8, _MXFP4 = map(tl.constexpr, range(10))
-_KIND = {"fp32": _FP32, "bf16": _BF16, "fp16": _FP16, "fp16sr": _FP16SR, "fp8": _FP8, "fp8sr": _FP8SR,
-         "fp8e5m2": _FP8E5M2, "nvfp4": _NVFP4, "mxfp8": _MXFP8, "mxfp4": _MXFP4}
+# format kinds shared by every kernel that rounds a state (globals read inside @triton.jit must be constexpr)
+FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4 = map(tl.constexpr, range(10))
+KINDS = {"fp32": FP32, "bf16": BF16, "fp16": FP16, "fp16sr": FP16SR, "fp8": FP8, "fp8sr": FP8SR,
+         "fp8e5m2": FP8E5M2, "nvfp4": NVFP4, "mxfp8": MXFP8, "mxfp4": MXFP4}
 _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))
 _FLT_MAX = tl.constexpr(FLT_MAX)
 
 
 @triton.jit
-def _round_kind(v, bits, KIND: tl.constexpr):
-    if KIND == _BF16:
+def round_kind(v, bits, KIND: tl.constexpr):
+    """Element rounding of the unscaled kinds (bits: uint32 words as int64, used by the SR kinds)."""
+    if KIND == BF16:
         q = round_bf16(v)
-    elif KIND == _FP16:
+    elif KIND == FP16:
         q = round_fp16(v)
-    elif KIND == _FP16SR:
+    elif KIND == FP16SR:
         q = sr_fp16(v, bits)
-    elif KIND == _FP8SR:
+    elif KIND == FP8SR:
         q = sr_e4m3(v, bits)
-    elif KIND == _FP8E5M2:
+    elif KIND == FP8E5M2:
         q = round_e5m2(v)
-    elif KIND == _FP8:
+    elif KIND == FP8:
         q = round_e4m3(v)
     else:
         q = v
     return q
+
+
+@triton.jit
+def tile_amax(x, WHOLE: tl.constexpr):
+    """[R, 1] amax of each row of x [R, C], or of the whole tile broadcast to every row."""
+    amax = tl.max(tl.abs(x), axis=1)[:, None]
+    if WHOLE:
+        amax = tl.max(amax, axis=0)[None, :] + tl.zeros_like(amax)
+    return amax
+
+
+@triton.jit
+def quantize_tile(x, bits, amax, KIND: tl.constexpr, SCALED: tl.constexpr, FMT_MAX: tl.constexpr,
+                  GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """`fmt.quantize` of a tile x [BLOCK_R, BLOCK_C] of format rows, blocks running along C.
+
+    bits: [BLOCK_R, BLOCK_C] uint32 words (SR kinds); amax: [BLOCK_R, 1] amax of each row's
+    global-scale group (NVFP4's S_enc, FP8's scale amax / FMT_MAX); SCALED: FP8 with a scale;
+    GROUP: the block of NVFP4 (16) or MX (32). Padding must be zero (it never raises a block max).
+    """
+    if KIND == NVFP4:  # TransformerEngine's order of operations
+        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
+        s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)
+        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
+        bmax = tl.max(tl.abs(xb), axis=2)  # [BLOCK_R, BLOCK_C // 16]
+        s_b = round_e4m3(bmax * (s_enc * 0.1666666716337204))
+        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+        enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
+        q = round_e2m1(xb * enc_b[:, :, None])
+        y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
+    elif (KIND == MXFP8) or (KIND == MXFP4):
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
+        ab = tl.abs(xb)
+        bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
+        bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
+        EMAX: tl.constexpr = 2 if KIND == MXFP4 else 8
+        code = _exponent(bmax) - EMAX + 127
+        code = tl.where(code < 0, 0, tl.where(code > 254, 254, code))
+        code = tl.where(bmax == 0.0, 127, code)
+        # X = 2^(code - 127) and 1/X, both exact FP32 (2^-127 is subnormal: built from its bits)
+        scale = tl.where(code == 0, (1 << 22) + tl.zeros_like(code), (code << 23)).to(tl.float32, bitcast=True)
+        inv = tl.where(code == 254, (1 << 22) + tl.zeros_like(code), ((254 - code) << 23)).to(tl.float32, bitcast=True)
+        v = xb * inv[:, :, None]
+        if KIND == MXFP4:
+            q = round_e2m1(v)
+        else:
+            q = round_e4m3(v)
+        q = q * scale[:, :, None]
+        y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
+    elif SCALED:
+        s = tl.math.div_rn(amax, tl.full(amax.shape, FMT_MAX, tl.float32))
+        s = tl.where(s == 0.0, 1.0, s)
+        y = round_kind(tl.math.div_rn(x, s + tl.zeros_like(x)), bits, KIND) * s
+    else:
+        y = round_kind(x, bits, KIND)
+    return y
 
 
 @triton.jit
@@ -212,45 +271,8 @@ def _quantize_kernel(
         bits = tl.load(bits_ptr + idx, mask=mask, other=0)
     elif BITS == _BITS_PHILOX:
         bits = tl.randint(seed, offset.to(tl.int64) + idx).to(tl.int64)
-    if KIND == _NVFP4:
-        amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
-        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
-        s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)
-        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
-        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
-        bmax = tl.max(tl.abs(xb), axis=2)  # [BLOCK_R, BLOCK_C // 16]
-        s_b = round_e4m3(bmax * (s_enc * 0.1666666716337204))
-        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
-        enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
-        q = round_e2m1(xb * enc_b[:, :, None])
-        y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
-    elif (KIND == _MXFP8) or (KIND == _MXFP4):
-        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
-        ab = tl.abs(xb)
-        bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
-        bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
-        EMAX: tl.constexpr = 2 if KIND == _MXFP4 else 8
-        code = _exponent(bmax) - EMAX + 127
-        code = tl.where(code < 0, 0, tl.where(code > 254, 254, code))
-        code = tl.where(bmax == 0.0, 127, code)
-        # X = 2^(code - 127) and 1/X, both exact FP32 (2^-127 is subnormal: built from its bits)
-        scale = tl.where(code == 0, (1 << 22) + tl.zeros_like(code), (code << 23)).to(tl.float32, bitcast=True)
-        inv = tl.where(code == 254, (1 << 22) + tl.zeros_like(code), ((254 - code) << 23)).to(tl.float32, bitcast=True)
-        v = xb * inv[:, :, None]
-        if KIND == _MXFP4:
-            q = round_e2m1(v)
-        else:
-            q = round_e4m3(v)
-        q = q * scale[:, :, None]
-        y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
-    elif SCALED:
-        amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]
-        s = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32))
-        s = tl.where(s == 0.0, 1.0, s)
-        y = _round_kind(tl.math.div_rn(x, s), bits, KIND) * s
-    else:
-        y = _round_kind(x, bits, KIND)
+    amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
+    y = quantize_tile(x, bits, amax, KIND, SCALED, FP8_MAX, GROUP, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + idx, y, mask=mask)
 
 
@@ -288,7 +310,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
         grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
         _quantize_kernel[grid](
             xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
-            KIND=_KIND[fmt.base].value, SCALED=isinstance(fmt, FP8Format) and fmt.scale != "none",
+            KIND=KINDS[fmt.base].value, SCALED=isinstance(fmt, FP8Format) and fmt.scale != "none",
             FP8_MAX=fmt.max_value if isinstance(fmt, FP8Format) else 1.0, BITS=mode.value,
             GROUP=group, BLOCK_R=block_r, BLOCK_C=block_c,
         )
@@ -296,6 +318,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 
 
 __all__ = [
-    "e2m1_decode", "e2m1_encode", "e4m3_decode", "e4m3_encode", "e5m2_decode", "quantize_triton",
-    "round_bf16", "round_e2m1", "round_e4m3", "round_e5m2", "round_fp16", "sr_e4m3", "sr_fp16",
+    "KINDS", "e2m1_decode", "e2m1_encode", "e4m3_decode", "e4m3_encode", "e5m2_decode", "quantize_tile",
+    "quantize_triton", "round_bf16", "round_e2m1", "round_e4m3", "round_e5m2", "round_fp16", "round_kind",
+    "sr_e4m3", "sr_fp16", "tile_amax",
 ]

@@ -38,15 +38,11 @@ from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys, state_ra
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
-    e2m1_decode, e4m3_decode, e5m2_decode, round_bf16, round_e2m1, round_e4m3, round_e5m2, round_fp16, sr_e4m3, sr_fp16,
+    FP8SR, FP16SR, KINDS, e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
 )
 
-FLT_MAX = 3.4028234663852886e38
-# in-kernel store kinds and scale groups
-_FP32, _BF16, _FP16, _FP16SR, _FP8, _FP8SR, _FP8E5M2, _NVFP4 = range(8)
-_KINDS = {"fp32": _FP32, "bf16": _BF16, "fp16": _FP16, "fp16sr": _FP16SR, "fp8": _FP8, "fp8sr": _FP8SR,
-          "fp8e5m2": _FP8E5M2, "nvfp4": _NVFP4}
-_NONE, _ROW, _HEAD = range(3)
+# scale groups of the in-kernel store (format kinds are `quant.triton.KINDS`); globals read in @triton.jit are constexpr
+_NONE, _ROW, _HEAD = map(tl.constexpr, range(3))
 _SCALES = {"none": _NONE, "row": _ROW, "head": _HEAD}
 _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
 
@@ -54,25 +50,6 @@ _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
 @triton.jit
 def _mm(a, b):
     return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _round_elements(x, bits, KIND: tl.constexpr):
-    if KIND == _BF16:
-        y = round_bf16(x)
-    elif KIND == _FP16:
-        y = round_fp16(x)
-    elif KIND == _FP16SR:
-        y = sr_fp16(x, bits)
-    elif KIND == _FP8:
-        y = round_e4m3(x)
-    elif KIND == _FP8SR:
-        y = sr_e4m3(x, bits)
-    elif KIND == _FP8E5M2:
-        y = round_e5m2(x)
-    else:
-        y = x
-    return y
 
 
 @triton.jit
@@ -84,37 +61,11 @@ def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constex
     element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem).
     """
     bits = tl.zeros((BK, BV), dtype=tl.int64)
-    if (KIND == _FP16SR) or (KIND == _FP8SR):
+    if (KIND == FP16SR) or (KIND == FP8SR):
         bits = tl.randint(key, (checkpoint << 32) + elem).to(tl.int64)
-    if KIND == _NVFP4:
-        ax = tl.abs(x)
-        if SCALE == _HEAD:
-            amax = tl.max(tl.max(ax, axis=1), axis=0) + tl.zeros((BV,), tl.float32)
-        else:
-            amax = tl.max(ax, axis=0)  # [BV]
-        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
-        s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
-        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)  # [BV]
-        xb = tl.reshape(tl.trans(x), (BV, BK // 16, 16))
-        bmax = tl.max(tl.abs(xb), axis=2)  # [BV, BK // 16]
-        s_b = round_e4m3(bmax * (s_enc[:, None] * 0.1666666716337204))
-        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec[:, None])
-        enc_b = tl.where(enc_b > FLT_MAX, FLT_MAX, enc_b)
-        q = round_e2m1(xb * enc_b[:, :, None])
-        y = tl.trans(tl.reshape((q * s_b[:, :, None]) * s_dec[:, None, None], (BV, BK)))
-    elif SCALE == _NONE:
-        y = _round_elements(x, bits, KIND)
-    else:
-        ax = tl.abs(x)
-        if SCALE == _HEAD:
-            amax = tl.max(tl.max(ax, axis=1), axis=0) + tl.zeros((BV,), tl.float32)
-        else:
-            amax = tl.max(ax, axis=0)
-        s = tl.math.div_rn(amax, tl.full(amax.shape, FMT_MAX, tl.float32))
-        s = tl.where(s == 0.0, 1.0, s)[None, :]
-        y = _round_elements(tl.math.div_rn(x, s + tl.zeros_like(x)), bits, KIND) * s
-    return y
+    xt = tl.trans(x)  # [BV, BK]: format rows are v columns, blocks run along K
+    y = quantize_tile(xt, tl.trans(bits), tile_amax(xt, SCALE == _HEAD), KIND, SCALE != _NONE, FMT_MAX, 16, BV, BK)
+    return tl.trans(y)
 
 
 @triton.jit
@@ -204,7 +155,7 @@ def _chunked_kernel(
 def _store_mode(fmt, whole_head: bool):
     """(kind, scale group, max) of the in-kernel store of `fmt`, or a string saying why it cannot be done in-kernel."""
     if isinstance(fmt, ElementwiseFormat):
-        return _KINDS[fmt.base], _NONE, 1.0
+        return KINDS[fmt.base].value, _NONE.value, 1.0
     if isinstance(fmt, FP8Format):
         group, top = fmt.scale, fmt.max_value
     elif isinstance(fmt, NVFP4Format):
@@ -217,7 +168,7 @@ def _store_mode(fmt, whole_head: bool):
         return f"{fmt.name}: its global scale spans every head of a sequence, which no single program sees (use scale=head or scale=row)"
     if group == "head" and not whole_head:
         return f"{fmt.name}: scale=head needs V <= {_MAX_HEAD_V} to hold a whole head in one program"
-    return _KINDS[fmt.base], _SCALES[group], top
+    return KINDS[fmt.base].value, _SCALES[group].value, top
 
 
 def chunked_triton(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
@@ -235,7 +186,7 @@ def chunked_triton(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
     if reasons:
         warnings.warn(f"gdn chunked backend='triton' falls back to torch: {reasons[0]}", stacklevel=3)
         return _chunked_torch(p)
-    needs_head = any(m[1] == _HEAD for m in modes)
+    needs_head = any(m[1] == _HEAD.value for m in modes)
     return _chunked(p, modes[0], modes[1], block_v=triton.next_power_of_2(dv) if needs_head else None)
 
 
@@ -312,8 +263,8 @@ def _chunked(p: Prepared, hi_mode, lo_mode, block_v=None):
 
 
 # packed read-copy kinds of the step kernel
-_P_F32, _P_F16, _P_BF16, _P_E4M3, _P_E5M2, _P_NVFP4 = range(6)
-_S_NONE, _S_ROW, _S_HEAD, _S_TENSOR = range(4)
+_P_F32, _P_F16, _P_BF16, _P_E4M3, _P_E5M2, _P_NVFP4 = map(tl.constexpr, range(6))
+_S_NONE, _S_ROW, _S_HEAD, _S_TENSOR = map(tl.constexpr, range(4))
 
 
 @triton.jit
@@ -439,16 +390,16 @@ def _packed_args(packed, fmt, like):
     """(kind, scale group, data, scales, global scale, padded K) of a packed read copy the step kernel decodes, or None."""
     if packed is None:
         return None
-    kinds = {"fp32": _P_F32, "fp16": _P_F16, "fp16sr": _P_F16, "bf16": _P_BF16}
+    kinds = {"fp32": _P_F32.value, "fp16": _P_F16.value, "fp16sr": _P_F16.value, "bf16": _P_BF16.value}
     if isinstance(fmt, ElementwiseFormat):
-        return kinds[fmt.base], _S_NONE, packed.data.contiguous(), like, like, like.shape[-1]
-    groups = {"none": _S_NONE, "row": _S_ROW, "head": _S_HEAD, "tensor": _S_TENSOR}
+        return kinds[fmt.base], _S_NONE.value, packed.data.contiguous(), like, like, like.shape[-1]
+    groups = {"none": _S_NONE.value, "row": _S_ROW.value, "head": _S_HEAD.value, "tensor": _S_TENSOR.value}
     gs = like if packed.global_scale is None else packed.global_scale.contiguous()
     if isinstance(fmt, FP8Format):
-        kind = _P_E5M2 if fmt.base == "fp8e5m2" else _P_E4M3
+        kind = (_P_E5M2 if fmt.base == "fp8e5m2" else _P_E4M3).value
         return kind, groups[fmt.scale], packed.data.contiguous(), like, gs, like.shape[-1]
     if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
-        return _P_NVFP4, groups[fmt.scale], packed.data.contiguous(), packed.scales.contiguous(), gs, packed.data.shape[-1] * 2
+        return _P_NVFP4.value, groups[fmt.scale], packed.data.contiguous(), packed.scales.contiguous(), gs, packed.data.shape[-1] * 2
     return None
 
 
@@ -460,7 +411,7 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, fold, cl
     args = _packed_args(packed, read_fmt, src_hi)
     if args is None:  # no packed copy the kernel decodes: the decoded read copy in FP32
         lo = src_hi if packed is None else read_fmt.decode(packed).float().contiguous()
-        args = (_P_F32, _S_NONE, lo, src_hi, src_hi, dk)
+        args = (_P_F32.value, _S_NONE.value, lo, src_hi, src_hi, dk)
     kind, scale, data, scales, gs, kp = args
     u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
     o = torch.zeros_like(u)
@@ -571,3 +522,48 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
         read_hi = torch.ones_like(read_hi)
     u, o, _ = _step(src_hi.float().contiguous(), packed, read_fmt, buffer, count, drafts, width, read_hi, fold, False, groups, eps)
     return u, o
+
+
+@triton.jit
+def _conventional_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr,  # q, k [B, H, K]; v, o [B, HV, V]; g, beta [B, HV]; state [B, HV, V, K]
+    HV, GROUPS, K, V,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    vmask, kmask = vs < V, ks < K
+    mask = vmask[:, None] & kmask[None, :]
+    bh = b.to(tl.int64) * HV + hv
+    s_off = (bh * V + vs[:, None]) * K + ks[None, :]  # [BV, BK] tile of S^T (the stored layout)
+    s = tl.load(s_ptr + s_off, mask=mask, other=0.0)
+    key = (b.to(tl.int64) * (HV // GROUPS) + hv // GROUPS) * K + ks
+    q = tl.load(q_ptr + key, mask=kmask, other=0.0)
+    k = tl.load(k_ptr + key, mask=kmask, other=0.0)
+    v = tl.load(v_ptr + bh * V + vs, mask=vmask, other=0.0)
+    s = tl.exp(tl.load(g_ptr + bh)) * s
+    u = tl.load(beta_ptr + bh) * (v - tl.sum(s * k[None, :], axis=1))
+    s = s + u[:, None] * k[None, :]
+    tl.store(s_ptr + s_off, s, mask=mask)
+    tl.store(o_ptr + bh * V + vs, tl.sum(s * q[None, :], axis=1), mask=vmask)
+
+
+def conventional_step(q, k, v, g, beta, state, *, block_v=16, num_warps=4):
+    """Conventional eager decoding of one token with an FP32 state (fused recurrent delta-rule step), the baseline
+    the benchmarks compare ReplaySSM with: read the state, update it, write it back in place.
+
+    q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [B, HV, V, K] (the stored layout, as ReplayState.hi);
+    all FP32 and contiguous. Returns o [B, HV, V]; `state` holds S_t afterwards (= decode_reference with "fp32").
+    """
+    batch, nv, dv, dk = state.shape
+    groups = nv // q.shape[1]
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 tensor, got {t.dtype} (contiguous={t.is_contiguous()})")
+    o = torch.empty_like(v)
+    grid = (batch, nv, triton.cdiv(dv, block_v))
+    _conventional_step_kernel[grid](q, k, v, g, beta, state, o, nv, groups, dk, dv,
+                                    BK=triton.next_power_of_2(dk), BV=block_v, num_warps=num_warps)
+    return o

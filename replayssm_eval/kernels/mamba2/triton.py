@@ -33,14 +33,9 @@ from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
-    e2m1_decode, e4m3_decode, e5m2_decode, round_bf16, round_e2m1, round_e4m3, round_e5m2, round_fp16, sr_e4m3,
-    sr_fp16,
+    FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
 )
 
-# kinds of stored formats in the kernels
-_FP32, _BF16, _FP16, _FP16SR, _FP8, _FP8SR, _FP8E5M2, _NVFP4 = range(8)
-_KINDS = {"fp32": _FP32, "bf16": _BF16, "fp16": _FP16, "fp16sr": _FP16SR, "fp8": _FP8, "fp8sr": _FP8SR,
-          "fp8e5m2": _FP8E5M2, "nvfp4": _NVFP4}
 # scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
 _NONE, _ROW, _HEAD, _TENSOR = range(4)
 _SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
@@ -49,38 +44,19 @@ _SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
 def _store_kind(fmt) -> tuple[int, int, float]:
     """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop; raises NotImplementedError with the reason."""
     if isinstance(fmt, ElementwiseFormat):
-        return _KINDS[fmt.base], _NONE, 1.0
+        return KINDS[fmt.base].value, _NONE, 1.0
     if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
-        return _KINDS[fmt.base], _SCOPES[fmt.scale], fmt.max_value
+        return KINDS[fmt.base].value, _SCOPES[fmt.scale], fmt.max_value
     if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate" and fmt.scale != "tensor":
-        return _NVFP4, _SCOPES[fmt.scale], 1.0
+        return NVFP4.value, _SCOPES[fmt.scale], 1.0
     raise NotImplementedError(f"format '{fmt.name}' needs a scale reduction across programs "
                               "(tensor-wide scale, head_dim blocks or MX blocks)")
 
 
 @triton.jit
-def _round(v, bits, KIND: tl.constexpr):
-    if KIND == 1:
-        q = round_bf16(v)
-    elif KIND == 2:
-        q = round_fp16(v)
-    elif KIND == 3:
-        q = sr_fp16(v, bits)
-    elif KIND == 4:
-        q = round_e4m3(v)
-    elif KIND == 5:
-        q = sr_e4m3(v, bits)
-    elif KIND == 6:
-        q = round_e5m2(v)
-    else:
-        q = v
-    return q
-
-
-@triton.jit
 def _bits(key, counter, KIND: tl.constexpr):
     """Philox words for the stochastic kinds (fp16sr, fp8sr), as `keys.state_random_bits`; zeros otherwise."""
-    if (KIND == 3) | (KIND == 5):
+    if (KIND == FP16SR) | (KIND == FP8SR):
         bits = tl.randint(key, counter).to(tl.int64)
     else:
         bits = tl.zeros(counter.shape, dtype=tl.int64)
@@ -88,37 +64,10 @@ def _bits(key, counter, KIND: tl.constexpr):
 
 
 @triton.jit
-def _group_amax(v, SCOPE: tl.constexpr):
-    """max |v| per row ([BLOCK_P, 1]) or over the whole tile (head scope: the tile holds the head)."""
-    amax = tl.max(tl.abs(v), axis=1)[:, None]
-    if SCOPE == 2:
-        amax = tl.max(amax, axis=0)[None, :]
-    return amax
-
-
-@triton.jit
 def _quantize_tile(v, bits, KIND: tl.constexpr, SCOPE: tl.constexpr, FP8_MAX: tl.constexpr,
                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """The format's fake quantization of a [BLOCK_P, BLOCK_N] state tile (zero padded), as `fmt.quantize`."""
-    if KIND == 7:  # NVFP4, blocks of 16 along N, TransformerEngine's order of operations
-        amax = _group_amax(v, SCOPE)
-        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
-        s_enc = tl.where(s_enc > 3.4028234663852886e38, 3.4028234663852886e38, s_enc)
-        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
-        vb = tl.reshape(v, (BLOCK_P, BLOCK_N // 16, 16))
-        s_b = round_e4m3(tl.max(tl.abs(vb), axis=2) * (s_enc * 0.1666666716337204))  # [BLOCK_P, BLOCK_N // 16]
-        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
-        enc_b = tl.where(enc_b > 3.4028234663852886e38, 3.4028234663852886e38, enc_b)
-        q = round_e2m1(vb * enc_b[:, :, None])
-        y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_P, BLOCK_N))
-    elif SCOPE != 0:  # FP8 with an FP32 scale amax / max per row or head
-        s = tl.math.div_rn(_group_amax(v, SCOPE), tl.full((1, 1), FP8_MAX, tl.float32))
-        s = tl.where(s == 0.0, 1.0, s)
-        y = _round(tl.math.div_rn(v, s), bits, KIND) * s
-    else:
-        y = _round(v, bits, KIND)
-    return y
+    return quantize_tile(v, bits, tile_amax(v, SCOPE == 2), KIND, SCOPE != 0, FP8_MAX, 16, BLOCK_P, BLOCK_N)
 
 
 @triton.jit
@@ -282,14 +231,14 @@ def _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask, H, 
                     READ: tl.constexpr, GS_SCOPE: tl.constexpr):
     """Decode a [BLOCK_P, BLOCK_N] tile of the packed read copy (layouts of `quant.formats`)."""
     row = (b * H + h).to(tl.int64) * P + offs_p[:, None]  # [BLOCK_P, 1] row in [B, H, P]
-    if READ == 7:  # NVFP4, axis=dstate: 2 codes per byte (low nibble first), one E4M3 scale per 16
+    if READ == NVFP4:  # NVFP4, axis=dstate: 2 codes per byte (low nibble first), one E4M3 scale per 16
         byte = tl.load(data_ptr + row * (NB // 2) + offs_n[None, :] // 2, mask=mask, other=0).to(tl.int32)
         code = (byte >> ((offs_n[None, :] % 2) * 4)) & 0xF
         s_b = e4m3_decode(tl.load(scale_ptr + row * (NB // 16) + offs_n[None, :] // 16, mask=mask, other=0))
         v = e2m1_decode(code) * s_b
-    elif (READ == 4) | (READ == 5):
+    elif (READ == FP8) | (READ == FP8SR):
         v = e4m3_decode(tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0))
-    elif READ == 6:
+    elif READ == FP8E5M2:
         v = e5m2_decode(tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0))
     else:
         v = tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -340,9 +289,9 @@ def _replay_kernel(
     scores = tl.dot(q, tl.trans(k), input_precision="ieee") * w * dt[None, :]  # [BLOCK_T, BLOCK_E]
     y = tl.dot(scores, x, input_precision="ieee")
     state_off = b.to(tl.int64) * H * P * N + (h * P + offs_p[:, None]).to(tl.int64) * N + offs_n[None, :]
-    hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
+    # each branch loads only the copy it reads: a non-flush step never touches the FP32 S_hi
     if tl.load(read_hi_ptr + b) != 0:
-        src = hi
+        src = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
     else:
         src = _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask_s, H, P, N, NB, READ, GS_SCOPE)
     g_read = tl.exp(cs_q)
@@ -357,6 +306,7 @@ def _replay_kernel(
             if SKIP:
                 g_all = tl.where(g_all < skip, 0.0, g_all)
             wf = tl.exp(cs_last - cs) * dt
+            hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
             folded = g_all * hi + tl.dot(tl.trans(x * wf[:, None]), k, input_precision="ieee")
             tl.store(out_ptr + state_off, folded, mask=mask_s)
 
@@ -371,15 +321,15 @@ def _read_layout(state: ReplayState, config) -> tuple[int, int, tuple, int]:
     n = state.hi.shape[-1]
     if packed is None or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
                               or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")):
-        return _FP32, _NONE, (state.lo.contiguous(), None, None), n
-    scope = {"none": _NONE, "row": 1, "head": 2, "tensor": 3}[getattr(fmt, "scale", "none")]
+        return KINDS["fp32"].value, _NONE, (state.lo.contiguous(), None, None), n
+    scope = _SCOPES[getattr(fmt, "scale", "none")]
     if isinstance(fmt, NVFP4Format):
-        return _NVFP4, scope, (packed.data.contiguous(), packed.scales.contiguous(), packed.global_scale.contiguous()), \
+        return NVFP4.value, scope, (packed.data.contiguous(), packed.scales.contiguous(), packed.global_scale.contiguous()), \
             packed.data.shape[-1] * 2
     if isinstance(fmt, FP8Format):
         gs = None if packed.global_scale is None else packed.global_scale.contiguous()
-        return _KINDS[fmt.base], scope, (packed.data.contiguous(), None, gs), n
-    return _FP32, _NONE, (packed.data.contiguous(), None, None), n
+        return KINDS[fmt.base].value, scope, (packed.data.contiguous(), None, gs), n
+    return KINDS["fp32"].value, _NONE, (packed.data.contiguous(), None, None), n
 
 
 def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
@@ -464,3 +414,49 @@ def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtyp
     y, _ = _replay(ring["x"], ring["B"], ring["dt"], inp.C.contiguous(), count.contiguous(), st.schedule.step_read_hi,
                    torch.zeros(batch, dtype=torch.bool, device=x.device), inp.A.contiguous(), st, inp.config)
     return (y + inp.D[:, None] * inp.x).to(inp.out_dtype)
+
+
+@triton.jit
+def _conventional_step_kernel(
+    x_ptr, dt_ptr, A_ptr, b_ptr, c_ptr, D_ptr, s_ptr, y_ptr,  # x, y [B, H, P]; dt [B, H]; B, C [B, G, N]; state [B, H, P, N]
+    H, P, N, G, HPG,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p, mask_n = offs_p < P, offs_n < N
+    mask = mask_p[:, None] & mask_n[None, :]
+    bh = b.to(tl.int64) * H + h
+    s_off = (bh * P + offs_p[:, None]) * N + offs_n[None, :]
+    s = tl.load(s_ptr + s_off, mask=mask, other=0.0)
+    x = tl.load(x_ptr + bh * P + offs_p, mask=mask_p, other=0.0)
+    dt = tl.load(dt_ptr + bh)
+    a = tl.exp(dt * tl.load(A_ptr + h))
+    bg = (b.to(tl.int64) * G + h // HPG) * N + offs_n
+    bv = tl.load(b_ptr + bg, mask=mask_n, other=0.0)
+    cv = tl.load(c_ptr + bg, mask=mask_n, other=0.0)
+    s = a * s + (dt * x)[:, None] * bv[None, :]
+    y = tl.sum(s * cv[None, :], axis=1) + tl.load(D_ptr + h) * x
+    tl.store(s_ptr + s_off, s, mask=mask)
+    tl.store(y_ptr + bh * P + offs_p, y, mask=mask_p)
+
+
+def conventional_step(x, dt, A, B, C, D, state, *, block_p=16, num_warps=4):
+    """Conventional eager decoding of one token with an FP32 state (selective_state_update style), the baseline
+    the benchmarks compare ReplaySSM with: read the state, decay it, add dt x B^T, write it back in place.
+
+    x [B, H, P], dt [B, H] (after softplus and bias), A [H], B and C [B, G, N], D [H], state [B, H, P, N]; all FP32
+    and contiguous. Returns y = S C + D x [B, H, P]; `state` holds S afterwards (= decode_reference with "fp32").
+    """
+    batch, heads, head_dim, d_state = state.shape
+    groups = B.shape[1]
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("state", state)):
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 tensor, got {t.dtype} (contiguous={t.is_contiguous()})")
+    y = torch.empty_like(x)
+    grid = (batch, heads, triton.cdiv(head_dim, block_p))
+    _conventional_step_kernel[grid](x, dt, A, B, C, D, state, y, heads, head_dim, d_state, groups, heads // groups,
+                                    BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(d_state), num_warps=num_warps)
+    return y

@@ -1,0 +1,114 @@
+"""Full-size architectures with random weights through the ReplaySSM adapters: load, run, time.
+
+    python benchmarks/full_size.py --out OUT.json                       # on a GPU: both 4B architectures
+    python benchmarks/full_size.py --models tiny-nemotron-h --tokens 256 --device cpu   # smoke run
+
+Builds Nemotron-3-Nano-4B and Qwen3.5-4B from `presets.full_size_config` (no download, random
+weights, bf16), routes their SSM layers through our kernels and feeds a prompt plus teacher-forced
+segments, as the KL driver does, once per config. Prints one row per (model, config): generated
+tokens per second, peak GPU memory, and a plain HF forward over the same tokens as the yardstick.
+Random weights say nothing about accuracy; this is the scale and speed check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from replayssm_eval.models import ReplayModel, load_model
+from replayssm_eval.models.presets import full_size_config
+
+FULL_SIZE = ("nemotron-3-nano-4b", "qwen3.5-4b")
+CONFIGS = ("fp32", "nvfp4:scale=head/fp16sr@16", "nvfp4/fp16sr@16")
+
+
+def build(name: str, device: str, dtype: torch.dtype) -> ReplayModel:
+    if name not in FULL_SIZE:
+        return load_model(name, dtype=dtype, device=device)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(full_size_config(name), dtype=dtype)
+    return ReplayModel(model)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
+               device: str) -> dict:
+    """Prompt then teacher-forced segments; returns generated tokens/s and the last logits' finiteness."""
+    session = rm.new_session(config, seq_ids=[0], backend=backend)
+    rm.forward(ids[:, :prompt_len], session, logits_to_keep=1)
+    sync(device)
+    start = time.perf_counter()
+    for begin in range(prompt_len, ids.shape[1], segment):
+        logits = rm.forward(ids[:, begin:begin + segment], session)
+    sync(device)
+    seconds = time.perf_counter() - start
+    generated = ids.shape[1] - prompt_len
+    return {"config": config, "tokens_per_s": generated / seconds, "seconds": seconds,
+            "finite": bool(torch.isfinite(logits).all())}
+
+
+def plain_forward(rm: ReplayModel, ids: torch.Tensor, device: str) -> float:
+    """Seconds of one unrouted HF forward over all tokens (no cache), the yardstick of the issue."""
+    rm.remove()
+    with torch.no_grad():
+        rm.model(input_ids=ids[:, :64])  # warm up
+        sync(device)
+        start = time.perf_counter()
+        rm.model(input_ids=ids, logits_to_keep=1)
+        sync(device)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(FULL_SIZE))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--tokens", type=int, default=8192, help="generated tokens per config")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--segment", type=int, default=2048)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    rows = []
+    for name in args.models.split(","):
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        rm = build(name, args.device, dtype)
+        load_s = time.perf_counter() - start
+        params = sum(p.numel() for p in rm.model.parameters())
+        print(f"{name}: {params / 1e6:.1f} M parameters, {len(rm.layers)} SSM layers, built in {load_s:.1f} s", flush=True)
+        vocab = rm.model.config.get_text_config().vocab_size
+        ids = torch.randint(0, vocab, (1, args.prompt_len + args.tokens), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(args.device)
+        for config in args.configs.split(","):
+            try:
+                row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device)
+            except Exception as err:  # one failing row must not lose the others
+                row = {"config": config, "error": f"{type(err).__name__}: {err}"}
+            row.update(model=name, tokens=args.tokens, backend=args.backend)
+            if args.device.startswith("cuda"):
+                row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        plain = plain_forward(rm, ids, args.device)
+        rows.append({"model": name, "config": "plain HF forward", "tokens_per_s": ids.shape[1] / plain, "seconds": plain})
+        print(json.dumps(rows[-1]), flush=True)
+        del rm
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

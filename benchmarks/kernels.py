@@ -1,0 +1,792 @@
+"""GPU benchmark of the ReplaySSM kernels: decode-step time and bandwidth, chunked teacher-forced throughput.
+
+    python benchmarks/kernels.py --out reports/bench_kernels.json      # H200: both families, about 3-4 minutes
+    python benchmarks/kernels.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
+    TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
+
+Geometries: Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128);
+FP32 recurrence state; batches 1, 32, 128, 256. What it measures (kernel time only, `triton.testing.do_bench`,
+median, L2 flushed before every run; inputs, buffers and packed copies are prepared once outside the timing;
+the ReplaySSM kernels are timed by replaying the exact launch `decode_step_triton` makes, without its host work):
+
+1. copy: torch device-to-device copy of a 1 GiB buffer, (bytes read + written) / time: the bandwidth ceiling.
+2. decode step, per family and batch (bytes = what the step must move: state copies read / written, the buffer
+   entries read, the new inputs and the output; GB/s = bytes / time, % of the copy bandwidth):
+   conventional            `conventional_step`: FP32 state read, updated, written back in place (window 1)
+   conventional (replay@1) the ReplaySSM step kernel with config fp32 (window 1), for reference
+   non-flush fp32 read     shared:fp32@16, mid-window (8 buffered entries, the window's mean): checkpoint + buffer
+   non-flush nvfp4 read    nvfp4/fp32@16, the same with the packed NVFP4 read copy (codes + scales)
+   flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config)
+   flush packing (torch)   write_checkpoint_packed of the fold (host-side torch pass of decode_step_triton)
+   amortised L=16          (15 x non-flush + flush) / 16, and the speedup of conventional over it
+3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4:scale=head/fp16sr@16) and one
+   torch-fallback config (nvfp4/fp16sr@16, backend="torch"), tokens/s per layer at batch 1 over 16K, 32K and
+   128K tokens (a length is skipped, not extrapolated, when it would not fit the time budget), against
+   step-by-step decoding through the decode-step kernels of the same config (512 tokens: an eager launch loop,
+   and the same launches replayed from a CUDA graph) and through the public `decode_step_triton`.
+
+Every measurement is guarded: an error (out of memory, compile error) is recorded in its row and the run goes on.
+The script prints rows as they come, then the tables and the goals of issue 3, and writes JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from replayssm_eval.kernels.config import ReplayConfig  # noqa: E402
+from replayssm_eval.kernels.gdn import chunked as gdn_chunked  # noqa: E402
+from replayssm_eval.kernels.gdn import decode_reference as gdn_reference  # noqa: E402
+from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
+from replayssm_eval.kernels.gdn._common import from_format_layout  # noqa: E402
+from replayssm_eval.kernels.mamba2 import chunked as mamba2_chunked  # noqa: E402
+from replayssm_eval.kernels.mamba2 import decode_reference as mamba2_reference  # noqa: E402
+from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
+from replayssm_eval.kernels.schedule import ScheduleState  # noqa: E402
+from replayssm_eval.kernels.state import (  # noqa: E402
+    ReplayState,
+    write_checkpoint,
+    write_checkpoint_packed,
+)
+
+GEOMETRY = {  # full size and --tiny
+    "mamba2": (dict(H=96, P=80, N=128, G=8), dict(H=4, P=20, N=32, G=2)),
+    "gdn": (dict(HV=32, H=16, K=128, V=128), dict(HV=4, H=2, K=32, V=24)),
+}
+WINDOW = 16
+MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
+FP32_READ, NVFP4_READ, CONVENTIONAL = "shared:fp32@16", "nvfp4/fp32@16", "fp32"
+CHUNK_TRITON, CHUNK_TORCH = "nvfp4:scale=head/fp16sr@16", "nvfp4/fp16sr@16"
+GOALS = {"replay_vs_conv": 1.5, "conv_bw": 0.80, "nvfp4_vs_fp32": 3.0, "chunk_vs_step": 50.0}
+F32 = 4
+
+
+def log(*parts):
+    print(*parts, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+class Timer:
+    """Kernel timing: do_bench (events, median, L2 flushed) on CUDA; perf_counter medians on CPU (smoke runs)."""
+
+    def __init__(self, device: str, quick: bool):
+        self.cuda = device.startswith("cuda")
+        self.warmup, self.rep = (5, 25) if quick else (10, 60)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def kernel_ms(self, fn) -> float:
+        if self.cuda:
+            return float(triton.testing.do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median"))
+        fn()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return 1e3 * sorted(times)[1]
+
+    def wall_s(self, fn) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t0
+
+
+class _Recorder:
+    """Stands in for a `@triton.jit` kernel: records each launch (grid, args, kwargs) and runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def captured_launch(module, kernel_name: str, call):
+    """Run `call()` with module.<kernel_name> recorded; return a function that replays its single launch, and call()'s result.
+
+    The replay launches the very kernel, grid and arguments the public function launched, without its host work.
+    """
+    real = getattr(module, kernel_name)
+    rec = _Recorder(real)
+    setattr(module, kernel_name, rec)
+    try:
+        result = call()
+    finally:
+        setattr(module, kernel_name, real)
+    if len(rec.calls) != 1:
+        raise RuntimeError(f"expected one launch of {kernel_name}, saw {len(rec.calls)}")
+    grid, args, kwargs = rec.calls[0]
+    return (lambda: real[grid](*args, **kwargs)), result
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+class Results:
+    def __init__(self, budget_s: float):
+        self.rows: list[dict] = []
+        self.start = time.perf_counter()
+        self.budget_s = budget_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    def add(self, row: dict, fn=None) -> dict:
+        """Run fn(row) (fills the measured fields) under a guard; an exception becomes the row's error."""
+        row.setdefault("error", None)
+        if fn is not None:
+            try:
+                fn(row)
+            except Exception as err:  # noqa: BLE001 - one failing row must not lose the others
+                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+                if "out of memory" in str(err).lower():
+                    torch.cuda.empty_cache()
+        self.rows.append(row)
+        log(f"[{self.elapsed():6.1f}s] " + _row_line(row))
+        return row
+
+    def find(self, **keys) -> dict | None:
+        for row in self.rows:
+            if all(row.get(k) == v for k, v in keys.items()) and row.get("error") is None:
+                return row
+        return None
+
+
+def _row_line(row: dict) -> str:
+    head = f"{row.get('section')} {row.get('family', '')} {row.get('name')}"
+    if row.get("batch") is not None:
+        head += f" B={row['batch']}"
+    if row.get("tokens") is not None:
+        head += f" T={row['tokens']}"
+    if row.get("error"):
+        return f"{head}: ERROR {row['error']}"
+    parts = [f"{k}={_fmt(row[k])}" for k in ("ms", "gbps", "pct_copy", "tokens_per_s", "seconds", "check")
+             if row.get(k) is not None]
+    if row.get("note"):
+        parts.append(f"({row['note']})")
+    return head + ": " + " ".join(parts)
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def relerr(ref: torch.Tensor, got: torch.Tensor) -> float:
+    ref, got = ref.double(), got.double()
+    return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+class Rand:
+    def __init__(self, device: str, seed: int = 0):
+        self.device = device
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, *shape, scale=1.0):
+        return scale * torch.randn(*shape, generator=self.gen, device=self.device)
+
+
+def _schedule(batch: int, count: int, device) -> ScheduleState:
+    zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+    return ScheduleState(torch.full((batch,), count, dtype=torch.int64, device=device), zeros,
+                         torch.zeros(batch, dtype=torch.bool, device=device), zeros.clone())
+
+
+def _valid(t: torch.Tensor, count: int) -> torch.Tensor:
+    """Zero the buffer entries past `count` (dim 1), as a real buffer holds them."""
+    t[:, count:] = 0
+    return t
+
+
+class Mamba2:
+    name = "mamba2"
+
+    def __init__(self, geo: dict, rand: Rand):
+        self.H, self.P, self.N, self.G = geo["H"], geo["P"], geo["N"], geo["G"]
+        self.rand = rand
+        self.A = -torch.exp(rand(self.H, scale=0.5))
+        self.A[: self.H // 4] = -0.02
+        self.D = rand(self.H)
+
+    def state_elems(self) -> int:
+        return self.H * self.P * self.N
+
+    def token_bytes(self, entries: int) -> int:
+        """Bytes of a step besides the state copies: `entries` buffer entries (x, B, dt; the new token's included), C, y."""
+        return F32 * (entries * (self.H * self.P + self.G * self.N + self.H) + self.G * self.N + self.H * self.P)
+
+    def token(self, batch: int, tokens: int | None = None):
+        """x, dt, B, C of new tokens: [B, H, P] ... for tokens=None, else with a T dim."""
+        t = () if tokens is None else (tokens,)
+        r = self.rand
+        dt = torch.nn.functional.softplus(r(batch, *t, self.H) - 1.0)
+        return r(batch, *t, self.H, self.P), dt, r(batch, *t, self.G, self.N), r(batch, *t, self.G, self.N)
+
+    def fp32_state(self, batch: int) -> torch.Tensor:
+        return self.rand(batch, self.H, self.P, self.N, scale=3.0)
+
+    def replay_state(self, s0: torch.Tensor, config: str, count: int) -> ReplayState:
+        """A ReplayState at window phase `count` (entries 0..count-1 committed), checkpoint written from s0."""
+        cfg = ReplayConfig.parse(config)
+        batch, device = s0.shape[0], s0.device
+        seq_ids = torch.arange(batch, device=device)
+        ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
+        hi, lo, packed = write_checkpoint_packed(s0, cfg, 0, seq_ids, ckpt)
+        cap = cfg.window
+        r = self.rand
+        buffer = {"x": _valid(r(batch, cap, self.H, self.P), count), "B": _valid(r(batch, cap, self.G, self.N), count),
+                  "dt": _valid(torch.nn.functional.softplus(r(batch, cap, self.H) - 1.0), count)}
+        return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
+
+    def step_launch(self, state: ReplayState, config: str):
+        """The `_replay_kernel` launch of decode_step_triton for one token from `state`."""
+        x, dt, B, C = self.token(state.batch)
+        return captured_launch(mamba2_triton, "_replay_kernel",
+                               lambda: mamba2_triton.decode_step_triton(x, dt, self.A, B, C, self.D, state, config))
+
+    def conventional(self, batch: int, block: int):
+        s = self.fp32_state(batch)
+        x, dt, B, C = self.token(batch)
+        return lambda: mamba2_triton.conventional_step(x, dt, self.A, B, C, self.D, s, block_p=block)
+
+    def check_conventional(self, batch: int = 2) -> float:
+        s = self.fp32_state(batch)
+        x, dt, B, C = self.token(batch)
+        y_ref, st = mamba2_reference(x[:, None], dt[:, None], self.A, B[:, None], C[:, None], self.D, s, CONVENTIONAL)
+        s_got = s.clone()
+        y = mamba2_triton.conventional_step(x, dt, self.A, B, C, self.D, s_got)
+        return max(relerr(y_ref[:, 0], y), relerr(st.hi, s_got))
+
+    def packing(self, folded: torch.Tensor, config: str):
+        cfg = ReplayConfig.parse(config)
+        batch = folded.shape[0]
+        seq_ids = torch.arange(batch, device=folded.device)
+        ckpt = torch.ones(batch, dtype=torch.int64, device=folded.device)
+        return lambda: write_checkpoint_packed(folded, cfg, 0, seq_ids, ckpt)
+
+    def sequence(self, tokens: int):
+        x, dt, B, C = self.token(1, tokens)
+        return (x, dt, self.A, B, C, self.D, self.fp32_state(1))
+
+    def chunked(self, inputs, config: str, backend: str):
+        return mamba2_chunked(*inputs, config, backend=backend)
+
+    def public_steps(self, inputs, config: str, tokens: int):
+        x, dt, A, B, C, D, s0 = inputs
+        state = s0
+        for t in range(tokens):
+            _, state = mamba2_triton.decode_step_triton(x[:, t], dt[:, t], A, B[:, t], C[:, t], D, state, config)
+
+
+class GDN:
+    name = "gdn"
+
+    def __init__(self, geo: dict, rand: Rand):
+        self.HV, self.H, self.K, self.V = geo["HV"], geo["H"], geo["K"], geo["V"]
+        self.rand = rand
+
+    def state_elems(self) -> int:
+        return self.HV * self.K * self.V
+
+    def token_bytes(self, entries: int) -> int:
+        """Bytes of a step besides the state copies: entries - 1 committed entries (k, u, g), the new token's
+        q, k, v, g, beta, and its u and o."""
+        committed = (entries - 1) * (self.H * self.K + self.HV * self.V + self.HV)
+        return F32 * (committed + 2 * self.H * self.K + self.HV * self.V + 2 * self.HV + 2 * self.HV * self.V)
+
+    def token(self, batch: int, tokens: int | None = None):
+        """q, k [B, (T,) H, K] (L2-normalised, q scaled by K^-0.5), v [B, (T,) HV, V], g (< 0), beta in (0, 1)."""
+        t = () if tokens is None else (tokens,)
+        r = self.rand
+        q = torch.nn.functional.normalize(r(batch, *t, self.H, self.K), dim=-1) * self.K ** -0.5
+        k = torch.nn.functional.normalize(r(batch, *t, self.H, self.K), dim=-1)
+        g = -torch.nn.functional.softplus(r(batch, *t, self.HV) - 3.0)
+        beta = torch.sigmoid(r(batch, *t, self.HV))
+        return q, k, r(batch, *t, self.HV, self.V), g, beta
+
+    def fp32_state(self, batch: int) -> torch.Tensor:
+        """[B, HV, V, K] (the stored layout)."""
+        return self.rand(batch, self.HV, self.V, self.K)
+
+    def replay_state(self, s0: torch.Tensor, config: str, count: int) -> ReplayState:
+        cfg = ReplayConfig.parse(config)
+        batch, device = s0.shape[0], s0.device
+        seq_ids = torch.arange(batch, device=device)
+        ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
+        hi, lo = write_checkpoint(s0, cfg, 0, seq_ids, ckpt)
+        packed = gdn_triton.pack_read_copy(s0, cfg, 0, seq_ids, ckpt)
+        cap = cfg.window
+        r = self.rand
+        k = torch.nn.functional.normalize(r(batch, cap, self.H, self.K), dim=-1)
+        buffer = {"k": _valid(k, count), "u": _valid(r(batch, cap, self.HV, self.V, scale=0.3), count),
+                  "g": _valid(-torch.nn.functional.softplus(r(batch, cap, self.HV) - 3.0), count)}
+        return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
+
+    def step_launch(self, state: ReplayState, config: str):
+        q, k, v, g, beta = self.token(state.batch, 1)
+        return captured_launch(gdn_triton, "_step_kernel",
+                               lambda: gdn_triton.decode_step_triton(q, k, v, g, beta, state, config))
+
+    def conventional(self, batch: int, block: int):
+        s = self.fp32_state(batch)
+        q, k, v, g, beta = self.token(batch)
+        return lambda: gdn_triton.conventional_step(q, k, v, g, beta, s, block_v=block)
+
+    def check_conventional(self, batch: int = 2) -> float:
+        s = self.fp32_state(batch)
+        q, k, v, g, beta = self.token(batch)
+        o_ref, st = gdn_reference(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                  from_format_layout(s).contiguous(), CONVENTIONAL)
+        s_got = s.clone()
+        o = gdn_triton.conventional_step(q, k, v, g, beta, s_got)
+        return max(relerr(o_ref[:, 0], o), relerr(st.hi, s_got))
+
+    def packing(self, folded: torch.Tensor, config: str):
+        cfg = ReplayConfig.parse(config)
+        batch = folded.shape[0]
+        seq_ids = torch.arange(batch, device=folded.device)
+        ckpt = torch.ones(batch, dtype=torch.int64, device=folded.device)
+
+        def run():  # what decode_step_triton does with a fold: both copies, then the packed read copy
+            write_checkpoint(folded, cfg, 0, seq_ids, ckpt)
+            gdn_triton.pack_read_copy(folded, cfg, 0, seq_ids, ckpt)
+        return run
+
+    def sequence(self, tokens: int):
+        q, k, v, g, beta = self.token(1, tokens)
+        return (q, k, v, g, beta, from_format_layout(self.fp32_state(1)).contiguous())
+
+    def chunked(self, inputs, config: str, backend: str):
+        return gdn_chunked(*inputs, config, backend=backend)
+
+    def public_steps(self, inputs, config: str, tokens: int):
+        q, k, v, g, beta, s0 = inputs
+        state = s0
+        for t in range(tokens):
+            sl = slice(t, t + 1)
+            _, state = gdn_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+
+
+def read_copy_bytes(fam, batch: int, config: str) -> int:
+    """Bytes of the read copy a non-flush step reads (format layout [B, H, P, N] / [B, HV, V, K])."""
+    cfg = ReplayConfig.parse(config)
+    fmt = cfg.recur_format if cfg.shared else cfg.read_format
+    shape = (batch, fam.H, fam.P, fam.N) if fam.name == "mamba2" else (batch, fam.HV, fam.V, fam.K)
+    return fmt.storage_bytes(shape)
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+
+def copy_bandwidth(res: Results, timer: Timer, device: str, tiny: bool) -> float | None:
+    def run(row):
+        n = (16 << 20 if tiny else 1 << 30) // F32
+        src = torch.rand(n, device=device)
+        dst = torch.empty_like(src)
+        ms = timer.kernel_ms(lambda: dst.copy_(src))
+        row.update(ms=ms, bytes=2 * n * F32, gbps=2 * n * F32 / ms / 1e6, pct_copy=100.0)
+    row = res.add(dict(section="copy", name=f"torch copy_ {'16 MiB' if tiny else '1 GiB'}"), run)
+    return row.get("gbps")
+
+
+def _bw(row, ms, nbytes, copy_gbps, state_bytes):
+    row.update(ms=ms, bytes=nbytes, state_bytes=state_bytes, gbps=nbytes / ms / 1e6)
+    if copy_gbps:
+        row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
+
+
+def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: bool):
+    S32 = fam.state_elems() * F32
+    name = fam.name
+    res.add(dict(section="check", family=name, name="conventional_step vs decode_reference(fp32)", batch=2),
+            lambda row: row.update(check=fam.check_conventional()))
+    blocks = (8, 16, 32) if sweep else (16,)
+    best = {"block": 16}
+
+    def sweep_row(block):
+        def run(row):
+            ms = timer.kernel_ms(fam.conventional(batches[-1], block))
+            _bw(row, ms, batches[-1] * (2 * S32 + fam.token_bytes(1)), copy_gbps, batches[-1] * 2 * S32)
+        return run
+    if len(blocks) > 1:
+        for block in blocks:
+            r = res.add(dict(section="tune", family=name, name=f"conventional block={block}", batch=batches[-1]),
+                        sweep_row(block))
+            if r.get("ms") is not None and r["ms"] < best.get("ms", math.inf):
+                best.update(block=block, ms=r["ms"])
+    block = best["block"]
+
+    for batch in batches:
+        st_bytes = batch * 2 * S32
+
+        def conv(row, batch=batch):
+            ms = timer.kernel_ms(fam.conventional(batch, block))
+            _bw(row, ms, batch * (2 * S32 + fam.token_bytes(1)), copy_gbps, batch * 2 * S32)
+        res.add(dict(section="decode", family=name, name="conventional", batch=batch, note=f"block={block}"), conv)
+
+        s0 = fam.fp32_state(batch)
+
+        def conv_replay(row, batch=batch):
+            launch, _ = fam.step_launch(fam.replay_state(s0, CONVENTIONAL, 0), CONVENTIONAL)
+            _bw(row, timer.kernel_ms(launch), batch * (2 * S32 + fam.token_bytes(1)), copy_gbps, st_bytes)
+        res.add(dict(section="decode", family=name, name="conventional (replay@1)", batch=batch), conv_replay)
+
+        for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
+            def nonflush(row, batch=batch, config=config):
+                launch, _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
+                read = read_copy_bytes(fam, batch, config)
+                _bw(row, timer.kernel_ms(launch), read + batch * fam.token_bytes(MID + 1), copy_gbps, read)
+            res.add(dict(section="decode", family=name, name=f"non-flush {label} read", batch=batch, config=config,
+                         note=f"{MID + 1} entries"), nonflush)
+
+            def flush(row, batch=batch, config=config, label=label):
+                launch, out = fam.step_launch(fam.replay_state(s0, config, WINDOW - 1), config)
+                _bw(row, timer.kernel_ms(launch), batch * (2 * S32 + fam.token_bytes(WINDOW)), copy_gbps, st_bytes)
+                if label == "nvfp4":  # the torch pass that rounds the fold to both copies and packs the read copy
+                    pack = fam.packing(out[1].hi.contiguous(), config)  # the fold as rounded (fp32 recurrence: exact)
+                    ms = timer.kernel_ms(pack)
+                    res.add(dict(section="decode", family=name, name="flush packing (torch)", batch=batch,
+                                 config=config, ms=ms, note="write_checkpoint_packed, host-side torch"))
+            res.add(dict(section="decode", family=name, name=f"flush {label}", batch=batch, config=config,
+                         note=f"{WINDOW} entries"), flush)
+        del s0
+        if timer.cuda:
+            torch.cuda.empty_cache()
+
+        derive_amortised(res, name, batch, copy_gbps)
+
+
+def derive_amortised(res: Results, name: str, batch: int, copy_gbps):
+    conv = res.find(section="decode", family=name, name="conventional", batch=batch)
+    conv1 = res.find(section="decode", family=name, name="conventional (replay@1)", batch=batch)
+    pack = res.find(section="decode", family=name, name="flush packing (torch)", batch=batch)
+    for label in ("fp32", "nvfp4"):
+        nf = res.find(section="decode", family=name, name=f"non-flush {label} read", batch=batch)
+        fl = res.find(section="decode", family=name, name=f"flush {label}", batch=batch)
+        row = dict(section="decode", family=name, name=f"amortised L=16 {label} read", batch=batch, derived=True)
+        if nf is None or fl is None:
+            row["error"] = "missing non-flush or flush row"
+            res.add(row)
+            continue
+        ms = ((WINDOW - 1) * nf["ms"] + fl["ms"]) / WINDOW
+        nbytes = ((WINDOW - 1) * nf["bytes"] + fl["bytes"]) / WINDOW
+        state = ((WINDOW - 1) * nf["state_bytes"] + fl["state_bytes"]) / WINDOW
+        _bw(row, ms, nbytes, copy_gbps, state)
+        if conv is not None:
+            row["speedup_vs_conventional"] = conv["ms"] / ms
+        if conv1 is not None:
+            row["speedup_vs_replay1"] = conv1["ms"] / ms
+        row["note"] = (f"conv/this = {row.get('speedup_vs_conventional', float('nan')):.2f}x, "
+                       f"replay@1/this = {row.get('speedup_vs_replay1', float('nan')):.2f}x")
+        res.add(row)
+        if label == "nvfp4" and pack is not None:
+            ms_p = ms + pack["ms"] / WINDOW
+            extra = dict(section="decode", family=name, name="amortised L=16 nvfp4 read + packing", batch=batch,
+                         derived=True, ms=ms_p)
+            if conv is not None:
+                extra["speedup_vs_conventional"] = conv["ms"] / ms_p
+                extra["note"] = f"conv/this = {extra['speedup_vs_conventional']:.2f}x"
+            res.add(extra)
+    nf32 = res.find(section="decode", family=name, name="non-flush fp32 read", batch=batch)
+    nf4 = res.find(section="decode", family=name, name="non-flush nvfp4 read", batch=batch)
+    if nf32 is not None and nf4 is not None:
+        res.add(dict(section="decode", family=name, name="nvfp4-read speedup (non-flush)", batch=batch, derived=True,
+                     speedup=nf32["ms"] / nf4["ms"], note=f"fp32/nvfp4 = {nf32['ms'] / nf4['ms']:.2f}x"))
+
+
+def _free():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def chunk_section(res: Results, timer: Timer, fam, config: str, backend: str, lengths, probe: int):
+    """chunked(..., backend) at batch 1: a probe (compiles, predicts), then each length that fits the budget."""
+    name = fam.name
+    last = None  # (tokens, seconds) of the last measured call, to predict the next one
+    if res.left() < 20:
+        res.add(dict(section="chunked", family=name, name=f"chunked {backend}", config=config, backend=backend,
+                     tokens=probe, error=f"skipped: {res.left():.0f} s left of the budget"))
+        return
+
+    def probe_run(row):
+        nonlocal last
+        inputs = fam.sequence(probe)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fam.chunked(inputs, config, backend)  # compiles
+            secs = timer.wall_s(lambda: fam.chunked(inputs, config, backend))
+        row.update(seconds=secs, tokens_per_s=probe / secs)
+        fallback = [str(w.message) for w in caught if "torch" in str(w.message) and "backend" in str(w.message)]
+        if fallback:
+            row["note"] = "fallback: " + fallback[0][:160]
+        elif backend == "triton":
+            row["note"] = "in-kernel (no fallback)"
+        last = (probe, secs)
+    res.add(dict(section="chunked", family=name, name=f"chunked {backend} (probe, compile)", config=config,
+                 backend=backend, tokens=probe), probe_run)
+    _free()
+    for tokens in lengths:
+        row = dict(section="chunked", family=name, name=f"chunked {backend}", config=config, backend=backend,
+                   tokens=tokens)
+        if last is None:
+            row["error"] = "skipped: the probe failed"
+            res.add(row)
+            return
+        predicted = last[1] * tokens / last[0] * 1.5 + 2.0  # + input generation and allocation
+        if predicted > res.left():
+            row["error"] = f"skipped: predicted {predicted:.0f} s > {res.left():.0f} s left of the budget"
+            res.add(row)
+            return
+
+        def run(row, tokens=tokens):
+            nonlocal last
+            inputs = fam.sequence(tokens)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                secs = [timer.wall_s(lambda: fam.chunked(inputs, config, backend))]
+                if secs[0] * 3 < min(5.0, res.left() / 4):  # repeat short calls, take the median
+                    secs += [timer.wall_s(lambda: fam.chunked(inputs, config, backend)) for _ in range(2)]
+            median = sorted(secs)[len(secs) // 2]
+            row.update(seconds=median, tokens_per_s=tokens / median, repeats=len(secs))
+            last = (tokens, median)
+        res.add(row, run)
+        _free()
+
+
+def step_section(res: Results, timer: Timer, fam, step_tokens: int, public_tokens: int):
+    """Step-by-step decoding through the decode kernels of CHUNK_TRITON at batch 1, launches prepared once."""
+    name = fam.name
+    launches = []
+
+    def build(row):
+        s0 = fam.fp32_state(1)
+        for count in range(WINDOW):  # one prepared launch per window position; the 16th folds
+            launch, _ = fam.step_launch(fam.replay_state(s0, CHUNK_TRITON, count), CHUNK_TRITON)
+            launches.append(launch)
+        timer.sync()
+        secs = timer.wall_s(lambda: [launches[t % WINDOW]() for t in range(step_tokens)])
+        row.update(seconds=secs, tokens_per_s=step_tokens / secs)
+    res.add(dict(section="step", family=name, name="step-by-step kernels (eager launches)", config=CHUNK_TRITON,
+                 tokens=step_tokens, note="host launch overhead included"), build)
+
+    def graph(row):
+        if not timer.cuda or not launches:
+            raise RuntimeError("CUDA graphs need a GPU" if not timer.cuda else "no launches prepared")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for launch in launches:
+                launch()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for t in range(step_tokens):
+                launches[t % WINDOW]()
+        g.replay()
+        secs = sorted(timer.wall_s(g.replay) for _ in range(5))[2]
+        row.update(seconds=secs, tokens_per_s=step_tokens / secs)
+    res.add(dict(section="step", family=name, name="step-by-step kernels (CUDA graph)", config=CHUNK_TRITON,
+                 tokens=step_tokens), graph)
+
+    def public(row):
+        if res.left() < 10:
+            raise RuntimeError(f"skipped: {res.left():.0f} s left of the budget")
+        inputs = fam.sequence(public_tokens)
+        fam.public_steps(inputs, CHUNK_TRITON, 2)  # warm
+        secs = timer.wall_s(lambda: fam.public_steps(inputs, CHUNK_TRITON, public_tokens))
+        row.update(seconds=secs, tokens_per_s=public_tokens / secs)
+    res.add(dict(section="step", family=name, name="step-by-step public decode_step_triton", config=CHUNK_TRITON,
+                 tokens=public_tokens, note="host planning and packing included"), public)
+    _free()
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def goals(res: Results, families, batches) -> list[dict]:
+    out = []
+    big = batches[-1]
+
+    def add(family, what, goal, value, why=""):
+        met = None if value is None else value >= goal
+        out.append(dict(family=family, what=what, goal=goal, value=value,
+                        status="n/a" if met is None else ("met" if met else "MISSED"), note=why))
+
+    for fam in families:
+        conv = res.find(section="decode", family=fam, name="conventional", batch=big)
+        am = res.find(section="decode", family=fam, name="amortised L=16 fp32 read", batch=big)
+        am4 = res.find(section="decode", family=fam, name="amortised L=16 nvfp4 read", batch=big)
+        add(fam, f"ReplaySSM (fp32 read, L=16) vs conventional, batch {big}", GOALS["replay_vs_conv"],
+            am and am.get("speedup_vs_conventional"))
+        add(fam, f"ReplaySSM (nvfp4 read, L=16) vs conventional, batch {big} (info)", GOALS["replay_vs_conv"],
+            am4 and am4.get("speedup_vs_conventional"))
+        add(fam, f"conventional kernel bandwidth / copy, batch {big}", GOALS["conv_bw"],
+            conv and conv.get("pct_copy") and conv["pct_copy"] / 100)
+        sp = res.find(section="decode", family=fam, name="nvfp4-read speedup (non-flush)", batch=big)
+        add(fam, f"nvfp4-read non-flush vs fp32 read, batch {big}", GOALS["nvfp4_vs_fp32"], sp and sp.get("speedup"))
+        chunk = [r for r in res.rows if r.get("section") == "chunked" and r.get("family") == fam
+                 and r.get("backend") == "triton" and not r.get("error") and "probe" not in r["name"]]
+        steps = [r for r in res.rows if r.get("section") == "step" and r.get("family") == fam and not r.get("error")
+                 and "kernels" in r["name"]]
+        value, why = None, ""
+        if chunk and steps:
+            longest = max(chunk, key=lambda r: r["tokens"])
+            fastest = max(steps, key=lambda r: r["tokens_per_s"])
+            value = longest["tokens_per_s"] / fastest["tokens_per_s"]
+            why = f"chunked T={longest['tokens']} vs {fastest['name']}"
+        add(fam, "chunked (triton) vs step-by-step decoding, batch 1", GOALS["chunk_vs_step"], value, why)
+    return out
+
+
+def print_tables(res: Results, goal_rows, copy_gbps):
+    log("\n=== copy bandwidth ===")
+    log(f"{copy_gbps:.1f} GB/s (read + write)" if copy_gbps else "copy: ERROR")
+    log("\n=== decode step (kernel time, median; GB/s over the bytes the step must move) ===")
+    hdr = f"{'family':7} {'row':40} {'batch':>5} {'ms':>10} {'MB':>9} {'GB/s':>8} {'%copy':>6}  note"
+    log(hdr)
+    for r in res.rows:
+        if r.get("section") not in ("decode", "tune", "check"):
+            continue
+        if r.get("error"):
+            log(f"{r.get('family', ''):7} {r['name'][:40]:40} {r.get('batch', ''):>5}  ERROR {r['error']}")
+            continue
+        ms = f"{r['ms']:.4f}" if r.get("ms") is not None else ""
+        mb = f"{r['bytes'] / 1e6:.1f}" if r.get("bytes") is not None else ""
+        gb = f"{r['gbps']:.0f}" if r.get("gbps") is not None else ""
+        pc = f"{r['pct_copy']:.0f}" if r.get("pct_copy") is not None else ""
+        note = r.get("note") or ""
+        if r.get("check") is not None:
+            note = f"max rel err {r['check']:.2e} ({'ok' if r['check'] < 1e-5 else 'FAIL'})"
+        log(f"{r.get('family', ''):7} {r['name'][:40]:40} {r.get('batch', ''):>5} {ms:>10} {mb:>9} {gb:>8} {pc:>6}  {note}")
+    log("\n=== teacher-forced chunked vs step-by-step (batch 1, tokens/s per layer) ===")
+    log(f"{'family':7} {'row':44} {'config':28} {'tokens':>7} {'seconds':>9} {'tokens/s':>12}  note")
+    for r in res.rows:
+        if r.get("section") not in ("chunked", "step"):
+            continue
+        if r.get("error"):
+            log(f"{r['family']:7} {r['name'][:44]:44} {r.get('config', '')[:28]:28} {r.get('tokens', ''):>7}  ERROR {r['error']}")
+            continue
+        log(f"{r['family']:7} {r['name'][:44]:44} {r.get('config', '')[:28]:28} {r['tokens']:>7} {r['seconds']:>9.4f} "
+            f"{r['tokens_per_s']:>12.4g}  {r.get('note') or ''}")
+    log("\n=== goals (issue 3) ===")
+    for g in goal_rows:
+        value = "—" if g["value"] is None else (f"{g['value']:.0%}" if g["goal"] < 1 else f"{g['value']:.2f}x")
+        goal = f">= {g['goal']:.0%}" if g["goal"] < 1 else f">= {g['goal']}x"
+        log(f"{g['family']:7} {g['what'][:62]:62} {goal:>8} {value:>8}  {g['status']}  {g['note']}")
+
+
+def environment(device: str) -> dict:
+    info = dict(command=" ".join([sys.executable.split("/")[-1]] + sys.argv), date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                torch=torch.__version__, triton=triton.__version__, python=platform.python_version(), device=device,
+                triton_interpret=os.environ.get("TRITON_INTERPRET"))
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    with contextlib.suppress(Exception):
+        info["git"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                     timeout=10).stdout.strip()
+        info["git_dirty"] = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                                                text=True, timeout=10).stdout.strip())
+    return info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--families", default="mamba2,gdn", help="comma-separated: mamba2, gdn")
+    ap.add_argument("--batches", help="comma-separated decode batches (default 1,32,128,256)")
+    ap.add_argument("--lengths", help="comma-separated chunked lengths (default 16384,32768,131072)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: batches 1,256, lengths 4096, no block sweep")
+    ap.add_argument("--tiny", action="store_true", help="tiny geometries and sizes (for TRITON_INTERPRET=1 on CPU)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--budget", type=float, default=240.0,
+                    help="seconds from the start after which optional long runs (chunked lengths) are skipped")
+    ap.add_argument("--skip-chunked", action="store_true", help="decode tables only")
+    args = ap.parse_args(argv)
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    for f in families:
+        if f not in GEOMETRY:
+            ap.error(f"unknown family {f!r}; known: {', '.join(GEOMETRY)}")
+    if args.tiny:
+        batches, lengths, torch_lengths, probe, step_tokens, public_tokens = [1, 2], [64, 128], [64], 32, 32, 4
+    elif args.quick:
+        batches, lengths, torch_lengths, probe, step_tokens, public_tokens = [1, 256], [4096], [4096], 2048, 128, 16
+    else:
+        batches, lengths, torch_lengths = [1, 32, 128, 256], [16384, 32768, 131072], [16384, 32768]
+        probe, step_tokens, public_tokens = 2048, 512, 64
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+    if args.lengths:
+        lengths = [int(n) for n in args.lengths.split(",")]
+
+    env = environment(args.device)
+    log(f"benchmarks/kernels.py on {env.get('gpu', args.device)}; torch {env['torch']}, triton {env['triton']}; "
+        f"families {families}, batches {batches}, lengths {lengths}, budget {args.budget:.0f} s")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    res = Results(args.budget)
+    timer = Timer(args.device, args.quick or args.tiny)
+    copy_gbps = copy_bandwidth(res, timer, args.device, args.tiny)
+    rand = Rand(args.device)
+    fams = {name: (Mamba2 if name == "mamba2" else GDN)(GEOMETRY[name][1 if args.tiny else 0], rand) for name in families}
+
+    for name, fam in fams.items():
+        log(f"--- decode step: {name} ---")
+        decode_section(res, timer, fam, batches, copy_gbps, sweep=not args.quick)
+        _free()
+    if not args.skip_chunked:
+        for name, fam in fams.items():
+            log(f"--- chunked (triton) and step-by-step: {name} ---")
+            chunk_section(res, timer, fam, CHUNK_TRITON, "triton", lengths, probe)
+            step_section(res, timer, fam, step_tokens, public_tokens)
+        for name, fam in fams.items():
+            log(f"--- chunked (torch fallback): {name} ---")
+            chunk_section(res, timer, fam, CHUNK_TORCH, "torch", torch_lengths, probe)
+
+    goal_rows = goals(res, families, batches)
+    print_tables(res, goal_rows, copy_gbps)
+    errors = sum(1 for r in res.rows if r.get("error") and not str(r["error"]).startswith("skipped"))
+    log(f"\n{len(res.rows)} rows, {errors} errors, {res.elapsed():.0f} s")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(dict(environment=env, copy_gbps=copy_gbps, geometry={
+            n: GEOMETRY[n][1 if args.tiny else 0] for n in families}, batches=batches, goals=goal_rows,
+            rows=res.rows), indent=1, default=str))
+        log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
