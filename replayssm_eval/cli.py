@@ -20,6 +20,8 @@ from typing import Any, Callable
 SUBCOMMAND_MODULES = {
     "formats": "replayssm_eval.quant.summary",
     "kl": "replayssm_eval.kl.cli",
+    "regress": "replayssm_eval.regress.cli",
+    "report": "replayssm_eval.reports.cli",
 }
 
 _REGISTRY: dict[str, tuple[type, Callable[[Any], int | None], str]] = {}
@@ -45,10 +47,14 @@ def _unwrap_optional(tp):
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
-    """Add one `--option` per field of `config_cls` (underscores become dashes)."""
+    """Add one `--option` per field of `config_cls` (underscores become dashes); `metadata["positional"]`
+    makes a tuple field positional instead."""
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
         tp = _unwrap_optional(hints[f.name])
+        if f.metadata.get("positional"):  # a tuple field given as positional arguments, one or more
+            parser.add_argument(f.name, nargs="+", metavar=f.metadata.get("metavar"), help=f.metadata.get("help", ""))
+            continue
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"help": f.metadata.get("help", ""), "dest": f.name}
         if f.default is not dataclasses.MISSING:

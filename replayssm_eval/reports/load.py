@@ -1,0 +1,90 @@
+"""Find and read result JSON: `kl.json` (docs/kl_json_schema.md) and `accuracy.json` (`replayssm-eval accuracy`).
+
+    results = load_results(["reports/kl-tiny-nemotron-h-...", "reports/acc-..."])
+
+A path may be one of those files, a run directory holding them, or a folder whose run
+directories (at any depth) hold them. Nothing else is read: reports render from the JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+RESULT_FILES = {"kl.json": "kl", "accuracy.json": "accuracy"}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One result file: its kind ("kl" or "accuracy"), where it is, and its parsed JSON."""
+
+    kind: str
+    path: Path
+    data: dict
+    run: str  # the run directory's name: tells two runs of one model apart
+
+    @property
+    def model(self) -> str:
+        return str(self.data.get("model") or "unknown model")
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} ({self.run})"
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe id, unique among the results of one report (see `load_results`)."""
+        text = self.run if self.run.startswith(self.kind) else f"{self.kind}-{self.run}"
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def find_result_files(path: Path) -> list[Path]:
+    path = Path(path)
+    if path.is_file():
+        if path.name not in RESULT_FILES:
+            raise ValueError(f"{str(path)!r} is not a result file; accepted: {', '.join(RESULT_FILES)} "
+                             "or a directory holding them")
+        return [path]
+    if not path.is_dir():
+        raise ValueError(f"result directory {str(path)!r} does not exist")
+    found = sorted(p for name in RESULT_FILES for p in path.rglob(name))
+    if not found:
+        raise ValueError(f"no {' or '.join(RESULT_FILES)} in {str(path)!r} or below it")
+    return found
+
+
+def load_results(paths) -> list[Result]:
+    """Every result under `paths`, in the order given (each path's files sorted), each file once."""
+    results, seen = [], set()
+    for given in paths:
+        for file in find_result_files(given):
+            key = file.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                data = json.loads(file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{file}: not valid JSON ({err})") from err
+            kind = RESULT_FILES[file.name]
+            _check(kind, file, data)
+            results.append(Result(kind, file, data, file.parent.name))
+    if not results:
+        raise ValueError("no results given")
+    return _unique_slugs(results)
+
+
+def _check(kind: str, file: Path, data: dict) -> None:
+    need = {"kl": ("model", "configs", "reference"), "accuracy": ("tasks",)}[kind]
+    missing = [k for k in need if k not in data]
+    if missing:
+        raise ValueError(f"{file}: missing {', '.join(missing)}; is it a {kind} result?")
+
+
+def _unique_slugs(results: list[Result]) -> list[Result]:
+    """Runs in directories of the same name get their parent's name and a number to tell them apart."""
+    slugs = [r.slug for r in results]
+    if len(set(slugs)) == len(slugs):
+        return results
+    return [replace(r, run=f"{r.path.parent.parent.name}-{r.run}-{i}") for i, r in enumerate(results)]

@@ -1,0 +1,107 @@
+"""matplotlib (Agg) PNGs of a report: KL vs length (kl.output's plot), traffic bars, the traffic-KL Pareto plot."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from replayssm_eval.reports.load import Result  # noqa: E402
+from replayssm_eval.reports.tables import KIB, ParetoPoint, TrafficRow  # noqa: E402
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def kl_vs_length_png(result: Result) -> bytes:
+    """Mean KL per bucket against generated length, log-log, one line per config, 95% CI band."""
+    from replayssm_eval.kl.output import plot_png
+
+    return plot_png(result.data)
+
+
+def traffic_png(model: str, rows: list[TrafficRow]) -> bytes | None:
+    """Per config: conventional decoding (state in the recurrence format) and ReplaySSM, KiB per token."""
+    rows = [r for r in rows if r.replay is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.6), dpi=110)
+    y = range(len(rows))
+    h = 0.38
+    ax.barh([i + h / 2 for i in y], [r.conventional / KIB for r in rows], height=h,
+            label="conventional (recurrence format)", color="#9aa5b1")
+    ax.barh([i - h / 2 for i in y], [r.replay / KIB for r in rows], height=h, label="ReplaySSM", color="#2b6cb0")
+    ax.axvline(rows[0].conventional_fp32 / KIB, color="#c53030", linestyle="--", linewidth=1, label="conventional FP32")
+    ax.set_yticks(list(y), [r.config for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("SSM state traffic per decode token, KiB (one sequence, all SSM layers)")
+    ax.set_title(model, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def pareto_png(result: Result, points: list[ParetoPoint], bucket, fp32_traffic: float | None) -> bytes | None:
+    """Traffic (x) against KL at the longest bucket (y, log), frontier points joined and ringed."""
+    shown = [p for p in points if p.kl > 0]
+    if not shown:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for p in shown:
+        ax.scatter(p.traffic / KIB, p.kl, s=60 if p.frontier else 30, zorder=3,
+                   color="#c05621" if p.frontier else "#718096", edgecolor="black" if p.frontier else "none")
+        ax.annotate(p.config, (p.traffic / KIB, p.kl), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    frontier = sorted((p for p in shown if p.frontier), key=lambda p: p.traffic)
+    if len(frontier) > 1:
+        ax.step([p.traffic / KIB for p in frontier], [p.kl for p in frontier], where="post", color="#c05621",
+                linewidth=1.2, label="Pareto frontier")
+    if fp32_traffic:
+        ax.axvline(fp32_traffic / KIB, color="#c53030", linestyle="--", linewidth=1, label="conventional FP32 (KL 0)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ReplaySSM state traffic per decode token, KiB (log)")
+    span = f"{bucket[0]}–{bucket[1]}" if bucket else "the longest bucket"
+    ax.set_ylabel(f"mean KL at generated tokens {span}")
+    ax.set_title(f"{result.label}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def accuracy_gap_png(result: Result, task: str) -> bytes | None:
+    """Each config's accuracy change (points) per FP32-length bucket, with its CI as error bars."""
+    entry = result.data["tasks"][task]
+    buckets = entry["buckets"] if isinstance(entry, dict) else entry
+    configs = list(dict.fromkeys(n for b in buckets for n in b.get("configs", {})))
+    if not buckets or not configs:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=110)
+    width = 0.8 / len(configs)
+    for k, name in enumerate(configs):
+        xs, ys, lo, hi = [], [], [], []
+        for i, b in enumerate(buckets):
+            c = b.get("configs", {}).get(name)
+            if c is None or c.get("gap") is None:
+                continue
+            xs.append(i - 0.4 + width * (k + 0.5))
+            ys.append(100 * c["gap"])
+            lo.append(100 * (c["gap"] - c["ci_low"]) if c.get("ci_low") is not None else 0)
+            hi.append(100 * (c["ci_high"] - c["gap"]) if c.get("ci_high") is not None else 0)
+        ax.bar(xs, ys, width=width, label=name, yerr=[lo, hi], capsize=2)
+    ax.axhline(0, color="black", linewidth=0.8)
+    labels = [str(b["start"]) if b["start"] == b["end"] else f"{b['start']}–{b['end']}" for b in buckets]
+    ax.set_xticks(range(len(buckets)), labels, fontsize=8)
+    ax.set_xlabel("generated tokens of the FP32 run")
+    ax.set_ylabel("accuracy change vs FP32 (points)")
+    ax.set_title(f"{result.label}: {task}", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _png(fig)

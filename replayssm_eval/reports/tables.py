@@ -1,0 +1,309 @@
+"""Tables of a report, computed from result JSON only: per-bucket KL, accuracy gaps, state traffic, Pareto points.
+
+A `Table` holds strings, so the HTML and the Markdown renderings show the same digits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from replayssm_eval.reports.load import Result
+
+KIB = 1024.0
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+    align: list[str] = field(default_factory=list)  # "l" or "r" per column (default: first l, rest r)
+
+    def alignment(self) -> list[str]:
+        return self.align or ["l"] + ["r"] * (len(self.columns) - 1)
+
+
+def _sci(v) -> str:
+    return "–" if v is None else f"{v:.3g}" if v == 0 or 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
+
+
+def _bucket(b: dict) -> str:
+    return f"{b['start']}" if b["start"] == b["end"] else f"{b['start']}–{b['end']}"
+
+
+def kl_bucket_table(result: Result) -> Table:
+    """Rows: length buckets; columns: tokens, reference NLL, then each config's mean KL and 95% interval."""
+    from replayssm_eval.kl.output import buckets_table
+
+    report = result.data
+    configs = [c["name"] for c in report["configs"]]
+    frame = buckets_table(report)
+    ref = {(b["start"], b["end"]): b for b in report["reference"]["buckets"]}
+    rows = []
+    for (start, end), group in frame.groupby(["start", "end"], sort=True) if len(frame) else []:
+        by_config = {row["config"]: row for row in group.to_dict("records")}
+        cells = [_bucket({"start": start, "end": end}), str(int(group["count"].iloc[0])),
+                 f"{ref[(start, end)]['nll_mean']:.3f}" if (start, end) in ref else "–"]
+        for name in configs:
+            b = by_config.get(name)
+            cell = _sci(b["kl_mean"]) if b else "–"
+            if b and _present(b.get("kl_ci_low")) and _present(b.get("kl_ci_high")):
+                cell += f" [{_sci(b['kl_ci_low'])}, {_sci(b['kl_ci_high'])}]"
+            cells.append(cell)
+        rows.append(cells)
+    docs = report.get("documents_done", report.get("num_docs"))
+    note = (f"mean KL(p_fp32 || p_config) in nats per token over the bucket's tokens; [95% CI] over the "
+            f"{docs} documents' bucket means (none with one document). NLL: the FP32 reference's, nats/token.")
+    if not report.get("complete", True):
+        note += f" INCOMPLETE run: {docs} of {report.get('num_docs')} documents."
+    return Table(f"{result.label}: KL per generated-length bucket",
+                 ["generated tokens", "tokens", "fp32 NLL", *configs], rows, note)
+
+
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def kl_summary_table(results: list[Result]) -> Table:
+    """One row per (run, config): KL over all tokens, at the longest bucket, top-1 agreement, NLL change."""
+    rows = []
+    for r in results:
+        for c in r.data["configs"]:
+            last = c["buckets"][-1] if c["buckets"] else None
+            rows.append([r.label, c["name"], _sci(c.get("kl_mean")),
+                         f"{_sci(last['kl_mean'])} ({_bucket(last)})" if last else "–",
+                         "–" if c.get("top1_agree") is None else f"{100 * c['top1_agree']:.2f}",
+                         _sci(c.get("nll_diff_mean"))])
+    return Table("KL summary", ["run", "config", "KL mean", "KL at the longest bucket", "top-1 agree (%)",
+                                "NLL change (nats)"], rows, align=["l", "l", "r", "r", "r", "r"])
+
+
+def _points(v) -> str:
+    return "–" if v is None else f"{100 * v:+.1f}"
+
+
+def accuracy_tables(result: Result) -> list[Table]:
+    """Per task, the paper's GPQA layout: bucket, n, FP32 accuracy (%), then each config's change in points.
+
+    A change cell: gap [95% CI] in points; * marks McNemar p < 0.05; flips to wrong / to right
+    follow as (−w/+r). The pooled row ("all") comes last when the task records one; the share of
+    FP32 generations truncated at max_gen_toks is the last column when recorded.
+    """
+    tables = []
+    for task, entry in result.data["tasks"].items():
+        buckets = list(_task_buckets(entry))
+        pooled = entry.get("all") if isinstance(entry, dict) else None
+        configs = list(dict.fromkeys(name for b in buckets for name in b.get("configs", {})))
+        truncated = any(_truncated(b) is not None for b in buckets)
+        rows = []
+        for b in [*buckets, *([pooled] if pooled else [])]:
+            cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
+                     "–" if b.get("fp32_acc") is None else f"{100 * b['fp32_acc']:.1f}"]
+            for name in configs:
+                c = b.get("configs", {}).get(name)
+                if c is None or c.get("gap") is None:
+                    cells.append("–")
+                    continue
+                cell = _points(c.get("gap"))
+                if _present(c.get("ci_low")) and _present(c.get("ci_high")):
+                    cell += f" [{_points(c['ci_low'])}, {_points(c['ci_high'])}]"
+                if _present(c.get("p_value")) and c["p_value"] < 0.05:
+                    cell += "*"
+                if "flips_to_wrong" in c or "flips_to_right" in c:
+                    cell += f" (−{c.get('flips_to_wrong', 0)}/+{c.get('flips_to_right', 0)})"
+                cells.append(cell)
+            if truncated:
+                cells.append("–" if _truncated(b) is None else f"{100 * _truncated(b):.0f}")
+            rows.append(cells)
+        columns = ["generated tokens (fp32)", "n", "fp32 acc (%)", *(f"{c} Δ (pts)" for c in configs)]
+        if truncated:
+            columns.append("fp32 truncated (%)")
+        limit = f", max_gen_toks {entry['max_gen_toks']}" if isinstance(entry, dict) and "max_gen_toks" in entry else ""
+        tables.append(Table(
+            f"{result.label}: {task}{limit}", columns, rows,
+            "Buckets by the FP32 run's generation length. Δ: the config's accuracy minus FP32's, in points, "
+            "[95% paired bootstrap CI]; * McNemar p < 0.05; (−a/+b): answers that flipped to wrong / to right."))
+    return tables
+
+
+def _task_buckets(entry):
+    return entry["buckets"] if isinstance(entry, dict) else entry
+
+
+def _truncated(bucket: dict):
+    return bucket.get("fp32_truncated", bucket.get("truncated"))
+
+
+# --- state traffic -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrafficRow:
+    """Per decode token and sequence, whole model (all SSM layers), in bytes."""
+
+    model: str
+    config: str
+    read: str
+    recur: str
+    window: int
+    conventional: float | None  # eager decoding with the state in the recurrence format
+    conventional_fp32: float | None
+    replay: float | None
+    note: str = ""
+
+
+def traffic_rows(results: list[Result]) -> list[TrafficRow]:
+    """From kl.json's `state_traffic`; configs without it (accuracy runs, speculative schedules) are computed
+    with `models.state_traffic` from the model name when it resolves to a preset or a local config."""
+    rows, seen = [], set()
+    for r in sorted(results, key=lambda r: r.kind != "kl"):  # recorded traffic first
+        for name, entry in _configs_of(r):
+            key = (r.model, name)
+            if key in seen:
+                continue
+            seen.add(key)
+            traffic = entry.get("state_traffic") if entry else None
+            note = ""
+            if traffic is None:
+                traffic, note = _compute_traffic(r.model, name)
+            rows.append(_traffic_row(r.model, name, traffic, note))
+    return rows
+
+
+def _configs_of(result: Result):
+    if result.kind == "kl":
+        return [(c["name"], c) for c in result.data["configs"]]
+    names = dict.fromkeys(name for entry in result.data["tasks"].values()
+                          for b in _task_buckets(entry) for name in b.get("configs", {}))
+    return [(n, None) for n in names if n != "fp32"]
+
+
+def _traffic_row(model: str, name: str, traffic: dict | None, note: str) -> TrafficRow:
+    from replayssm_eval.kernels.config import ReplayConfig
+
+    try:
+        cfg = ReplayConfig.parse(name)
+        read, recur, window = cfg.read, cfg.recur, cfg.window
+    except ValueError:
+        read = recur = "?"
+        window = 0
+    if traffic is None:
+        return TrafficRow(model, name, read, recur, window, None, None, None, note)
+    per = traffic["per_model"]
+    return TrafficRow(model, name, read, recur, window, per["conventional"], per["conventional_fp32"],
+                      per["replay"], note)
+
+
+def _compute_traffic(model: str, name: str) -> tuple[dict | None, str]:
+    from replayssm_eval.models.traffic import state_traffic
+
+    try:
+        return state_traffic(_geometry(model), name), "computed from the model config"
+    except Exception as err:  # unknown model, offline hub, speculative schedule: say why, render the rest
+        return None, f"not computed: {err}"
+
+
+def _geometry(model: str):
+    from replayssm_eval.models.presets import get_preset
+
+    try:
+        return get_preset(model)
+    except (ValueError, KeyError):
+        pass
+    from transformers import AutoConfig
+
+    from replayssm_eval.models.fixtures import resolve_model
+
+    return AutoConfig.from_pretrained(resolve_model(model))
+
+
+def traffic_table(rows: list[TrafficRow]) -> Table:
+    kib = lambda v: "–" if v is None else f"{v / KIB:,.1f}"  # noqa: E731
+    out = []
+    for t in rows:
+        ratio = "–" if not t.replay else f"{t.conventional / t.replay:.2f}×"
+        ratio32 = "–" if not t.replay else f"{t.conventional_fp32 / t.replay:.2f}×"
+        out.append([t.model, t.config, t.read, t.recur, str(t.window), kib(t.conventional_fp32), kib(t.conventional),
+                    kib(t.replay), ratio, ratio32, t.note])
+    columns = ["model", "config", "read copy", "recurrence copy", "window", "conventional FP32",
+               "conventional (recurrence format)", "ReplaySSM", "conventional / ReplaySSM", "FP32 / ReplaySSM", "note"]
+    if not any(t.note for t in rows):
+        columns, out = columns[:-1], [row[:-1] for row in out]
+    return Table("SSM state memory traffic per decode token (one sequence, all SSM layers), KiB", columns, out,
+                 "Conventional decoding reads and writes the whole state every token; ReplaySSM reads the read "
+                 "copy, writes a checkpoint once per window and reads/writes the bf16 ring buffer "
+                 "(models/traffic.py). Read skipping is not modelled (upper bound).",
+                 align=["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l"][:len(columns)])
+
+
+# --- Pareto ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    config: str
+    traffic: float  # bytes per decode token, whole model
+    kl: float  # mean KL at the longest bucket
+    frontier: bool = False
+
+
+def pareto_points(result: Result) -> tuple[list[ParetoPoint], tuple[int, int] | None]:
+    """(points, longest bucket) of a KL run; a point is on the frontier if no other point has both
+    traffic <= and KL <= with one of them strictly smaller."""
+    points, bucket = [], None
+    for c in result.data["configs"]:
+        traffic = (c.get("state_traffic") or {}).get("per_model", {}).get("replay")
+        if traffic is None:
+            computed, _ = _compute_traffic(result.model, c["name"])
+            traffic = computed["per_model"]["replay"] if computed else None
+        if traffic is None or not c["buckets"] or c["buckets"][-1]["kl_mean"] is None:
+            continue
+        last = c["buckets"][-1]
+        bucket = (last["start"], last["end"])
+        points.append(ParetoPoint(c["name"], traffic, last["kl_mean"]))
+    marked = []
+    for p in points:
+        dominated = any(q.traffic <= p.traffic and q.kl <= p.kl and (q.traffic < p.traffic or q.kl < p.kl)
+                        for q in points)
+        marked.append(ParetoPoint(p.config, p.traffic, p.kl, not dominated))
+    return marked, bucket
+
+
+def pareto_table(result: Result, points: list[ParetoPoint], bucket) -> Table:
+    rows = [[p.config, f"{p.traffic / KIB:,.1f}", _sci(p.kl), "yes" if p.frontier else ""]
+            for p in sorted(points, key=lambda p: p.traffic)]
+    span = f"{bucket[0]}–{bucket[1]}" if bucket else "?"
+    return Table(f"{result.label}: traffic vs KL at generated tokens {span}",
+                 ["config", "ReplaySSM traffic (KiB/token)", "KL", "on the frontier"], rows)
+
+
+# --- provenance ------------------------------------------------------------------------------
+
+def provenance_table(result: Result) -> Table:
+    d = result.data
+    versions = d.get("versions") or {}
+    git = d.get("git") or {}
+    commit = git.get("commit") or "unknown"
+    if git.get("dirty"):
+        commit += " (uncommitted changes)"
+    if result.kind == "kl":
+        seeds = ", ".join(f"{c['name']}: {c.get('seed', 0)}" for c in d["configs"])
+        data = (f"{(d.get('resolved') or {}).get('source', '?')}, documents {d.get('document_indices')}, "
+                f"prompt {d.get('prompt_len')} + {d.get('tokens')} tokens")
+    else:
+        seeds = d.get("seeds") or {k: v for k, v in d.items() if "seed" in k}
+        seeds = ", ".join(f"{k}: {v}" for k, v in seeds.items()) if isinstance(seeds, dict) else str(seeds)
+        seeds = seeds or "not recorded"
+        data = ", ".join(d["tasks"])
+    rows = [
+        ["kind", result.kind], ["file", str(result.path)], ["model", result.model],
+        ["date", str(d.get("date", "not recorded"))], ["git commit", commit],
+        ["versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "not recorded"],
+        ["seeds (SR seed per config; documents key the bits)" if result.kind == "kl" else "seeds", seeds],
+        ["data", data], ["command", str(d.get("command", "not recorded"))],
+    ]
+    if result.kind == "kl":
+        resolved = d.get("resolved") or {}
+        rows.append(["device / dtype / backend",
+                     f"{resolved.get('device')} / {resolved.get('dtype')} / {resolved.get('backend')}"])
+    return Table(result.label, ["field", "value"], rows, align=["l", "l"])

@@ -1,0 +1,65 @@
+"""Report tables from hand-built JSON: the GPQA layout, per-bucket KL, traffic, the Pareto frontier."""
+
+import json
+
+import pytest
+from conftest import kl_report
+
+from replayssm_eval.reports import tables
+from replayssm_eval.reports.load import Result, load_results
+
+
+def test_accuracy_table_in_the_gpqa_layout(results_dir):
+    (acc,) = [r for r in load_results([results_dir]) if r.kind == "accuracy"]
+    (table,) = tables.accuracy_tables(acc)
+    assert table.title.endswith("gpqa_diamond, max_gen_toks 4096")
+    assert table.columns == ["generated tokens (fp32)", "n", "fp32 acc (%)", "shared:nvfp4 Δ (pts)",
+                             "nvfp4/fp16sr Δ (pts)", "fp32 truncated (%)"]
+    assert table.rows[0] == ["1–900", "66", "62.0", "-12.0 [-20.0, -4.0]* (−10/+2)", "+1.0 [-5.0, +7.0] (−3/+4)", "–"]
+    assert table.rows[1][:3] == ["901–4096", "66", "30.0"] and table.rows[1][-1] == "20"
+    assert table.rows[2][:3] == ["all", "132", "46.0"]  # the pooled row last
+
+
+def test_kl_bucket_table(results_dir):
+    kl = {r.model: r for r in load_results([results_dir]) if r.kind == "kl"}
+    table = tables.kl_bucket_table(kl["nemotron-3-nano-4b"])
+    assert table.columns == ["generated tokens", "tokens", "fp32 NLL", "shared:nvfp4", "nvfp4/fp16sr", "nvfp4/fp32"]
+    assert table.rows[0] == ["1", "3", "1.500", "0.001 [5.00e-04, 0.0015]", "1.00e-04 [5.00e-05, 1.50e-04]",
+                             "8.00e-05 [4.00e-05, 1.20e-04]"]
+    assert tables.kl_bucket_table(kl["qwen3.5-4b"]).rows[-1][3] == "0.004"  # one document: no interval
+
+
+def test_pareto_frontier():
+    report = kl_report(configs=("shared:nvfp4", "nvfp4/fp16sr", "nvfp4/fp32", "nvfp4/fp8sr"))
+    points, bucket = tables.pareto_points(Result("kl", None, report, "run"))
+    assert bucket == (8, 16)
+    on = {p.config: p.frontier for p in points}
+    # traffic: shared:nvfp4 < fp8sr < fp16sr < fp32; KL: fp32 < fp16sr < fp8sr < shared
+    assert on == {"shared:nvfp4": True, "nvfp4/fp8sr": True, "nvfp4/fp16sr": True, "nvfp4/fp32": True}
+    worse = dict(report, configs=[dict(c, buckets=[*c["buckets"][:-1], dict(c["buckets"][-1], kl_mean=1.0)])
+                                  if c["name"] == "nvfp4/fp16sr" else c for c in report["configs"]])
+    points, _ = tables.pareto_points(Result("kl", None, worse, "run"))
+    assert {p.config for p in points if not p.frontier} == {"nvfp4/fp16sr"}
+
+
+def test_traffic_from_json_and_computed_when_absent(tmp_path):
+    with_traffic = Result("kl", tmp_path / "kl.json", kl_report(), "a")
+    rows = tables.traffic_rows([with_traffic])
+    recorded = with_traffic.data["configs"][0]["state_traffic"]["per_model"]
+    assert rows[0].replay == recorded["replay"] and rows[0].note == ""
+    without = Result("kl", tmp_path / "kl.json", kl_report(traffic=False), "b")
+    computed = tables.traffic_rows([without])
+    assert computed[0].replay == pytest.approx(recorded["replay"]) and "computed" in computed[0].note
+    unknown = Result("kl", tmp_path / "kl.json", kl_report(traffic=False) | {"model": "/nonexistent/model"}, "c")
+    assert tables.traffic_rows([unknown])[0].replay is None
+    assert "not computed" in tables.traffic_rows([unknown])[0].note
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_results([tmp_path / "missing"])
+    with pytest.raises(ValueError, match="no kl.json or accuracy.json in"):
+        load_results([tmp_path])
+    (tmp_path / "kl.json").write_text(json.dumps({"model": "m"}))
+    with pytest.raises(ValueError, match="missing configs, reference; is it a kl result"):
+        load_results([tmp_path])
