@@ -38,6 +38,14 @@ def command(name: str, help: str):
     return decorate
 
 
+def option(default, help: str, choices: tuple | None = None):
+    """A config-dataclass field for a subcommand: its default, its --help text and, optionally, the accepted values."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    if isinstance(default, tuple):
+        return dataclasses.field(default_factory=lambda: default, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 def _unwrap_optional(tp):
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]

@@ -16,41 +16,34 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from replayssm_eval.cli import command
+from replayssm_eval.cli import command, option
 
 BASELINE = Path(__file__).with_name("baseline.json")
-
-
-def _option(default, help: str, choices: tuple | None = None):
-    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
-    if isinstance(default, tuple):
-        return field(default_factory=lambda: default, metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class RegressConfig:
     """Options of `replayssm-eval regress` (one field per option)."""
 
-    baseline: str | None = _option(None, f"baseline JSON (default: the committed {BASELINE.name} of the package)")
-    update_baseline: bool = _option(False, "record improved and new metrics in the baseline (regressions only "
+    baseline: str | None = option(None, f"baseline JSON (default: the committed {BASELINE.name} of the package)")
+    update_baseline: bool = option(False, "record improved and new metrics in the baseline (regressions only "
                                            "with --accept-regressions)")
-    accept_regressions: bool = _option(False, "with --update-baseline: record regressed metrics too "
+    accept_regressions: bool = option(False, "with --update-baseline: record regressed metrics too "
                                               "(an intended numerics change)")
-    part: tuple[str, ...] = _option((), "suite part to run: format, bits, kernel, chunked, kl (default: all)")
-    only: tuple[str, ...] = _option((), "run only the metrics matching this glob, e.g. 'kernel/mamba2/*'")
-    show_all: bool = _option(False, "list every metric, not only those that moved")
-    json_output: str | None = _option(None, "write the metrics and their status to this JSON file")
-    kernel: str | None = _option(None, "check an external decode kernel instead: module:function or file.py:function "
+    part: tuple[str, ...] = option((), "suite part to run: format, bits, kernel, chunked, kl (default: all)")
+    only: tuple[str, ...] = option((), "run only the metrics matching this glob, e.g. 'kernel/mamba2/*'")
+    show_all: bool = option(False, "list every metric, not only those that moved")
+    json_output: str | None = option(None, "write the metrics and their status to this JSON file")
+    kernel: str | None = option(None, "check an external decode kernel instead: module:function or file.py:function "
                                        "(adapter signature in docs/regress.md)")
-    kernel_grid: str = _option("full", "--kernel: the cases (quick: one window, shape and seed)", ("full", "quick"))
-    kernel_family: tuple[str, ...] = _option((), "--kernel: mamba2 and/or gdn (default: both)")
-    kernel_configs: tuple[str, ...] = _option((), "--kernel: ReplayConfigs to check instead of the grid's "
+    kernel_grid: str = option("full", "--kernel: the cases (quick: one window, shape and seed)", ("full", "quick"))
+    kernel_family: tuple[str, ...] = option((), "--kernel: mamba2 and/or gdn (default: both)")
+    kernel_configs: tuple[str, ...] = option((), "--kernel: ReplayConfigs to check instead of the grid's "
                                                   "({L} = each window of the grid)")
-    device: str = _option("cpu", "--kernel: device of the inputs handed to the adapter", ("cpu", "cuda"))
+    device: str = option("cpu", "--kernel: device of the inputs handed to the adapter", ("cpu", "cuda"))
 
 
 @command("regress", help="deterministic numerics regression suite against a committed baseline; "
