@@ -20,6 +20,7 @@ from typing import Any, Callable
 SUBCOMMAND_MODULES = {
     "formats": "replayssm_eval.quant.summary",
     "kl": "replayssm_eval.kl.cli",
+    "accuracy": "replayssm_eval.tasks.accuracy",
     "regress": "replayssm_eval.regress.cli",
     "report": "replayssm_eval.reports.cli",
 }

@@ -1,0 +1,73 @@
+"""Downstream accuracy under ReplaySSM state formats: the lm-eval model, the tasks, length buckets.
+
+    replayssm-eval accuracy --model M --tasks gpqa_diamond,mmlu_pro,math_l5 \
+        --configs fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr          # our driver (`accuracy`)
+    python -m replayssm_eval.tasks --model replayssm --model_args pretrained=M,read=nvfp4,recur=fp16sr,window=16 \
+        --tasks replayssm_gpqa_diamond                                  # lm-eval's own CLI (`__main__`)
+
+`lm_model` (the `replayssm` lm-eval model), `generation` (batched greedy ReplaySSM decoding,
+continuation scoring), `buckets` (length buckets from the FP32 run), `stats` (paired bootstrap,
+McNemar), `accuracy` (the driver) and `report` (accuracy.json, accuracy.md), `offline` + `recorded`
+(generate on a machine without lm-eval, score here), `task_base` + `yaml/` (task configs built on
+lm-eval's own YAMLs), `fixtures/` (a handful of offline questions per task, in the hub datasets'
+schemas). This module imports neither torch nor lm-eval.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+YAML_DIR = Path(__file__).parent / "yaml"
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One benchmark: its lm-eval task names and the per-sample score it is judged by.
+
+    hub / local: task names in `yaml/<name>/` (hub data; local copies in the hub's file layout,
+    `<data dir>/<name>/...`, the bundled fixtures by default: see that folder's `*_local.yaml`).
+    metric, filter: the sample field (0/1) and the lm-eval filter whose samples carry it.
+    """
+
+    name: str
+    metric: str
+    filter: str
+
+    @property
+    def hub(self) -> str:
+        return f"replayssm_{self.name}"
+
+    @property
+    def local(self) -> str:
+        return f"replayssm_{self.name}_local"
+
+
+TASKS = {
+    spec.name: spec
+    for spec in (
+        TaskSpec("gpqa_diamond", "exact_match", "flexible-extract"),
+        TaskSpec("mmlu_pro", "exact_match", "custom-extract"),
+        TaskSpec("math_l5", "exact_match", "none"),  # math_verify's verdict (leaderboard_math_hard)
+    )
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def split_configs(text: str) -> list[str]:
+    """Comma-separated config strings; a piece `key=value` continues the format options of the one before
+    (`fp32,nvfp4:axis=headdim,scale=head/fp16sr` is two configs)."""
+    pieces: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if pieces and re.match(r"^\w+=", piece):
+            pieces[-1] += "," + piece
+        elif piece:
+            pieces.append(piece)
+    return pieces

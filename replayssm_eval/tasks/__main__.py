@@ -1,0 +1,20 @@
+"""lm-eval's own command line with the `replayssm` model registered and this package's tasks on the include path.
+
+    python -m replayssm_eval.tasks --model replayssm --model_args pretrained=tiny-nemotron-h,read=nvfp4,recur=fp16sr \
+        --tasks replayssm_gpqa_diamond_local --limit 4 --log_samples --output_path out/
+
+lm-eval 0.4 has no plugin entry point for models: a model registers when its module is imported,
+and the `lm_eval` script imports nothing of ours. This runs that same script after the import.
+Every argument is lm-eval's; `--include_path` defaults to `replayssm_eval/tasks/yaml`.
+"""
+
+import sys
+
+from lm_eval.__main__ import cli_evaluate
+
+import replayssm_eval.tasks.lm_model  # noqa: F401  registers "replayssm"
+from replayssm_eval.tasks import YAML_DIR
+
+if not any(arg.split("=")[0] == "--include_path" for arg in sys.argv[1:]) and sys.argv[1:2] not in (["-h"], ["--help"]):
+    sys.argv += ["--include_path", str(YAML_DIR)]
+cli_evaluate()

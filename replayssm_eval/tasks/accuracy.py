@@ -1,0 +1,278 @@
+"""`replayssm-eval accuracy`: downstream accuracy of state formats against FP32, per FP32 length bucket.
+
+    replayssm-eval accuracy --model nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16 --tasks gpqa_diamond,mmlu_pro,math_l5 \
+        --configs fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr --chat-template
+    replayssm-eval accuracy --model tiny-qwen3.5 --data fixtures --limit 4 --max-gen-toks 64   # offline
+    replayssm-eval accuracy ... --output reports/acc-run   # run again with the same options: resumes
+
+FP32 runs first; its generation lengths define the buckets (`buckets`); every other config is
+scored on the same questions (lm-eval's `samples=`, the FP32 run's doc ids) and read inside the
+same buckets (`stats`). One (config, task) is the unit of work and of resumption:
+
+    run.json                            the options (a rerun into this directory must give the same model,
+                                        limit, data, max_gen_toks, chat_template, dtype; tasks and configs may grow)
+    <config>/samples_<task>.jsonl       lm-eval's samples, plus gen_tokens, hit_max_gen_toks, max_gen_toks
+    <config>/results_<task>.json        lm-eval's results for the task (written last: marks it finished)
+    accuracy.json, accuracy.md          rendered from the finished files (schema: docs/accuracy_json_schema.md)
+
+`<config>` is the config's name with "/" written "+". Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from replayssm_eval.cli import command, option
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.tasks import FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs
+from replayssm_eval.tasks.buckets import DEFAULT_BUCKETS, parse_spec
+
+REFERENCE = ReplayConfig()
+DEFAULT_CONFIGS = "fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr"
+DATA_SOURCES = "hub, fixtures, or a directory holding <task>/<the hub's files>"
+RUN_FILE = "run.json"
+# options that must match when a run directory is continued (the others only say how to compute)
+# (configs and tasks may be added: finished ones are reused)
+_RESUME_KEYS = ("model", "limit", "data", "max_gen_toks", "chat_template", "dtype")
+
+
+@dataclass(frozen=True)
+class AccuracyConfig:
+    """Options of `replayssm-eval accuracy` (one field per option)."""
+
+    model: str = option("tiny-nemotron-h", "bundled fixture name, local directory or hub id")
+    tasks: str = option(",".join(TASKS), f"comma-separated tasks; known: {', '.join(TASKS)}")
+    configs: str = option(DEFAULT_CONFIGS, "comma-separated ReplayConfigs; fp32 runs first (added if missing)")
+    limit: int | None = option(None, "first N questions of each task (default: all)")
+    buckets: str = option(DEFAULT_BUCKETS, "FP32 length buckets: quantile:K or fixed starts such as 1,512,2048")
+    data: str = option("hub", f"where the questions come from: {DATA_SOURCES}")
+    max_gen_toks: int | None = option(None, "generation limit for every task and config (default: each task's YAML)")
+    chat_template: bool = option(False, "wrap prompts in the tokenizer's chat template (instruction-tuned models)")
+    batch_size: int = option(16, "questions generated in parallel")
+    device: str = option("auto", "auto: cuda if available", ("auto", "cuda", "cpu"))
+    dtype: str = option("auto", "weights and activations (auto: bfloat16 on cuda, float32 on cpu)",
+                         ("auto", "float32", "bfloat16", "float16"))
+    bootstrap_iters: int = option(10000, "paired bootstrap resamples per bucket")
+    export_requests: str | None = option(None, "only write the generation requests to this .jsonl, for "
+                                                "`python -m replayssm_eval.tasks.offline` on a machine without lm-eval")
+    generations: str | None = option(None, "answer from this generations .jsonl (written by replayssm_eval.tasks.offline) "
+                                            "instead of loading the model")
+    output: str | None = option(None, "output directory (default reports/accuracy-<model>-<UTC time>/); "
+                                       "an existing run there is continued")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Validated options: the task specs, the configs (FP32 first) and the data directory (None: the hub)."""
+
+    options: AccuracyConfig
+    tasks: tuple[TaskSpec, ...]
+    configs: tuple[ReplayConfig, ...]
+    data_dir: str | None
+
+    def task_name(self, spec: TaskSpec) -> str:
+        return spec.hub if self.data_dir is None else spec.local
+
+
+def make_plan(options: AccuracyConfig) -> Plan:
+    """Check every option that needs no model or data; errors name the value and what is accepted."""
+    names = [t.strip() for t in options.tasks.split(",") if t.strip()]
+    if not names:
+        raise ValueError(f"--tasks is empty; known: {', '.join(TASKS)}")
+    tasks = tuple(dict.fromkeys(get_task(name) for name in names))
+    configs = [ReplayConfig.parse(text) for text in split_configs(options.configs)]
+    configs = [REFERENCE, *(c for c in dict.fromkeys(configs) if c != REFERENCE)]
+    for name in ("limit", "max_gen_toks", "batch_size", "bootstrap_iters"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    parse_spec(options.buckets)
+    if options.data == "hub":
+        data_dir = None
+    elif options.data == "fixtures":
+        data_dir = str(FIXTURES_DIR)
+    elif Path(options.data).is_dir():
+        data_dir = str(Path(options.data).resolve())
+    else:
+        raise ValueError(f"--data {options.data!r} is not a directory; accepted: {DATA_SOURCES}")
+    return Plan(options, tasks, tuple(configs), data_dir)
+
+
+def config_dir(run_dir: Path, config: ReplayConfig) -> Path:
+    return run_dir / config.name.replace("/", "+")
+
+
+def run_accuracy(options: AccuracyConfig) -> Path:
+    """Run (or continue) an accuracy comparison; returns its directory (with --export-requests: that file)."""
+    from lm_eval.tasks import TaskManager
+
+    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+    from replayssm_eval.tasks.recorded import RecordedLM
+    from replayssm_eval.tasks.report import render
+
+    plan = make_plan(options)
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("run accuracy in the main thread: math_verify scores with signal.alarm, main thread only")
+    # our YAMLs include lm-eval's by path (task_base.IncludedTask): indexing lm-eval's own thousands is not needed
+    manager = TaskManager(include_path=str(YAML_DIR), include_defaults=False,
+                          metadata={"data_dir": plan.data_dir} if plan.data_dir else None)
+    tasks = {spec.name: _load_task(manager, plan, spec) for spec in plan.tasks}
+    run_dir = None if options.export_requests else _run_dir(plan)
+    if options.export_requests:
+        return _export_requests(plan, manager, tasks)
+    if options.generations:
+        lm = RecordedLM(options.generations)
+    else:
+        lm = ReplaySSMLM(pretrained=options.model, device=options.device, dtype=options.dtype,
+                         batch_size=options.batch_size)
+    header = _header(plan, tasks)
+    for config in plan.configs:
+        lm.config = config
+        for spec in plan.tasks:
+            folder = config_dir(run_dir, config)
+            if (folder / f"results_{spec.name}.json").is_file():
+                continue
+            doc_ids = None if config == REFERENCE else _doc_ids(config_dir(run_dir, REFERENCE), spec)
+            _save(folder, spec, plan.task_name(spec), _evaluate(lm, plan, manager, spec, doc_ids), lm)
+        render(run_dir, plan, header)
+    return run_dir
+
+
+def _evaluate(lm, plan: Plan, manager, spec: TaskSpec, doc_ids: list[int] | None) -> dict:
+    """lm-eval's simple_evaluate of one task: the first --limit questions, or exactly `doc_ids`."""
+    import lm_eval
+
+    options = plan.options
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=[_load_task(manager, plan, spec)], task_manager=manager,
+        limit=None if doc_ids else options.limit, samples={plan.task_name(spec): doc_ids} if doc_ids else None,
+        log_samples=True, bootstrap_iters=0, apply_chat_template=options.chat_template,
+        gen_kwargs={"max_gen_toks": options.max_gen_toks} if options.max_gen_toks else None,
+    )
+
+
+def _export_requests(plan: Plan, manager, tasks) -> Path:
+    """--export-requests: the generation requests of every task, one JSON line each (no model is loaded)."""
+    from replayssm_eval.kl.store import atomic_write_bytes
+    from replayssm_eval.tasks.recorded import RequestRecorder
+
+    recorder = RequestRecorder()
+    for spec in plan.tasks:
+        _evaluate(recorder, plan, manager, spec, None)
+    path = Path(plan.options.export_requests)
+    atomic_write_bytes(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recorder.requests).encode())
+    return path
+
+
+def _load_task(manager, plan: Plan, spec: TaskSpec):
+    """The lm-eval task object, its dataset loaded; a dataset that cannot be read is a clear ValueError."""
+    name = plan.task_name(spec)
+    try:
+        return manager.load([name])["tasks"][name]
+    except Exception as err:  # datasets raises many types; the cause is kept and shown
+        raise ValueError(f"missing dataset for task {spec.name} ({name}): {type(err).__name__}: {err}; "
+                         f"--data accepts {DATA_SOURCES}") from err
+
+
+def _doc_ids(fp32_dir: Path, spec: TaskSpec) -> list[int]:
+    """Sorted doc ids of the FP32 samples of `spec` (lm-eval's `samples=` wants them sorted)."""
+    with open(fp32_dir / f"samples_{spec.name}.jsonl", encoding="utf-8") as f:
+        return sorted({json.loads(line)["doc_id"] for line in f})
+
+
+def _save(folder: Path, spec: TaskSpec, task_name: str, results: dict, lm) -> None:
+    """samples_<task>.jsonl with the generation records added, then results_<task>.json."""
+    from lm_eval.utils import handle_non_serializable
+
+    from replayssm_eval.kl.store import atomic_write_bytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    records = {(r["task"], r["doc_id"]): r for r in lm.records}
+    lines = []
+    for sample in results.pop("samples")[task_name]:
+        record = records[(task_name, sample["doc_id"])]
+        sample.update({k: record[k] for k in ("gen_tokens", "hit_max_gen_toks", "max_gen_toks")})
+        lines.append(json.dumps(sample, default=handle_non_serializable, ensure_ascii=False) + "\n")
+    atomic_write_bytes(folder / f"samples_{spec.name}.jsonl", "".join(lines).encode())
+    results["replayssm"] = {"config": lm.config.name, "task": spec.name}
+    text = json.dumps(results, default=handle_non_serializable, indent=2, ensure_ascii=False) + "\n"
+    atomic_write_bytes(folder / f"results_{spec.name}.json", text.encode())
+
+
+def _run_dir(plan: Plan) -> Path:
+    """The output directory with run.json; an existing run there must have been started with the same options."""
+    from replayssm_eval.kl.store import atomic_write_json, read_json
+
+    options = plan.options
+    if options.output:
+        path = Path(options.output)
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = Path("reports") / f"accuracy-{Path(options.model).name}-{stamp}"
+    settings = {k: getattr(options, k) for k in _RESUME_KEYS}
+    if (path / RUN_FILE).is_file():
+        stored = read_json(path / RUN_FILE)["options"]
+        differ = [k for k in _RESUME_KEYS if stored.get(k) != settings[k]]
+        if differ:
+            raise ValueError(f"{path} holds a run with other options ({', '.join(f'{k}={stored.get(k)!r}' for k in differ)}); "
+                             "give the same ones to continue it, or another --output")
+    elif path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--output {str(path)!r} exists and is not an accuracy run directory; choose another")
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path / RUN_FILE, {"options": dataclasses.asdict(options)})
+    return path
+
+
+def _header(plan: Plan, tasks: dict) -> dict:
+    """Provenance of accuracy.json: model, command, date, versions, git, seeds, per-task settings."""
+    from importlib.metadata import version
+
+    from replayssm_eval.kl.output import git_state, versions
+    from replayssm_eval.tasks.stats import BOOTSTRAP_SEED
+    from replayssm_eval.tasks.yaml.gpqa_diamond.utils import SHUFFLE_SEED
+
+    return {
+        "model": plan.options.model,
+        "command": command_line(plan.options),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": {**versions(), **{p: version(p) for p in ("lm_eval", "datasets", "math-verify")}},
+        "git": git_state(),
+        "seeds": {
+            "gpqa_choice_shuffle": SHUFFLE_SEED,
+            "bootstrap": BOOTSTRAP_SEED,
+            "lm_eval": "simple_evaluate defaults (random 0, numpy 1234, torch 1234, fewshot 1234)",
+            "stochastic_rounding": {c.name: c.seed for c in plan.configs},
+        },
+        "data": plan.options.data,
+        "generations": plan.options.generations,
+        "task_settings": {
+            spec.name: {"lm_eval_task": plan.task_name(spec), "metric": spec.metric, "filter": spec.filter,
+                        "max_gen_toks": plan.options.max_gen_toks or tasks[spec.name].config.generation_kwargs["max_gen_toks"]}
+            for spec in plan.tasks
+        },
+    }
+
+
+def command_line(options: AccuracyConfig) -> str:
+    """The `replayssm-eval accuracy` command that gives `options` (only options that differ from the defaults)."""
+    words = ["replayssm-eval", "accuracy"]
+    for f in dataclasses.fields(AccuracyConfig):
+        value = getattr(options, f.name)
+        if value != f.default:
+            flag = "--" + f.name.replace("_", "-")
+            words += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
+    return shlex.join(words)
+
+
+@command("accuracy", help="downstream accuracy (GPQA-Diamond, MMLU-Pro, MATH L5) of state formats vs FP32, by FP32 length bucket")
+def accuracy_command(config: AccuracyConfig) -> int:
+    path = run_accuracy(config)
+    print(path if config.export_requests else path / "accuracy.md")
+    return 0

@@ -1,0 +1,171 @@
+"""Batched greedy ReplaySSM generation and continuation scoring: what the lm-eval model runs.
+
+    gens = greedy_generate(rm, [prompt_ids, ...], config="nvfp4/fp16sr", max_gen_toks=2048,
+                           until=["Question:"], seq_ids=[...], step="reference")
+    gens[0].text, gens[0].gen_tokens, gens[0].hit_max_gen_toks
+
+A batch of prompts is left-padded into one prefill call (Hugging Face's FP32 scan, the exact
+anchor state; the padding mask keeps pad tokens out of every SSM state, `models.adapter`), so all
+rows end their prompt on the same column and each row's window phase starts at its own prompt
+end. Then one token per call for every row, greedy (argmax, as HF's greedy search), each SSM layer
+through the decode step of `step`:
+
+- "reference": `decode_reference`, the pure-torch step reference (CPU);
+- "triton": `decode_step_triton` of the layer's family (GPU; the Triton interpreter on CPU).
+
+A row stops at the eos token or once its text contains a stop string; the batch runs until every
+row stopped or `max_gen_toks` tokens. `gen_tokens` counts the tokens a row generated up to and
+including the one that stopped it; `hit_max_gen_toks` is true when it never stopped.
+
+`score_continuations` answers lm-eval's loglikelihood requests: the context is the prompt (one
+prefill call, left-padded), the continuation follows in one teacher-forced call through the
+chunked kernels, so its tokens are scored under the config's state format from the anchor on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_eval.models.adapter import ReplayModel
+from replayssm_eval.models.session import ReplaySession, at_least_fp32
+
+STEPS = ("reference", "triton")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One row's greedy generation: `tokens` (ids generated, stop token included) and `text` (cut before any stop string)."""
+
+    tokens: tuple[int, ...]
+    text: str
+    stopped: bool
+    max_gen_toks: int
+
+    @property
+    def gen_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def hit_max_gen_toks(self) -> bool:
+        return not self.stopped
+
+
+def sequence_id(tokens) -> int:
+    """A stable 63-bit sequence id from token ids: keys the SR bits by content, whatever the batching."""
+    digest = hashlib.blake2b(str(list(tokens)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class TritonStepSession(ReplaySession):
+    """A session whose one-token calls go to the family's Triton `decode_step_triton`; longer calls as usual."""
+
+    def scan(self, kind, layer_idx, inputs, anchor, attention_mask):
+        if inputs[0].shape[1] != 1:
+            return super().scan(kind, layer_idx, inputs, anchor, attention_mask)
+        inputs = tuple(at_least_fp32(t) for t in inputs)
+        initial = self.states.get(layer_idx, anchor)
+        opts = {"layer_idx": layer_idx, "seq_ids": self._seq_ids(inputs[0].shape[0], inputs[0].device)}
+        if kind == "mamba2":
+            from replayssm_eval.kernels.mamba2.triton import decode_step_triton
+
+            x, dt, A, B, C, D = inputs  # x [B, 1, H, P], dt [B, 1, H], B and C [B, 1, G, N]
+            y, state = decode_step_triton(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, initial, self.config, **opts)
+            y = y[:, None]  # [B, 1, H, P]
+        else:
+            from replayssm_eval.kernels.gdn.triton import decode_step_triton
+
+            y, state = decode_step_triton(*inputs, initial, self.config, **opts)  # [B, 1, HV, V]
+        self.states[layer_idx] = state
+        return y.to(inputs[0].dtype)
+
+
+def decode_session(rm: ReplayModel, config, seq_ids, step: str) -> ReplaySession:
+    """A fresh session whose one-token calls run the decode step `step` (see the module docstring)."""
+    if step not in STEPS:
+        raise ValueError(f"unknown decode step {step!r}; known: {', '.join(STEPS)}")
+    if step == "reference":
+        return rm.new_session(config, seq_ids=seq_ids, engine="reference")
+    return TritonStepSession(config, seq_ids=seq_ids, backend="triton", new_cache=rm._new_cache)
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ids [B, T] left-padded with `pad_id`, and the mask [B, T] (1 = real), None without padding."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), (None if bool(mask.all()) else mask.to(device))
+
+
+@torch.no_grad()
+def greedy_generate(
+    rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks: int, until=(), seq_ids=None,
+    step: str = "reference",
+) -> list[Generation]:
+    """Greedy generations of one batch of prompts (token id lists) under `config`; see the module docstring.
+
+    until: stop strings of every row, or one list per row (`[[...], [...]]`).
+    """
+    if max_gen_toks < 1:
+        raise ValueError(f"max_gen_toks must be >= 1, got {max_gen_toks}")
+    until = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * len(prompts)
+    tokenizer, device = rm.tokenizer, rm.model.device
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id or 0, device)
+    session = decode_session(rm, config, [sequence_id(p) for p in prompts] if seq_ids is None else seq_ids, step)
+    logits = rm.forward(ids, session, attention_mask=mask, logits_to_keep=1)[:, -1]  # [B, V]
+    # a stop string of n bytes spans at most n tokens; one more covers a token that straddles its start
+    lookback = [max((len(s.encode()) for s in stops), default=0) + 1 for stops in until]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    stopped = [False] * len(prompts)
+    for n in range(max_gen_toks):
+        chosen = logits.argmax(-1)  # [B]
+        for row, token in enumerate(chosen.tolist()):
+            if stopped[row]:
+                continue
+            tokens[row].append(token)
+            tail = tokenizer.decode(tokens[row][-lookback[row]:])
+            stopped[row] = token == tokenizer.eos_token_id or any(s in tail for s in until[row])
+        if all(stopped) or n == max_gen_toks - 1:
+            break
+        logits = rm.forward(chosen[:, None], session, logits_to_keep=1)[:, -1]
+    return [Generation(tuple(t), _cut(tokenizer, t, u), s, max_gen_toks) for t, s, u in zip(tokens, stopped, until)]
+
+
+def _cut(tokenizer, tokens: list[int], until) -> str:
+    """The generated text without the eos token, cut before the first stop string (as lm-eval's HF model)."""
+    text = tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id])
+    for stop in until:
+        text = text.split(stop)[0]
+    return text
+
+
+@torch.no_grad()
+def score_continuations(
+    rm: ReplayModel, pairs: list[tuple[list[int], list[int]]], *, config, backend: str,
+) -> list[tuple[float, bool]]:
+    """(sum of log-probabilities, greedy) of each continuation given its context, one batch.
+
+    pairs: (context ids, continuation ids), both non-empty. The continuations are right-padded:
+    a pad token only follows a row's real tokens, so it changes no logit that is scored.
+    """
+    device = rm.model.device
+    contexts, conts = [p[0] for p in pairs], [p[1] for p in pairs]
+    session = rm.new_session(config, seq_ids=[sequence_id(c + t) for c, t in pairs], engine="chunked", backend=backend)
+    ids, mask = left_pad(contexts, rm.tokenizer.pad_token_id or 0, device)
+    logits = [rm.forward(ids, session, attention_mask=mask, logits_to_keep=1)[:, -1:]]  # [B, 1, V]
+    width = max(len(t) for t in conts)
+    targets = torch.zeros(len(pairs), width, dtype=torch.long)
+    for i, t in enumerate(conts):
+        targets[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+    targets = targets.to(device)
+    if width > 1:
+        logits.append(rm.forward(targets[:, :-1], session))  # [B, width - 1, V]
+    logprobs = torch.log_softmax(torch.cat(logits, 1).float(), -1)  # [B, width, V]
+    picked = logprobs.gather(-1, targets[..., None])[..., 0]  # [B, width]
+    greedy = logprobs.argmax(-1) == targets  # [B, width]
+    return [(float(picked[i, : len(t)].sum()), bool(greedy[i, : len(t)].all())) for i, t in enumerate(conts)]

@@ -1,0 +1,148 @@
+"""accuracy.json and accuracy.md of an accuracy run, rendered from its finished samples files.
+
+Per task: the FP32 samples give each question's correctness and generation length, the buckets
+(`buckets.make_buckets`) and the bucket of every question; each finished config is compared with
+FP32 question by question (`stats.compare`) per bucket and over all questions. Schema:
+docs/accuracy_json_schema.md. The Markdown follows the paper's GPQA layout: FP32 accuracy, then
+each config's change in points, one row per bucket.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from replayssm_eval.kl.output import finite
+from replayssm_eval.kl.store import atomic_write_bytes, atomic_write_json
+from replayssm_eval.tasks import TaskSpec
+from replayssm_eval.tasks.buckets import bucket_index, make_buckets
+from replayssm_eval.tasks.stats import BOOTSTRAP_SEED, CI_LEVEL, compare
+
+SCHEMA_VERSION = 1
+JSON_FILE, MARKDOWN_FILE = "accuracy.json", "accuracy.md"
+
+
+def load_samples(folder: Path, spec: TaskSpec) -> dict[int, tuple[bool, int, bool, int]] | None:
+    """doc_id -> (correct, gen_tokens, hit_max_gen_toks, max_gen_toks) of a finished (config, task); None if unfinished."""
+    if not (folder / f"results_{spec.name}.json").is_file():
+        return None
+    out = {}
+    with open(folder / f"samples_{spec.name}.jsonl", encoding="utf-8") as f:
+        for sample in map(json.loads, f):
+            if sample["filter"] == spec.filter:
+                out[sample["doc_id"]] = (bool(sample[spec.metric]), sample["gen_tokens"], sample["hit_max_gen_toks"],
+                                         sample["max_gen_toks"])
+    return out
+
+
+def task_report(spec: TaskSpec, fp32: dict, configs: dict[str, dict], bucket_spec: str, iters: int) -> dict:
+    """One task of accuracy.json from the FP32 samples and each finished config's samples (`load_samples`)."""
+    ids = sorted(fp32)
+    base, lengths, truncated, limits = (np.array([fp32[i][k] for i in ids]) for k in range(4))
+    if len(set(limits.tolist())) != 1:
+        raise ValueError(f"{spec.name}: the FP32 samples have several max_gen_toks: {sorted(set(limits.tolist()))}")
+    max_gen_toks = int(limits[0])
+    others = {}
+    for name, samples in configs.items():
+        if sorted(samples) != ids:
+            raise ValueError(f"{spec.name}: config {name} was scored on other questions than fp32")
+        if {s[3] for s in samples.values()} != {max_gen_toks}:
+            raise ValueError(f"{spec.name}: config {name} ran with another max_gen_toks than fp32 ({max_gen_toks})")
+        others[name] = (np.array([samples[i][0] for i in ids]), np.array([samples[i][2] for i in ids]))
+
+    def entry(mask: np.ndarray, start: int, end: int) -> dict:
+        n = int(mask.sum())
+        return {
+            "start": start, "end": end, "n": n,
+            "fp32_acc": float(base[mask].mean()) if n else None,
+            "fp32_truncated": float(truncated[mask].mean()) if n else None,
+            "configs": {
+                name: {**compare(base[mask], correct[mask], iters=iters), "truncated": float(hit[mask].mean()) if n else None}
+                for name, (correct, hit) in others.items()
+            },
+        }
+
+    buckets = make_buckets(bucket_spec, lengths, max_gen_toks)
+    index = bucket_index(buckets, lengths)
+    return {
+        "metric": spec.metric,
+        "filter": spec.filter,
+        "max_gen_toks": max_gen_toks,
+        "n": len(ids),
+        "doc_ids": ids,
+        "all": entry(np.ones(len(ids), dtype=bool), 1, max_gen_toks),
+        "buckets": [entry(index == k, b.start, b.end) for k, b in enumerate(buckets)],
+    }
+
+
+def render(run_dir: Path, plan, header: dict) -> dict:
+    """Write accuracy.json and accuracy.md from what is finished in `run_dir`; returns the report."""
+    from replayssm_eval.tasks.accuracy import config_dir
+
+    reference, *configs = plan.configs
+    tasks, complete = {}, True
+    for spec in plan.tasks:
+        fp32 = load_samples(config_dir(run_dir, reference), spec)
+        done = {c.name: load_samples(config_dir(run_dir, c), spec) for c in configs}
+        complete &= fp32 is not None and all(s is not None for s in done.values())
+        if fp32 is not None:
+            finished = {name: s for name, s in done.items() if s is not None}
+            tasks[spec.name] = {**header["task_settings"][spec.name],
+                                **task_report(spec, fp32, finished, plan.options.buckets, plan.options.bootstrap_iters)}
+    report = finite({
+        "schema_version": SCHEMA_VERSION,
+        "complete": complete,
+        **{k: v for k, v in header.items() if k != "task_settings"},
+        "reference": reference.name,
+        "configs": [c.name for c in configs],
+        "bucket_spec": plan.options.buckets,
+        "ci_method": f"{CI_LEVEL:.0%} paired percentile bootstrap over questions, "
+                     f"{plan.options.bootstrap_iters} resamples, seed {BOOTSTRAP_SEED}",
+        "p_value_method": "exact two-sided McNemar (binomial test on the discordant questions)",
+        "tasks": tasks,
+    })
+    atomic_write_json(run_dir / JSON_FILE, report)
+    atomic_write_bytes(run_dir / MARKDOWN_FILE, markdown(report).encode())
+    return report
+
+
+def markdown(report: dict) -> str:
+    """The tables of accuracy.md: per task, FP32 accuracy and each config's change in points, per FP32 length bucket."""
+    configs = report["configs"]
+    lines = [f"# Accuracy vs FP32 state: {report['model']}", ""]
+    if not report["complete"]:
+        lines += ["**Incomplete run**: only finished (config, task) pairs are shown.", ""]
+    lines += [
+        "Rows: buckets of FP32 generation length (tokens); accuracy in %; each config's change vs FP32 in points "
+        f"with its {report['ci_method'].split(' paired')[0]} interval; `*` McNemar p < 0.05. Last columns / table: share "
+        "of answers truncated at max_gen_toks.", "",
+    ]
+    for name, task in report["tasks"].items():
+        lines += [f"## {name}", "",
+                  f"`{task['lm_eval_task']}`, {task['metric']} ({task['filter']}), max_gen_toks {task['max_gen_toks']}, "
+                  f"{task['n']} questions", ""]
+        shown = [c for c in configs if c in task["all"]["configs"]]
+        lines.append("| FP32 gen tokens | n | FP32 acc | " + " | ".join(shown) + " | FP32 trunc | "
+                     + " | ".join(f"{c} trunc" for c in shown) + " |")
+        lines.append("|---|---:|---:|" + "---:|" * (2 * len(shown) + 1))
+        for row in [*task["buckets"], task["all"]]:
+            label = "all" if row is task["all"] else f"{row['start']}-{row['end']}"
+            cells = [label, str(row["n"]), _pct(row["fp32_acc"])]
+            cells += [_gap(row["configs"][c]) for c in shown]
+            cells += [_pct(row["fp32_truncated"], 0)] + [_pct(row["configs"][c]["truncated"], 0) for c in shown]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _pct(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}"
+
+
+def _gap(stats: dict) -> str:
+    if stats["gap"] is None:
+        return "-"
+    star = "*" if stats["p_value"] is not None and stats["p_value"] < 0.05 else ""
+    return f"{100 * stats['gap']:+.1f} [{100 * stats['ci_low']:+.1f}, {100 * stats['ci_high']:+.1f}]{star}"

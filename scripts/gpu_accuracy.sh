@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU run of `replayssm-eval accuracy` on the two tiny models (issue 6), in three phases, because
+# the GPU machine has no lm-eval, datasets or math-verify: lm-eval builds the prompts and scores the
+# answers here; the GPU only decodes (Triton decode steps, `python -m replayssm_eval.tasks.offline`).
+#
+#   scripts/gpu_accuracy.sh prepare   # here: reports/accuracy-gpu/requests.jsonl (fixtures, all 17 questions)
+#   scripts/gpu_accuracy.sh gpu       # on the H200 (OUT set by the runner): cuda generation tests, then
+#                                     #   $OUT/generations-<model>.jsonl for every config; <= 5 minutes
+#   scripts/gpu_accuracy.sh score DIR # here, DIR = the fetched $OUT: reports/accuracy-gpu/<model>/accuracy.{json,md}
+#
+# The configs, tasks, data and max_gen_toks are the same in all three phases (set below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODELS=(tiny-nemotron-h tiny-qwen3.5)
+CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr
+MAX_GEN_TOKS=1024
+DIR=reports/accuracy-gpu
+COMMON=(--data fixtures --max-gen-toks "$MAX_GEN_TOKS" --configs "$CONFIGS")
+
+case "${1:-}" in
+  prepare)
+    mkdir -p "$DIR"
+    replayssm-eval accuracy "${COMMON[@]}" --export-requests "$DIR/requests.jsonl"
+    ;;
+  gpu)
+    : "${OUT:?set OUT to the folder whose files come back}"
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+    python -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+    # the generation tests on cuda: fp32 == HF greedy generate, Triton decode step == step reference, scoring
+    REPLAYSSM_TEST_DEVICE=cuda timeout 80 python -m pytest -q -p no:cacheprovider tests/tasks/test_generation.py \
+      2>&1 | tee "$OUT/test_generation_cuda.log" || true
+    for model in "${MODELS[@]}"; do
+      # each config is appended whole: a rerun continues after the last finished one
+      ( time timeout 100 python -m replayssm_eval.tasks.offline "$DIR/requests.jsonl" "$OUT/generations-$model.jsonl" \
+          --model "$model" --configs "$CONFIGS" --batch-size 32 ) 2>&1 | tee "$OUT/generate-$model.log" || true
+    done
+    ;;
+  score)
+    FROM=${2:?give the folder holding generations-<model>.jsonl}
+    for model in "${MODELS[@]}"; do
+      rm -rf "$DIR/$model"
+      replayssm-eval accuracy "${COMMON[@]}" --model "$model" --generations "$FROM/generations-$model.jsonl" \
+        --output "$DIR/$model"
+      cp "$FROM/generate-$model.log" "$DIR/$model/" 2>/dev/null || true
+    done
+    cp "$FROM"/gpu.txt "$FROM"/test_generation_cuda.log "$DIR/" 2>/dev/null || true
+    ;;
+  *)
+    echo "usage: $0 prepare | gpu | score DIR" >&2
+    exit 2
+    ;;
+esac

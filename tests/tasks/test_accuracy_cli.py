@@ -1,0 +1,83 @@
+"""`replayssm-eval accuracy` end to end on the tiny models and the offline fixtures; resume; bad input."""
+
+import json
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+import lm_eval
+
+from replayssm_eval import cli
+from replayssm_eval.tasks import TASKS
+
+FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--batch-size", "2"]
+CONFIGS = "fp32,nvfp4/fp16sr@4"
+
+
+def run(*args) -> int:
+    return cli.main(["accuracy", *FAST, *args])
+
+
+@pytest.fixture
+def count_runs(monkeypatch):
+    """Counts lm-eval evaluations: each one is a (config, task) computed."""
+    calls = []
+    evaluate = lm_eval.simple_evaluate
+
+    def counted(**kwargs):
+        calls.append(kwargs["tasks"][0].config.task)
+        return evaluate(**kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", counted)
+    return calls
+
+
+@pytest.mark.parametrize("model, limit", [("tiny-nemotron-h", 2), ("tiny-qwen3.5", 1)])  # CI time
+def test_end_to_end_on_fixtures(tmp_path, model, limit, count_runs):
+    out = tmp_path / "run"
+    assert run("--model", model, "--configs", CONFIGS, "--output", str(out), "--limit", str(limit)) == 0
+    assert len(count_runs) == 2 * len(TASKS)
+    report = json.loads((out / "accuracy.json").read_text())
+    assert report["complete"] and report["model"] == model and report["configs"] == ["nvfp4/fp16sr@4"]
+    assert {"versions", "git", "seeds", "command", "date"} <= set(report)
+    for name, task in report["tasks"].items():
+        assert task["n"] == limit and task["max_gen_toks"] == 6
+        assert sum(b["n"] for b in task["buckets"]) == limit and task["buckets"][0]["start"] == 1
+        stats = task["all"]["configs"]["nvfp4/fp16sr@4"]
+        assert set(stats) >= {"acc", "gap", "ci_low", "ci_high", "p_value", "flips_to_wrong", "flips_to_right", "truncated"}
+        for config_dir in ("fp32", "nvfp4+fp16sr@4"):
+            samples = [json.loads(line) for line in (out / config_dir / f"samples_{name}.jsonl").open()]
+            assert {s["doc_id"] for s in samples} == set(range(limit))
+            assert all(1 <= s["gen_tokens"] <= 6 and s["max_gen_toks"] == 6 for s in samples)
+            assert all(s["gen_tokens"] == 6 for s in samples if s["hit_max_gen_toks"])
+            assert "results" in json.loads((out / config_dir / f"results_{name}.json").read_text())
+    assert "| FP32 gen tokens |" in (out / "accuracy.md").read_text()
+
+
+def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs):
+    out = str(tmp_path / "run")
+    assert run("--tasks", "gpqa_diamond", "--configs", CONFIGS, "--output", out) == 0
+    assert run("--tasks", "gpqa_diamond,mmlu_pro", "--configs", CONFIGS, "--output", out) == 0
+    assert count_runs == ["replayssm_gpqa_diamond_local"] * 2 + ["replayssm_mmlu_pro_local"] * 2
+    assert run("--tasks", "gpqa_diamond", "--configs", CONFIGS, "--output", out, "--limit", "1") == 2  # other options
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "gpqa_diamond,arc"], "unknown task 'arc'; known: gpqa_diamond, mmlu_pro, math_l5"),
+    (["--configs", "fp32,nvfp5"], "unknown state format 'nvfp5'; known:"),
+    (["--limit", "0"], "--limit must be >= 1, got 0"),
+    (["--buckets", "pow2"], "accepted: quantile:K"),
+    (["--data", "/nonexistent"], "accepted: hub, fixtures, or a directory"),
+])
+def test_bad_input_is_one_clear_error(args, message, capsys):
+    assert cli.main(["accuracy", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_dataset_names_the_task_and_what_is_accepted(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    assert cli.main(["accuracy", "--tasks", "mmlu_pro", "--data", str(tmp_path / "data"), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "missing dataset for task mmlu_pro" in err and "data/test*" in err and "--data accepts hub, fixtures" in err
+    assert not (tmp_path / "o").exists()
