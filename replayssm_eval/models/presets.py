@@ -15,7 +15,9 @@ import dataclasses
 
 from transformers import NemotronHConfig, PretrainedConfig, Qwen3_5TextConfig
 
-FAMILIES = ("mamba2", "gdn")
+from replayssm_eval.models.families import family_of
+
+SSM_KINDS = ("mamba2", "gdn")
 
 # Mamba-2 mixers: model_type -> config attributes (heads, head_dim, d_state, n_groups, conv kernel)
 _MAMBA2_FIELDS = {
@@ -28,13 +30,9 @@ _MAMBA2_FIELDS = {
 }
 # GDN layers: (value heads, value dim, key dim, key heads, conv kernel); the state is K x V
 _GDN_FIELDS = ("linear_num_value_heads", "linear_value_head_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_conv_kernel_dim")
-_GDN_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 # layer_types entries whose layer holds an SSM state ("hybrid": zamba2/falcon_h1 layers with both mixers)
 _SSM_LAYER_TYPES = ("linear_attention", "mamba", "hybrid")
-
-SUPPORTED_MODEL_TYPES = (*_MAMBA2_FIELDS, *_GDN_TYPES, "qwen3_5", "qwen3_5_moe")
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelGeometry:
@@ -53,8 +51,8 @@ class ModelGeometry:
     hidden_size: int | None
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"unknown SSM family {self.family!r}; known: {', '.join(FAMILIES)}")
+        if self.family not in SSM_KINDS:
+            raise ValueError(f"unknown SSM family {self.family!r}; known: {', '.join(SSM_KINDS)}")
 
     def _need(self, *fields: str) -> None:
         unknown = [f for f in fields if getattr(self, f) is None]
@@ -133,12 +131,8 @@ def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:
     """The SSM geometry of a Hugging Face config of any supported model type."""
     config = hf_config.get_text_config()  # the text backbone of a composite (vision-language) config
     model_type = config.model_type
-    if model_type in _MAMBA2_FIELDS:
-        family, fields = "mamba2", _MAMBA2_FIELDS[model_type]
-    elif model_type in _GDN_TYPES:
-        family, fields = "gdn", _GDN_FIELDS
-    else:
-        raise ValueError(f"unsupported model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    family = family_of(config).kind  # ValueError listing the supported model types
+    fields = _MAMBA2_FIELDS[model_type] if family == "mamba2" else _GDN_FIELDS
     heads, head_dim, state_dim, groups, conv = (getattr(config, f) for f in fields)
     layer_types = getattr(config, "layer_types", None)
     if not layer_types:
