@@ -6,14 +6,36 @@
 Every kernel (chunked state passing with in-loop rounding, decode step reading the packed read
 copy, speculative verification) runs on CUDA and is compared with the torch path on the same
 inputs, for several configs including the Qwen3.5-4B geometry (HV=32, H=16, K=V=128).
-Errors are relative to max |reference|. FP32 formats must agree to 1e-4; with quantized formats a
-rounding decision may flip where the two FP32 paths straddle a grid midpoint, so states are
-judged by the fraction of elements within 1e-5 (>= 98%) and outputs at 5e-3.
+Errors are relative to max |reference|. FP32 formats must agree to 1e-4 over the whole input.
+
+Quantized formats. The kernel and torch compute each fold in FP32 in different orders (~1e-7
+apart), so a few rounding decisions of a stored copy flip (an SR threshold or RNE midpoint lies
+between the two values): one FP16 / E4M3 step in hi, one E2M1 step (or a block scale) in lo.
+A flip in the checkpoint then changes every later output that reads it and, through u and the
+fold, later checkpoints: the two runs become two draws of the format's own noise. Free-running
+errors are therefore not a criterion (reported as err_o / state, not judged): perturbing only
+the torch path's pre-round folds by ~1 ulp of random noise reproduces the H200 numbers (torch vs
+perturbed torch, seqlen 257: qwen3.5-4b nvfp4:scale=row/fp16sr 7.3e-2 / state 0.9981,
+nvfp4:scale=head/fp8sr#closed 4.4e-2 / 0.9996; small nvfp4:scale=row/fp16sr 8.18e-2 in 5 of 6
+noise seeds; a 20-step decode 4.5e-3..6.9e-3 from one flipped NVFP4 element). Instead:
+
+- chunked, lockstep: every window of L tokens (one checkpoint) starts both backends from the
+  torch path's stored copies. Per window: outputs agree to 1e-4 (max `win_o`); the pre-round
+  folds (kernel: `chunked_triton(rounded=False)`, same tiling; torch: the FP32-format config)
+  agree to 1e-5 (`fold`); the kernel's stored copies equal `write_checkpoint` of its own
+  pre-round fold except for at most 1e-4 of the elements (`unexpl`, 0 where the two launches
+  fold bit-identically); and at most 1e-2 of the stored elements differ from torch's (`flips`,
+  worst copy and checkpoint), all of them explained by the fold difference.
+- decode_step: outputs agree to 1e-4 up to the first checkpoint whose stored copies differ
+  from the reference's (`compared` tokens), and that checkpoint flips at most 1e-2 of them.
+An element counts as flipped where |diff| > 1e-6 (|element| + max |copy|).
+tests/kernels/test_gdn_triton.py runs the same lockstep check in the interpreter at K = V = 128.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -22,7 +44,12 @@ import torch
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.gdn import chunked, decode_reference
 from replayssm_eval.kernels.gdn import triton as gdn_triton
+from replayssm_eval.kernels.gdn._common import _prepare
 from replayssm_eval.kernels.gdn.reference import _verify
+from replayssm_eval.kernels.state import write_checkpoint
+
+FLIP_BUDGET = 1e-2  # fraction of a stored copy's elements a checkpoint may flip
+UNEXPLAINED_BUDGET = 1e-4  # fraction differing from write_checkpoint of the kernel's own pre-round fold
 
 GEOMETRIES = {
     "small": dict(batch=3, heads=2, value_heads=4, dk=20, dv=24),
@@ -54,6 +81,39 @@ def agree(ref, got):
     return ((got - ref).abs() <= 1e-5 * ref.abs().max()).float().mean().item()
 
 
+def flipped(ref, got):
+    """Elements of a stored copy that differ beyond FP32 noise: 1e-6 of the element (a global scale one ulp apart
+    moves a whole row by ~1 ulp) plus 1e-6 of the copy's max (FP32 copies: cancellation in small elements)."""
+    return (got - ref).abs() > 1e-6 * (ref.abs() + ref.abs().max())
+
+
+def lockstep(cfg, data):
+    """Quantized chunked, window by window from identical stored copies (see the module docstring)."""
+    config = ReplayConfig.parse(cfg)
+    c32 = dataclasses.replace(config, read="fp32", recur="fp32")
+    window, seqlen = config.window, data[0].shape[1]
+    prep = lambda x, st: _prepare(*x, st, config, layer_idx=0, seq_ids=None, compute_dtype=torch.float32)  # noqa: E731
+    state = prep([t[:, :1] for t in data[:5]], data[5]).state  # checkpoint 0 as a ReplayState
+    worst = dict(win_o=0.0, fold=0.0, unexpl=0.0, flips=0.0)
+    for w in range(0, seqlen, window):
+        x = [t[:, w:w + window] for t in data[:5]]
+        o_t, st_t = chunked(*x, state, config)
+        o_k, st_k = chunked(*x, state, config, backend="triton")
+        worst["win_o"] = max(worst["win_o"], rel(o_t, o_k))
+        rows = (st_t.checkpoint != state.checkpoint).nonzero().flatten()
+        if rows.numel():
+            _, f_t = chunked(*x, state, c32)
+            _, f_k = gdn_triton.chunked_triton(prep(x, state), rounded=False)
+            worst["fold"] = max(worst["fold"], rel(f_t.hi[rows], f_k.hi[rows]))
+            hk, lk = write_checkpoint(f_k.hi[rows], config, 0, st_k.seq_ids[rows], st_k.checkpoint[rows])
+            for own, got, ref in ((hk, st_k.hi[rows], st_t.hi[rows]), (lk, st_k.lo[rows], st_t.lo[rows])):
+                worst["unexpl"] = max(worst["unexpl"], flipped(own, got).float().mean().item())
+                worst["flips"] = max(worst["flips"], flipped(ref, got).float().mean().item())
+        state = st_t
+    ok = worst["win_o"] <= 1e-4 and worst["fold"] <= 1e-5 and worst["unexpl"] <= UNEXPLAINED_BUDGET and worst["flips"] <= FLIP_BUDGET
+    return worst, ok
+
+
 def check_chunked(cfg, data):
     quantized = not ReplayConfig.parse(cfg).is_reference
     o_ref, st_ref = chunked(*data, cfg)
@@ -63,22 +123,38 @@ def check_chunked(cfg, data):
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     err_o, state_ok = rel(o_ref, o), agree(st_ref.hi, st.hi)
-    ok = err_o <= (5e-3 if quantized else 1e-4) and (state_ok >= 0.98 if quantized else rel(st_ref.hi, st.hi) <= 1e-4)
-    return dict(kernel="chunked", err_o=err_o, state_agree=state_ok, seconds=seconds, ok=ok)
+    if not quantized:
+        return dict(kernel="chunked", err_o=err_o, state_agree=state_ok, seconds=seconds,
+                    ok=err_o <= 1e-4 and rel(st_ref.hi, st.hi) <= 1e-4)
+    config = ReplayConfig.parse(cfg)
+    if any(isinstance(gdn_triton._store_mode(f, True), str) for f in (config.recur_format, config.read_format)):
+        # the triton backend fell back to torch (with a warning): must be identical
+        return dict(kernel="chunked", err_o=err_o, state_agree=state_ok, seconds=seconds, ok=err_o == 0.0)
+    worst, ok = lockstep(cfg, data)
+    return dict(kernel="chunked", err_o=err_o, state_agree=state_ok, seconds=seconds, ok=ok, **worst)
 
 
 def check_step(cfg, data, steps):
     quantized = not ReplayConfig.parse(cfg).is_reference
     cut = lambda a, b: [t[:, a:b] for t in data[:5]]  # noqa: E731
-    o_ref, st_ref = decode_reference(*cut(0, steps), data[5], cfg)
-    state, outs = data[5], []
+    ref, state, outs, refs = data[5], data[5], [], []
+    compared, flips = steps, 0.0
     for n in range(steps):
+        o_r, ref = decode_reference(*cut(n, n + 1), ref, cfg)
         o, state = gdn_triton.decode_step_triton(*cut(n, n + 1), state, cfg)
         outs.append(o)
-    err_o = rel(o_ref, torch.cat(outs, 1))
-    state_ok = agree(st_ref.hi, state.hi)
-    ok = err_o <= (5e-3 if quantized else 1e-4) and state_ok >= 0.98
-    return dict(kernel="decode_step", err_o=err_o, state_agree=state_ok, seconds=None, ok=ok)
+        refs.append(o_r)
+        if compared == steps:
+            diff = max(flipped(ref.hi, state.hi).float().mean().item(), flipped(ref.lo, state.lo).float().mean().item())
+            if diff > 0:  # stored copies diverged at this step's checkpoint: later outputs read different states
+                compared, flips = n + 1, diff
+    o_ref, o = torch.cat(refs, 1), torch.cat(outs, 1)
+    err_o, state_ok = rel(o_ref, o), agree(ref.hi, state.hi)
+    if not quantized:
+        return dict(kernel="decode_step", err_o=err_o, state_agree=state_ok, seconds=None, ok=err_o <= 1e-4 and state_ok >= 0.98)
+    err_pre = rel(o_ref[:, :compared], o[:, :compared])
+    return dict(kernel="decode_step", err_o=err_o, state_agree=state_ok, seconds=None, win_o=err_pre,
+                compared=compared, flips=flips, ok=err_pre <= 1e-4 and flips <= FLIP_BUDGET)
 
 
 def check_verify(cfg, data, drafts=4):
@@ -128,8 +204,10 @@ def main():
                 rows.append(dict(geometry=geo, config=cfg, **r))
                 r_fmt = "-" if r["state_agree"] is None else f"{r['state_agree']:.4f}"
                 t_fmt = "-" if r["seconds"] is None else f"{r['seconds']:.3f}"
+                extra = "  ".join(f"{k} {r[k]:.2e}" if isinstance(r[k], float) else f"{k} {r[k]}"
+                                  for k in ("win_o", "fold", "unexpl", "flips", "compared") if k in r)
                 print(f"{geo:11s} {cfg:36s} {r['kernel']:12s} err_o {r['err_o']:.2e}  state {r_fmt:7s} "
-                      f"time {t_fmt:7s} {'PASS' if r['ok'] else 'FAIL'}", flush=True)
+                      f"time {t_fmt:7s} {extra}  {'PASS' if r['ok'] else 'FAIL'}", flush=True)
     failed = [r for r in rows if not r["ok"]]
     print(f"{len(rows) - len(failed)} / {len(rows)} passed")
     with open(args.out, "w") as fh:

@@ -7,6 +7,8 @@ key must reach `tl.randint` as a loaded int64, as the kernels do: a Python-int k
 gave different bits in the interpreter.)
 """
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -15,11 +17,13 @@ from test_gdn_reference import assert_close, cut, make_inputs, phased_start
 
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.gdn import chunked, decode_reference
+from replayssm_eval.kernels.gdn._common import _prepare
 from replayssm_eval.kernels.gdn import triton as gdn_triton
 from replayssm_eval.kernels.gdn.reference import _verify
 from replayssm_eval.kernels.state import write_checkpoint
 
 SMALL = dict(batch=2, heads=2, value_heads=4, dk=20, dv=24)
+QWEN_HEAD = dict(batch=1, heads=1, value_heads=2, dk=128, dv=128)  # Qwen3.5-4B's head size (K = V = 128), two heads
 
 
 @triton.jit
@@ -130,3 +134,60 @@ def test_verify_triton():
         u_ref, o_ref = _verify(src, ring, h, w, q, drafts["v"][b, :w], drafts["beta"][b, :w], 2, None)
         assert_close(f"u[{b}]", u_ref, u[b, :w], 1e-5)
         assert_close(f"o[{b}]", o_ref, o[b, :w], 1e-5)
+
+
+@triton.jit
+def _round_vblock_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, SCALE: tl.constexpr,
+                         FMT_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    hv = tl.program_id(0)
+    ks = tl.arange(0, BK)
+    vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernel's grid
+    mask = (ks[:, None] < K) & (vs[None, :] < V)
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+    x = tl.load(x_ptr + elem, mask=mask, other=0.0)
+    y = gdn_triton._store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, SCALE, FMT_MAX, BK, BV)
+    tl.store(y_ptr + elem, y, mask=mask)
+
+
+@pytest.mark.parametrize("spec, bv", [("nvfp4:scale=row", 64), ("nvfp4:scale=head", 128), ("fp16sr", 64), ("fp8sr", 64),
+                                      ("fp8:scale=head", 128)])
+def test_in_kernel_rounding_bit_exact_k128(spec, bv):
+    """`_store_round` at K = V = 128 with the chunked kernel's tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
+    row scales, the whole head for head scales) == write_checkpoint, bit for bit."""
+    cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
+    x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
+    x[0, 1, 70] = 0.0  # a zero row in the second v-block
+    kind, scale, top = gdn_triton._store_mode(cfg.recur_format, whole_head=True)
+    y = torch.empty_like(x)
+    key = gdn_triton.sr_keys(3, 1, torch.tensor([2]), 0)
+    _round_vblock_kernel[(2, 128 // bv)](x, y, key, torch.tensor([5]), 2, 128, 128, KIND=kind, SCALE=scale, FMT_MAX=top,
+                                         BK=128, BV=bv)
+    want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))
+    assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
+
+
+@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@16", "nvfp4:scale=head/fp8sr@16#closed"])
+def test_chunked_triton_lockstep_k128(text):
+    """Quantized chunked at K = V = 128, one checkpoint at a time from identical stored copies (what
+    benchmarks/gpu_check_gdn.py judges on the GPU): outputs and pre-round folds agree to FP32 accuracy, the kernel's
+    stored copies are exactly `write_checkpoint` of its own pre-round fold, and only a few rounding decisions differ
+    from the torch path's (the free-running runs then diverge by the format's noise: not a kernel error)."""
+    cfg = ReplayConfig.parse(text)
+    c32 = dataclasses.replace(cfg, read="fp32", recur="fp32")  # same window and fold: write_checkpoint is the identity
+    inputs = make_inputs(seqlen=32, dtype=torch.float32, decay=0.3, **QWEN_HEAD)
+    prep = lambda x, st: _prepare(*x, st, cfg, layer_idx=0, seq_ids=None, compute_dtype=torch.float32)  # noqa: E731
+    state = prep(cut(inputs, 0, 1), inputs[5]).state  # checkpoint 0 as a ReplayState
+    for w in (0, 16):
+        x = cut(inputs, w, w + 16)
+        o_t, st_t = chunked(*x, state, cfg)
+        o_k, st_k = chunked(*x, state, cfg, backend="triton")
+        assert_close(f"o[{w}:]", o_t, o_k, 1e-5)
+        _, f_t = chunked(*x, state, c32)
+        _, f_k = gdn_triton.chunked_triton(prep(x, state), rounded=False)
+        assert_close(f"pre-round fold {w}", f_t.hi, f_k.hi, 1e-5)
+        hi, lo = write_checkpoint(f_k.hi, cfg, 0, st_k.seq_ids, st_k.checkpoint)
+        assert torch.equal(hi, st_k.hi) and torch.equal(lo, st_k.lo), "in-kernel rounding != write_checkpoint of the kernel's fold"
+        for name, ref, got in (("S_hi", st_t.hi, st_k.hi), ("S_lo", st_t.lo, st_k.lo)):
+            flips = ((got - ref).abs() > 1e-6 * (ref.abs() + ref.abs().max())).float().mean().item()
+            assert flips <= 1e-2, f"{name} after window {w}: {flips:.2%} of elements differ"
+        state = st_t

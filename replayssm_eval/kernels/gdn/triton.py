@@ -171,9 +171,16 @@ def _store_mode(fmt, whole_head: bool):
     return KINDS[fmt.base].value, _SCALES[group].value, top
 
 
-def chunked_triton(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
+def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
     """backend="triton" of `gdn.chunked` (FP32 only); falls back to the torch backend, with a warning, for formats
-    whose rounding needs a reduction no program can do (see the module docstring)."""
+    whose rounding needs a reduction no program can do (see the module docstring).
+
+    rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
+    written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
+    `write_checkpoint` gives what rounded=True stores (the in-kernel rounding is bit-exact). A checkpoint copy that
+    differs from the torch path's while these pre-round folds agree to FP32 accuracy is a rounding decision flipped
+    by FP32 summation order, not a kernel error (benchmarks/gpu_check_gdn.py, tests/kernels/test_gdn_triton.py).
+    """
     from replayssm_eval.kernels.gdn.chunked import _chunked_torch
 
     if p.dtype != torch.float32:
@@ -187,6 +194,8 @@ def chunked_triton(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
         warnings.warn(f"gdn chunked backend='triton' falls back to torch: {reasons[0]}", stacklevel=3)
         return _chunked_torch(p)
     needs_head = any(m[1] == _HEAD.value for m in modes)
+    if not rounded:
+        modes = [(KINDS["fp32"].value, _NONE.value, 1.0)] * 2
     return _chunked(p, modes[0], modes[1], block_v=triton.next_power_of_2(dv) if needs_head else None)
 
 
