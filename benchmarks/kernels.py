@@ -16,6 +16,8 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
    conventional (replay@1) the ReplaySSM step kernel with config fp32 (window 1), for reference
    non-flush fp32 read     shared:fp32@16, mid-window (8 buffered entries, the window's mean): checkpoint + buffer
    non-flush nvfp4 read    nvfp4/fp32@16, the same with the packed NVFP4 read copy (codes + scales)
+                           (both: the single-token kernel `_replay_step_kernel`; the tune rows sweep its launch config
+                           at the largest batch and the rows use the best one where batch x heads >= 4096)
    flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config)
    flush packing (torch)   write_checkpoint_packed of the fold (host-side torch pass of decode_step_triton)
    amortised L=16          (15 x non-flush + flush) / 16, and the speedup of conventional over it
@@ -127,22 +129,32 @@ class _Recorder:
         return launch
 
 
-def captured_launch(module, kernel_name: str, call):
+def captured_launch(module, kernel_name, call):
     """Run `call()` with module.<kernel_name> recorded; return a function that replays its single launch, and call()'s result.
 
-    The replay launches the very kernel, grid and arguments the public function launched, without its host work.
+    kernel_name: one name or a tuple of names (the public function launches exactly one of them). The replay launches the
+    very kernel, grid and arguments the public function launched, without its host work; the returned function carries
+    `.kernel` (the name launched) and `.launch` (grid, args, kwargs) for launch-config sweeps.
     """
-    real = getattr(module, kernel_name)
-    rec = _Recorder(real)
-    setattr(module, kernel_name, rec)
+    names = (kernel_name,) if isinstance(kernel_name, str) else tuple(kernel_name)
+    recs = {n: _Recorder(getattr(module, n)) for n in names}
+    for n, rec in recs.items():
+        setattr(module, n, rec)
     try:
         result = call()
     finally:
-        setattr(module, kernel_name, real)
-    if len(rec.calls) != 1:
-        raise RuntimeError(f"expected one launch of {kernel_name}, saw {len(rec.calls)}")
-    grid, args, kwargs = rec.calls[0]
-    return (lambda: real[grid](*args, **kwargs)), result
+        for n, rec in recs.items():
+            setattr(module, n, rec.kernel)
+    calls = [(n, c) for n, rec in recs.items() for c in rec.calls]
+    if len(calls) != 1:
+        raise RuntimeError(f"expected one launch of {' or '.join(names)}, saw {len(calls)}")
+    n, (grid, args, kwargs) = calls[0]
+    real = getattr(module, n)
+
+    def replay():
+        return real[grid](*args, **kwargs)
+    replay.kernel, replay.launch = n, (grid, args, kwargs)
+    return replay, result
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -272,10 +284,30 @@ class Mamba2:
         return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
 
     def step_launch(self, state: ReplayState, config: str):
-        """The `_replay_kernel` launch of decode_step_triton for one token from `state`."""
+        """The kernel launch of decode_step_triton for one token from `state`: `_replay_step_kernel` when no sequence
+        flushes at this step (the single-token non-flush kernel), else `_replay_kernel`."""
         x, dt, B, C = self.token(state.batch)
-        return captured_launch(mamba2_triton, "_replay_kernel",
+        return captured_launch(mamba2_triton, ("_replay_kernel", "_replay_step_kernel"),
                                lambda: mamba2_triton.decode_step_triton(x, dt, self.A, B, C, self.D, state, config))
+
+    def step_variants(self) -> list[dict]:
+        """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch)."""
+        out = []
+        for block_p in (8, 16, 32):
+            for tiles in sorted({1, triton.cdiv(self.P, block_p)}):
+                for warps in ((1, 4, 8) if block_p == 32 else (1, 4)):
+                    out.append(dict(BLOCK_P=block_p, TILES=tiles, num_warps=warps))
+        return out
+
+    def step_variant(self, launch, cfg: dict):
+        """The captured `_replay_step_kernel` launch with another launch config (grid recomputed)."""
+        if getattr(launch, "kernel", None) != "_replay_step_kernel":
+            raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
+        grid, args, kwargs = launch.launch
+        kernel = mamba2_triton._replay_step_kernel
+        new_grid = mamba2_triton.step_grid(grid[0], self.H, self.P, cfg["BLOCK_P"], cfg["TILES"])
+        kw = {**kwargs, **cfg}
+        return lambda: kernel[new_grid](*args, **kw)
 
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
@@ -448,6 +480,7 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
             if r.get("ms") is not None and r["ms"] < best.get("ms", math.inf):
                 best.update(block=block, ms=r["ms"])
     block = best["block"]
+    tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps) if sweep and hasattr(fam, "step_variants") else {}
 
     for batch in batches:
         st_bytes = batch * 2 * S32
@@ -468,13 +501,24 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
             def nonflush(row, batch=batch, config=config):
                 launch, _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
                 read = read_copy_bytes(fam, batch, config)
+                kernel = getattr(launch, "kernel", "")
+                if kernel == "_replay_step_kernel":
+                    cfg = {k: launch.launch[2][k] for k in ("BLOCK_P", "TILES", "num_warps")}
+                    if config in tuned and batch * fam.H >= 4096 and tuned[config] != cfg:  # the launch tuned at the largest batch
+                        launch, cfg = fam.step_variant(launch, tuned[config]), tuned[config]
+                        kernel += " tuned"
+                    kernel += " " + " ".join(f"{k}={v}" for k, v in cfg.items())
                 _bw(row, timer.kernel_ms(launch), read + batch * fam.token_bytes(MID + 1), copy_gbps, read)
+                if kernel:
+                    row["note"] = f"{row['note']}; {kernel}"
             res.add(dict(section="decode", family=name, name=f"non-flush {label} read", batch=batch, config=config,
                          note=f"{MID + 1} entries"), nonflush)
 
             def flush(row, batch=batch, config=config, label=label):
                 launch, out = fam.step_launch(fam.replay_state(s0, config, WINDOW - 1), config)
                 _bw(row, timer.kernel_ms(launch), batch * (2 * S32 + fam.token_bytes(WINDOW)), copy_gbps, st_bytes)
+                if getattr(launch, "kernel", None):
+                    row["note"] = f"{row['note']}; {launch.kernel}"
                 if label == "nvfp4":  # the torch pass that rounds the fold to both copies and packs the read copy
                     pack = fam.packing(out[1].hi.contiguous(), config)  # the fold as rounded (fp32 recurrence: exact)
                     ms = timer.kernel_ms(pack)
@@ -487,6 +531,44 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
             torch.cuda.empty_cache()
 
         derive_amortised(res, name, batch, copy_gbps)
+
+
+def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
+    """Tune rows: the non-flush step kernel (`_replay_step_kernel`) over launch configs at `batch`, per read copy.
+    Returns {config: best launch config}; the non-flush rows use it where the default heuristic has one program per
+    head (batch x heads >= 4096)."""
+    best = {}
+    s0 = fam.fp32_state(batch)
+    for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
+        holder = {}
+
+        def capture(row, config=config):
+            holder["launch"], _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
+            grid, _, kwargs = holder["launch"].launch
+            row["note"] = f"{holder['launch'].kernel} default: " + " ".join(
+                f"{k}={kwargs[k]}" for k in ("BLOCK_P", "TILES", "num_warps") if k in kwargs)
+        r = res.add(dict(section="tune", family=fam.name, name=f"non-flush {label} read launch", batch=batch), capture)
+        if r.get("error") or holder["launch"].kernel != "_replay_step_kernel":
+            continue
+        read = read_copy_bytes(fam, batch, config)
+        nbytes = read + batch * fam.token_bytes(MID + 1)
+        found = None
+        for cfg in fam.step_variants():
+            if res.left() < 30:
+                res.add(dict(section="tune", family=fam.name, name=f"non-flush {label} read sweep", batch=batch,
+                             error=f"skipped: {res.left():.0f} s left of the budget"))
+                break
+
+            def run(row, cfg=cfg):
+                _bw(row, timer.kernel_ms(fam.step_variant(holder["launch"], cfg)), nbytes, copy_gbps, read)
+            name = f"non-flush {label} p{cfg['BLOCK_P']} t{cfg['TILES']} w{cfg['num_warps']}"  # BLOCK_P, TILES, num_warps
+            r = res.add(dict(section="tune", family=fam.name, batch=batch, name=name), run)
+            if r.get("ms") is not None and (found is None or r["ms"] < found[1]):
+                found = (cfg, r["ms"])
+        if found is not None:
+            best[config] = found[0]
+    del s0
+    return best
 
 
 def derive_amortised(res: Results, name: str, batch: int, copy_gbps):

@@ -11,11 +11,15 @@ import warnings
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from test_mamba2_reference import assert_close, make_inputs, phased_state, sliced
 
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
+from replayssm_eval.kernels.mamba2 import triton as mamba2_triton
 from replayssm_eval.kernels.mamba2.triton import decode_step_triton, verify_triton
+from replayssm_eval.quant.triton import e2m1_decode, e4m3_decode, e5m2_decode
 
 # the interpreter reports 1/0 in numpy; the kernels handle it as the formats specify (FLT_MAX clamps)
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
@@ -96,3 +100,108 @@ def test_verify_matches_reference(read_hi, device):
     expect_state = dataclasses.replace(state, lo=state.hi, lo_packed=None) if read_hi else state
     y_ref, _ = decode_reference(*drafts, expect_state, config.replace(window=16, speculative=None))
     assert_close("O", y_ref, out, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- single-token non-flush kernel
+
+
+@triton.jit
+def _decode_all_codes(out_ptr):
+    code = tl.arange(0, 256)
+    tl.store(out_ptr + code, mamba2_triton._e4m3_fast(code.to(tl.uint8)))
+    tl.store(out_ptr + 256 + code, e4m3_decode(code.to(tl.uint8)))
+    tl.store(out_ptr + 512 + code, mamba2_triton._e5m2_fast(code.to(tl.uint8)))
+    tl.store(out_ptr + 768 + code, e5m2_decode(code.to(tl.uint8)))
+    nib = code & 15
+    tl.store(out_ptr + 1024 + code, mamba2_triton._e2m1_f16(nib) * mamba2_triton._E2M1_F16_SCALE)
+    tl.store(out_ptr + 1280 + code, e2m1_decode(nib))
+    tl.store(out_ptr + 1536 + code, mamba2_triton._e2m1_f16(code) * mamba2_triton._E2M1_F16_SCALE)  # low nibble of a byte
+    tl.store(out_ptr + 1792 + code, mamba2_triton._e2m1_f16_hi(code) * mamba2_triton._E2M1_F16_SCALE)
+    tl.store(out_ptr + 2048 + code, e2m1_decode(code >> 4))
+
+
+def test_fast_minifloat_decoders_are_exact(device):
+    """The FP16-bit-pattern decoders of the step kernel equal the library decoders on every code (NaN, -0, subnormals)."""
+    out = torch.empty(9 * 256, dtype=torch.float32, device=device)
+    _decode_all_codes[(1,)](out)
+    out = out.view(9, 256).cpu()
+    for fast, ref in ((0, 1), (2, 3), (4, 5), (6, 5), (7, 8)):
+        a, b = out[fast], out[ref]
+        assert torch.equal(a.isnan(), b.isnan())
+        ok = ~b.isnan()
+        assert torch.equal(a[ok].view(torch.int32), b[ok].view(torch.int32)), f"decoder row {fast}"
+
+
+class _Count:
+    """Wraps a module-level launcher function and counts its calls."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+_LAUNCHES = [{"BLOCK_P": 16, "TILES": 1, "num_warps": 4}, {"BLOCK_P": 8, "TILES": 3, "num_warps": 4},
+             {"BLOCK_P": 4, "TILES": 2, "num_warps": 1}]
+
+
+@pytest.mark.parametrize("text, groups, d_state, launch", [
+    ("shared:fp32@8", 1, 24, 0),
+    ("nvfp4/fp32@8", 3, 24, 1),
+    ("nvfp4:scale=head/fp16@8", 1, 40, 2),
+    ("nvfp4:scale=row/fp32@8", 3, 9, 1),
+    ("fp8/fp32@8", 1, 24, 2),
+    ("fp8sr:scale=row/fp32@8", 3, 24, 0),
+    ("fp8e5m2/fp32@8", 1, 24, 1),
+    ("bf16/fp32@8", 3, 24, 2),
+    ("nvfp4/fp32@8#skip=0.4", 3, 24, 0),
+    ("nvfp4:axis=headdim/fp32@8", 1, 24, 1),
+])
+def test_step_kernel_matches_reference(text, groups, d_state, launch, device, monkeypatch):
+    """Steps of sequences at different phases (non-flush steps, then mixed steps where one sequence flushes) all run
+    `_replay_step_kernel` and match decode_reference, output and folded state."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(batch=3, groups=groups, d_state=d_state))
+    state = phased_state(decode_reference, inputs, config, [0, 2, 5], torch.float32)
+    monkeypatch.setattr(mamba2_triton, "step_launch_config", lambda *a: _LAUNCHES[launch])
+    step = _Count(mamba2_triton._replay_step)
+    general = _Count(mamba2_triton._replay)
+    monkeypatch.setattr(mamba2_triton, "_replay_step", step)
+    monkeypatch.setattr(mamba2_triton, "_replay", general)
+    x, dt, A, B, C, D, _ = inputs
+    tri, ref = state, state
+    for n, want_step in zip(range(5, 13), range(1, 9)):
+        y_ref, ref = decode_reference(*sliced(inputs, n, n + 1)[:6], ref, config)
+        y, tri = decode_step_triton(x[:, n], dt[:, n], A, B[:, n], C[:, n], D, tri, config)
+        assert (step.calls, general.calls) == (want_step, 0), f"step {n}"
+        assert_close(f"y[{n}]", y_ref[:, 0], y, 1e-5, flips=0.01)
+    assert_close("hi", ref.hi, tri.hi, 1e-5, flips=0.01)
+    assert_close("lo", ref.lo, tri.lo, 1e-5, flips=0.01)
+    assert torch.equal(tri.checkpoint, ref.checkpoint) and tri.checkpoint.min() >= 1
+    if tri.lo_packed is not None and not config.shared:
+        assert torch.equal(config.read_format.decode(tri.lo_packed), tri.lo)
+
+
+@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp32@8", "fp8:scale=head/fp32@8#skip=0.7", "fp16/fp32@8"])
+@pytest.mark.parametrize("launch", range(len(_LAUNCHES)))
+def test_step_kernel_equals_general_kernel(text, launch, device):
+    """Differential test: `_replay_step` = `_replay` (T = 1) row for row, S_hi rows and read-copy rows mixed, without
+    and with folding rows (the fold of a row that does not read S_hi included)."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(batch=4, groups=3, heads=6, head_dim=20, d_state=24))
+    state = phased_state(decode_reference, inputs, config, [0, 3, 6, 9], torch.float32)
+    buf, count = state.buffer, state.schedule.count.contiguous()
+    C = inputs[4][:, 9].contiguous()
+    read_hi = torch.tensor([True, False, True, False], device=device)
+    A = inputs[2].contiguous()
+    for fold in (torch.zeros_like(read_hi), torch.tensor([True, True, False, False], device=device)):
+        y_old, f_old = mamba2_triton._replay(buf["x"], buf["B"], buf["dt"], C[:, None].contiguous(), count, read_hi,
+                                             fold, A, state, config)
+        y_new, f_new = mamba2_triton._replay_step(buf["x"], buf["B"], buf["dt"], C, count, read_hi, A, state, config,
+                                                  launch=_LAUNCHES[launch], fold=fold)
+        assert_close("y", y_old[:, 0], y_new, 1e-5)
+        assert (f_old is None) == (f_new is None) == (not fold.any())
+        if fold.any():
+            assert_close("fold", f_old[fold], f_new[fold], 1e-5)

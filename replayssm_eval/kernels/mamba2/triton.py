@@ -10,13 +10,14 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
   hold the whole head). Other formats (tensor-wide scales, headdim blocks, MX) and FP64 compute
   fall back to the torch backend with a warning naming the reason.
-- `decode_step_triton`: one token for every sequence. Non-flush sequences read the packed read
-  copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8 codes + FP32 scales, or
-  FP16/BF16/FP32 data) and the buffer and write no state; flush sequences read S_hi and the
-  buffer, and the kernel writes the FP32 fold, which one vectorised pass (`write_checkpoint_packed`)
-  rounds to both copies: this pass does the scale reductions of every format.
+- `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
+  `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
+  sequences read the packed read copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8
+  codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write no state; flush sequences
+  read S_hi and the buffer, and the kernel writes the FP32 fold, which one vectorised pass
+  (`write_checkpoint_packed`) rounds to both copies: this pass does the scale reductions of every format.
 - `verify_triton`: output-only verification of T drafts appended after the committed entries.
-The kernels compute in FP32 (tl.dot with input_precision="ieee", no TF32).
+The kernels compute in FP32 (tl.dot with input_precision="ieee", no TF32; FP32 FMAs in the step kernel).
 """
 
 from __future__ import annotations
@@ -353,6 +354,201 @@ def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
     return y, (out if do_fold else None)
 
 
+# ---------------------------------------------------------------------------------------------- single-token non-flush step
+#
+# The common decode step (T = 1, no fold) is a pure read: y = G_{0..j} (S_src C) + sum_e w_e (B_e . C) x_e, j = count.
+# `_replay_step_kernel` computes it without tl.dot: per (sequence, head, head_dim tiles) program, BC[e] = B_e . C and the
+# decays w_e = dt_e exp(cs_j - cs_e) once (a few hundred FMAs), then per [BLOCK_P, N] state tile one streamed load and a
+# row reduction sum_n S[p, n] C[n] in FP32 FMAs. Minifloat codes are decoded through FP16 bit patterns (one integer
+# shift/or and one cvt per element), the NVFP4 block scale multiplies a 16-element partial sum, not each element.
+
+_E2M1_F16_SCALE = tl.constexpr(16384.0)  # 2^14: an E2M1 code placed in FP16 bits (exponent low 2 bits) is its value * 2^-14
+
+
+@triton.jit
+def _e2m1_f16(c):
+    """E2M1 value * 2^-14 of the low nibble of c (int32) via the FP16 bit pattern: exact, subnormal codes included."""
+    h = ((c & 7) << 9) | ((c & 8) << 12)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e2m1_f16_hi(byte):
+    """`_e2m1_f16` of the high nibble of bytes (int32, 0..255), without shifting the nibble down first."""
+    h = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_fast(code):
+    """E4M3fn bytes -> FP32 through the FP16 bit pattern (= `e4m3_decode`, NaN for 0x7F/0xFF)."""
+    c = code.to(tl.int32) & 0xFF
+    h = ((c & 0x7F) << 7) | ((c & 0x80) << 8)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def _e5m2_fast(code):
+    """E5M2 bytes -> FP32: an E5M2 byte is the high byte of the FP16 with the same value (= `e5m2_decode`)."""
+    h = (code.to(tl.int32) & 0xFF) << 8
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p, read_hi,
+                 H, N: tl.constexpr, NB: tl.constexpr,
+                 READ: tl.constexpr, GS_SCOPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
+    """sum_n S_src[p, n] C[n] for one [BLOCK_P] tile of rows: S_hi (FP32) if read_hi else the packed read copy.
+    c: C [BLOCK_N]; c_even, c_odd: C[2j], C[2j + 1] as [BLOCK_S, 8] (NVFP4 only), j the byte column."""
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    if read_hi:
+        s = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_p[:, None] & mask_n[None, :], other=0.0)
+        out = tl.sum(s * c[None, :], axis=1)
+    else:
+        if READ == NVFP4:  # bytes as [BLOCK_P, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
+            offs_s = tl.arange(0, BLOCK_S)
+            col = offs_s[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
+            m3 = mask_p[:, None, None] & (col < NB // 2)[None, :, :]
+            byte = tl.load(data_ptr + rows[:, None, None] * (NB // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
+            part = tl.sum(_e2m1_f16(byte) * c_even[None, :, :] + _e2m1_f16_hi(byte) * c_odd[None, :, :],
+                          axis=2)  # [BLOCK_P, BLOCK_S], * 2^-14
+            m2 = mask_p[:, None] & (offs_s < NB // 16)[None, :]
+            sc = _e4m3_fast(tl.load(scale_ptr + rows[:, None] * (NB // 16) + offs_s[None, :], mask=m2, other=0))
+            out = tl.sum(tl.where(m2, part * (sc * _E2M1_F16_SCALE), 0.0), axis=1)
+        else:
+            m2 = mask_p[:, None] & mask_n[None, :]
+            ptr = data_ptr + rows[:, None] * N + offs_n[None, :]
+            if (READ == FP8) | (READ == FP8SR):
+                v = _e4m3_fast(tl.load(ptr, mask=m2, other=0))
+            elif READ == FP8E5M2:
+                v = _e5m2_fast(tl.load(ptr, mask=m2, other=0))
+            else:
+                v = tl.load(ptr, mask=m2, other=0.0).to(tl.float32)
+            out = tl.sum(v * c[None, :], axis=1)  # masked elements load as 0 and C is 0 past N
+        if GS_SCOPE == 1:
+            out = out * tl.load(gs_ptr + rows, mask=mask_p, other=1.0)
+        elif GS_SCOPE == 2:
+            out = out * tl.load(gs_ptr + b * H + h)
+        elif GS_SCOPE == 3:
+            out = out * tl.load(gs_ptr + b)
+    return out
+
+
+@triton.jit
+def _replay_step_kernel(
+    x_ptr, b_ptr, dt_ptr, c_ptr,  # buffer x [B, E, H, P], B [B, E, G, N], dt [B, E, H] (the new token at `count`); C [B, G, N]
+    count_ptr, read_hi_ptr, fold_ptr,  # [B] int64 committed entries, [B] int8, [B] int8
+    hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, H, P, N] fp32 and the packed read copy
+    A_ptr, y_ptr, out_ptr,  # y [B, H, P] (without D x); out [B, H, P, N] the FP32 fold of the folding sequences
+    E, H, G, HPG, skip,
+    P: tl.constexpr, N: tl.constexpr, NB: tl.constexpr,
+    READ: tl.constexpr, GS_SCOPE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    g = h // HPG
+    count = tl.load(count_ptr + b)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_e = (offs_e <= count) & (offs_e < E)
+    row_e = b.to(tl.int64) * E + offs_e
+    dt = tl.load(dt_ptr + row_e * H + h, mask=mask_e, other=0.0)
+    cs = tl.cumsum(dt * tl.load(A_ptr + h), axis=0)  # [BLOCK_E] log G_{0..e}
+    cs_q = tl.sum(tl.where(offs_e == count, cs, 0.0), axis=0)  # log G_{0..j} of the query entry j = count
+    w = tl.exp(cs_q - cs) * dt  # dt_e G_{e+1..j}; 0 past j (dt = 0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    gn = (b.to(tl.int64) * G + g) * N
+    c = tl.load(c_ptr + gn + offs_n, mask=mask_n, other=0.0)
+    k = tl.load(b_ptr + (row_e[:, None] * G + g) * N + offs_n[None, :], mask=mask_e[:, None] & mask_n[None, :], other=0.0)
+    coef = tl.sum(k * c[None, :], axis=1) * w  # [BLOCK_E] w_e (B_e . C)
+    if READ == NVFP4:  # C split by parity once per program: the two nibbles of byte j multiply C[2j] and C[2j + 1]
+        col = tl.arange(0, BLOCK_S)[:, None] * 8 + tl.arange(0, 8)[None, :]
+        c_even = tl.load(c_ptr + gn + 2 * col, mask=2 * col < N, other=0.0)
+        c_odd = tl.load(c_ptr + gn + 2 * col + 1, mask=2 * col + 1 < N, other=0.0)
+    else:
+        c_even = c
+        c_odd = c
+    g_read = tl.exp(cs_q)
+    if SKIP:
+        g_read = tl.where(g_read < skip, 0.0, g_read)
+        do_read = g_read != 0.0  # the checkpoint term is zeroed: skip its read
+    else:
+        do_read = True
+    read_hi = tl.load(read_hi_ptr + b) != 0
+    if FOLD:
+        folding = tl.load(fold_ptr + b) != 0
+    else:
+        folding = False
+    bh = b.to(tl.int64) * H + h
+    for i in tl.static_range(TILES):
+        offs_p = (tl.program_id(2) * TILES + i) * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < P
+        rows = bh * P + offs_p  # [BLOCK_P] row in [B, H, P]
+        xv = tl.load(x_ptr + (row_e[:, None] * H + h) * P + offs_p[None, :], mask=mask_e[:, None] & mask_p[None, :],
+                     other=0.0)
+        y = tl.sum(xv * coef[:, None], axis=0)  # [BLOCK_P] buffer term
+        if folding:  # flush: fold = G_{0..j} S_hi + sum_{e<=j} dt_e G_{e+1..j} x_e B_e^T, rank-1 updates in FP32 FMAs
+            m2 = mask_p[:, None] & mask_n[None, :]
+            s_hi = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=m2, other=0.0)
+            upd = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+            e = 0
+            while e <= count:  # a while loop: the interpreter cannot take range() of a runtime scalar
+                w_e = tl.sum(tl.where(offs_e == e, w, 0.0), axis=0)
+                r = b.to(tl.int64) * E + e
+                x_e = tl.load(x_ptr + (r * H + h) * P + offs_p, mask=mask_p, other=0.0)
+                b_e = tl.load(b_ptr + (r * G + g) * N + offs_n, mask=mask_n, other=0.0)
+                upd += (w_e * x_e)[:, None] * b_e[None, :]
+                e += 1
+            tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], g_read * s_hi + upd, mask=m2)
+            if read_hi:
+                y += g_read * tl.sum(s_hi * c[None, :], axis=1)
+            else:
+                y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p,
+                                           read_hi, H, N, NB, READ, GS_SCOPE, BLOCK_N, BLOCK_S)
+        else:
+            if do_read:
+                y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p,
+                                           read_hi, H, N, NB, READ, GS_SCOPE, BLOCK_N, BLOCK_S)
+        tl.store(y_ptr + rows, y, mask=mask_p)
+
+
+def step_launch_config(batch: int, heads: int, head_dim: int, read: int) -> dict:
+    """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by benchmarks/kernels.py)."""
+    block_p = min(16, triton.next_power_of_2(head_dim))
+    tiles = triton.cdiv(head_dim, block_p) if batch * heads >= 4096 else 1  # many sequences: one program per head
+    return {"BLOCK_P": block_p, "TILES": tiles, "num_warps": 4}
+
+
+def step_grid(batch: int, heads: int, head_dim: int, block_p: int, tiles: int) -> tuple[int, int, int]:
+    return batch, heads, triton.cdiv(triton.cdiv(head_dim, block_p), tiles)
+
+
+def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fold=None):
+    """Launch `_replay_step_kernel`: one query per sequence at entry count[b] of the buffer (the last entry it uses);
+    sequences with fold[b] also get their FP32 fold of entries 0..count[b]. Returns (y [B, H, P], fold or None)."""
+    batch, E, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    read, scope, (data, scales, gs), nb = _read_layout(state, config)
+    y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
+    do_fold = fold is not None and bool(fold.any())
+    out = torch.empty_like(state.hi) if do_fold else y
+    fold = read_hi if fold is None else fold
+    cfg = launch or step_launch_config(batch, H, P, read)
+    skip = config.skip_read_below
+    block_nb = max(16, triton.next_power_of_2(nb))
+    _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
+        x, B, dt, C, count, read_hi.to(torch.int8), fold.to(torch.int8), state.hi.contiguous(), data,
+        data if scales is None else scales, data if gs is None else gs, A, y, out,
+        E, H, G, H // G, float(skip or 0.0),
+        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=do_fold,
+        BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N), BLOCK_S=block_nb // 16, **cfg,
+    )
+    return y, (out if do_fold else None)
+
+
 def _check_fp32(inp: Inputs):
     if inp.x.dtype != torch.float32:
         raise ValueError("compute_dtype must be torch.float32 for the Triton kernels")
@@ -375,9 +571,9 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
     count = st.schedule.count
     for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt)):
         buffer[key][rows, count] = new[:, 0]
-    y, folded = _replay(buffer["x"], buffer["B"], buffer["dt"], inp.C.contiguous(), count.contiguous(),
-                        plan.read_hi[:, 0], plan.fold_after[:, 0], inp.A.contiguous(), st, cfg)
-    y = y[:, 0] + inp.D[:, None] * inp.x[:, 0]
+    y, folded = _replay_step(buffer["x"], buffer["B"], buffer["dt"], inp.C[:, 0].contiguous(), count.contiguous(),
+                             plan.read_hi[:, 0], inp.A.contiguous(), st, cfg, fold=plan.fold_after[:, 0])
+    y = y + inp.D[:, None] * inp.x[:, 0]
     hi, lo, packed, checkpoint = st.hi, st.lo, st.lo_packed, st.checkpoint
     fold = plan.fold_after[:, 0].nonzero().flatten()
     if len(fold):
