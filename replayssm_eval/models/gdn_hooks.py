@@ -32,20 +32,15 @@ def make_chunk_rule(original, torch_reference):
         query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
         use_qk_l2norm_in_kernel=False, **kwargs,
     ):
-        layer = routing.active()
         args = (query, key, value, g, beta)
         opts = dict(
             chunk_size=chunk_size, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs,
         )
-        if layer is None:
-            return original(*args, **opts)
-        layer.routed = True
-        if initial_state is None or layer.session is None:
-            if layer.session is not None:
-                layer.session.forget(layer.layer_idx)
-            return torch_reference(*args, **opts)
-        return _continue(layer, *args, initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs)
+        return routing.dispatch(
+            original, torch_reference, args, opts, initial_state is not None,
+            lambda layer: _continue(layer, *args, initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs),
+        )
 
     return torch_chunk_gated_delta_rule
 

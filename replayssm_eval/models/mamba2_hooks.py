@@ -33,23 +33,18 @@ def make_chunk_scan(original, torch_reference):
         hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
         dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs,
     ):
-        layer = routing.active()
         args = (hidden_states, dt, A, B, C, chunk_size)
         opts = dict(
             D=D, dt_bias=dt_bias, initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
             return_final_states=return_final_states, **kwargs,
         )
-        if layer is None:
-            return original(*args, **opts)
-        layer.routed = True
-        if initial_states is None or layer.session is None:
-            if layer.session is not None:
-                layer.session.forget(layer.layer_idx)
-            return torch_reference(*args, **opts)
-        _refuse_packed(kwargs)
-        dt = _prepare_dt(dt, dt_bias, dt_softplus, dt_limit)
-        y = _scan(layer, hidden_states, dt, A, B, C, D, initial_states)  # [B, T, H, P]
-        return (y, initial_states) if return_final_states else y
+
+        def resume(layer):
+            _refuse_packed(kwargs)
+            y = _scan(layer, hidden_states, _prepare_dt(dt, dt_bias, dt_softplus, dt_limit), A, B, C, D, initial_states)
+            return (y, initial_states) if return_final_states else y  # y: [B, T, H, P]
+
+        return routing.dispatch(original, torch_reference, args, opts, initial_states is not None, resume)
 
     return mamba2_chunk_scan
 

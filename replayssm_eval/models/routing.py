@@ -53,6 +53,21 @@ def leave(token: contextvars.Token) -> ActiveLayer:
     return layer
 
 
+def dispatch(original: Callable, prefill: Callable, args: tuple, opts: dict, has_state: bool,
+             resume: Callable[[ActiveLayer], object]):
+    """The path of a hooked chunk scan: HF's own function outside a routed model, the FP32 prefill when
+    there is no carried state yet (the prompt, or a cache without a session), else `resume(layer)`."""
+    layer = active()
+    if layer is None:
+        return original(*args, **opts)
+    layer.routed = True
+    if not has_state or layer.session is None:
+        if layer.session is not None:
+            layer.session.forget(layer.layer_idx)
+        return prefill(*args, **opts)
+    return resume(layer)
+
+
 def rebind(module_name: str, function_name: str, make: Callable[[Callable, Callable], Callable]) -> None:
     """Replace `module_name.function_name` by `make(original, torch_reference)`, once per process.
 
