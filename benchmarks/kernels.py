@@ -61,11 +61,7 @@ from replayssm_eval.kernels.mamba2 import chunked as mamba2_chunked  # noqa: E40
 from replayssm_eval.kernels.mamba2 import decode_reference as mamba2_reference  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
 from replayssm_eval.kernels.schedule import ScheduleState  # noqa: E402
-from replayssm_eval.kernels.state import (  # noqa: E402
-    ReplayState,
-    write_checkpoint,
-    write_checkpoint_packed,
-)
+from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed  # noqa: E402
 
 GEOMETRY = {  # full size and --tiny
     "mamba2": (dict(H=96, P=80, N=128, G=8), dict(H=4, P=20, N=32, G=2)),
@@ -243,6 +239,15 @@ def _valid(t: torch.Tensor, count: int) -> torch.Tensor:
     return t
 
 
+def flush_packing(folded: torch.Tensor, config: str):
+    """The host-side part of a flush, as `decode_step_triton` runs it: round both copies, pack the read copy."""
+    cfg = ReplayConfig.parse(config)
+    batch = folded.shape[0]
+    seq_ids = torch.arange(batch, device=folded.device)
+    ckpt = torch.ones(batch, dtype=torch.int64, device=folded.device)
+    return lambda: write_checkpoint_packed(folded, cfg, 0, seq_ids, ckpt)
+
+
 class Mamba2:
     name = "mamba2"
 
@@ -322,12 +327,7 @@ class Mamba2:
         y = mamba2_triton.conventional_step(x, dt, self.A, B, C, self.D, s_got)
         return max(relerr(y_ref[:, 0], y), relerr(st.hi, s_got))
 
-    def packing(self, folded: torch.Tensor, config: str):
-        cfg = ReplayConfig.parse(config)
-        batch = folded.shape[0]
-        seq_ids = torch.arange(batch, device=folded.device)
-        ckpt = torch.ones(batch, dtype=torch.int64, device=folded.device)
-        return lambda: write_checkpoint_packed(folded, cfg, 0, seq_ids, ckpt)
+    packing = staticmethod(flush_packing)
 
     def sequence(self, tokens: int):
         x, dt, B, C = self.token(1, tokens)
@@ -378,8 +378,7 @@ class GDN:
         batch, device = s0.shape[0], s0.device
         seq_ids = torch.arange(batch, device=device)
         ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
-        hi, lo = write_checkpoint(s0, cfg, 0, seq_ids, ckpt)
-        packed = gdn_triton.pack_read_copy(s0, cfg, 0, seq_ids, ckpt)
+        hi, lo, packed = write_checkpoint_packed(s0, cfg, 0, seq_ids, ckpt)
         cap = cfg.window
         r = self.rand
         k = torch.nn.functional.normalize(r(batch, cap, self.H, self.K), dim=-1)
@@ -406,16 +405,7 @@ class GDN:
         o = gdn_triton.conventional_step(q, k, v, g, beta, s_got)
         return max(relerr(o_ref[:, 0], o), relerr(st.hi, s_got))
 
-    def packing(self, folded: torch.Tensor, config: str):
-        cfg = ReplayConfig.parse(config)
-        batch = folded.shape[0]
-        seq_ids = torch.arange(batch, device=folded.device)
-        ckpt = torch.ones(batch, dtype=torch.int64, device=folded.device)
-
-        def run():  # what decode_step_triton does with a fold: both copies, then the packed read copy
-            write_checkpoint(folded, cfg, 0, seq_ids, ckpt)
-            gdn_triton.pack_read_copy(folded, cfg, 0, seq_ids, ckpt)
-        return run
+    packing = staticmethod(flush_packing)
 
     def sequence(self, tokens: int):
         q, k, v, g, beta = self.token(1, tokens)

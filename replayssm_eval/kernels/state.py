@@ -51,11 +51,7 @@ def write_checkpoint(
     state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Round an FP32 state [B, H, P, N] to both stored copies; returns (S_hi, S_lo), fp32."""
-    state = state.float()
-    hi = _store(state, config.recur_format, config.seed, layer, seq_ids, checkpoint, RECUR_COPY)
-    if config.shared:
-        return hi, hi
-    lo = _store(state, config.read_format, config.seed, layer, seq_ids, checkpoint, READ_COPY)
+    hi, lo, _ = write_checkpoint_packed(state, config, layer, seq_ids, checkpoint)
     return hi, lo
 
 
@@ -81,11 +77,3 @@ def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
         return fmt.encode(state)
     keys = sr_keys(seed, layer, seq_ids, copy)
     return fmt.encode(state, random_bits=state_random_bits(keys, checkpoint, tuple(state.shape[1:])))
-
-
-def _store(state, fmt, seed, layer, seq_ids, checkpoint, copy) -> torch.Tensor:
-    if not fmt.is_stochastic:
-        return fmt.quantize(state)
-    keys = sr_keys(seed, layer, seq_ids, copy)
-    bits = state_random_bits(keys, checkpoint, tuple(state.shape[1:]))
-    return fmt.quantize(state, random_bits=bits)

@@ -20,7 +20,7 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    the packed read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32
    scales, or 16/32-bit elements) and the buffer and write no state; flush rows read S_hi and the
    buffer and write the folded FP32 state, which the host rounds to both copies with
-   `write_checkpoint` and packs with the read format's `encode` (same random bits).
+   `write_checkpoint_packed` (one rounding, the read copy also packed).
 3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write.
 """
@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.kernels.gdn._common import Prepared, _prepare, to_format_layout
-from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
+from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
     FP8SR, FP16SR, KINDS, e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
@@ -441,15 +441,6 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, fold, cl
     return u, o, folded
 
 
-def pack_read_copy(state_vk, config, layer, seq_ids, checkpoint):
-    """The read copy of an FP32 state [B, HV, V, K] in its packed encoding, with the random bits `write_checkpoint` uses."""
-    fmt, copy = (config.recur_format, RECUR_COPY) if config.shared else (config.read_format, READ_COPY)
-    bits = None
-    if fmt.is_stochastic:
-        bits = state_random_bits(sr_keys(config.seed, layer, seq_ids, copy), checkpoint, tuple(state_vk.shape[1:]))
-    return fmt.encode(state_vk.float().contiguous(), random_bits=bits)
-
-
 def _read_format(config):
     return config.recur_format if config.shared else config.read_format
 
@@ -461,7 +452,7 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
     (ReplayState.lo_packed, written here at every checkpoint; a state without one is packed from
     its decoded read copy, which must round-trip exactly) and the buffer; flush rows read S_hi
     and the buffer, and the folded FP32 state is rounded to both copies by `write_checkpoint`
-    and packed. Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
+    and packed (`write_checkpoint_packed`). Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
     """
     p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32)
     cfg, st = p.config, p.state
@@ -470,7 +461,7 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
     fmt = _read_format(cfg)
     packed = st.lo_packed
     if isinstance(initial_state, torch.Tensor):
-        packed = pack_read_copy(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)
+        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)[2]
     elif packed is None:
         packed = fmt.encode(st.lo.contiguous())
         if not torch.equal(fmt.decode(packed), st.lo):
@@ -490,8 +481,7 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
     hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
     if fold.any():
         idx = fold.nonzero().flatten()
-        new_hi, new_lo = write_checkpoint(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
-        new_packed = pack_read_copy(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
         hi_out = hi_out.clone()
         hi_out[idx] = new_hi
         lo_out = hi_out if cfg.shared else lo_out.clone()
