@@ -2,11 +2,14 @@
 
     python benchmarks/full_size.py --out OUT.json                       # on a GPU: both 4B architectures
     python benchmarks/full_size.py --models tiny-nemotron-h --tokens 256 --device cpu   # smoke run
+    python benchmarks/full_size.py --tokens 32768 --small-segments 256 --out OUT.json   # issue 5's speed table
 
 Builds Nemotron-3-Nano-4B and Qwen3.5-4B from `presets.full_size_config` (no download, random
 weights, bf16), routes their SSM layers through our kernels and feeds a prompt plus teacher-forced
-segments, as the KL driver does, once per config. Prints one row per (model, config): generated
-tokens per second, peak GPU memory, and a plain HF forward over the same tokens as the yardstick.
+segments, as the KL driver does, once per config (after an untimed warm-up run over two segments).
+Prints one row per (model, config): generated tokens per second, peak GPU memory, and a plain HF
+forward over the same tokens as the yardstick; with --small-segments, the first config also fed
+16 tokens per call (the cache-hook path) and one token per call, over that many tokens.
 Random weights say nothing about accuracy; this is the scale and speed check.
 """
 
@@ -39,19 +42,27 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-               device: str) -> dict:
-    """Prompt then teacher-forced segments; returns generated tokens/s and the last logits' finiteness."""
+def feed(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
+         device: str) -> tuple[float, torch.Tensor]:
+    """Prompt (untimed), then the rest of `ids` in segments of `segment` tokens; returns (seconds, last logits)."""
     session = rm.new_session(config, seq_ids=[0], backend=backend)
     rm.forward(ids[:, :prompt_len], session, logits_to_keep=1)
     sync(device)
     start = time.perf_counter()
     for begin in range(prompt_len, ids.shape[1], segment):
-        logits = rm.forward(ids[:, begin:begin + segment], session)
+        logits = rm.forward(ids[:, begin:begin + segment], session, logits_to_keep=1)
     sync(device)
-    seconds = time.perf_counter() - start
+    return time.perf_counter() - start, logits
+
+
+def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
+               device: str) -> dict:
+    """Teacher-forced segments after a warm-up run over two segments (Triton compiles are not timed);
+    returns generated tokens/s and the last logits' finiteness."""
+    feed(rm, ids[:, :prompt_len + 2 * segment], prompt_len, segment, config, backend, device)
+    seconds, logits = feed(rm, ids, prompt_len, segment, config, backend, device)
     generated = ids.shape[1] - prompt_len
-    return {"config": config, "tokens_per_s": generated / seconds, "seconds": seconds,
+    return {"config": config, "segment": segment, "tokens_per_s": generated / seconds, "seconds": seconds,
             "finite": bool(torch.isfinite(logits).all())}
 
 
@@ -72,6 +83,9 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(FULL_SIZE))
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--tokens", type=int, default=8192, help="generated tokens per config")
+    parser.add_argument("--small-segments", type=int, default=0,
+                        help="also time this many tokens fed in segments of 16 and one by one (first config)")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain HF forward")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--segment", type=int, default=2048)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -101,9 +115,19 @@ def main() -> None:
                 row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             rows.append(row)
             print(json.dumps(row), flush=True)
-        plain = plain_forward(rm, ids, args.device)
-        rows.append({"model": name, "config": "plain HF forward", "tokens_per_s": ids.shape[1] / plain, "seconds": plain})
-        print(json.dumps(rows[-1]), flush=True)
+        config = args.configs.split(",")[0]
+        for segment in (16, 1) if args.small_segments else ():
+            short = ids[:, :args.prompt_len + args.small_segments]
+            row = run_config(rm, short, args.prompt_len, segment, config, args.backend, args.device)
+            row.update(model=name, tokens=args.small_segments, backend=args.backend,
+                       path="segments of 16 (cache-hook path)" if segment == 16 else "token by token")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if not args.no_plain:
+            plain = plain_forward(rm, ids, args.device)
+            rows.append({"model": name, "config": "plain HF forward", "tokens": ids.shape[1],
+                         "tokens_per_s": ids.shape[1] / plain, "seconds": plain})
+            print(json.dumps(rows[-1]), flush=True)
         del rm
     if args.out:
         with open(args.out, "w") as f:

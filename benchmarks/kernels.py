@@ -305,14 +305,7 @@ class Mamba2:
         return out
 
     def step_variant(self, launch, cfg: dict):
-        """The captured `_replay_step_kernel` launch with another launch config (grid recomputed)."""
-        if getattr(launch, "kernel", None) != "_replay_step_kernel":
-            raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
-        grid, args, kwargs = launch.launch
-        kernel = mamba2_triton._replay_step_kernel
-        new_grid = mamba2_triton.step_grid(grid[0], self.H, self.P, cfg["BLOCK_P"], cfg["TILES"])
-        kw = {**kwargs, **cfg}
-        return lambda: kernel[new_grid](*args, **kw)
+        return step_variant(mamba2_triton, launch, cfg, self.H, self.P, cfg["BLOCK_P"])
 
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
@@ -387,9 +380,25 @@ class GDN:
         return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
 
     def step_launch(self, state: ReplayState, config: str):
+        """The kernel launch of decode_step_triton for one token from `state`: `_replay_step_kernel` (non-flush and
+        flush sequences alike)."""
         q, k, v, g, beta = self.token(state.batch, 1)
-        return captured_launch(gdn_triton, "_step_kernel",
+        return captured_launch(gdn_triton, "_replay_step_kernel",
                                lambda: gdn_triton.decode_step_triton(q, k, v, g, beta, state, config))
+
+    def step_variants(self) -> list[dict]:
+        """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch)."""
+        out = []
+        k = max(16, triton.next_power_of_2(self.K))
+        for block_v in (8, 16, 32):
+            for block_k in sorted({min(64, k), k}):  # K in chunks of 64, or whole
+                for tiles in sorted({1, triton.cdiv(self.V, block_v)}):
+                    for warps in ((4, 8) if block_v * block_k >= 2048 else (2, 4)):
+                        out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, num_warps=warps))
+        return out
+
+    def step_variant(self, launch, cfg: dict):
+        return step_variant(gdn_triton, launch, cfg, self.HV, self.V, cfg["BLOCK_V"])
 
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
@@ -420,6 +429,17 @@ class GDN:
         for t in range(tokens):
             sl = slice(t, t + 1)
             _, state = gdn_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+
+
+def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
+    """The captured `_replay_step_kernel` launch of `module` with another launch config (grid recomputed).
+
+    rows: the state rows a program's tiles split (Mamba-2 head_dim P, GDN V); block: rows per tile."""
+    if getattr(launch, "kernel", None) != "_replay_step_kernel":
+        raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
+    grid, args, kwargs = launch.launch
+    new_grid = module.step_grid(grid[0], heads, rows, block, cfg["TILES"])
+    return lambda: module._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
 
 
 def read_copy_bytes(fam, batch: int, config: str) -> int:
@@ -493,7 +513,7 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
                 read = read_copy_bytes(fam, batch, config)
                 kernel = getattr(launch, "kernel", "")
                 if kernel == "_replay_step_kernel":
-                    cfg = {k: launch.launch[2][k] for k in ("BLOCK_P", "TILES", "num_warps")}
+                    cfg = {k: launch.launch[2][k] for k in fam.step_variants()[0]}
                     if config in tuned and batch * fam.H >= 4096 and tuned[config] != cfg:  # the launch tuned at the largest batch
                         launch, cfg = fam.step_variant(launch, tuned[config]), tuned[config]
                         kernel += " tuned"
@@ -536,7 +556,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
             holder["launch"], _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
             grid, _, kwargs = holder["launch"].launch
             row["note"] = f"{holder['launch'].kernel} default: " + " ".join(
-                f"{k}={kwargs[k]}" for k in ("BLOCK_P", "TILES", "num_warps") if k in kwargs)
+                f"{k}={kwargs[k]}" for k in fam.step_variants()[0] if k in kwargs)
         r = res.add(dict(section="tune", family=fam.name, name=f"non-flush {label} read launch", batch=batch), capture)
         if r.get("error") or holder["launch"].kernel != "_replay_step_kernel":
             continue
@@ -551,14 +571,21 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
 
             def run(row, cfg=cfg):
                 _bw(row, timer.kernel_ms(fam.step_variant(holder["launch"], cfg)), nbytes, copy_gbps, read)
-            name = f"non-flush {label} p{cfg['BLOCK_P']} t{cfg['TILES']} w{cfg['num_warps']}"  # BLOCK_P, TILES, num_warps
-            r = res.add(dict(section="tune", family=fam.name, batch=batch, name=name), run)
+            r = res.add(dict(section="tune", family=fam.name, batch=batch, name=f"non-flush {label} {_short(cfg)}"), run)
             if r.get("ms") is not None and (found is None or r["ms"] < found[1]):
                 found = (cfg, r["ms"])
         if found is not None:
             best[config] = found[0]
     del s0
     return best
+
+
+_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "num_warps": "w"}
+
+
+def _short(cfg: dict) -> str:
+    """A launch config as a row name: p16 t1 w4 (BLOCK_P, TILES, num_warps), v16 k128 t8 w4 (BLOCK_V, BLOCK_K, ...)."""
+    return " ".join(f"{_SHORT[k]}{v}" for k, v in cfg.items())
 
 
 def derive_amortised(res: Results, name: str, batch: int, copy_gbps):

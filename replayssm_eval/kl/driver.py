@@ -9,12 +9,17 @@ reduced at once to per-token scalars (`metrics.token_metrics`), so no [tokens, v
 exists. `segment_len` is a multiple of every config's window, so each segment starts at window
 position 0.
 
-Fault handling. Completed documents are stored (atomically) with their per-token metrics, and
-kl.json is re-rendered after each; progress.json is rewritten after every segment. A document is
-the unit of resumption: the carried state (KV caches of up to 128K tokens per config) is far
-larger than the document's metrics, so an interrupted batch is recomputed from its start, which
-is bit-identical because a document's numbers depend only on its tokens, its batch (fixed by
-index) and its sequence id. Ctrl-C leaves the finished documents and a resumable directory.
+Fault handling. After every segment the batch's per-token metrics so far are stored atomically
+(inflight/batch-*.npz, one file per batch, so each rank writes its own), and progress.json is
+rewritten; a finished document is stored with its metrics and kl.json is re-rendered. The
+carried state (HF caches and ReplayStates, GBs at 128K tokens) is saved only on Ctrl-C: the first
+SIGINT is deferred to the end of the current segment (`interrupt`), where every stream has
+consumed the same tokens, and a snapshot of the batch there (every stream's state and the metrics
+so far, inflight/batch-*.pt) is written before the run stops. `--resume` continues each batch from
+its snapshot, or else from its start (after a crash or a second Ctrl-C). Either way the numbers are
+bit-identical to an uninterrupted run: a document's numbers depend only on its tokens, its batch
+(fixed by index), its sequence id and the segment boundaries (fixed by the options), and the SR
+bits are keyed by seed, layer, sequence, element and checkpoint index, not by process history.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from replayssm_eval.kernels.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.kl import runner as runner_module
 from replayssm_eval.kl.buckets import Bucket, parse_buckets
 from replayssm_eval.kl.cli import DEFAULT_CONFIGS, MAX_TOKENS, KLConfig
+from replayssm_eval.kl.interrupt import deferred_interrupt
 from replayssm_eval.kl.metrics import METRICS, token_metrics, token_nll
 from replayssm_eval.kl.output import (
     SCHEMA_VERSION,
@@ -49,13 +55,18 @@ from replayssm_eval.kl.output import (
 )
 from replayssm_eval.kl.ranks import Ranks, barrier, batches_for_rank, gather_on_main, init_ranks, on_main
 from replayssm_eval.kl.store import (
+    INFLIGHT_DIR,
     PROGRESS_FILE,
     RUN_FILE,
     TOKENS_DIR,
     atomic_write_json,
+    clear_inflight,
     load_documents,
+    load_snapshot,
     read_json,
     save_document,
+    save_partial,
+    save_snapshot,
 )
 
 REFERENCE = ReplayConfig()
@@ -184,13 +195,14 @@ def run_kl(options: KLConfig) -> Path:
     try:
         done = _evaluate(plan, runner, docs, run_dir, ranks, on_document=lambda d: render(d, False))
     except KeyboardInterrupt:
-        print(f"\ninterrupted; finished documents are kept. Continue with: replayssm-eval kl --resume {run_dir}",
-              file=sys.stderr)
+        print(f"\ninterrupted; finished documents and any snapshot of the batch in flight are kept. "
+              f"Continue with: replayssm-eval kl --resume {run_dir}", file=sys.stderr)
         raise
     merged = gather_on_main(ranks, done)
     if ranks.is_main:
         render(merged, True)
         (run_dir / PROGRESS_FILE).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / INFLIGHT_DIR, ignore_errors=True)
         if not options.keep_token_metrics:
             shutil.rmtree(run_dir / TOKENS_DIR, ignore_errors=True)
         print(f"wrote {run_dir}", file=sys.stderr)
@@ -264,60 +276,136 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
     pending = [batch for batch in batches if any(i not in done for i in batch)]
     bar = tqdm(total=sum(len(b) for b in pending) * options.tokens, unit="tok", unit_scale=True,
                desc=f"generated tokens x (fp32 + {len(plan.configs)} configs)", disable=not ranks.is_main)
-    with bar:
+    map_location = None if options.device_map else runner.device  # a device_map model keeps its devices
+    with bar, deferred_interrupt() as interrupt:
         for batch in pending:
-            def on_segment(generated: int, new_tokens: int, metrics: torch.Tensor):
-                bar.update(new_tokens * len(batch))
-                if ranks.is_main:
-                    running = metrics[:, :, 0, :generated].mean(dim=(0, 2))  # [C]
-                    atomic_write_json(run_dir / PROGRESS_FILE, {
-                        "documents": batch, "generated": generated, "tokens": options.tokens,
-                        "kl_mean_so_far": dict(zip(names, running.tolist())),
-                    })
-
+            interrupt.check()
+            start = load_snapshot(run_dir, batch, map_location)
+            if start is not None:
+                bar.update(start["generated"] * len(batch))
             metrics, ref_nll = evaluate_batch(
                 runner, plan.configs, docs.tokens[batch], torch.tensor(batch), options.prompt_len,
-                plan.segment_len, on_segment,
+                plan.segment_len, _segment_hook(run_dir, batch, names, ranks, bar, interrupt), start=start,
             )
             for row, index in enumerate(batch):
                 save_document(run_dir, index, metrics[row], ref_nll[row], names)
                 done[index] = (metrics[row], ref_nll[row])
+            clear_inflight(run_dir, batch)
             if ranks.is_main:
                 on_document(done)
     return done
 
 
+def _segment_hook(run_dir: Path, batch: list[int], names: list[str], ranks: Ranks, bar, interrupt):
+    """`evaluate_batch`'s on_segment: store the metrics so far; after a deferred Ctrl-C, snapshot and stop.
+
+    At the batch's last boundary there is nothing to continue: the batch is stored instead, and the
+    run stops before the next batch (or completes, if there is none).
+    """
+
+    def on_segment(here: Boundary, new_tokens: int) -> None:
+        bar.update(new_tokens * len(batch))
+        save_partial(run_dir, batch, here.metrics[..., :here.generated].numpy(),
+                     here.ref_nll[:, :here.generated].numpy(), names)
+        if ranks.is_main:
+            _write_progress(run_dir, batch, here, names)
+        if interrupt.requested and not here.finished:
+            path = save_snapshot(run_dir, batch, here.snapshot())
+            tqdm.write(f"saved documents {batch} at generated token {here.generated}: {path}", file=sys.stderr)
+            raise KeyboardInterrupt
+
+    return on_segment
+
+
+def _write_progress(run_dir: Path, batch: list[int], here: Boundary, names: list[str]) -> None:
+    """progress.json: the batch in flight, the tokens generated so far, the running mean KL per config."""
+    running = here.metrics[:, :, 0, :here.generated].mean(dim=(0, 2))  # [C]
+    atomic_write_json(run_dir / PROGRESS_FILE, {
+        "documents": batch, "generated": here.generated, "tokens": here.metrics.shape[-1],
+        "kl_mean_so_far": dict(zip(names, running.tolist())),
+    })
+
+
+@dataclass
+class Boundary:
+    """The batch in flight at a segment boundary, where every stream has consumed the same tokens."""
+
+    generated: int  # generated tokens whose metrics are done
+    metrics: torch.Tensor  # [B, C, 4, N], columns [0, generated) filled
+    ref_nll: torch.Tensor  # [B, N], the same columns filled
+    streams: list  # the reference's, then each config's
+
+    @property
+    def finished(self) -> bool:
+        return self.generated == self.metrics.shape[-1]
+
+    def snapshot(self) -> dict:
+        """What `evaluate_batch(start=...)` continues from: the position, the metrics so far, every stream's state."""
+        return {
+            "generated": self.generated,
+            "metrics": self.metrics[..., :self.generated].clone(),
+            "ref_nll": self.ref_nll[:, :self.generated].clone(),
+            "streams": [s.save() for s in self.streams],
+        }
+
+    def resume(self, start: dict) -> None:
+        """Take the position and the metrics of a snapshot (the streams are restored by `_open_streams`)."""
+        self.generated = start["generated"]
+        self.metrics[..., :self.generated] = start["metrics"]
+        self.ref_nll[:, :self.generated] = start["ref_nll"]
+
+
 def evaluate_batch(runner, configs, tokens: torch.Tensor, seq_ids: torch.Tensor, prompt_len: int,
-                   segment_len: int, on_segment=None) -> tuple[np.ndarray, np.ndarray]:
+                   segment_len: int, on_segment=None, start: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-token metrics of one batch.
 
     tokens: [B, prompt_len + N] int64; seq_ids: [B] int64 (key the SR bits).
     Returns metrics [B, C, len(METRICS), N] and ref_nll [B, N], float32.
-    `on_segment(generated, new_tokens, metrics)` is called after the prefill and after each segment.
+    `on_segment(boundary, new_tokens)` is called after the prefill and after each segment with the
+    `Boundary` reached; it may save `boundary.snapshot()` and raise to stop there.
+    start: a `Boundary.snapshot()` of this batch to continue from instead of the prefill.
     """
     batch, total = tokens.shape
     length = total - prompt_len
     tokens = tokens.to(runner.device)
-    metrics = torch.empty(batch, len(configs), len(METRICS), length, dtype=torch.float32)
-    ref_nll = torch.empty(batch, length, dtype=torch.float32)
-    streams = [runner.open(c, seq_ids) for c in (REFERENCE, *configs)]
-    try:
-        # the prefill's last logits predict generated token 1
-        _lockstep([s.prefill for s in streams], tokens[:, :prompt_len], tokens[:, prompt_len:prompt_len + 1],
-                  metrics, ref_nll, slice(0, 1))
+    here = Boundary(
+        generated=0,
+        metrics=torch.empty(batch, len(configs), len(METRICS), length, dtype=torch.float32),
+        ref_nll=torch.empty(batch, length, dtype=torch.float32),
+        streams=_open_streams(runner, (REFERENCE, *configs), seq_ids, start),
+    )
+
+    def reached(generated: int, new_tokens: int) -> None:
+        here.generated = generated
         if on_segment:
-            on_segment(1, 1, metrics)
-        for a in range(0, length - 1, segment_len):
+            on_segment(here, new_tokens)
+
+    try:
+        if start is None:
+            # the prefill's last logits predict generated token 1
+            _lockstep([s.prefill for s in here.streams], tokens[:, :prompt_len],
+                      tokens[:, prompt_len:prompt_len + 1], here.metrics, here.ref_nll, slice(0, 1))
+            reached(1, 1)
+        else:
+            here.resume(start)
+        for a in range(here.generated - 1, length - 1, segment_len):
             b = min(a + segment_len, length - 1)
             inputs = tokens[:, prompt_len + a : prompt_len + b]  # [B, S], decode steps a..b-1
             targets = tokens[:, prompt_len + a + 1 : prompt_len + b + 1]  # [B, S], generated tokens a+2..b+1
-            _lockstep([s.extend for s in streams], inputs, targets, metrics, ref_nll, slice(a + 1, b + 1))
-            if on_segment:
-                on_segment(b + 1, b - a, metrics)
+            _lockstep([s.extend for s in here.streams], inputs, targets, here.metrics, here.ref_nll,
+                      slice(a + 1, b + 1))
+            reached(b + 1, b - a)
     finally:
-        for stream in streams:
+        for stream in here.streams:
             stream.close()
-    return metrics.numpy(), ref_nll.numpy()
+    return here.metrics.numpy(), here.ref_nll.numpy()
+
+
+def _open_streams(runner, configs, seq_ids: torch.Tensor, start: dict | None) -> list:
+    """A fresh stream per config, or the streams of the snapshot `start`."""
+    if start is None:
+        return [runner.open(c, seq_ids) for c in configs]
+    return [runner.restore(c, seq_ids, saved) for c, saved in zip(configs, start["streams"], strict=True)]
 
 
 def _lockstep(feeds, inputs, targets, metrics, ref_nll, cols: slice) -> None:

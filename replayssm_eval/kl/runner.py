@@ -6,9 +6,11 @@ The driver needs:
     load_runner(model, device=, dtype=, backend=, device_map=) -> Runner
     Runner.device                                where input token ids go
     Runner.open(config, seq_ids) -> Stream       one model state (SSM, conv, KV) in one ReplayConfig
+    Runner.restore(config, seq_ids, saved) -> Stream   a stream continuing from `Stream.save()`
     Runner.state_traffic(config) -> dict | None  SSM state bytes per decode token (models.traffic)
     Stream.prefill(tokens [B, P]) -> logits [B, 1, V] of the last prompt token (anchors the window)
     Stream.extend(tokens [B, S]) -> logits [B, S, V], continuing from the carried state
+    Stream.save() -> object                      the carried state, for torch.save (Ctrl-C snapshots)
     Stream.close()                               frees the state
 
 Several streams of one runner are alive at once (the reference and every config, in lockstep).
@@ -17,6 +19,8 @@ Tests replace `load_tokenizer` and `load_runner` with a fake (tests/kl/kl_fakes.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -52,6 +56,15 @@ class ModelRunner:
     def open(self, config: ReplayConfig, seq_ids: torch.Tensor) -> "ModelStream":
         return ModelStream(self.replay_model, self.replay_model.new_session(config, seq_ids=seq_ids))
 
+    def restore(self, config: ReplayConfig, seq_ids: torch.Tensor, saved: dict) -> "ModelStream":
+        """A session like `open`'s that adopts the saved HF cache and continues the saved SSM states."""
+        from replayssm_eval.models.session import ReplaySession
+
+        session = ReplaySession(config, seq_ids=seq_ids, backend=self.replay_model.backend, cache=saved["cache"])
+        session.states, session.tokens, session.attention_mask = (
+            saved["states"], saved["tokens"], saved["attention_mask"])
+        return ModelStream(self.replay_model, session)
+
     def state_traffic(self, config: ReplayConfig) -> dict | None:
         """`models.state_traffic` of this model's SSM geometry; None for a speculative schedule (not modelled)."""
         from replayssm_eval.models import state_traffic
@@ -71,6 +84,15 @@ class ModelStream:
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.replay_model.forward(tokens, self.session)  # [B, S, V]
+
+    def save(self) -> dict:
+        """The session's carried state (references, not copies): HF cache, SSM states, tokens fed, mask."""
+        session = self.session
+        # a shallow copy of the cache without its back-pointer to the session (which holds the model)
+        cache = copy.copy(session.cache)
+        cache.__dict__ = {k: v for k, v in vars(cache).items() if v is not session}
+        return {"cache": cache, "states": session.states, "tokens": session.tokens,
+                "attention_mask": session.attention_mask}
 
     def close(self) -> None:
         self.session = None  # drops the HF cache and the SSM states

@@ -1,13 +1,17 @@
-"""The run directory: atomic file writes, the run settings, and per-document token metrics.
+"""The run directory: atomic file writes, the run settings, per-document token metrics, the batch in flight.
 
     run.json                  settings of the run (written once; `--resume` reads them back)
     progress.json             the batch in flight, rewritten after every segment
     tokens/doc-000012.npz     one finished document: metrics [C, 4, N] float32, ref_nll [N] float32
+    inflight/batch-000012.npz this rank's batch in flight (named by its first document), rewritten after
+                              every segment: metrics [B, C, 4, n], ref_nll [B, n] of the n tokens done so far
+    inflight/batch-000012.pt  snapshot of that batch at a segment boundary (written on Ctrl-C only): every
+                              stream's state (HF cache, ReplayStates) and the metrics so far
     kl.json, kl_buckets.csv, kl_vs_length.png    rendered from the finished documents
 
 Every file is written to a temporary name in the same folder and moved into place with
 `os.replace`, so an interrupted write leaves the previous version (or nothing), never half a file.
-A document is the unit of resumption: its file exists only once all its segments are done.
+A batch's inflight files are removed once its documents are stored.
 """
 
 from __future__ import annotations
@@ -18,21 +22,31 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
 RUN_FILE = "run.json"
 PROGRESS_FILE = "progress.json"
 TOKENS_DIR = "tokens"
+INFLIGHT_DIR = "inflight"
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call `write(file)` on a temporary file beside `path`, then move it into place with `os.replace`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file and `os.replace`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -73,3 +87,40 @@ def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int)
             )
         done[index] = (metrics, ref_nll)
     return done
+
+
+def inflight_path(run_dir: Path, batch: list[int], suffix: str) -> Path:
+    """inflight/batch-<first document>.<suffix>; batches are fixed by index, so the name is too."""
+    return Path(run_dir) / INFLIGHT_DIR / f"batch-{batch[0]:06d}.{suffix}"
+
+
+def save_partial(run_dir: Path, batch: list[int], metrics: np.ndarray, ref_nll: np.ndarray,
+                 config_names: list[str]) -> None:
+    """Store the batch's metrics so far: metrics [B, C, 4, n], ref_nll [B, n] for the first n generated tokens."""
+    path = inflight_path(run_dir, batch, "npz")
+    path.parent.mkdir(exist_ok=True)
+    atomic_write(path, lambda f: np.savez(f, metrics=metrics, ref_nll=ref_nll, documents=np.array(batch),
+                                          configs=np.array(config_names)))
+
+
+def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:
+    """Store a batch's snapshot (`driver.Boundary.snapshot`) with torch.save; returns its path."""
+    path = inflight_path(run_dir, batch, "pt")
+    path.parent.mkdir(exist_ok=True)
+    atomic_write(path, lambda f: torch.save(snapshot, f))
+    return path
+
+
+def load_snapshot(run_dir: Path, batch: list[int], map_location) -> dict | None:
+    """The batch's snapshot, its tensors moved to `map_location` (None: where they were); None if there is none."""
+    path = inflight_path(run_dir, batch, "pt")
+    if not path.exists():
+        return None
+    # weights_only=False: the HF cache and ReplayState objects are pickled; the file is this run's own
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+def clear_inflight(run_dir: Path, batch: list[int]) -> None:
+    """Remove a finished batch's partial metrics and snapshot."""
+    for suffix in ("npz", "pt"):
+        inflight_path(run_dir, batch, suffix).unlink(missing_ok=True)

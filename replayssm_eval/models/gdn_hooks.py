@@ -15,6 +15,8 @@ cache's `update_recurrent_state` only sees the final state, too late to change o
   modeling module's `l2norm`, eps 1e-6) when asked, scale q by K^-0.5. transformers 5.17 repeats
   q and k to the value heads before the call, 5.24 inside it; the kernels take either (value head
   hv reads key head hv // (HV / H), as repeat_interleave does).
+- The FP32 reference under the chunked engine runs transformers' torch chunk rule itself from
+  the session's FP32 state (`ReplaySession.scan`'s `plain`): the plain forward's own function.
 - Output in the query's dtype, as both torch rules return it. The cache's recurrent tensor keeps
   the anchor state; the live state is the session's.
 """
@@ -37,9 +39,13 @@ def make_chunk_rule(original, torch_reference):
             chunk_size=chunk_size, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs,
         )
+        def plain(state):  # HF's FP32 chunk rule of this call from `state` (the reference's fast path)
+            return torch_reference(*args, **{**opts, "initial_state": state, "output_final_state": True})
+
         return routing.dispatch(
             original, torch_reference, args, opts, initial_state is not None,
-            lambda layer: _continue(layer, *args, initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs),
+            lambda layer: _continue(layer, *args, initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs,
+                                    plain),
         )
 
     return torch_chunk_gated_delta_rule
@@ -62,7 +68,7 @@ def make_recurrent_rule(original, torch_reference):
     return torch_recurrent_gated_delta_rule
 
 
-def _continue(layer, query, key, value, g, beta, anchor, output_final_state, l2norm, kwargs):
+def _continue(layer, query, key, value, g, beta, anchor, output_final_state, l2norm, kwargs, plain=None):
     """q, k [B, T, H, K], v [B, T, HV, V], g and beta [B, T, HV] -> (o [B, T, HV, V], state for the cache)."""
     if kwargs.get("cu_seqlens") is not None:
         raise ValueError("packed sequences (cu_seqlens) cannot be routed: give one document per batch row")
@@ -70,7 +76,7 @@ def _continue(layer, query, key, value, g, beta, anchor, output_final_state, l2n
     if l2norm:
         q, k = _l2norm(q), _l2norm(k)
     q = q * q.shape[-1] ** -0.5
-    o = layer.session.scan("gdn", layer.layer_idx, (q, k, value, g, beta), anchor, layer.attention_mask)
+    o = layer.session.scan("gdn", layer.layer_idx, (q, k, value, g, beta), anchor, layer.attention_mask, plain)
     return o.to(query.dtype), (anchor if output_final_state else None)
 
 

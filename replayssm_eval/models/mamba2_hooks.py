@@ -17,6 +17,8 @@ the final state, too late to change the outputs; wrapping the whole mixer would 
   in the activation dtype; we use the chunk path's rules for every call so that where a segment
   is cut never changes a number.) The output is returned in fp32 (or the inputs' dtype if wider)
   from both replacements, as the chunk scan returns it, for the same reason.
+- The FP32 reference under the chunked engine runs transformers' torch chunk scan itself from
+  the session's FP32 state (`ReplaySession.scan`'s `plain`): the plain forward's own function.
 - The cache's recurrent tensor keeps the anchor state; the live state is the session's.
 """
 
@@ -39,9 +41,13 @@ def make_chunk_scan(original, torch_reference):
             return_final_states=return_final_states, **kwargs,
         )
 
+        def plain(state):  # HF's FP32 chunk scan of this call from `state` (the reference's fast path)
+            return torch_reference(*args, **{**opts, "initial_states": state, "return_final_states": True})
+
         def resume(layer):
             _refuse_packed(kwargs)
-            y = _scan(layer, hidden_states, _prepare_dt(dt, dt_bias, dt_softplus, dt_limit), A, B, C, D, initial_states)
+            dt_ready = _prepare_dt(dt, dt_bias, dt_softplus, dt_limit)
+            y = _scan(layer, hidden_states, dt_ready, A, B, C, D, initial_states, plain)
             return (y, initial_states) if return_final_states else y  # y: [B, T, H, P]
 
         return routing.dispatch(original, torch_reference, args, opts, initial_states is not None, resume)
@@ -76,9 +82,9 @@ def _prepare_dt(dt, dt_bias, dt_softplus, dt_limit):
     return torch.clamp(dt, min=dt_limit[0], max=dt_limit[1])
 
 
-def _scan(layer, x, dt, A, B, C, D, anchor):
+def _scan(layer, x, dt, A, B, C, D, anchor, plain=None):
     """x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N], D [H] -> y [B, T, H, P] (fp32 or wider)."""
-    return layer.session.scan("mamba2", layer.layer_idx, (x, dt, A, B, C, D), anchor, layer.attention_mask)
+    return layer.session.scan("mamba2", layer.layer_idx, (x, dt, A, B, C, D), anchor, layer.attention_mask, plain)
 
 
 def _refuse_packed(kwargs):

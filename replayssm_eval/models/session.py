@@ -11,6 +11,12 @@ scan and leaves the exact FP32 state in the cache; the next call writes checkpoi
 (the anchor) and every call after that continues the ReplayState, so segment boundaries do not
 change numbers. Sequence ids key the stochastic-rounding bits (`kernels.keys`); layer ids are the
 HF layer indices.
+
+The FP32 reference `fp32` (window 1) under the chunked engine is a plain FP32 recurrence:
+no rounding, so no checkpoints, windows or buffers change its numbers. It runs Hugging Face's
+own FP32 torch chunk scan from the carried state (the function a plain forward runs, handed over
+by the hooks as `plain`), or, for a one-token call, the conventional FP32 step of our reference;
+its per-layer state is the FP32 tensor in the HF layout, not a ReplayState.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from replayssm_eval.kernels.state import ReplayState
 
 ENGINES = ("chunked", "reference")
 KERNELS = {"mamba2": "replayssm_eval.kernels.mamba2", "gdn": "replayssm_eval.kernels.gdn"}
-# an FP32 state gives the same numbers at any window; a wide one keeps the chunked form parallel
-REFERENCE_WINDOW = 64
+# the HF-layout FP32 state of a ReplayState stored by the conventional FP32 step (window 1)
+_HF_STATE = {"mamba2": lambda state: state.hi, "gdn": lambda state: state.hi.transpose(-1, -2)}
 
 # the HF cache points back at its session (a cycle the GC collects with both), so no registry
 # outlives a run and a session adopted from a cache generate() made lives as long as that cache
@@ -88,23 +94,26 @@ class ReplaySession:
         return self._config
 
     @property
-    def kernel_config(self) -> ReplayConfig:
-        """The config handed to the kernels: the FP32 reference runs the chunked form at a wide window."""
-        if self.engine == "chunked" and self._config.is_reference:
-            return self._config.replace(window=REFERENCE_WINDOW, speculative=None)
-        return self._config
+    def plain_fp32(self) -> bool:
+        """True when layers run the plain FP32 recurrence: the conventional FP32 config `fp32` under the chunked
+        engine (an FP32 config with a window, e.g. `fp32@16`, runs the kernels: its numbers differ by float noise)."""
+        cfg = self._config
+        return self.engine == "chunked" and cfg.is_reference and cfg.window == 1 and cfg.speculative is None
 
     def forget(self, layer_idx: int) -> None:
         """Drop a layer's state: its HF cache starts over (a prompt call on that layer)."""
         self.states.pop(layer_idx, None)
 
-    def scan(self, kind: str, layer_idx: int, inputs: tuple, anchor: torch.Tensor, attention_mask) -> torch.Tensor:
+    def scan(self, kind: str, layer_idx: int, inputs: tuple, anchor: torch.Tensor, attention_mask,
+             plain: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """Run one decode call of one layer through the kernels; returns the output in the inputs' dtype.
 
         inputs: the family's kernel inputs (x, dt, A, B, C, D or q, k, v, g, beta), batch first;
             promoted to at least fp32 (the kernels' math dtype is `compute_dtype`).
-        anchor: the FP32 state the prompt left in the HF cache; used until the layer has a ReplayState.
+        anchor: the FP32 state the prompt left in the HF cache; used until the layer has a state.
         attention_mask: the padding mask of this call's tokens, or None.
+        plain: for multi-token calls, HF's FP32 chunk scan of this call from a given FP32 state,
+            returning (output, final state); the reference's fast path (see the module docstring).
         """
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError(
@@ -117,10 +126,15 @@ class ReplaySession:
         seq_ids = self._seq_ids(x.shape[0], x.device)
         initial = self.states.get(layer_idx, anchor)
         opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
-        if self.engine == "chunked":
-            y, state = kernels.chunked(*inputs, initial, self.kernel_config, backend=self.backend, **opts)
+        if self.plain_fp32 and plain is not None:
+            y, state = plain(at_least_fp32(initial))
+        elif self.plain_fp32:  # one token: the conventional FP32 step
+            y, stored = kernels.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
+            state = _HF_STATE[kind](stored)
+        elif self.engine == "chunked":
+            y, state = kernels.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
         else:
-            y, state = kernels.decode_reference(*inputs, initial, self.kernel_config, **opts)
+            y, state = kernels.decode_reference(*inputs, initial, self._config, **opts)
         self.states[layer_idx] = state
         return y.to(x.dtype)
 

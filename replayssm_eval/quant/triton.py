@@ -8,6 +8,12 @@ Device functions (call them inside your own `@triton.jit` kernels; FP32 in, FP32
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
 interpreter and any GPU give the same bits as the torch reference.
 
+Fast decoders for kernels that stream a packed copy (one integer shift/or and one exact FP16 -> FP32
+cvt per element, same values as the decoders above):
+    _e4m3_fast(byte), _e5m2_fast(byte)                             codes -> FP32
+    _e2m1_f16(byte), _e2m1_f16_hi(byte)                            low / high nibble -> E2M1 value * 2^-14
+                                                                   (multiply by _E2M1_F16_SCALE, once per block)
+
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Group amax reductions
 (FP8 row/head/tensor scales, NVFP4 global scales) run in torch on the host; block maxima, scales,
 rounding and Philox (`tl.randint(seed, offset + flat index)`) run in the kernel.
@@ -146,6 +152,39 @@ def e5m2_decode(code):
 @triton.jit
 def e2m1_decode(code):
     return _decode_minifloat(code, 2, 1, 1)
+
+
+_E2M1_F16_SCALE = tl.constexpr(16384.0)  # 2^14: an E2M1 code placed in FP16 bits (exponent low 2 bits) is its value * 2^-14
+
+
+@triton.jit
+def _e2m1_f16(c):
+    """E2M1 value * 2^-14 of the low nibble of c (int32) via the FP16 bit pattern: exact, subnormal codes included."""
+    h = ((c & 7) << 9) | ((c & 8) << 12)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e2m1_f16_hi(byte):
+    """`_e2m1_f16` of the high nibble of bytes (int32, 0..255), without shifting the nibble down first."""
+    h = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_fast(code):
+    """E4M3fn bytes -> FP32 through the FP16 bit pattern (= `e4m3_decode`, NaN for 0x7F/0xFF)."""
+    c = code.to(tl.int32) & 0xFF
+    h = ((c & 0x7F) << 7) | ((c & 0x80) << 8)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def _e5m2_fast(code):
+    """E5M2 bytes -> FP32: an E5M2 byte is the high byte of the FP16 with the same value (= `e5m2_decode`)."""
+    h = (code.to(tl.int32) & 0xFF) << 8
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit

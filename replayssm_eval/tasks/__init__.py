@@ -4,13 +4,15 @@
         --configs fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr          # our driver (`accuracy`)
     python -m replayssm_eval.tasks --model replayssm --model_args pretrained=M,read=nvfp4,recur=fp16sr,window=16 \
         --tasks replayssm_gpqa_diamond                                  # lm-eval's own CLI (`__main__`)
+    lm_eval --model replayssm --model_args ... --include_path <YAML_DIR> --tasks ...   # the same (`lm_eval_plugin`)
 
 `lm_model` (the `replayssm` lm-eval model), `generation` (batched greedy ReplaySSM decoding,
 continuation scoring), `buckets` (length buckets from the FP32 run), `stats` (paired bootstrap,
 McNemar), `accuracy` (the driver) and `report` (accuracy.json, accuracy.md), `offline` + `recorded`
 (generate on a machine without lm-eval, score here), `task_base` + `yaml/` (task configs built on
-lm-eval's own YAMLs), `fixtures/` (a handful of offline questions per task, in the hub datasets'
-schemas). This module imports neither torch nor lm-eval.
+lm-eval's own YAMLs), `lm_eval_plugin` + `lm_eval_plugin_build` (the .pth hook that registers the
+model with the plain `lm_eval` script), `fixtures/` (a handful of offline questions per task, in
+the hub datasets' schemas). This module imports neither torch nor lm-eval.
 """
 
 from __future__ import annotations

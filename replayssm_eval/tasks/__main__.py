@@ -3,9 +3,10 @@
     python -m replayssm_eval.tasks --model replayssm --model_args pretrained=tiny-nemotron-h,read=nvfp4,recur=fp16sr \
         --tasks replayssm_gpqa_diamond_local --limit 4 --log_samples --output_path out/
 
-lm-eval 0.4 has no plugin entry point for models: a model registers when its module is imported,
-and the `lm_eval` script imports nothing of ours. This runs that same script after the import.
-Every argument is lm-eval's; `--include_path` defaults to `replayssm_eval/tasks/yaml`.
+The installed package registers "replayssm" with the plain `lm_eval` script too (`lm_eval_plugin`,
+a .pth hook, since lm-eval 0.4.13 reads no plugin entry points); this runs that same script after
+importing the model, so it works without the hook as well (a checkout on PYTHONPATH), and adds our
+task folder. Every argument is lm-eval's; `--include_path` defaults to `replayssm_eval/tasks/yaml`.
 """
 
 import sys

@@ -62,9 +62,9 @@ def sequence_id(tokens) -> int:
 class TritonStepSession(ReplaySession):
     """A session whose one-token calls go to the family's Triton `decode_step_triton`; longer calls as usual."""
 
-    def scan(self, kind, layer_idx, inputs, anchor, attention_mask):
+    def scan(self, kind, layer_idx, inputs, anchor, attention_mask, plain=None):
         if inputs[0].shape[1] != 1:
-            return super().scan(kind, layer_idx, inputs, anchor, attention_mask)
+            return super().scan(kind, layer_idx, inputs, anchor, attention_mask, plain)
         inputs = tuple(at_least_fp32(t) for t in inputs)
         initial = self.states.get(layer_idx, anchor)
         opts = {"layer_idx": layer_idx, "seq_ids": self._seq_ids(inputs[0].shape[0], inputs[0].device)}

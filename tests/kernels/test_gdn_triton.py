@@ -17,13 +17,15 @@ from test_gdn_reference import assert_close, cut, make_inputs, phased_start
 
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.gdn import chunked, decode_reference
-from replayssm_eval.kernels.gdn._common import _prepare
+from replayssm_eval.kernels.gdn._common import _prepare, buffer_capacity, buffer_keys, to_format_layout
 from replayssm_eval.kernels.gdn import triton as gdn_triton
 from replayssm_eval.kernels.gdn.reference import _verify
-from replayssm_eval.kernels.state import write_checkpoint
+from replayssm_eval.kernels.schedule import ScheduleState
+from replayssm_eval.kernels.state import ReplayState, write_checkpoint, write_checkpoint_packed
 
 SMALL = dict(batch=2, heads=2, value_heads=4, dk=20, dv=24)
 QWEN_HEAD = dict(batch=1, heads=1, value_heads=2, dk=128, dv=128)  # Qwen3.5-4B's head size (K = V = 128), two heads
+AWKWARD = dict(heads=2, value_heads=4, dk=24, dv=40)  # grouped heads (HV = 2H), K and V not powers of two
 
 
 @triton.jit
@@ -191,3 +193,91 @@ def test_chunked_triton_lockstep_k128(text):
             flips = ((got - ref).abs() > 1e-6 * (ref.abs() + ref.abs().max())).float().mean().item()
             assert flips <= 1e-2, f"{name} after window {w}: {flips:.2%} of elements differ"
         state = st_t
+
+
+# ---------------------------------------------------------------------------------------------- single-token step kernel
+
+
+def _phased_state(cfg, s0, heads, counts, read_hi, seed=1):
+    """A ReplayState at checkpoint 0 (written from s0 [B, HV, K, V], read copy packed) with counts[b] random committed
+    entries of `heads` key heads and step_read_hi = read_hi (speculative schedules): sequences at different phases."""
+    bsz, nv, dk, dv = s0.shape
+    gen = torch.Generator().manual_seed(seed)
+    zeros = torch.zeros(bsz, dtype=torch.int64)
+    hi, lo, packed = write_checkpoint_packed(to_format_layout(s0).contiguous(), cfg, 0, torch.arange(bsz), zeros)
+    cap = buffer_capacity(cfg)
+    rand = lambda *shape: torch.randn(bsz, cap, *shape, generator=gen)  # noqa: E731
+    entries = {"k": torch.nn.functional.normalize(rand(heads, dk), dim=-1), "u": 0.3 * rand(nv, dv),
+               "g": -0.4 * rand(nv).abs(), "v": rand(nv, dv), "beta": torch.sigmoid(rand(nv))}
+    count = torch.tensor(counts)
+    valid = (torch.arange(cap)[None, :] < count[:, None])  # [B, cap]
+    buffer = {name: entries[name] * valid.view(bsz, cap, *[1] * (entries[name].dim() - 2)) for name in buffer_keys(cfg)}
+    schedule = ScheduleState(count, zeros, torch.tensor(read_hi), zeros.clone())
+    return ReplayState(hi, lo, buffer, schedule, zeros.clone(), torch.arange(bsz), 0, packed)
+
+
+def _no_general_step(*args, **kwargs):
+    raise AssertionError("decode_step_triton launched the general (verify) step kernel")
+
+
+_STEP_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "TILES": 3, "num_warps": 4},  # one program per head, K in 2 chunks
+                  {"BLOCK_V": 16, "BLOCK_K": 32, "TILES": 2, "num_warps": 1}]  # 2nd program: a part tile, a padding tile
+
+
+@pytest.mark.parametrize("text, launch", [
+    ("fp32/fp32@4", None),
+    ("fp16/fp32@4", 0),
+    ("bf16/fp32@4", 1),
+    ("fp8:scale=row/fp32@4#closed", 0),
+    ("fp8:scale=head/fp32@4#skip=0.5", 1),
+    ("fp8:scale=tensor/fp32@4", None),
+    ("fp8:scale=none/fp32@4", 0),
+    ("fp8e5m2/fp32@4", 1),
+    ("nvfp4:scale=row/fp32@4", 0),
+    ("nvfp4:scale=head/fp32@4#closed#skip=0.5", 1),
+    ("nvfp4/fp32@4", None),
+    ("nvfp4:axis=headdim/fp32@4", 1),
+    ("shared:fp8sr@4#closed", 0),
+    ("nvfp4:scale=row/fp32@4#spec=3:0.6", 1),
+    ("fp8/fp32@4#spec=3:0.6#closed#skip=0.5", 0),
+])
+def test_replay_step_kernel_matches_reference(text, launch, monkeypatch):
+    """decode_step_triton (`_replay_step_kernel` only) == decode_reference, step by step from the same state: sequences
+    at different phases, so launches without folds and launches mixing folding and reading sequences (speculative
+    schedules add S_hi reads without a fold and folds of a token that read the read copy)."""
+    cfg = ReplayConfig.parse(text)
+    inputs = make_inputs(batch=2, seqlen=2, dtype=torch.float32, decay=0.5, **AWKWARD)
+    # window: the second sequence folds at step 0, none at step 1; speculative: the first reads S_hi without a fold,
+    # the second folds at step 1 after reading the read copy
+    counts = [1, 3] if cfg.speculative is None else [0, 1]
+    state = _phased_state(cfg, inputs[5], AWKWARD["heads"], counts, read_hi=[True, False])
+    monkeypatch.setattr(gdn_triton, "_step", _no_general_step)
+    if launch is not None:
+        monkeypatch.setattr(gdn_triton, "step_launch_config", lambda *a: _STEP_LAUNCHES[launch])
+    exact_hi = cfg.recur == "fp32"
+    for n in range(2):
+        x = cut(inputs, n, n + 1)
+        o_ref, ref = decode_reference(*x, state, cfg)
+        o, state = gdn_triton.decode_step_triton(*x, state, cfg)
+        assert_close(f"o[{n}]", o_ref, o, 1e-5)
+        assert_close(f"buffer u[{n}]", ref.buffer["u"], state.buffer["u"], 1e-5)
+        assert torch.equal(ref.checkpoint, state.checkpoint)
+        if exact_hi:
+            assert_close(f"S_hi[{n}]", ref.hi, state.hi, 1e-5)
+        else:
+            _mostly_equal(f"S_hi[{n}]", ref.hi, state.hi)
+        _mostly_equal(f"S_lo[{n}]", ref.lo, state.lo)
+    assert state.checkpoint.tolist() == [0, 1]
+
+
+def test_replay_step_kernel_k128():
+    """The single-token kernel at Qwen3.5-4B's head size (K = V = 128, default launch), NVFP4 read: one sequence
+    folds while the other reads the packed copy."""
+    cfg = ReplayConfig.parse("nvfp4:scale=head/fp32@4")
+    inputs = make_inputs(seqlen=1, dtype=torch.float32, **dict(QWEN_HEAD, batch=2))
+    state = _phased_state(cfg, inputs[5], QWEN_HEAD["heads"], [1, 3], read_hi=[False, False])
+    o_ref, ref = decode_reference(*inputs[:5], state, cfg)
+    o, state = gdn_triton.decode_step_triton(*inputs[:5], state, cfg)
+    assert_close("o", o_ref, o, 1e-5)
+    assert_close("S_hi", ref.hi, state.hi, 1e-5)
+    assert state.checkpoint.tolist() == [0, 1]

@@ -20,10 +20,10 @@ def _one_thread():
 
 @pytest.fixture
 def fake(monkeypatch):
-    """Install the fake model; returns a function to reinstall it with `fail_after`, and the runners list."""
+    """Install the fake model; returns a function to reinstall it (with `fail_after`, `fault`) and the runners list."""
 
-    def setup(fail_after=None):
-        return install(fail_after, setattr=monkeypatch.setattr)
+    def setup(fail_after=None, fault=None):
+        return install(fail_after, fault, setattr=monkeypatch.setattr)
 
     return setup
 

@@ -5,11 +5,16 @@ logits W h_t. A stream in a non-reference config rounds its carried state to bf1
 (window position L-1) and at the end of the prefill, so its KL is > 0 and grows along the
 document, while the `fp32` config runs exactly the reference's operations (KL exactly 0).
 Stochastic-rounding-like noise keyed by (config seed, sequence id) makes results depend on the
-sequence id as the real models' SR bits do. `install(fail_after=N)` makes the N+1-th `extend`
-call raise KeyboardInterrupt, simulating a Ctrl-C after N segments.
+sequence id as the real models' SR bits do. `install(fail_after=N, fault=f)` calls `f()` at the
+start of the N+1-th `extend` call: by default it raises KeyboardInterrupt (an interrupt the driver
+did not defer); `ctrl_c()` sends SIGINT as a terminal's Ctrl-C does; `crash` raises RuntimeError.
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import socket
 
 import torch
 
@@ -23,18 +28,23 @@ HIDDEN = 24
 class FakeRunner:
     device = torch.device("cpu")
 
-    def __init__(self, fail_after: int | None = None):
+    def __init__(self, fail_after: int | None = None, fault=None):
         gen = torch.Generator().manual_seed(0)
         self.embed = torch.randn(VOCAB_SIZE, HIDDEN, generator=gen)  # [V, H]
         self.decay = 0.9 + 0.099 * torch.rand(HIDDEN, generator=gen)  # [H]
         self.out = torch.randn(HIDDEN, VOCAB_SIZE, generator=gen) * 0.5  # [H, V]
-        self.fail_after = fail_after
+        self.fail_after, self.fault = fail_after, fault or raise_keyboard_interrupt
         self.extends = 0
         self.opened = []
 
     def open(self, config, seq_ids):
         stream = FakeStream(self, config, seq_ids)
         self.opened.append(stream)
+        return stream
+
+    def restore(self, config, seq_ids, saved):
+        stream = self.open(config, seq_ids)
+        stream.h, stream.steps = saved["h"], saved["steps"]
         return stream
 
     def state_traffic(self, config):
@@ -65,8 +75,8 @@ class FakeStream:
 
     def extend(self, tokens):
         self.runner.extends += 1
-        if self.runner.fail_after is not None and self.runner.extends > self.runner.fail_after:
-            raise KeyboardInterrupt
+        if self.runner.fail_after is not None and self.runner.extends == self.runner.fail_after + 1:
+            self.runner.fault()
         states = []
         for t in range(tokens.shape[1]):
             self.h = self.runner.decay * self.h + self.runner.embed[tokens[:, t]]
@@ -76,8 +86,29 @@ class FakeStream:
             self.steps += 1
         return torch.stack(states, dim=1) @ self.runner.out  # [B, S, V]
 
+    def save(self):
+        return {"h": self.h, "steps": self.steps}
+
     def close(self):
         self.closed = True
+
+
+def raise_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
+def crash():
+    raise RuntimeError("simulated crash")
+
+
+def ctrl_c(times: int = 1):
+    """A fault that sends SIGINT to this process `times` times."""
+
+    def send():
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return send
 
 
 def load_tokenizer(model: str):
@@ -86,7 +117,7 @@ def load_tokenizer(model: str):
     return build_byte_tokenizer()
 
 
-def install(fail_after: int | None = None, setattr=setattr) -> list[FakeRunner]:
+def install(fail_after: int | None = None, fault=None, setattr=setattr) -> list[FakeRunner]:
     """Point kl.runner at the fake (pass `monkeypatch.setattr` to undo it after a test).
 
     Returns the list that collects the runners created.
@@ -95,7 +126,7 @@ def install(fail_after: int | None = None, setattr=setattr) -> list[FakeRunner]:
 
     def load_runner(model, *, device, dtype, backend, device_map):
         load_tokenizer(model)
-        created.append(FakeRunner(fail_after))
+        created.append(FakeRunner(fail_after, fault))
         return created[-1]
 
     setattr(runner_module, "load_tokenizer", load_tokenizer)
@@ -103,10 +134,18 @@ def install(fail_after: int | None = None, setattr=setattr) -> list[FakeRunner]:
     return created
 
 
-def run_rank(rank: int, world: int, port: int, options) -> None:
-    """One process of a `world`-process run on gloo (the target of torch.multiprocessing.spawn)."""
-    import os
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
+
+def run_rank(rank: int, world: int, port: int, options, fail_after: int | None = None, fault=None) -> None:
+    """One process of a `world`-process run on gloo (the target of torch.multiprocessing.spawn).
+
+    A KeyboardInterrupt ends the process normally, as the CLI does (exit code 130 there).
+    """
     import torch.distributed as dist
 
     from replayssm_eval.kl.driver import run_kl
@@ -114,8 +153,10 @@ def run_rank(rank: int, world: int, port: int, options) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    install()
+    install(fail_after, fault)
     try:
         run_kl(options)
+    except KeyboardInterrupt:
+        pass
     finally:
         dist.destroy_process_group()

@@ -61,7 +61,7 @@ def test_cpu_and_disk_offload_device_map(saved, tmp_path):
     assert list(rm.layers) == [0, 2]
     session = rm.new_session("fp32")
     assert rel_err(run(rm, ids, CALLS, session), _plain_logits(saved, ids)) < 1e-5
-    assert {layer: s.hi.device.type for layer, s in session.states.items()} == {0: "cpu", 2: "cpu"}
+    assert {layer: s.device.type for layer, s in session.states.items()} == {0: "cpu", 2: "cpu"}
 
 
 def test_full_size_architecture_on_the_meta_device():

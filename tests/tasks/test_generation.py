@@ -67,6 +67,16 @@ def test_triton_decode_step_matches_the_step_reference(name):
 
 
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
+def test_triton_decode_step_session_runs_a_few_steps(name):
+    """The lm-eval model's Triton step session end to end on any device (a few tokens: the interpreter is slow)."""
+    rm, _ = models(name)
+    prompts = encode(rm, PROMPTS[:2])
+    ref = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=2, step="reference")
+    tri = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=2, step="triton")
+    assert [g.tokens for g in tri] == [g.tokens for g in ref]
+
+
+@pytest.mark.parametrize("name", BUNDLED_MODELS)
 def test_continuation_scores_equal_hf_full_forward_in_fp32_and_move_with_the_format(name):
     rm, plain = models(name)
     pairs = [(c, t) for c, t in zip(encode(rm), encode(rm, (" is the east", " ho", " or not to be, that is")))]

@@ -1,4 +1,4 @@
-"""Triton kernels for ReplaySSM Gated DeltaNet (FP32 math, `tl.dot(..., input_precision="ieee")`).
+"""Triton kernels for ReplaySSM Gated DeltaNet (FP32 math: tl.dot with input_precision="ieee", or FP32 FMAs).
 
 Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
 autotuned (they update states). One program owns one (sequence, value head, block of BV value
@@ -16,13 +16,19 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    Formats whose scale group spans several heads (nvfp4's default scale=tensor, fp8 scale=tensor)
    or blocks along head_dim, and the MX formats, fall back to the torch backend with a warning
    naming the reason: no single program sees the amax they need.
-2. `decode_step_triton`: one decode token for B sequences at their own phases. Non-flush rows read
-   the packed read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32
-   scales, or 16/32-bit elements) and the buffer and write no state; flush rows read S_hi and the
-   buffer and write the folded FP32 state, which the host rounds to both copies with
-   `write_checkpoint_packed` (one rounding, the read copy also packed).
+2. `decode_step_triton`: one decode token for B sequences at their own phases, one launch of the
+   single-token kernel `_replay_step_kernel` (no [K, V] tile, no tl.dot: the buffer terms are
+   weighted sums of buffered u rows, the state terms two row dots S_src^T k, S_src^T q per v row in
+   one pass over K in FP32 FMAs; see "single-token step" below). Non-flush rows read the packed
+   read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32 scales, or
+   16/32-bit elements) through the fast decoders of `quant.triton` and the buffer, and write no
+   state; flush rows read S_hi and the buffer and write the FP32 fold (open: rank-1 updates; closed:
+   the delta rule re-run over the buffered raw entries), which the host rounds to both copies with
+   `write_checkpoint_packed` (one rounding, the read copy also packed). `step_launch_config` gives
+   its block sizes (benchmarks/kernels.py sweeps them).
 3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
-   checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write.
+   checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write,
+   on `_step_kernel` (the read copy tile and the buffer sum P as [K, BV] tiles).
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
-    FP8SR, FP16SR, KINDS, e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
+    _E2M1_F16_SCALE, FP8SR, FP16SR, KINDS, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode,
+    e5m2_decode, quantize_tile, tile_amax,
 )
 
 # scale groups of the in-kernel store (format kinds are `quant.triton.KINDS`); globals read in @triton.jit are constexpr
@@ -50,6 +57,12 @@ _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
 @triton.jit
 def _mm(a, b):
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _dot(a, b, DOT: tl.constexpr):
+    """FP32 product: DOT = "ieee" (FMAs) or "tf32x3" (three TF32 tensor-core products, FP32-level error)."""
+    return tl.dot(a, b, input_precision=DOT)
 
 
 @triton.jit
@@ -75,7 +88,7 @@ def _chunked_kernel(
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP]; dend [NS]; per b: fold, last [NS], checkpoint index at s_begin, keys;
@@ -115,13 +128,13 @@ def _chunked_kernel(
             rhi = tl.load(rhi_ptr + row) != 0
             pre = tl.load(pre_ptr + row) != 0
             tinv = tl.load(tinv_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
-            ks_hi = _mm(kt, s_hi)  # [LP, BV]
-            ks_src = tl.where(rhi[:, None], ks_hi, _mm(kt, s_lo))
+            ks_hi = _dot(kt, s_hi, DOT)  # [LP, BV]
+            ks_src = tl.where(rhi[:, None], ks_hi, _dot(kt, s_lo, DOT))
             rhs = tl.where(pre[:, None], uk, beta[:, None] * (vt - d[:, None] * ks_src))
-            u = _mm(tinv, rhs)
-            qs = tl.where(rhi[:, None], _mm(qt, s_hi), _mm(qt, s_lo)) * d[:, None]
-            m = tl.where(causal, _mm(qt, tl.trans(kt)) * tl.exp(gc[:, None] - gc[None, :]), 0.0)
-            o = qs + _mm(m, u)
+            u = _dot(tinv, rhs, DOT)
+            qs = tl.where(rhi[:, None], _dot(qt, s_hi, DOT), _dot(qt, s_lo, DOT)) * d[:, None]
+            m = tl.where(causal, _dot(qt, tl.trans(kt), DOT) * tl.exp(gc[:, None] - gc[None, :]), 0.0)
+            o = qs + _dot(m, u, DOT)
             if tl.load(fold_ptr + b * NS + s) != 0:
                 g_end = tl.load(gc_ptr + (bh * NS + s).to(tl.int64) * LP + LP - 1)
                 d_end = tl.load(dend_ptr + bh * NS + s)
@@ -129,13 +142,13 @@ def _chunked_kernel(
                 if CLOSED:
                     dc = tl.load(dc_ptr + row)
                     tinvc = tl.load(tinvc_ptr + row[:, None] * LP + ts[None, :])
-                    uc = _mm(tinvc, beta[:, None] * (vt - dc[:, None] * ks_hi))
-                    folded = d_end * s_hi + _mm(tl.trans(kd), uc)
+                    uc = _dot(tinvc, beta[:, None] * (vt - dc[:, None] * ks_hi), DOT)
+                    folded = d_end * s_hi + _dot(tl.trans(kd), uc, DOT)
                     last = tl.load(last_ptr + b * NS + s)
                     last_hi = tl.sum(tl.where(ts == last, rhi.to(tl.int32), 0), axis=0) != 0
-                    o = tl.where((ts[:, None] == last) & last_hi, _mm(qt, folded), o)
+                    o = tl.where((ts[:, None] == last) & last_hi, _dot(qt, folded, DOT), o)
                 else:
-                    folded = d_end * s_hi + _mm(tl.trans(kd), u)
+                    folded = d_end * s_hi + _dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
                 s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
                 s_hi = tl.where(smask, s_hi, 0.0)
@@ -193,13 +206,21 @@ def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, 
     if reasons:
         warnings.warn(f"gdn chunked backend='triton' falls back to torch: {reasons[0]}", stacklevel=3)
         return _chunked_torch(p)
-    needs_head = any(m[1] == _HEAD.value for m in modes)
+    launch = chunked_launch_config(p.k.shape[-1], dv, any(m[1] == _HEAD.value for m in modes))
     if not rounded:
         modes = [(KINDS["fp32"].value, _NONE.value, 1.0)] * 2
-    return _chunked(p, modes[0], modes[1], block_v=triton.next_power_of_2(dv) if needs_head else None)
+    return _chunked(p, modes[0], modes[1], launch)
 
 
-def _chunked(p: Prepared, hi_mode, lo_mode, block_v=None):
+def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
+    """BV (v columns per program; the whole head for head scales) and num_warps of `_chunked_kernel`
+    (benchmarks/layer_speed.py sweeps them)."""
+    if whole_head:  # the sweep's best on the H200 at K = V = 128 (reports/layer_speed.json)
+        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "ieee"}
+    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "ieee"}
+
+
+def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, segment_layout, _state_after
 
     cfg, st = p.config, p.state
@@ -247,7 +268,7 @@ def _chunked(p: Prepared, hi_mode, lo_mode, block_v=None):
     o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=device)
     u_pad = torch.empty_like(o_pad)
     bk = max(16, triton.next_power_of_2(dk))
-    bv = block_v or min(max(16, triton.next_power_of_2(dv)), 64)
+    bv = launch["BV"]
     grid = (bsz, nv, triton.cdiv(dv, bv))
     fold = seg.folds.to(torch.int32).contiguous()
     last = seg.last.to(torch.int32).contiguous()
@@ -263,7 +284,7 @@ def _chunked(p: Prepared, hi_mode, lo_mode, block_v=None):
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
             HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
             LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
-            num_warps=4,
+            DOT=launch["DOT"], num_warps=launch["num_warps"],
         )
     o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
     u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
@@ -306,16 +327,15 @@ def _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP,
 
 @triton.jit
 def _step_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr, count_ptr,
-    rhi_ptr, fold_ptr, hi_ptr, data_ptr, scales_ptr, gs_ptr, u_ptr, o_ptr, folded_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, count_ptr,
+    rhi_ptr, hi_ptr, data_ptr, scales_ptr, gs_ptr, u_ptr, o_ptr,
     HV, GROUPS, K, V, KP, CAP, eps,
     W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
-    FOLD: tl.constexpr, CLOSED: tl.constexpr, SKIP: tl.constexpr,
+    SKIP: tl.constexpr,
 ):
     # new entries: q, k [B, W, H, K]; v [B, W, HV, V]; g, beta [B, W, HV]; width [B] entries used (<= W)
-    # buffer: k [B, CAP, H, K], u, v [B, CAP, HV, V], g, beta [B, CAP, HV]; count [B] committed entries
-    # rhi, fold [B]: read S_hi (fp32 [B, HV, V, K]) instead of the packed read copy; fold after the last new entry
-    # out: u, o [B, W, HV, V]; folded [B, HV, V, K] (FP32, unrounded) for folding rows
+    # buffer: k [B, CAP, H, K], u [B, CAP, HV, V], g [B, CAP, HV]; count [B] committed entries
+    # rhi [B]: read S_hi (fp32 [B, HV, V, K]) instead of the packed read copy; out: u, o [B, W, HV, V]
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -327,12 +347,10 @@ def _step_kernel(
     H = HV // GROUPS
     count = tl.load(count_ptr + b)
     width = tl.load(width_ptr + b)
-    read_hi = tl.load(rhi_ptr + b) != 0
     valid = cs < count
-    state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
-    smask = kmask[:, None] & vmask[None, :]
-    if read_hi:
-        src = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if tl.load(rhi_ptr + b) != 0:
+        state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+        src = tl.load(hi_ptr + state_idx, mask=kmask[:, None] & vmask[None, :], other=0.0)
     else:
         src = _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
     # committed buffer: P = sum_i exp(G_h - gc_i) k_i u_i^T
@@ -362,83 +380,288 @@ def _step_kernel(
             o = tl.sum((d * src + p) * qj[:, None], axis=0)
             tl.store(u_ptr + ent.to(tl.int64) * V + vs, u, mask=vmask)
             tl.store(o_ptr + ent.to(tl.int64) * V + vs, o, mask=vmask)
-    if FOLD:
-        if tl.load(fold_ptr + b) != 0:
-            s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-            keep = 1.0
-            if SKIP:
-                keep = tl.where(tl.exp(g_run) >= eps, 1.0, 0.0)
-            if CLOSED:
-                s = keep * s_hi
-                for i in range(CP):
-                    if i < count:
-                        e = (b * CAP + i) * HV + hv
-                        ki = tl.load(bk_ptr + ((b * CAP + i) * H + h).to(tl.int64) * K + ks, mask=kmask, other=0.0)
-                        vi = tl.load(bv_ptr + e.to(tl.int64) * V + vs, mask=vmask, other=0.0)
-                        ai = tl.exp(tl.load(bg_ptr + e))
-                        s = ai * s
-                        s = s + ki[:, None] * (tl.load(bbeta_ptr + e) * (vi - tl.sum(s * ki[:, None], axis=0)))[None, :]
-                for j in range(W):
-                    if j < width:
-                        tok = (b * W + j) * H + h
-                        ent = (b * W + j) * HV + hv
-                        kj = tl.load(k_ptr + tok.to(tl.int64) * K + ks, mask=kmask, other=0.0)
-                        vj = tl.load(v_ptr + ent.to(tl.int64) * V + vs, mask=vmask, other=0.0)
-                        s = tl.exp(tl.load(g_ptr + ent)) * s
-                        s = s + kj[:, None] * (tl.load(beta_ptr + ent) * (vj - tl.sum(s * kj[:, None], axis=0)))[None, :]
-                if read_hi:  # the fold token's output comes from the closed-fold state
-                    last = (b * W + width - 1) * HV + hv
-                    ql = tl.load(q_ptr + ((b * W + width - 1) * H + h).to(tl.int64) * K + ks, mask=kmask, other=0.0)
-                    tl.store(o_ptr + last.to(tl.int64) * V + vs, tl.sum(s * ql[:, None], axis=0), mask=vmask)
-            else:
-                s = keep * tl.exp(g_run) * s_hi + p
-            tl.store(folded_ptr + state_idx, s, mask=smask)
 
 
-def _packed_args(packed, fmt, like):
-    """(kind, scale group, data, scales, global scale, padded K) of a packed read copy the step kernel decodes, or None."""
-    if packed is None:
-        return None
+def _read_args(packed, fmt, hi):
+    """(kind, scale group, data, scales, global scale, padded K) of the read copy for the step kernels: the packed
+    encoding where they decode it (fp32/fp16/bf16, fp8 any scale, nvfp4 axis=dstate), else the decoded FP32 copy
+    (or S_hi [B, HV, V, K] itself when there is no read copy). Unused pointers are `hi`."""
+    dk = hi.shape[-1]
     kinds = {"fp32": _P_F32.value, "fp16": _P_F16.value, "fp16sr": _P_F16.value, "bf16": _P_BF16.value}
-    if isinstance(fmt, ElementwiseFormat):
-        return kinds[fmt.base], _S_NONE.value, packed.data.contiguous(), like, like, like.shape[-1]
     groups = {"none": _S_NONE.value, "row": _S_ROW.value, "head": _S_HEAD.value, "tensor": _S_TENSOR.value}
-    gs = like if packed.global_scale is None else packed.global_scale.contiguous()
+    if packed is None:
+        return _P_F32.value, _S_NONE.value, hi, hi, hi, dk
+    gs = hi if packed.global_scale is None else packed.global_scale.contiguous()
+    if isinstance(fmt, ElementwiseFormat):
+        return kinds[fmt.base], _S_NONE.value, packed.data.contiguous(), hi, hi, dk
     if isinstance(fmt, FP8Format):
         kind = (_P_E5M2 if fmt.base == "fp8e5m2" else _P_E4M3).value
-        return kind, groups[fmt.scale], packed.data.contiguous(), like, gs, like.shape[-1]
+        return kind, groups[fmt.scale], packed.data.contiguous(), hi, gs, dk
     if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
         return _P_NVFP4.value, groups[fmt.scale], packed.data.contiguous(), packed.scales.contiguous(), gs, packed.data.shape[-1] * 2
-    return None
+    return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
 
 
-def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, fold, closed, groups, eps, block_v=None):
+def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, eps, block_v=None):
     """Launch `_step_kernel`. new: dict q, k [B, W, H, K], v [B, W, HV, V], g, beta [B, W, HV] (FP32)."""
     bsz, nw, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
-    args = _packed_args(packed, read_fmt, src_hi)
-    if args is None:  # no packed copy the kernel decodes: the decoded read copy in FP32
-        lo = src_hi if packed is None else read_fmt.decode(packed).float().contiguous()
-        args = (_P_F32.value, _S_NONE.value, lo, src_hi, src_hi, dk)
-    kind, scale, data, scales, gs, kp = args
+    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, src_hi)
     u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
     o = torch.zeros_like(u)
-    folded = torch.zeros_like(src_hi)
     bk = max(16, triton.next_power_of_2(dk))
     bv = block_v or min(max(16, triton.next_power_of_2(dv)), 64)
     grid = (bsz, nv, triton.cdiv(dv, bv))
-    zeros = buffer["g"]
     _step_kernel[grid](
         new["q"].contiguous(), new["k"].contiguous(), new["v"].contiguous(), new["g"].contiguous(), new["beta"].contiguous(),
-        width.contiguous(), buffer["k"].contiguous(), buffer["u"].contiguous(), buffer["g"].contiguous(),
-        buffer.get("v", zeros).contiguous(), buffer.get("beta", zeros).contiguous(), count.contiguous(),
-        read_hi.to(torch.int32).contiguous(), fold.to(torch.int32).contiguous(), src_hi, data, scales, gs, u, o, folded,
+        width.contiguous(), buffer["k"].contiguous(), buffer["u"].contiguous(), buffer["g"].contiguous(), count.contiguous(),
+        read_hi.to(torch.int32).contiguous(), src_hi, data, scales, gs, u, o,
         nv, groups, dk, dv, kp, cap, float(eps or 0.0),
-        W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=bk, BV=bv, KIND=kind, SCALE=scale,
-        FOLD=bool(fold.any()), CLOSED=closed, SKIP=eps is not None, num_warps=4,
+        W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=bk, BV=bv, KIND=kind, SCALE=scale, SKIP=eps is not None,
+        num_warps=4,
     )
-    return u, o, folded
+    return u, o
+
+
+# ---------------------------------------------------------------------------------------------- single-token step
+#
+# One token j per sequence after `count` committed entries i (k_i, u_i, g_i). With d = exp(g_{0..j}) (the decay from
+# the checkpoint through j; 0 below skip_read_below) and a_i = exp(g_{i+1..j}):
+#     u_j = beta_j (v_j - d S_src^T k_j - sum_i a_i (k_j . k_i) u_i)
+#     o_j = d S_src^T q_j + sum_i a_i (q_j . k_i) u_i + (q_j . k_j) u_j
+# so no [K, V] tile is formed. `_replay_step_kernel`, per (sequence, value head, TILES blocks of BLOCK_V v rows): the
+# weights a_i (k_j . k_i), a_i (q_j . k_i) once, then per v block the buffer's u rows and the two row dots
+# S_src^T k_j, S_src^T q_j in one pass over the stored rows (K in chunks of BLOCK_K, FP32 FMAs, no tl.dot). Packed
+# codes go through the fast decoders of `quant.triton`; the NVFP4 block scale multiplies a 16-element partial sum.
+# A folding sequence loads its whole FP32 S_hi block once (row dots and fold) and folds it by rank-1 updates (open) or
+# by re-running the delta rule over the buffered raw entries (closed).
+
+
+@triton.jit
+def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask_v, read_hi,
+             K: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
+             BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(S_src^T k, S_src^T q), [BLOCK_V] each, of the state rows `rows` ([BLOCK_V] in [B, HV, V]) in one pass over K:
+    S_src = S_hi (FP32) if read_hi else the packed read copy. k_ptr, q_ptr: the token's k, q [K] (FP32)."""
+    sk = tl.zeros([BLOCK_V], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_V], dtype=tl.float32)
+    if read_hi:
+        for c in tl.static_range(0, K, BLOCK_K):
+            ks = c + tl.arange(0, BLOCK_K)
+            s = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=mask_v[:, None] & (ks < K)[None, :], other=0.0)
+            sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+            sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+    else:
+        if KIND == _P_NVFP4:  # bytes as [BLOCK_V, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
+            for c in tl.static_range(0, KP, BLOCK_K):
+                blk = c // 16 + tl.arange(0, BLOCK_K // 16)  # [BLOCK_S] scale block
+                col = blk[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
+                m3 = mask_v[:, None, None] & (col < KP // 2)[None, :, :]
+                byte = tl.load(data_ptr + rows[:, None, None] * (KP // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
+                x_even, x_odd = _e2m1_f16(byte), _e2m1_f16_hi(byte)  # [BLOCK_V, BLOCK_S, 8] elements 2j, 2j+1 * 2^-14
+                k_even = tl.load(k_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
+                k_odd = tl.load(k_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
+                q_even = tl.load(q_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
+                q_odd = tl.load(q_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
+                m2 = mask_v[:, None] & (blk < KP // 16)[None, :]
+                sc = _e4m3_fast(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blk[None, :], mask=m2, other=0))
+                sc = sc * _E2M1_F16_SCALE  # [BLOCK_V, BLOCK_S]
+                sk += tl.sum(tl.sum(x_even * k_even + x_odd * k_odd, axis=2) * sc, axis=1)
+                sq += tl.sum(tl.sum(x_even * q_even + x_odd * q_odd, axis=2) * sc, axis=1)
+        else:
+            for c in tl.static_range(0, K, BLOCK_K):
+                ks = c + tl.arange(0, BLOCK_K)
+                m2 = mask_v[:, None] & (ks < K)[None, :]
+                raw = tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0)
+                if KIND == _P_E4M3:
+                    s = _e4m3_fast(raw)
+                elif KIND == _P_E5M2:
+                    s = _e5m2_fast(raw)
+                else:
+                    s = raw.to(tl.float32)
+                sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+                sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+        if SCALE == _S_ROW:
+            gs = tl.load(gs_ptr + rows, mask=mask_v, other=1.0)
+            sk, sq = sk * gs, sq * gs
+        elif SCALE == _S_HEAD:
+            gs = tl.load(gs_ptr + bh)
+            sk, sq = sk * gs, sq * gs
+        elif SCALE == _S_TENSOR:
+            gs = tl.load(gs_ptr + b)
+            sk, sq = sk * gs, sq * gs
+    return sk, sq
+
+
+@triton.jit
+def _delta(s, k, v, g, beta):
+    """One delta-rule step of the state rows s [BLOCK_V, BK] (S^T): S = alpha S + k (beta (v - alpha S^T k))^T."""
+    s = tl.exp(g) * s
+    return s + (beta * (v - tl.sum(s * k[None, :], axis=1)))[:, None] * k[None, :]
+
+
+@triton.jit
+def _fold_open(s, a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask,
+               K: tl.constexpr, V: tl.constexpr):
+    """s + sum_{i < count} a_i k_i u_i^T as rank-1 updates of the state rows s [BLOCK_V, BK]; row0 = b * CAP."""
+    i = 0
+    while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
+        r = row0 + i
+        a_i = tl.sum(tl.where(offs_e == i, a, 0.0), axis=0)
+        u_i = tl.load(bu_ptr + (r * HV + hv) * V + offs_v, mask=mask_v, other=0.0)
+        k_i = tl.load(bk_ptr + (r * H + h) * K + ks, mask=kmask, other=0.0)
+        s += (a_i * u_i)[:, None] * k_i[None, :]
+        i += 1
+    return s
+
+
+@triton.jit
+def _fold_closed(s, row0, count, bk_ptr, bv_ptr, bg_ptr, bbeta_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask,
+                 K: tl.constexpr, V: tl.constexpr):
+    """The delta rule from the state rows s [BLOCK_V, BK] over the buffered raw entries i < count; row0 = b * CAP."""
+    i = 0
+    while i < count:
+        r = row0 + i
+        k_i = tl.load(bk_ptr + (r * H + h) * K + ks, mask=kmask, other=0.0)
+        v_i = tl.load(bv_ptr + (r * HV + hv) * V + offs_v, mask=mask_v, other=0.0)
+        s = _delta(s, k_i, v_i, tl.load(bg_ptr + r * HV + hv), tl.load(bbeta_ptr + r * HV + hv))
+        i += 1
+    return s
+
+
+@triton.jit
+def _replay_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # the token: q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
+    bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr,  # buffer k [B, CAP, H, K]; u, v [B, CAP, HV, V]; g, beta [B, CAP, HV]
+    count_ptr,  # [B] committed entries
+    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
+    hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
+    u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
+    HV, GROUPS, CAP, eps,
+    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
+    KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    h = hv // GROUPS
+    H = HV // GROUPS
+    bh = b.to(tl.int64) * HV + hv
+    tok = (b.to(tl.int64) * H + h) * K  # the token's q, k
+    ks = tl.arange(0, BK)
+    kmask = ks < K
+    kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)  # [BK]
+    qj = tl.load(q_ptr + tok + ks, mask=kmask, other=0.0)
+    gj = tl.load(g_ptr + bh)
+    beta = tl.load(beta_ptr + bh)
+    # committed entries: decays a_i and the weights of u_i in the token's u and o, once per program
+    count = tl.load(count_ptr + b)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_e = offs_e < count
+    row0 = b.to(tl.int64) * CAP
+    ent = row0 + offs_e  # [BLOCK_E] entry of [B, CAP]
+    bg = tl.load(bg_ptr + ent * HV + hv, mask=mask_e, other=0.0)
+    g_now = tl.sum(bg, axis=0) + gj  # log decay from the checkpoint through the token
+    a = tl.where(mask_e, tl.exp(g_now - tl.cumsum(bg, axis=0)), 0.0)  # [BLOCK_E] a_i = exp(g_{i+1..j})
+    bk = tl.load(bk_ptr + (ent[:, None] * H + h) * K + ks[None, :], mask=mask_e[:, None] & kmask[None, :], other=0.0)
+    wk = a * tl.sum(bk * kj[None, :], axis=1)  # [BLOCK_E] a_i (k_j . k_i)
+    wq = a * tl.sum(bk * qj[None, :], axis=1)  # [BLOCK_E] a_i (q_j . k_i)
+    qk = tl.sum(qj * kj, axis=0)
+    keep = 1.0
+    do_read = True
+    if SKIP:
+        keep = tl.where(tl.exp(g_now) >= eps, 1.0, 0.0)
+        do_read = keep != 0.0  # the checkpoint term is zeroed: skip its read
+    d = keep * tl.exp(g_now)
+    read_hi = tl.load(rhi_ptr + b) != 0
+    folding = False
+    if FOLD:
+        folding = tl.load(fold_ptr + b) != 0
+    for t in tl.static_range(TILES):
+        offs_v = (tl.program_id(2) * TILES + t) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        rows = bh * V + offs_v  # [BLOCK_V] state row of [B, HV, V]
+        bu = tl.load(bu_ptr + (ent[:, None] * HV + hv) * V + offs_v[None, :], mask=mask_e[:, None] & mask_v[None, :],
+                     other=0.0)  # [BLOCK_E, BLOCK_V]
+        vj = tl.load(v_ptr + bh * V + offs_v, mask=mask_v, other=0.0)
+        pk = tl.sum(bu * wk[:, None], axis=0)  # [BLOCK_V] alpha_j P^T k_j
+        pq = tl.sum(bu * wq[:, None], axis=0)  # [BLOCK_V] alpha_j P^T q_j
+        if folding:  # the whole FP32 S_hi block, read once for the row dots (where the token reads it) and the fold
+            m2 = mask_v[:, None] & kmask[None, :]
+            s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK]
+            if read_hi:
+                sk = tl.sum(s_hi * kj[None, :], axis=1)
+                sq = tl.sum(s_hi * qj[None, :], axis=1)
+            else:
+                sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
+                                  read_hi, K, KP, KIND, SCALE, BLOCK_V, BLOCK_K)
+            u = beta * (vj - d * sk - pk)
+            o = d * sq + pq + qk * u
+            if CLOSED:
+                s = _fold_closed(keep * s_hi, row0, count, bk_ptr, bv_ptr, bg_ptr, bbeta_ptr, h, hv, H, HV, offs_v,
+                                 mask_v, ks, kmask, K, V)
+                s = _delta(s, kj, vj, gj, beta)
+                if read_hi:  # the fold token's output comes from the closed-fold state
+                    o = tl.sum(s * qj[None, :], axis=1)
+            else:
+                s = _fold_open(d * s_hi + u[:, None] * kj[None, :], a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H,
+                               HV, offs_v, mask_v, ks, kmask, K, V)
+            tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
+        else:
+            sk = tl.zeros([BLOCK_V], dtype=tl.float32)
+            sq = tl.zeros([BLOCK_V], dtype=tl.float32)
+            if do_read:
+                sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
+                                  read_hi, K, KP, KIND, SCALE, BLOCK_V, BLOCK_K)
+            u = beta * (vj - d * sk - pk)
+            o = d * sq + pq + qk * u
+        tl.store(u_ptr + rows, u, mask=mask_v)
+        tl.store(o_ptr + rows, o, mask=mask_v)
+
+
+def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
+    """BLOCK_V, BLOCK_K (a multiple of 16), TILES (v blocks per program) and num_warps of `_replay_step_kernel`
+    (tuned by benchmarks/kernels.py)."""
+    if batch * heads < 4096:
+        block_v = min(16, triton.next_power_of_2(dv))
+        return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}
+    # many sequences: the H200 sweep's best FP32-read launch at K = V = 128, batch 256 (BENCHMARKS.md)
+    block_v = min(32, triton.next_power_of_2(dv))
+    block_k = min(64, max(16, triton.next_power_of_2(dk)))
+    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": min(4, triton.cdiv(dv, block_v)), "num_warps": 4}
+
+
+def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tuple[int, int, int]:
+    return batch, heads, triton.cdiv(triton.cdiv(dv, block_v), tiles)
+
+
+def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, launch=None):
+    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
+
+    hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy; new: q, k [B, H, K],
+    v [B, HV, V], g, beta [B, HV] (FP32); fold [B]: fold after the token (closed: from the buffer's raw v, beta).
+    Returns u, o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None when no sequence folds).
+    """
+    bsz, nv, dv = new["v"].shape
+    dk = new["k"].shape[-1]
+    cap = buffer["k"].shape[1]
+    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, hi)
+    u = torch.empty(bsz, nv, dv, device=hi.device)
+    o = torch.empty_like(u)
+    do_fold = bool(fold.any())
+    out = torch.empty_like(hi) if do_fold else u
+    cfg = launch or step_launch_config(bsz, nv, dk, dv)
+    token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
+    entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
+    _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
+        *token, *entries, count.contiguous(), read_hi.to(torch.int8).contiguous(), fold.to(torch.int8).contiguous(),
+        hi, data, scales, gs, u, o, out,
+        nv, groups, cap, float(eps or 0.0),
+        K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=eps is not None,
+        FOLD=do_fold, CLOSED=closed, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+    )
+    return u, o, (out if do_fold else None)
 
 
 def _read_format(config):
@@ -446,13 +669,13 @@ def _read_format(config):
 
 
 def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):
-    """One decode token (T = 1) for B sequences at their own phases, on the Triton step kernel.
+    """One decode token (T = 1) for B sequences at their own phases: one launch of `_replay_step_kernel`.
 
     Arguments as `decode_reference` with T = 1. Non-flush rows read the packed read copy
     (ReplayState.lo_packed, written here at every checkpoint; a state without one is packed from
     its decoded read copy, which must round-trip exactly) and the buffer; flush rows read S_hi
-    and the buffer, and the folded FP32 state is rounded to both copies by `write_checkpoint`
-    and packed (`write_checkpoint_packed`). Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
+    and the buffer, and the folded FP32 state is rounded to both copies and the read copy packed
+    by `write_checkpoint_packed`. Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
     """
     p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32)
     cfg, st = p.config, p.state
@@ -469,13 +692,13 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
                              "start from the FP32 state or a state written by decode_step_triton")
     hi = st.hi.float().contiguous()
     count = st.schedule.count
-    new = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
-    width = torch.ones_like(count)
+    new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
     fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
-    u, o, folded = _step(hi, packed, fmt, st.buffer, count, new, width, read_hi, fold, cfg.gdn_fold == "closed", p.groups, cfg.skip_read_below)
+    closed = cfg.gdn_fold == "closed"
+    u, o, folded = _replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups, cfg.skip_read_below)
     buf = {name: t.clone() for name, t in st.buffer.items()}
     rows = torch.arange(p.q.shape[0], device=p.q.device)
-    entry = dict(k=p.k_heads[:, 0], u=u[:, 0], g=p.g[:, 0], v=p.v[:, 0], beta=p.beta[:, 0])
+    entry = dict(new, u=u)
     for name, t in buf.items():
         t[rows, count] = entry[name]
     hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
@@ -493,7 +716,7 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
             t[idx] = 0
     state = ReplayState(hi=hi_out, lo=lo_out, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt,
                         seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed)
-    return o, state
+    return o[:, None], state
 
 
 def _assign_packed(packed, idx, new):
@@ -516,11 +739,9 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
     count[b] committed entries; drafts: dict q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV];
     width [B] drafts used per sequence. Returns the drafts' u and outputs, [B, T, HV, V] each.
     """
-    fold = torch.zeros_like(count, dtype=torch.bool)
     if packed is None:
         read_hi = torch.ones_like(read_hi)
-    u, o, _ = _step(src_hi.float().contiguous(), packed, read_fmt, buffer, count, drafts, width, read_hi, fold, False, groups, eps)
-    return u, o
+    return _step(src_hi.float().contiguous(), packed, read_fmt, buffer, count, drafts, width, read_hi, groups, eps)
 
 
 @triton.jit

@@ -34,7 +34,8 @@ from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
-    FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
+    _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
+    e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
 )
 
 # scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
@@ -78,7 +79,7 @@ def _chunk_scan_kernel(
     S, L, H, P, N, G, HPG, skip,
     RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
     READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
-    SHARED: tl.constexpr, SKIP: tl.constexpr,
+    SHARED: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -111,16 +112,16 @@ def _chunk_scan_kernel(
         cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
         # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
         decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-        scores = tl.dot(cm, tl.trans(bm), input_precision="ieee") * decay * dt[None, :]
-        y = tl.dot(scores, x, input_precision="ieee")
+        scores = tl.dot(cm, tl.trans(bm), input_precision=DOT) * decay * dt[None, :]
+        y = tl.dot(scores, x, input_precision=DOT)
         # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
         g_read = tl.exp(cs)
         if SKIP:
             g_read = tl.where(g_read < skip, 0.0, g_read)
-        y_src = tl.dot(cm, tl.trans(hi), input_precision="ieee")
+        y_src = tl.dot(cm, tl.trans(hi), input_precision=DOT)
         if not SHARED:
             rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-            y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision="ieee"))
+            y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision=DOT))
         y += g_read[:, None] * y_src
         tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
         if tl.load(fold_ptr + b * S + s) != 0:
@@ -129,7 +130,7 @@ def _chunk_scan_kernel(
             if SKIP:
                 g_seg = tl.where(g_seg < skip, 0.0, g_seg)
             w = tl.exp(cs_last - cs) * dt
-            folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision="ieee")
+            folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
             if SHARED:
@@ -150,8 +151,8 @@ def _chunk_scan(px, pB, pC, pdt, read_hi, folds, A, hi, lo, checkpoint, keys, co
     G, N = pB.shape[3], pB.shape[4]
     (recur, recur_scope, recur_max), (read, read_scope, read_max) = kinds
     block_n = max(16, triton.next_power_of_2(N))
-    whole_head = _HEAD in (recur_scope, read_scope)
-    block_p = max(16, triton.next_power_of_2(P)) if whole_head else min(32, max(16, triton.next_power_of_2(P)))
+    launch = chunked_launch_config(P, N, _HEAD in (recur_scope, read_scope))
+    block_p = launch["BLOCK_P"]
     y = torch.empty(batch, S, L, H, P, dtype=torch.float32, device=px.device)
     pre = torch.zeros_like(hi)
     grid = (batch, H, triton.cdiv(P, block_p))
@@ -161,10 +162,18 @@ def _chunk_scan(px, pB, pC, pdt, read_hi, folds, A, hi, lo, checkpoint, keys, co
         S, L, H, P, N, G, H // G, float(skip or 0.0),
         RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
         READ_MAX=read_max, SHARED=config.shared, SKIP=skip is not None,
-        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=block_n,
-        num_warps=4 if block_p * block_n <= 4096 else 8,
+        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=block_n, DOT=launch["DOT"],
+        num_warps=launch["num_warps"],
     )
     return y, pre
+
+
+def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
+    """BLOCK_P (head_dim rows per program; the whole head for head scales) and num_warps of `_chunk_scan_kernel`
+    (benchmarks/layer_speed.py sweeps them)."""
+    if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
+        return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
+    return {"BLOCK_P": 16, "num_warps": 2, "DOT": "ieee"}
 
 
 def _fallback_reason(inp: Inputs) -> str | None:
@@ -362,39 +371,6 @@ def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
 # row reduction sum_n S[p, n] C[n] in FP32 FMAs. Minifloat codes are decoded through FP16 bit patterns (one integer
 # shift/or and one cvt per element), the NVFP4 block scale multiplies a 16-element partial sum, not each element.
 
-_E2M1_F16_SCALE = tl.constexpr(16384.0)  # 2^14: an E2M1 code placed in FP16 bits (exponent low 2 bits) is its value * 2^-14
-
-
-@triton.jit
-def _e2m1_f16(c):
-    """E2M1 value * 2^-14 of the low nibble of c (int32) via the FP16 bit pattern: exact, subnormal codes included."""
-    h = ((c & 7) << 9) | ((c & 8) << 12)
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _e2m1_f16_hi(byte):
-    """`_e2m1_f16` of the high nibble of bytes (int32, 0..255), without shifting the nibble down first."""
-    h = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _e4m3_fast(code):
-    """E4M3fn bytes -> FP32 through the FP16 bit pattern (= `e4m3_decode`, NaN for 0x7F/0xFF)."""
-    c = code.to(tl.int32) & 0xFF
-    h = ((c & 0x7F) << 7) | ((c & 0x80) << 8)
-    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-    return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
-
-
-@triton.jit
-def _e5m2_fast(code):
-    """E5M2 bytes -> FP32: an E5M2 byte is the high byte of the FP16 with the same value (= `e5m2_decode`)."""
-    h = (code.to(tl.int32) & 0xFF) << 8
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
 @triton.jit
 def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p, read_hi,
                  H, N: tl.constexpr, NB: tl.constexpr,
@@ -517,9 +493,11 @@ def _replay_step_kernel(
 
 def step_launch_config(batch: int, heads: int, head_dim: int, read: int) -> dict:
     """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by benchmarks/kernels.py)."""
-    block_p = min(16, triton.next_power_of_2(head_dim))
-    tiles = triton.cdiv(head_dim, block_p) if batch * heads >= 4096 else 1  # many sequences: one program per head
-    return {"BLOCK_P": block_p, "TILES": tiles, "num_warps": 4}
+    if batch * heads < 4096:
+        return {"BLOCK_P": min(16, triton.next_power_of_2(head_dim)), "TILES": 1, "num_warps": 4}
+    # many sequences: one single-warp program per head (the H200 sweep's best at P = 80, batch 128 and 256)
+    block_p = min(8 if read == KINDS["fp32"].value else 16, triton.next_power_of_2(head_dim))
+    return {"BLOCK_P": block_p, "TILES": triton.cdiv(head_dim, block_p), "num_warps": 1}
 
 
 def step_grid(batch: int, heads: int, head_dim: int, block_p: int, tiles: int) -> tuple[int, int, int]:

@@ -1,0 +1,192 @@
+"""Teacher-forced throughput of one SSM layer, full-size geometries: our chunked form against HF's FP32 torch scan.
+
+    python benchmarks/layer_speed.py --out reports/layer_speed.json     # H200: both families, about 2 minutes
+    python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
+    TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
+
+The KL driver feeds every SSM layer segments of `--segment` tokens and carries the state between
+them; this times exactly that per layer (batch 1, inputs prepared once, one warm-up segment first
+so that Triton compiles are not timed). Rows:
+  hf torch scan   the function a plain HF forward runs (`mamba2_chunk_scan` / `torch_chunk_gated_delta_rule`,
+                  FP32 state), the yardstick of issue 5; the `fp32` reference runs exactly this
+  chunked         `chunked(..., backend)` per config; triton configs fall back to torch where a format's
+                  rounding needs a reduction the kernel cannot do (the note says so)
+  sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
+                  the first segment's output error and the share of stored checkpoint elements that differ
+                  from the default launch (tf32x3 products are not bit-identical to FP32 FMAs)
+Geometries as benchmarks/kernels.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from kernels import GEOMETRY, GDN, Mamba2, Rand, environment  # noqa: E402
+
+from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
+from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
+
+CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",
+           "shared:fp8@16", "nvfp4/fp16sr@16")
+PRECISIONS = ("ieee", "tf32x3")
+SWEEP = {  # launch configs tried per family (the whole-head ones only where a head scale needs them)
+    "mamba2": [dict(BLOCK_P=p, num_warps=w, DOT=d) for p, w, d in itertools.product((16, 32), (2, 4), PRECISIONS)],
+    "gdn": [dict(BV=v, num_warps=w, DOT=d) for v, w, d in itertools.product((16, 32), (4, 8), PRECISIONS)],
+}
+WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT=d) for w, d in itertools.product((8, 16), PRECISIONS)],
+              "gdn": [dict(BV=128, num_warps=w, DOT=d) for w, d in itertools.product((8, 16), PRECISIONS)]}
+LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": gdn_triton}
+
+
+def hf_scan(family: str):
+    """HF's FP32 torch scan of the family, unwrapped from transformers' kernel-hub selection."""
+    if family == "mamba2":
+        from transformers.models.nemotron_h import modeling_nemotron_h as m
+
+        return inspect.unwrap(m.mamba2_chunk_scan)
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    return inspect.unwrap(m.torch_chunk_gated_delta_rule)
+
+
+def hf_runner(fam, inputs):
+    """A function running HF's scan over `inputs` segment by segment, carrying the FP32 state."""
+    scan = hf_scan(fam.name)
+    if fam.name == "mamba2":
+        x, dt, A, B, C, D, s0 = inputs
+
+        def step(sl, state):
+            return scan(x[:, sl], dt[:, sl], A, B[:, sl], C[:, sl], 256, D=D, initial_states=state, return_final_states=True)
+    else:
+        q, k, v, g, beta, s0 = inputs
+        rep = fam.HV // fam.H  # transformers 5.17 repeats q, k to the value heads before the call; 5.24 takes either
+        q, k = q.repeat_interleave(rep, 2) * fam.K ** 0.5, k.repeat_interleave(rep, 2)  # HF scales q itself
+
+        def step(sl, state):
+            return scan(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=state, output_final_state=True)
+    return step, s0
+
+
+def ours_runner(fam, inputs, config: str, backend: str):
+    *data, s0 = inputs
+
+    def step(sl, state):
+        return fam.chunked((*(t[:, sl] if t.dim() > 1 else t for t in data), state), config, backend)
+    return step, s0
+
+
+def time_segments(step, s0, tokens: int, segment: int, sync) -> float:
+    """Seconds for `tokens` tokens in segments (after one untimed warm-up segment)."""
+    step(slice(0, segment), s0)
+    sync()
+    start = time.perf_counter()
+    state = s0
+    for a in range(0, tokens, segment):
+        _, state = step(slice(a, min(a + segment, tokens)), state)
+    sync()
+    return time.perf_counter() - start
+
+
+def fallback_note(step, s0, segment) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(slice(0, segment), s0)
+    return "; ".join(str(w.message) for w in caught if "falls back" in str(w.message) or "runs the torch" in str(w.message))
+
+
+def with_launch(family: str, launch: dict):
+    """Context: the family's chunked kernel launched with `launch` instead of its default config."""
+    module = LAUNCH_MODULE[family]
+
+    class Patch:
+        def __enter__(self):
+            self.saved = module.chunked_launch_config
+            module.chunked_launch_config = lambda *args: dict(launch)
+
+        def __exit__(self, *exc):
+            module.chunked_launch_config = self.saved
+    return Patch()
+
+
+def differences(base, other) -> dict:
+    """One segment under another launch config vs the default: output error and stored-checkpoint flips."""
+    (y0, s0), (y1, s1) = base, other
+    scale = y0.abs().max().clamp(min=1e-30)
+    return {"y_max_rel_err": float((y1 - y0).abs().max() / scale),
+            "hi_differs": float((s1.hi != s0.hi).float().mean()), "lo_differs": float((s1.lo != s0.lo).float().mean())}
+
+
+def profile_table(step, s0, segment: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step(slice(0, segment), s0)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=10)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default="mamba2,gdn")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--segment", type=int, default=2048)
+    ap.add_argument("--sweep", default="", help="comma-separated configs whose launch configs are swept")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rows = []
+
+    def record(**row):
+        row["tokens_per_s"] = row["tokens"] / row["seconds"] if row.get("seconds") else None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for family in args.families.split(","):
+        geo = GEOMETRY[family][1 if args.tiny else 0]
+        fam = (Mamba2 if family == "mamba2" else GDN)(geo, Rand(args.device, seed=0))
+        inputs = fam.sequence(args.tokens)
+        step, s0 = hf_runner(fam, inputs)
+        record(family=family, path="hf torch scan", config="fp32", tokens=args.tokens,
+               seconds=time_segments(step, s0, args.tokens, args.segment, sync))
+        for config in args.configs.split(","):
+            step, s0 = ours_runner(fam, inputs, config, "triton")
+            note = fallback_note(step, s0, args.segment)
+            record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note,
+                   seconds=time_segments(step, s0, args.tokens, args.segment, sync))
+            if args.profile and cuda:
+                print(profile_table(step, s0, args.segment), flush=True)
+            if config in args.sweep.split(",") and not note:
+                base = step(slice(0, args.segment), s0)
+                for launch in WHOLE_HEAD[family] if "scale=head" in config else SWEEP[family]:
+                    with with_launch(family, launch):
+                        try:
+                            seconds = time_segments(step, s0, args.segment * 2, args.segment, sync)
+                            diff = differences(base, step(slice(0, args.segment), s0))
+                        except Exception as err:  # an out-of-resources launch config is a row, not a stop
+                            record(family=family, path="sweep", config=config, launch=launch, tokens=2 * args.segment,
+                                   error=f"{type(err).__name__}: {str(err)[:200]}")
+                            continue
+                    record(family=family, path="sweep", config=config, launch=launch, tokens=2 * args.segment,
+                           seconds=seconds, **diff)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"environment": environment(args.device), "args": vars(args), "rows": rows},
+                                             indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 5's reproduction of the paper's qualitative result on the two tiny models, on the GPU machine.
+#
+#   scripts/gpu_kl_repro.sh TOKENS [MODEL ...]   # OUT set by the runner; default: 131072 tokens, both tiny models
+#
+# Two documents of the bundled text (concatenated plays, batch 2), a 512-token prompt, TOKENS
+# teacher-forced tokens, segments of 4096, Triton kernels, float32 weights and activations (in bf16
+# any FP32-noise difference of an SSM output flips bf16 roundings downstream: the KL floor of a
+# bf16 run of these models is 4e-5 to 1e-4, above some formats' effect). NVFP4 uses per-head global scales
+# (`scale=head`): the chunked Triton kernels round it in-kernel, while the default tensor-wide
+# scale falls back to the torch backend (a loop over windows, too slow for 128K tokens).
+# Each run directory is packed into $OUT/kl-<model>-<TOKENS>.tgz (kl.json, kl_buckets.csv, kl_vs_length.png, ...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder whose files come back}"
+TOKENS=${1:-131072}
+shift || true
+MODELS=("${@:-tiny-nemotron-h tiny-qwen3.5}")
+CONFIGS=(shared:nvfp4:scale=head nvfp4:scale=head/fp32 nvfp4:scale=head/fp16sr shared:fp8 shared:fp8sr fp32@16)
+GDN_ONLY=(nvfp4:scale=head/fp32#closed nvfp4:scale=head/fp16sr#closed)
+
+for model in ${MODELS[@]}; do
+  args=()
+  for c in "${CONFIGS[@]}"; do args+=(--config "$c"); done
+  if [[ $model == *qwen* ]]; then for c in "${GDN_ONLY[@]}"; do args+=(--config "$c"); done; fi
+  run=kl-$model-$TOKENS
+  rm -rf "/tmp/$run"
+  ( time python -m replayssm_eval kl --model "$model" --tokens "$TOKENS" --num-docs 2 --batch-size 2 \
+      --prompt-len 512 --segment-len 4096 --backend triton --dtype float32 --output "/tmp/$run" "${args[@]}" ) 2>&1 \
+    | tr '\r' '\n' | grep -v "^ *$" | awk 'NR % 20 == 1 || !/it\/s|tok\/s/' | tee "/tmp/$run.log" || true
+  cp "/tmp/$run.log" "/tmp/$run/" 2>/dev/null || true
+  tar czf "$OUT/$run.tgz" -C /tmp "$run"
+done

@@ -1,0 +1,70 @@
+"""lm-eval's own `lm_eval` script knows `--model replayssm` once the package is installed (the .pth hook
+of `replayssm_eval.tasks.lm_eval_plugin`), and runs it on our tasks through `--include_path`.
+
+These run real interpreters of this environment: they test the installed package (`pip install -e .`).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from replayssm_eval.tasks import TASKS, YAML_DIR
+
+PTH_NAME = "replayssm_eval_lm_eval.pth"
+LM_EVAL = shutil.which("lm_eval", path=sysconfig.get_path("scripts"))
+REINSTALL = "reinstall the package: pip install -e . --no-deps"
+
+
+def run(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """`args` in a fresh process outside the checkout (so the installed package is what imports), offline."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run(args, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_installed_pth_hook_is_this_checkouts():
+    pths = [Path(p, PTH_NAME) for p in sys.path if Path(p, PTH_NAME).is_file()]  # site dirs are on sys.path
+    assert pths, f"replayssm-eval is installed without {PTH_NAME}: {REINSTALL}"
+    pytest.importorskip("setuptools")  # the build commands that write it
+    from replayssm_eval.tasks.lm_eval_plugin_build import pth_text
+
+    assert pths[0].read_text() == pth_text(), f"{pths[0]} is from an older lm_eval_plugin.py: {REINSTALL}"
+
+
+@pytest.mark.skipif(find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install -e '.[eval]')")
+def test_lm_eval_registers_replayssm_lazily(tmp_path):
+    code = ("import sys, lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
+            "assert dict(model_registry.items())['replayssm'] == 'replayssm_eval.tasks.lm_model:ReplaySSMLM'; "
+            "assert 'torch' not in sys.modules and 'replayssm_eval' not in sys.modules, 'not lazy'; "
+            "model = get_model('replayssm'); print(model.__module__, model.__name__, get_model('hf').__name__)")
+    proc = run([sys.executable, "-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["replayssm_eval.tasks.lm_model", "ReplaySSMLM", "HFLM"]
+
+
+@pytest.mark.skipif(LM_EVAL is None, reason=f"no lm_eval console script in {sysconfig.get_path('scripts')} "
+                                            "(pip install -e '.[eval]')")
+def test_lm_eval_script_runs_replayssm_on_our_tasks(tmp_path):
+    gen_log, out = tmp_path / "gen.jsonl", tmp_path / "out"
+    tasks = [spec.local for spec in TASKS.values()]
+    proc = run([LM_EVAL, "--model", "replayssm",
+                "--model_args", f"pretrained=tiny-nemotron-h,read=nvfp4,recur=fp16sr,window=16,gen_log={gen_log}",
+                "--include_path", str(YAML_DIR), "--tasks", ",".join(tasks), "--limit", "2",
+                "--gen_kwargs", "max_gen_toks=6", "--device", "cpu", "--batch_size", "2",
+                "--output_path", str(out), "--log_samples"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (results,) = out.glob("*/results_*.json")
+    report = json.loads(results.read_text())
+    assert report["config"]["model"] == "replayssm" and set(report["results"]) == set(tasks)
+    records = {(r["task"], r["doc_id"]): r for r in map(json.loads, gen_log.read_text().splitlines())}
+    samples = {(task, json.loads(line)["doc_id"]) for task in tasks  # a line per doc and filter
+               for line in next(out.glob(f"*/samples_{task}_*.jsonl")).read_text().splitlines()}
+    assert samples == set(records) and len(samples) == 2 * len(tasks)
+    for r in records.values():
+        assert r["config"] == "nvfp4/fp16sr" and r["max_gen_toks"] == 6 and 1 <= r["gen_tokens"] <= 6
