@@ -96,9 +96,11 @@ class ReplaySession:
     @property
     def plain_fp32(self) -> bool:
         """True when layers run the plain FP32 recurrence: the conventional FP32 config `fp32` under the chunked
-        engine (an FP32 config with a window, e.g. `fp32@16`, runs the kernels: its numbers differ by float noise)."""
+        engine in FP32 math (an FP32 config with a window, e.g. `fp32@16`, runs the kernels: its numbers differ
+        by float noise; FP64 checks run the kernels in FP64)."""
         cfg = self._config
-        return self.engine == "chunked" and cfg.is_reference and cfg.window == 1 and cfg.speculative is None
+        return (self.engine == "chunked" and self.compute_dtype == torch.float32 and cfg.is_reference
+                and cfg.window == 1 and cfg.speculative is None)
 
     def forget(self, layer_idx: int) -> None:
         """Drop a layer's state: its HF cache starts over (a prompt call on that layer)."""
