@@ -30,6 +30,24 @@ def _small(**kw):
                           "seed": 3, **kw})
 
 
+def _phased(inputs, config, pre, device):
+    """`phased_state` on the CPU reference, moved to `device`: sequences at different phases with carried buffers."""
+    state = phased_state(decode_reference, tuple(t.cpu() for t in inputs), config, pre, torch.float32)
+    sched = state.schedule
+    return dataclasses.replace(state, **{f: getattr(state, f).to(device) for f in ("hi", "lo", "checkpoint", "seq_ids")},
+                               buffer={k: v.to(device) for k, v in state.buffer.items()},
+                               schedule=type(sched)(*(getattr(sched, f).to(device) for f in
+                                                      ("count", "step_left", "step_read_hi", "steps"))))
+
+
+def _triton_no_fallback(*args):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = chunked(*args, backend="triton")
+    assert not [w for w in caught if "runs the torch backend" in str(w.message)], "this config must run the kernel"
+    return out
+
+
 @pytest.mark.parametrize("text, groups", [
     ("shared:fp16sr@1", 1),
     ("shared:nvfp4:scale=row@4#skip=0.4", 3),
@@ -39,17 +57,10 @@ def _small(**kw):
 def test_chunked_triton_matches_torch(text, groups, device):
     config = ReplayConfig.parse(text)
     inputs = tuple(t.to(device) for t in _small(groups=groups))
-    state = phased_state(decode_reference, tuple(t.cpu() for t in inputs), config, [0, 3], torch.float32)
-    state = dataclasses.replace(state, **{f: getattr(state, f).to(device) for f in ("hi", "lo", "checkpoint", "seq_ids")},
-                                buffer={k: v.to(device) for k, v in state.buffer.items()},
-                                schedule=type(state.schedule)(*(getattr(state.schedule, f).to(device) for f in
-                                                                ("count", "step_left", "step_read_hi", "steps"))))
+    state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 13)[:6]
     y_ref, st_ref = chunked(*main, state, config)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        y, st = chunked(*main, state, config, backend="triton")
-    assert not [w for w in caught if "runs the torch backend" in str(w.message)], "these formats must run in the kernel"
+    y, st = _triton_no_fallback(*main, state, config)
     assert_close("y", y_ref, y, 1e-5, flips=0.01)
     assert_close("hi", st_ref.hi, st.hi, 1e-5, flips=0.01)
     assert_close("lo", st_ref.lo, st.lo, 1e-5, flips=0.01)
@@ -60,12 +71,61 @@ def test_chunked_triton_matches_torch(text, groups, device):
         assert torch.equal(st.hi, st.lo)
 
 
-def test_chunked_triton_falls_back_with_reason():
+@pytest.mark.parametrize("text, groups, d_state", [
+    ("nvfp4/fp32@4", 3, 24),
+    ("nvfp4/fp16sr@3#skip=0.4", 1, 40),
+    ("nvfp4:axis=headdim/fp32@4", 3, 24),
+    ("mxfp4/fp16@4", 1, 24),
+])
+def test_chunked_triton_read_outside_matches_torch(text, groups, d_state, device):
+    """Split configs whose read format needs a reduction no program sees (tensor scale, head_dim blocks, MX) run the
+    kernel with the read copy rounded after it: three calls in a row, each from its own backend's state."""
+    config = ReplayConfig.parse(text)
+    assert mamba2_triton._read_kind(config) is None, "the read copy must be rounded after the kernel"
+    inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))
+    ref = tri = _phased(inputs, config, [0, 2], device)
+    for start, stop in ((2, 7), (7, 8), (8, 15)):
+        part = sliced(inputs, start, stop)[:6]
+        y_ref, ref = chunked(*part, ref, config)
+        y, tri = _triton_no_fallback(*part, tri, config)
+        assert_close(f"y[{start}:{stop}]", y_ref, y, 1e-5, flips=0.01)
+        assert_close("hi", ref.hi, tri.hi, 1e-5, flips=0.01)
+        assert_close("lo", ref.lo, tri.lo, 1e-5, flips=0.01)
+        assert torch.equal(tri.checkpoint, ref.checkpoint)
+        assert torch.equal(config.read_format.decode(tri.lo_packed), tri.lo)
+    assert tri.checkpoint.min() >= 2
+
+
+@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4", "fp8sr:scale=row/fp32@3#skip=0.4"])
+def test_read_outside_equals_in_loop_rounding(text, device, monkeypatch):
+    """The two-pass path forced on formats the loop can round, in blocks of 2 segments: both copies bit for bit those
+    of the in-loop rounding (same folds; the torch rounding uses the same keys and checkpoint indices, SR included)."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(tokens=12))
+    state = _phased(inputs, config, [0, 1], device)
+    main = sliced(inputs, 1, 12)[:6]
+    y_in, st_in = chunked(*main, state, config, backend="triton")
+    monkeypatch.setattr(mamba2_triton, "_read_kind", lambda config: None)
+    heads, head_dim, d_state = state.hi.shape[1:]
+    monkeypatch.setattr(mamba2_triton, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
+    y_out, st_out = _triton_no_fallback(*main, state, config)
+    assert_close("y", y_in, y_out, 1e-5)
+    assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)
+    for f in ("data", "scales", "global_scale"):
+        a, b = getattr(st_in.lo_packed, f), getattr(st_out.lo_packed, f)
+        assert (a is None and b is None) or torch.equal(a, b), f
+
+
+@pytest.mark.parametrize("text, match", [
+    ("shared:nvfp4@4", "tensor-wide scale.*shared checkpoint feeds the recurrence"),
+    ("fp16/mxfp8@4", "MX blocks.*recurrence copy feeds the recurrence"),
+])
+def test_chunked_triton_falls_back_with_reason(text, match):
     inputs = _small(tokens=6)
-    with pytest.warns(UserWarning, match="tensor-wide scale"):
-        y, st = chunked(*inputs, "nvfp4/fp16sr@4", backend="triton")
-    y_ref, st_ref = chunked(*inputs, "nvfp4/fp16sr@4")
-    assert torch.equal(y, y_ref) and torch.equal(st.hi, st_ref.hi)
+    with pytest.warns(UserWarning, match=match):
+        y, st = chunked(*inputs, text, backend="triton")
+    y_ref, st_ref = chunked(*inputs, text)
+    assert torch.equal(y, y_ref) and torch.equal(st.hi, st_ref.hi) and torch.equal(st.lo, st_ref.lo)
 
 
 @pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "nvfp4:scale=row/fp32@3", "fp8/fp16sr@4#skip=0.3", "fp16/fp32@2"])

@@ -8,8 +8,12 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   `tl.randint` with the keys and counters of `kernels.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2
   with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
-  hold the whole head). Other formats (tensor-wide scales, headdim blocks, MX) and FP64 compute
-  fall back to the torch backend with a warning naming the reason.
+  hold the whole head). A split config whose read format is not among them (tensor-wide scales,
+  nvfp4 axis=headdim, MX; the default `nvfp4` included) runs in two passes per block of segments,
+  exact because S_lo never feeds the fold: the kernel reads S_hi only and stores every FP32 fold,
+  then torch rounds the block's folds to S_lo at once and adds the checkpoint term of the tokens
+  that read S_lo (`_read_outside`). Fallbacks to the torch backend, with a warning naming the
+  reason: FP64 compute, and a recurrence format (or shared checkpoint) the kernel cannot round.
 - `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
   `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
   sequences read the packed read copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8
@@ -29,9 +33,9 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, merge_packed
+from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
 from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.kernels.state import ReplayState, _encode, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
@@ -41,6 +45,7 @@ from replayssm_eval.quant.triton import (
 # scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
 _NONE, _ROW, _HEAD, _TENSOR = range(4)
 _SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
+_FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 
 
 def _store_kind(fmt) -> tuple[int, int, float]:
@@ -76,10 +81,11 @@ def _quantize_tile(v, bits, KIND: tl.constexpr, SCOPE: tl.constexpr, FP8_MAX: tl
 def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
-    S, L, H, P, N, G, HPG, skip,
+    out_ptr, g_lo_ptr,  # LO_OUTSIDE only: folds [B, SLOTS, H, P, N] (segment s in slot s - S0 + 1), g_read [B, S, L, H]
+    S, S0, S1, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
     READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
-    SHARED: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr,
+    SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -95,15 +101,16 @@ def _chunk_scan_kernel(
     hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
     lo = hi
     if not SHARED:
-        lo = tl.load(lo_ptr + state_off, mask=mask_s, other=0.0)
-    pre = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+        if not LO_OUTSIDE:
+            lo = tl.load(lo_ptr + state_off, mask=mask_s, other=0.0)
+    pre = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # kept when this launch's segments do not fold
     A = tl.load(A_ptr + h)
     ck = tl.load(ck_ptr + b)
     key_hi = tl.load(key_ptr + 2 * b)
     key_lo = tl.load(key_ptr + 2 * b + 1)
     causal = offs_l[:, None] >= offs_l[None, :]
-    s = 0
-    while s < S:  # a while loop: the interpreter cannot take range() of a runtime scalar
+    s = S0
+    while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
         row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
         dt = tl.load(dt_ptr + row * H + h, mask=mask_l, other=0.0)
         cs = tl.cumsum(dt * A, axis=0)  # log G_{0..j}
@@ -119,7 +126,11 @@ def _chunk_scan_kernel(
         if SKIP:
             g_read = tl.where(g_read < skip, 0.0, g_read)
         y_src = tl.dot(cm, tl.trans(hi), input_precision=DOT)
-        if not SHARED:
+        if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
+            rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
+            tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
+            g_read = tl.where(rh != 0, g_read, 0.0)
+        elif not SHARED:
             rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
             y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision=DOT))
         y += g_read[:, None] * y_src
@@ -133,7 +144,10 @@ def _chunk_scan_kernel(
             folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
-            if SHARED:
+            if LO_OUTSIDE:
+                slot = b.to(tl.int64) * SLOTS + s - S0 + 1
+                tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
+            elif SHARED:
                 lo = hi
             else:
                 lo = _quantize_tile(folded, _bits(key_lo, counter, READ), READ, READ_SCOPE, READ_MAX, BLOCK_P, BLOCK_N)
@@ -141,31 +155,35 @@ def _chunk_scan_kernel(
         s += 1
     tl.store(hi_ptr + state_off, hi, mask=mask_s)
     if not SHARED:
-        tl.store(lo_ptr + state_off, lo, mask=mask_s)
+        if not LO_OUTSIDE:
+            tl.store(lo_ptr + state_off, lo, mask=mask_s)
     tl.store(pre_ptr + state_off, pre, mask=mask_s)
 
 
-def _chunk_scan(px, pB, pC, pdt, read_hi, folds, A, hi, lo, checkpoint, keys, config, kinds):
-    """Allocate and launch; hi / lo ([B, H, P, N] fp32) are updated in place. Returns (y grid, pre-images)."""
+def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, outside=None):
+    """Launch over the segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds); hi, lo ([B, H, P, N]
+    fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are updated in place.
+
+    outside: None (both copies rounded in the loop), or (out [B, slots, H, P, N], g_lo [B, S, L, H]) for a read copy
+    rounded after the kernel: tokens that read S_lo get no checkpoint term, their g_read goes to g_lo (0 elsewhere),
+    and the fold of segment s goes to out[:, s - s0 + 1].
+    """
+    px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
     (recur, recur_scope, recur_max), (read, read_scope, read_max) = kinds
-    block_n = max(16, triton.next_power_of_2(N))
+    out, g_lo = outside if outside is not None else (hi, hi)  # not touched without LO_OUTSIDE
     launch = chunked_launch_config(P, N, _HEAD in (recur_scope, read_scope))
     block_p = launch["BLOCK_P"]
-    y = torch.empty(batch, S, L, H, P, dtype=torch.float32, device=px.device)
-    pre = torch.zeros_like(hi)
-    grid = (batch, H, triton.cdiv(P, block_p))
     skip = config.skip_read_below
-    _chunk_scan_kernel[grid](
-        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys,
-        S, L, H, P, N, G, H // G, float(skip or 0.0),
+    _chunk_scan_kernel[(batch, H, triton.cdiv(P, block_p))](
+        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
+        S, span[0], span[1], out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
         RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
-        READ_MAX=read_max, SHARED=config.shared, SKIP=skip is not None,
-        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=block_n, DOT=launch["DOT"],
-        num_warps=launch["num_warps"],
+        READ_MAX=read_max, SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None,
+        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
+        DOT=launch["DOT"], num_warps=launch["num_warps"],
     )
-    return y, pre
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
@@ -177,14 +195,58 @@ def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict
 
 
 def _fallback_reason(inp: Inputs) -> str | None:
+    """Why a call runs the torch backend, or None. A read format the loop cannot round is no reason: the read copy
+    never feeds the Mamba-2 recurrence, so it is rounded after the kernel (`_read_outside`)."""
     if inp.x.dtype != torch.float32:
         return "the Triton kernels compute in FP32 (compute_dtype=float64 runs the torch backend)"
     try:
         _store_kind(inp.config.recur_format)
-        _store_kind(inp.config.read_format)
     except NotImplementedError as err:
-        return str(err)
+        copy = "the shared checkpoint" if inp.config.shared else "the recurrence copy"
+        return f"{err}, and {copy} feeds the recurrence, so a torch loop rounds every fold"
     return None
+
+
+def _read_kind(config) -> tuple[int, int, float] | None:
+    """`_store_kind` of the read copy, or None when the loop cannot round it (then `_read_outside` does)."""
+    try:
+        return _store_kind(config.read_format)
+    except NotImplementedError:
+        return None
+
+
+def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
+    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, MX): exact in two passes,
+    because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi and stores
+    every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s encoding, keys
+    and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are updated in place.
+
+    Memory: the folds of a block, B * (K + 1) * H * P * N fp32 with B * K * H * P * N <= _FOLD_BLOCK_ELEMENTS (K >= 1),
+    and the encoder's temporaries for them."""
+    px, pC = grid[0], grid[2]
+    batch, S, L, H, P = px.shape
+    N = pC.shape[-1]
+    state, config = inp.state, inp.config
+    block = max(1, _FOLD_BLOCK_ELEMENTS // (batch * H * P * N))
+    out = torch.empty(batch, min(block, S) + 1, H, P, N, dtype=torch.float32, device=px.device)
+    out[:, 0] = state.lo  # slot 0: the read copy of the block's first segment; slot k + 1: S_lo after segment s0 + k
+    g_lo = torch.empty(batch, S, L, H, dtype=torch.float32, device=px.device)
+    for s0 in range(0, S, block):
+        s1 = min(S, s0 + block)
+        k = s1 - s0
+        _chunk_scan(grid, A, hi, hi, pre, y, state.checkpoint.contiguous(), keys, config, (recur, recur), (s0, s1),
+                    outside=(out, g_lo))
+        fold = seg.folds[:, s0:s1]  # [B, k]
+        if any(any(f) for f in seg.folds_host[s0:s1]):
+            new = out[:, 1:k + 1]  # [B, k, H, P, N]
+            checkpoint = state.checkpoint[:, None] + torch.arange(s0 + 1, s1 + 1, device=px.device)  # [B, k]
+            seq_ids = state.seq_ids[:, None].expand(-1, k)
+            packed = _encode(new[fold], config.read_format, config.seed, state.layer, seq_ids[fold], checkpoint[fold],
+                             READ_COPY)
+            new[fold] = config.read_format.decode(packed)
+        Ch = group_heads(pC[:, s0:s1], H)  # [B, k, L, H, N]
+        y[:, s0:s1] += g_lo[:, s0:s1, ..., None] * torch.einsum("bkhpn,bklhn->bklhp", out[:, :k], Ch)
+        out[:, 0] = out[:, k]
 
 
 def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
@@ -200,28 +262,34 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     if tokens == 0:
         return _chunked_torch(inp, plan, after)
     seg = Segments(inp, plan)
-    grid = lambda t: t.view(batch, seg.segments, seg.length, *t.shape[2:]).contiguous()  # noqa: E731
-    px = grid(seg.scatter(inp.x, state.buffer["x"]))
-    pB = grid(seg.scatter(inp.B, state.buffer["B"]))
-    pC = grid(seg.scatter(inp.C, None))
-    pdt = grid(seg.scatter(inp.dt, state.buffer["dt"]))
-    read_hi = grid(seg.read_hi).to(torch.int8)
-    folds = seg.folds.to(torch.int8).contiguous()
+    to_grid = lambda t: t.view(batch, seg.segments, seg.length, *t.shape[2:]).contiguous()  # noqa: E731
+    grid = (to_grid(seg.scatter(inp.x, state.buffer["x"])), to_grid(seg.scatter(inp.B, state.buffer["B"])),
+            to_grid(seg.scatter(inp.C, None)), to_grid(seg.scatter(inp.dt, state.buffer["dt"])),
+            to_grid(seg.read_hi).to(torch.int8), seg.folds.to(torch.int8).contiguous())
     keys = torch.stack([sr_keys(config.seed, state.layer, state.seq_ids, RECUR_COPY),
                         sr_keys(config.seed, state.layer, state.seq_ids, READ_COPY)], 1).contiguous()  # [B, 2]
     hi = state.hi.clone().contiguous()
-    lo = hi if config.shared else state.lo.clone().contiguous()
-    kinds = (_store_kind(config.recur_format), _store_kind(config.read_format))
-    y_grid, pre = _chunk_scan(px, pB, pC, pdt, read_hi, folds, inp.A.contiguous(), hi, lo,
-                              state.checkpoint.contiguous(), keys, config, kinds)
+    pre = torch.zeros_like(hi)
+    y_grid = torch.empty(*grid[0].shape, dtype=torch.float32, device=hi.device)  # [B, S, L, H, P]
+    recur, read = _store_kind(config.recur_format), _read_kind(config)
+    A = inp.A.contiguous()
+    if read is None:
+        _read_outside(grid, A, hi, pre, y_grid, inp, seg, keys, recur)
+        lo = state.lo.clone()
+    else:
+        lo = hi if config.shared else state.lo.clone().contiguous()
+        _chunk_scan(grid, A, hi, lo, pre, y_grid, state.checkpoint.contiguous(), keys, config, (recur, read),
+                    (0, seg.segments))
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
     y = y + inp.D[:, None] * inp.x
     packed = state.lo_packed
     rows = (seg.num_folds > 0).nonzero().flatten()
     if len(rows):
-        _, _, new_packed = write_checkpoint_packed(pre[rows], config, state.layer, state.seq_ids[rows],
-                                                   (state.checkpoint + seg.num_folds)[rows])
+        _, new_lo, new_packed = write_checkpoint_packed(pre[rows], config, state.layer, state.seq_ids[rows],
+                                                        (state.checkpoint + seg.num_folds)[rows])
         packed = merge_packed(packed, new_packed, rows, batch)
+        if read is None:
+            lo[rows] = new_lo
     buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
     out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
