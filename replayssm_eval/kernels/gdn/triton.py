@@ -45,7 +45,7 @@ from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8SR, FP16SR, KINDS, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode,
-    e5m2_decode, quantize_tile, tile_amax,
+    quantize_tile, tile_amax,
 )
 
 # scale groups of the in-kernel store (format kinds are `quant.triton.KINDS`); globals read in @triton.jit are constexpr
@@ -298,6 +298,18 @@ _S_NONE, _S_ROW, _S_HEAD, _S_TENSOR = map(tl.constexpr, range(4))
 
 
 @triton.jit
+def _decode_codes(raw, KIND: tl.constexpr):
+    """FP32 values of one-byte or 16/32-bit read-copy elements (E4M3, E5M2 through FP16 bit patterns; others cast)."""
+    if KIND == _P_E4M3:
+        x = _e4m3_fast(raw)
+    elif KIND == _P_E5M2:
+        x = _e5m2_fast(raw)
+    else:
+        x = raw.to(tl.float32)
+    return x
+
+
+@triton.jit
 def _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP,
                  KIND: tl.constexpr, SCALE: tl.constexpr):
     """Decode the read copy's tile [BK, BV] (k, v) of (b, hv) from its packed encoding."""
@@ -309,13 +321,7 @@ def _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP,
         sb = tl.load(scales_ptr + rowid.to(tl.int64) * (KP // 16) + ks[:, None] // 16, mask=mask, other=0)
         x = (e2m1_decode(nib) * e4m3_decode(sb))
     else:
-        raw = tl.load(data_ptr + rowid.to(tl.int64) * K + ks[:, None], mask=mask, other=0)
-        if KIND == _P_E4M3:
-            x = e4m3_decode(raw)
-        elif KIND == _P_E5M2:
-            x = e5m2_decode(raw)
-        else:
-            x = raw.to(tl.float32)
+        x = _decode_codes(tl.load(data_ptr + rowid.to(tl.int64) * K + ks[:, None], mask=mask, other=0), KIND)
     if SCALE == _S_ROW:
         x = x * tl.load(gs_ptr + rowid, mask=vs[None, :] < V, other=1.0)
     elif SCALE == _S_HEAD:
@@ -473,13 +479,7 @@ def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mas
             for c in tl.static_range(0, K, BLOCK_K):
                 ks = c + tl.arange(0, BLOCK_K)
                 m2 = mask_v[:, None] & (ks < K)[None, :]
-                raw = tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0)
-                if KIND == _P_E4M3:
-                    s = _e4m3_fast(raw)
-                elif KIND == _P_E5M2:
-                    s = _e5m2_fast(raw)
-                else:
-                    s = raw.to(tl.float32)
+                s = _decode_codes(tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0), KIND)
                 sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
                 sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
         if SCALE == _S_ROW:
