@@ -7,7 +7,7 @@ accepted values in canonical order, the first value being the default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
