@@ -3,6 +3,8 @@
 A checkpoint is written at prefill (checkpoint 0) and at every flush: the FP32 state S is cast
 independently to the recurrence format (S_hi) and to the read format (S_lo); with a shared
 checkpoint one cast serves both. Stochastic rounding draws its bits from `kernels.keys`.
+CUDA states are encoded by `quant.triton.encode_triton` (one launch per copy, same bits) where it
+covers the format; CPU states and the other formats use the torch `fmt.encode`.
 All tensors here use the formats' layout `[B, H, P, N]` (GDN passes its `[B, HV, K, V]` state
 transposed to `[B, HV, V, K]`).
 """
@@ -72,7 +74,24 @@ def write_checkpoint_packed(
     return hi, config.read_format.decode(lo_packed), lo_packed
 
 
+def _use_triton(state: torch.Tensor, fmt) -> bool:
+    """Encode with the one-launch Triton encoder: CUDA states in the formats it covers (CPU keeps torch)."""
+    if not state.is_cuda:
+        return False
+    from replayssm_eval.quant.triton import encode_triton_supports
+
+    return encode_triton_supports(fmt)
+
+
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
+    """`fmt.encode` of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer, sequence, copy)."""
+    if _use_triton(state, fmt):
+        from replayssm_eval.quant.triton import encode_triton
+
+        if not fmt.is_stochastic:
+            return encode_triton(state, fmt)
+        keys = sr_keys(seed, layer, seq_ids, copy).to(state.device)
+        return encode_triton(state, fmt, keys, checkpoint.to(device=state.device, dtype=torch.int64))
     if not fmt.is_stochastic:
         return fmt.encode(state)
     keys = sr_keys(seed, layer, seq_ids, copy)

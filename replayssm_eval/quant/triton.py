@@ -4,7 +4,7 @@ Device functions (call them inside your own `@triton.jit` kernels; FP32 in, FP32
     round_bf16, round_fp16, round_e4m3, round_e5m2, round_e2m1   RNE (fp8/fp4 saturating), as `rounding`
     sr_fp16(x, bits), sr_e4m3(x, bits)                            stochastic, bits = uint32 words
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
-    e4m3_encode(v), e2m1_encode(v)                                 on-grid FP32 -> codes (int32)
+    e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
 interpreter and any GPU give the same bits as the torch reference.
 
@@ -14,6 +14,8 @@ cvt per element, same values as the decoders above):
     _e2m1_f16(byte), _e2m1_f16_hi(byte)                            low / high nibble -> E2M1 value * 2^-14
                                                                    (multiply by _E2M1_F16_SCALE, once per block)
 
+`encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
+flush writes; Philox keyed per state as `kernels.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Group amax reductions
 (FP8 row/head/tensor scales, NVFP4 global scales) run in torch on the host; block maxima, scales,
 rounding and Philox (`tl.randint(seed, offset + flat index)`) run in the kernel.
@@ -26,7 +28,8 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.quant import layout
-from replayssm_eval.quant.formats import FLT_MAX, FP8Format, MXFormat, StateFormat
+from replayssm_eval.quant.formats import FLT_MAX, ElementwiseFormat, FP8Format, MXFormat, NVFP4Format, StateFormat
+from replayssm_eval.quant.packed import PackedState
 
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
 
@@ -199,6 +202,17 @@ def e4m3_encode(v):
 
 
 @triton.jit
+def e5m2_encode(v):
+    """E5M2 byte (int32) of an on-grid finite FP32 value; NaN -> 0x7F with its sign (as torch's cast)."""
+    a = tl.abs(v)
+    e = _exponent(a)
+    mant = (a.to(tl.int32, bitcast=True) >> 21) & 3
+    mag = tl.where(a < 0.00006103515625, (a * 65536.0).to(tl.int32), ((e + 15) << 2) | mant)
+    mag = tl.where(v != v, 0x7F, mag)
+    return mag | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
 def e2m1_encode(v):
     """E2M1 nibble (int32) of an on-grid FP32 value in [-6, 6]; NaN -> 0."""
     a = tl.where(v != v, 0.0, tl.abs(v))
@@ -245,6 +259,33 @@ def tile_amax(x, WHOLE: tl.constexpr):
 
 
 @triton.jit
+def _nvfp4_tile(x, amax, GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """NVFP4 of x [BLOCK_R, BLOCK_C] in TransformerEngine's order of operations (amax [BLOCK_R, 1]).
+
+    Returns q [BLOCK_R, BLOCK_C // 16, 16] E2M1 values, s_b [BLOCK_R, BLOCK_C // 16] E4M3 block
+    scales and s_dec [BLOCK_R, 1]; the value is (q * s_b) * s_dec.
+    """
+    s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
+    s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
+    bmax = tl.max(tl.abs(xb), axis=2)  # [BLOCK_R, BLOCK_C // 16]
+    s_b = round_e4m3(bmax * (s_enc * 0.1666666716337204))
+    enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+    enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
+    q = round_e2m1(xb * enc_b[:, :, None])
+    return q, s_b, s_dec
+
+
+@triton.jit
+def _fp8_scale(amax, FMT_MAX: tl.constexpr):
+    """FP8 scale s = amax / FMT_MAX, 1 for an all-zero group (NaN and Inf kept)."""
+    s = tl.math.div_rn(amax, tl.full(amax.shape, FMT_MAX, tl.float32))
+    return tl.where(s == 0.0, 1.0, s)
+
+
+@triton.jit
 def quantize_tile(x, bits, amax, KIND: tl.constexpr, SCALED: tl.constexpr, FMT_MAX: tl.constexpr,
                   GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """`fmt.quantize` of a tile x [BLOCK_R, BLOCK_C] of format rows, blocks running along C.
@@ -253,17 +294,8 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, SCALED: tl.constexpr, FMT_M
     global-scale group (NVFP4's S_enc, FP8's scale amax / FMT_MAX); SCALED: FP8 with a scale;
     GROUP: the block of NVFP4 (16) or MX (32). Padding must be zero (it never raises a block max).
     """
-    if KIND == NVFP4:  # TransformerEngine's order of operations
-        s_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
-        s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)
-        s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-        s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
-        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
-        bmax = tl.max(tl.abs(xb), axis=2)  # [BLOCK_R, BLOCK_C // 16]
-        s_b = round_e4m3(bmax * (s_enc * 0.1666666716337204))
-        enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
-        enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
-        q = round_e2m1(xb * enc_b[:, :, None])
+    if KIND == NVFP4:
+        q, s_b, s_dec = _nvfp4_tile(x, amax, GROUP, BLOCK_R, BLOCK_C)
         y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
     elif (KIND == MXFP8) or (KIND == MXFP4):
         xb = tl.reshape(x, (BLOCK_R, BLOCK_C // GROUP, GROUP))
@@ -285,8 +317,7 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, SCALED: tl.constexpr, FMT_M
         q = q * scale[:, :, None]
         y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
     elif SCALED:
-        s = tl.math.div_rn(amax, tl.full(amax.shape, FMT_MAX, tl.float32))
-        s = tl.where(s == 0.0, 1.0, s)
+        s = _fp8_scale(amax, FMT_MAX)
         y = round_kind(tl.math.div_rn(x, s + tl.zeros_like(x)), bits, KIND) * s
     else:
         y = round_kind(x, bits, KIND)
@@ -356,8 +387,132 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     return layout.unorient(y, axis).reshape(x.shape).to(x.dtype)
 
 
+_SCOPE_NONE, _SCOPE_ROW, _SCOPE_GIVEN = map(tl.constexpr, range(3))  # where an encode tile's scale amax comes from
+
+
+@triton.jit
+def _encode_kernel(
+    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, n_rows, n_cols, group_rows,
+    KIND: tl.constexpr, SCOPE: tl.constexpr, FMT_MAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # x: [B, n_rows, n_cols] FP32 (n_rows = H * P), one program = BLOCK_R whole rows of sequence b;
+    # amax: [B * n_rows // group_rows] (SCOPE_GIVEN); key, ck: [B] Philox key and checkpoint (SR kinds)
+    b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols[None, :] < n_cols)
+    elem = rows[:, None].to(tl.int64) * n_cols + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [H, P, N]
+    row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
+    x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
+    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+    if (KIND == FP16SR) | (KIND == FP8SR):  # counters of `kernels.keys.state_random_bits`
+        bits = tl.randint(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem).to(tl.int64)
+    group = row_g // group_rows  # [BLOCK_R] global scale group
+    amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
+    if SCOPE == _SCOPE_ROW:  # NaN-propagating like torch's amax (tl.max's NaN rule differs by backend)
+        a = tl.abs(x)
+        nan = tl.max((a != a).to(tl.int32), axis=1)[:, None]
+        amax = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=1)[:, None])
+    elif SCOPE == _SCOPE_GIVEN:
+        amax = tl.load(amax_ptr + group, mask=row_ok, other=1.0)[:, None]
+    first = row_ok & (row_g % group_rows == 0)  # the row that stores its group's global scale
+    if KIND == NVFP4:
+        q, s_b, s_dec = _nvfp4_tile(x, amax, 16, BLOCK_R, BLOCK_C)
+        codes = tl.reshape(e2m1_encode(q), (BLOCK_R, BLOCK_C // 2, 2))
+        lo, hi = tl.split(codes)  # elements 2j, 2j + 1
+        n_bytes = (n_cols + 15) // 16 * 8
+        j = tl.arange(0, BLOCK_C // 2)
+        tl.store(data_ptr + row_g[:, None] * n_bytes + j[None, :], (lo | (hi << 4)).to(tl.uint8),
+                 mask=row_ok[:, None] & (j[None, :] < n_bytes))
+        k = tl.arange(0, BLOCK_C // 16)
+        tl.store(scales_ptr + row_g[:, None] * (n_bytes // 8) + k[None, :], e4m3_encode(s_b).to(tl.uint8),
+                 mask=row_ok[:, None] & (k[None, :] < n_bytes // 8))
+        tl.store(gs_ptr + group[:, None], s_dec, mask=first[:, None])
+    else:
+        v = x
+        if SCOPE != _SCOPE_NONE:
+            s = _fp8_scale(amax, FMT_MAX)
+            v = tl.math.div_rn(x, s + tl.zeros_like(x))
+            tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
+        q = round_kind(v, bits, KIND)
+        out = data_ptr + b.to(tl.int64) * n_rows * n_cols + elem
+        if (KIND == FP8) | (KIND == FP8SR):
+            tl.store(out, e4m3_encode(q).to(tl.uint8), mask=mask)
+        elif KIND == FP8E5M2:
+            tl.store(out, e5m2_encode(q).to(tl.uint8), mask=mask)
+        elif KIND == BF16:  # the high half of the rounded FP32 (data viewed as int16)
+            tl.store(out, (q.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+        elif (KIND == FP16) | (KIND == FP16SR):
+            tl.store(out, q.to(tl.float16), mask=mask)  # exact: q is on the FP16 grid
+        else:
+            tl.store(out, q, mask=mask)
+
+
+def encode_triton_supports(fmt: StateFormat) -> bool:
+    """Whether `encode_triton` covers `fmt` (MX and NVFP4 with head_dim blocks keep the torch encode)."""
+    return isinstance(fmt, (ElementwiseFormat, FP8Format)) or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")
+
+
+def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None = None,
+                  checkpoint: torch.Tensor | None = None) -> PackedState:
+    """`fmt.encode` of a state x `[..., H, P, N]` in one kernel launch; every field bit-identical.
+
+    For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
+    state's Philox key and checkpoint index, and the result equals
+    `fmt.encode(x, random_bits=kernels.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
+    deterministic formats ignore them and equal `fmt.encode(x)`. Head- and tensor-wide scales take
+    one torch amax reduction first; row scales are reduced in the kernel.
+    """
+    if not encode_triton_supports(fmt):
+        raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: fp32, bf16, fp16, "
+                                  "fp16sr, fp8, fp8sr, fp8e5m2 (any scale), nvfp4 with axis=dstate (any scale)")
+    x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
+    n_seq, h, p, n = x4.shape
+    shape = tuple(x.shape)
+    lead = layout.shape3(shape)[:-3]
+    scale = getattr(fmt, "scale", "none")
+    scales = gs = None
+    if isinstance(fmt, ElementwiseFormat):
+        data = torch.empty(shape, dtype=ElementwiseFormat._DTYPES[fmt.base], device=x.device)
+    elif isinstance(fmt, FP8Format):
+        data = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    else:
+        n_blocks = -(-n // fmt.BLOCK)
+        data = torch.empty((*lead, h, p, n_blocks * fmt.BLOCK // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((*lead, h, p, n_blocks), dtype=torch.uint8, device=x.device)
+    if scale != "none":
+        gs = torch.empty(layout.group_shape(shape, scale), dtype=torch.float32, device=x.device)
+    scope, amax = _SCOPE_NONE, None
+    if scale == "row":
+        scope = _SCOPE_ROW
+    elif scale != "none":
+        scope, amax = _SCOPE_GIVEN, layout.group_amax(x4, scale).reshape(-1)  # [B * (H | 1)]
+    if fmt.is_stochastic:
+        if keys is None or checkpoint is None:
+            raise ValueError(f"stochastic format '{fmt.name}' needs keys= and checkpoint= ([B] int64); got None")
+        keys = keys.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
+        checkpoint = checkpoint.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
+        if keys.numel() != n_seq or checkpoint.numel() != n_seq:
+            raise ValueError(f"keys and checkpoint need {n_seq} entries (one per state); "
+                             f"got {keys.numel()} and {checkpoint.numel()}")
+    if x4.numel():
+        block_c = max(triton.next_power_of_2(n), getattr(fmt, "BLOCK", 1))
+        block_r = max(1, min(64, 2048 // block_c))
+        grid = (n_seq, triton.cdiv(h * p, block_r))
+        _encode_kernel[grid](
+            x4, data.view(torch.int16) if fmt.base == "bf16" else data, x4 if scales is None else scales,
+            x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
+            x4 if checkpoint is None else checkpoint, h * p, n, {"row": 1, "head": p, "tensor": h * p}.get(scale, 1),
+            KIND=KINDS[fmt.base].value, SCOPE=scope.value,
+            FMT_MAX=fmt.max_value if isinstance(fmt, FP8Format) else 1.0, BLOCK_R=block_r, BLOCK_C=block_c,
+        )
+    return PackedState(fmt.name, shape, data, scales, gs)
+
+
 __all__ = [
-    "KINDS", "e2m1_decode", "e2m1_encode", "e4m3_decode", "e4m3_encode", "e5m2_decode", "quantize_tile",
+    "KINDS", "e2m1_decode", "e2m1_encode", "e4m3_decode", "e4m3_encode", "e5m2_decode", "e5m2_encode",
+    "encode_triton", "encode_triton_supports", "quantize_tile",
     "quantize_triton", "round_bf16", "round_e2m1", "round_e4m3", "round_e5m2", "round_fp16", "round_kind",
     "sr_e4m3", "sr_fp16", "tile_amax",
 ]

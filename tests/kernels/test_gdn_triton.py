@@ -8,6 +8,7 @@ gave different bits in the interpreter.)
 """
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -63,8 +64,17 @@ def _mostly_equal(name, ref, got, fraction=0.98):
     assert close >= fraction, f"{name}: only {close:.1%} of elements agree"
 
 
+@pytest.fixture(params=[False, True], ids=["fused", "split"])
+def split(request, monkeypatch):
+    """Both launch modes of the chunked kernel: the default and SPLIT (the lighter sequential pass, outputs in torch)."""
+    if request.param:
+        default = gdn_triton.chunked_launch_config
+        monkeypatch.setattr(gdn_triton, "chunked_launch_config", lambda *args: dict(default(*args), SPLIT=True))
+    return request.param
+
+
 @pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@4#closed#skip=0.7", "fp32/fp32@5#spec=3:0.6#closed"])
-def test_chunked_triton_fp32(text):
+def test_chunked_triton_fp32(text, split):
     inputs = make_inputs(seqlen=21, dtype=torch.float32, **SMALL)
     start = phased_start(inputs, text, warmup=(0, 3), dtype=torch.float32)
     o_ref, st_ref = decode_reference(*cut(inputs, 0), start, text)
@@ -77,7 +87,7 @@ def test_chunked_triton_fp32(text):
 
 
 @pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4"])
-def test_chunked_triton_quantized(text):
+def test_chunked_triton_quantized(text, split):
     inputs = make_inputs(seqlen=13, dtype=torch.float32, **SMALL)
     o_ref, st_ref = chunked(*inputs, text)
     o, st = chunked(*inputs, text, backend="triton")
@@ -169,7 +179,7 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv):
 
 
 @pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@16", "nvfp4:scale=head/fp8sr@16#closed"])
-def test_chunked_triton_lockstep_k128(text):
+def test_chunked_triton_lockstep_k128(text, split):
     """Quantized chunked at K = V = 128, one checkpoint at a time from identical stored copies (what
     benchmarks/gpu_check_gdn.py judges on the GPU): outputs and pre-round folds agree to FP32 accuracy, the kernel's
     stored copies are exactly `write_checkpoint` of its own pre-round fold, and only a few rounding decisions differ
@@ -193,6 +203,50 @@ def test_chunked_triton_lockstep_k128(text):
             flips = ((got - ref).abs() > 1e-6 * (ref.abs() + ref.abs().max())).float().mean().item()
             assert flips <= 1e-2, f"{name} after window {w}: {flips:.2%} of elements differ"
         state = st_t
+
+
+@pytest.mark.parametrize("text", ["fp32/fp32@4#closed", "fp32/fp32@3#skip=0.6", "nvfp4:scale=row/fp16sr@4#closed#skip=0.6",
+                                  "fp8sr/fp16@3", "shared:fp16sr@4#spec=3:0.6#closed"])
+def test_chunked_triton_split_blocks(text, monkeypatch):
+    """SPLIT at awkward sizes (grouped heads, K = 24, V = 40 in two v-blocks, one segment per launch block), from
+    carried buffers at differing phases, under allow_tf32: == decode_reference (FP32 formats) and the fused launch
+    (outputs to FP32 accuracy, stored copies all but a few flipped roundings, the same checkpoints), and the stored
+    copies are exactly `write_checkpoint` of the split launch's own pre-round fold."""
+    cfg = ReplayConfig.parse(text)
+    inputs = make_inputs(batch=2, seqlen=10, dtype=torch.float32, **dict(AWKWARD, heads=1, value_heads=2))
+    start = phased_start(inputs, cfg, warmup=(0, 3), dtype=torch.float32)
+    x = cut(inputs, 3)
+    launch = {"BV": 32, "num_warps": 4, "DOT": "ieee"}
+    # one segment per launch block (the package exports a function named `chunked`: patch the module itself)
+    monkeypatch.setattr(sys.modules["replayssm_eval.kernels.gdn.chunked"], "_BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(gdn_triton, "chunked_launch_config", lambda *args: dict(launch, SPLIT=False))
+    o_f, st_f = chunked(*x, start, cfg, backend="triton")
+    monkeypatch.setattr(gdn_triton, "chunked_launch_config", lambda *args: dict(launch, SPLIT=True))
+    precision = torch.get_float32_matmul_precision()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        o_s, st_s = chunked(*x, start, cfg, backend="triton")
+        assert torch.backends.cuda.matmul.allow_tf32, "the split path must restore the matmul precision"
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert torch.equal(st_f.checkpoint, st_s.checkpoint) and int((st_s.checkpoint - start.checkpoint).min()) >= 1
+    if cfg.recur == "fp32":
+        o_ref, st_ref = decode_reference(*x, start, cfg)
+        assert_close("o", o_ref, o_s, 1e-5)
+        assert_close("S_hi", st_ref.hi, st_s.hi, 1e-5)
+        for name in st_ref.buffer:
+            assert_close(f"buffer[{name!r}]", st_ref.buffer[name], st_s.buffer[name], 1e-5)
+    assert_close("o vs fused", o_f, o_s, 1e-5 if cfg.recur == "fp32" else 2e-3)
+    _mostly_equal("S_hi vs fused", st_f.hi, st_s.hi)
+    _mostly_equal("S_lo vs fused", st_f.lo, st_s.lo)
+    # through the first fold from a common state: the in-kernel rounding of the split launch is bit-exact on its own fold
+    prep = lambda n, st: _prepare(*cut(inputs, 0, n), st, cfg, layer_idx=0, seq_ids=None, compute_dtype=torch.float32)  # noqa: E731
+    state = prep(1, inputs[5]).state
+    n = int(prep(None, state).plan.fold_after[0].nonzero()[0]) + 1
+    _, rounded = gdn_triton.chunked_triton(prep(n, state))
+    _, fold = gdn_triton.chunked_triton(prep(n, state), rounded=False)
+    hi, lo = write_checkpoint(fold.hi, cfg, 0, rounded.seq_ids, rounded.checkpoint)
+    assert torch.equal(hi, rounded.hi) and torch.equal(lo, rounded.lo), "split: in-kernel rounding != write_checkpoint"
 
 
 # ---------------------------------------------------------------------------------------------- single-token step kernel

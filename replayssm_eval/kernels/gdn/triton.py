@@ -10,7 +10,11 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    segment, (I + A)^-1, is solved batched in torch; one launch then walks the segments of each
    (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
    copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
-   `kernels.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
+   `kernels.keys`), using the quant library's device roundings. The launch key SPLIT (off by default)
+   runs a lighter sequential pass instead: torch precomputes per block of segments U0 = T beta V,
+   W = T R, K_end, the masked Q's and M (`gdn.chunked._precompute`); `_chunked_split_kernel` applies
+   only u = U0 - W_hi S_hi - W_lo S_lo, the fold and the rounding, writing the u's and the copies each
+   segment read, from which the outputs are batched FP32 torch matmuls. In-kernel formats: fp32, bf16,
    fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none (|head), nvfp4 axis=dstate with
    scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
    Formats whose scale group spans several heads (nvfp4's default scale=tensor, fp8 scale=tensor)
@@ -33,6 +37,7 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -79,6 +84,21 @@ def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constex
     xt = tl.trans(x)  # [BV, BK]: format rows are v columns, blocks run along K
     y = quantize_tile(xt, tl.trans(bits), tile_amax(xt, SCALE == _HEAD), KIND, SCALE != _NONE, FMT_MAX, 16, BV, BK)
     return tl.trans(y)
+
+
+@triton.jit
+def _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
+                  HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
+                  LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Both stored copies (S_hi, S_lo) of the FP32 fold [BK, BV] at checkpoint `checkpoint`, padding zeroed."""
+    s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
+    s_hi = tl.where(smask, s_hi, 0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+        s_lo = tl.where(smask, s_lo, 0.0)
+    return s_hi, s_lo
 
 
 @triton.jit
@@ -150,15 +170,79 @@ def _chunked_kernel(
                 else:
                     folded = d_end * s_hi + _dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
-                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
-                s_hi = tl.where(smask, s_hi, 0.0)
-                if SHARED:
-                    s_lo = s_hi
-                else:
-                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-                    s_lo = tl.where(smask, s_lo, 0.0)
+                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
+                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
+            tl.store(u_ptr + out, u, mask=vmask[None, :])
+    tl.store(hi_ptr + state_idx, s_hi, mask=smask)
+    if not SHARED:
+        tl.store(lo_ptr + state_idx, s_lo, mask=smask)
+
+
+@triton.jit
+def _chunked_split_kernel(
+    u0_ptr, whi_ptr, wlo_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, u_ptr, snap_hi_ptr, snap_lo_ptr, ofold_ptr,
+    NS, NB, s_begin, HV, K, V,
+    SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
+):
+    # SPLIT launch: only the checkpoint-dependent recurrence of `_chunked_kernel`, the rest precomputed for the block:
+    # per (b, block segment j < NB, hv) row-major: w_hi, w_lo, k_end, w_c [LP, K]; u0, u0_c [LP, V]; d_end [1].
+    # Writes per segment the u's (u [B, HV, NS, LP, V]), the copies it read (snap_hi, snap_lo [B, NB, HV, V, K]) and
+    # (closed) the fold token's output from the unrounded fold (ofold [B, NB, HV, V]); q [B, HV, NS, LP, K].
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    ts = tl.arange(0, LP)
+    vmask = vs < V
+    kmask = ks < K
+    bh = b * HV + hv
+    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    smask = kmask[:, None] & vmask[None, :]
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
+    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    checkpoint = tl.load(ckpt_ptr + b)
+    key_hi = tl.load(key_hi_ptr + b)
+    key_lo = tl.load(key_lo_ptr + b)
+    for j in range(SEGS):
+        s = s_begin + j
+        if s < NS:
+            seg = (b * NB + j) * HV + hv  # (b, j, hv) of the block's [B, NB, HV]
+            row = seg.to(tl.int64) * LP + ts  # [LP]
+            snap = (seg * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, NB, HV, V, K]
+            tl.store(snap_hi_ptr + snap, s_hi, mask=smask)
+            whi = tl.load(whi_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)  # [LP, BK]
+            wlo = tl.load(wlo_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
+            u = tl.load(u0_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)  # [LP, BV]
+            if SHARED:
+                u = u - _dot(whi + wlo, s_hi, DOT)
+            else:
+                tl.store(snap_lo_ptr + snap, s_lo, mask=smask)
+                u = u - _dot(whi, s_hi, DOT) - _dot(wlo, s_lo, DOT)
+            if tl.load(fold_ptr + b * NS + s) != 0:
+                kend = tl.load(kend_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
+                d_end = tl.load(dend_ptr + seg)
+                if CLOSED:
+                    wc = tl.load(wc_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
+                    uc = tl.load(u0c_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)
+                    folded = d_end * s_hi + _dot(tl.trans(kend), uc - _dot(wc, s_hi, DOT), DOT)
+                    last = tl.load(last_ptr + b * NS + s)
+                    q_last = tl.load(q_ptr + ((bh * NS + s).to(tl.int64) * LP + last) * K + ks, mask=kmask, other=0.0)
+                    tl.store(ofold_ptr + seg.to(tl.int64) * V + vs, tl.sum(q_last[:, None] * folded, axis=0), mask=vmask)
+                else:
+                    folded = d_end * s_hi + _dot(tl.trans(kend), u, DOT)
+                checkpoint += 1
+                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
+                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+            out = ((bh * NS + s).to(tl.int64) * LP + ts)[:, None] * V + vs[None, :]
             tl.store(u_ptr + out, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
     if not SHARED:
@@ -213,21 +297,37 @@ def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, 
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
-    """BV (v columns per program; the whole head for head scales) and num_warps of `_chunked_kernel`
+    """BV (v columns per program; the whole head for head scales), num_warps and DOT of the chunked kernels, and SPLIT:
+    the lighter sequential pass (`_chunked_split_kernel`, outputs in torch), off until measured on a GPU
     (benchmarks/layer_speed.py sweeps them)."""
     if whole_head:  # the sweep's best on the H200 at K = V = 128 (reports/layer_speed.json)
-        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "ieee"}
-    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "ieee"}
+        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "ieee", "SPLIT": False}
+    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "ieee", "SPLIT": False}
+
+
+@contextlib.contextmanager
+def _fp32_matmul():
+    """torch matmuls in full FP32 inside (no TF32, whatever torch.backends.cuda.matmul.allow_tf32 says)."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
 
 
 def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
-    from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, segment_layout, _state_after
+    """launch["SPLIT"] (default False): `_chunked_split_kernel` runs only the recurrence (u = U0 - W_hi S_hi - W_lo S_lo
+    and the fold) on `gdn.chunked._precompute`'s tensors, block by block, and the outputs of a block are batched FP32
+    torch matmuls on the copies each segment read; otherwise `_chunked_kernel` does everything per segment."""
+    from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, _precompute, segment_layout, _state_after
 
     cfg, st = p.config, p.state
     bsz, seqlen, nv, dk = p.q.shape
     dv = p.v.shape[-1]
     device = p.q.device
     closed = cfg.gdn_fold == "closed"
+    split = launch.get("SPLIT", False)
     seg = segment_layout(p)
     lp = max(16, triton.next_power_of_2(seg.length))
     buf = st.buffer
@@ -246,20 +346,21 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     beta_pad = padded(p.beta, buf.get("beta"))
     rhi = padded(p.plan.read_hi[..., None].expand(bsz, seqlen, nv).to(torch.int32), None)
     pre = padded(torch.zeros(bsz, seqlen, nv, dtype=torch.int32, device=device), torch.ones_like(buf["g"], dtype=torch.int32))
-    gc = g_pad.cumsum(-1)
-    eps = cfg.skip_read_below
-    keep = (lambda x: torch.ones_like(x) if eps is None else (torch.exp(x) >= eps).float())  # noqa: E731
-    d = keep(gc) * torch.exp(gc)
-    g_end = gc[..., -1]
-    d_end = keep(g_end) * torch.exp(g_end)  # [B, HV, NS]
-    dc = torch.exp(gc) * keep(g_end)[..., None]
-    incl = torch.ones(lp, lp, dtype=torch.bool, device=device).tril()
-    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))
-    a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
-    eye = torch.eye(lp, device=device).expand_as(a)
-    tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
-    tinv = torch.linalg.solve_triangular(eye + a * (pre == 0)[..., None], eye, upper=False, unitriangular=True).contiguous()
-    del decay, a
+    if not split:
+        gc = g_pad.cumsum(-1)
+        eps = cfg.skip_read_below
+        keep = (lambda x: torch.ones_like(x) if eps is None else (torch.exp(x) >= eps).float())  # noqa: E731
+        d = keep(gc) * torch.exp(gc)
+        g_end = gc[..., -1]
+        d_end = keep(g_end) * torch.exp(g_end)  # [B, HV, NS]
+        dc = torch.exp(gc) * keep(g_end)[..., None]
+        incl = torch.ones(lp, lp, dtype=torch.bool, device=device).tril()
+        decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))
+        a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
+        eye = torch.eye(lp, device=device).expand_as(a)
+        tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
+        tinv = torch.linalg.solve_triangular(eye + a * (pre == 0)[..., None], eye, upper=False, unitriangular=True).contiguous()
+        del decay, a
 
     hi = st.hi.float().clone().contiguous()
     lo = hi if cfg.shared else st.lo.float().clone().contiguous()
@@ -272,20 +373,47 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     grid = (bsz, nv, triton.cdiv(dv, bv))
     fold = seg.folds.to(torch.int32).contiguous()
     last = seg.last.to(torch.int32).contiguous()
-    # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
-    per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)
-    block = min(triton.next_power_of_2(seg.num), max(1, 1 << (_BLOCK_ELEMENTS // max(per_segment, 1)).bit_length() - 1))
+    # one launch per block of segments keeps each launch's registers the same and lets long inputs stream; the split
+    # launch's block also bounds its precomputed tensors (W's, U0's, masked Q's, M) and the two snapshots [V, K]
+    per_segment = bsz * nv * (lp * (6 * dk + 3 * dv + lp) + 2 * dk * dv if split else lp * (2 * dk + 4 * dv + 2 * lp))
+    fits = max(1, _BLOCK_ELEMENTS // max(per_segment, 1))  # at least one segment per launch, however large
+    block = min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
+    consts = {"SEGS": block, "LP": lp, "BK": bk, "BV": bv, "CLOSED": closed, "SHARED": cfg.shared,
+              "HI_KIND": hi_mode[0], "HI_SCALE": hi_mode[1], "HI_MAX": hi_mode[2],
+              "LO_KIND": lo_mode[0], "LO_SCALE": lo_mode[1], "LO_MAX": lo_mode[2],
+              "DOT": launch["DOT"], "num_warps": launch["num_warps"]}
     for start in range(0, seg.num, block):
         ckpt = (st.checkpoint + seg.folds[:, :start].sum(1)).contiguous()  # checkpoint index at the block's start
-        _chunked_kernel[grid](
-            k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv,
-            tinv_c if closed else tinv, fold, last, ckpt, keys_hi, keys_lo, hi, lo, o_pad, u_pad,
-            seg.num, start, nv, dk, dv,
-            SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
-            HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
-            LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
-            DOT=launch["DOT"], num_warps=launch["num_warps"],
+        if not split:
+            _chunked_kernel[grid](
+                k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv,
+                tinv_c if closed else tinv, fold, last, ckpt, keys_hi, keys_lo, hi, lo, o_pad, u_pad,
+                seg.num, start, nv, dk, dv, **consts,
+            )
+            continue
+        sl = slice(start, min(start + block, seg.num))
+        nb = sl.stop - start
+        heads = lambda x, sl=sl: x[:, :, sl].transpose(1, 2)  # noqa: E731  [B, HV, NS, LP, ...] -> [B, nb, HV, LP, ...]
+        with _fp32_matmul():
+            blk = _precompute(heads(k_pad), heads(q_pad), heads(v_pad), heads(g_pad), heads(beta_pad), heads(uk_pad),
+                              pre[:, 0, sl] != 0, rhi[:, 0, sl] != 0, cfg.skip_read_below, closed)
+        blk = {name: t.contiguous() for name, t in blk.items()}
+        snap_hi = torch.empty(bsz, nb, nv, dv, dk, device=device)  # the copies each segment reads, [B, nb, HV, V, K]
+        snap_lo = snap_hi if cfg.shared else torch.empty_like(snap_hi)
+        ofold = torch.empty(bsz, nb, nv, dv, device=device) if closed else snap_hi
+        _chunked_split_kernel[grid](
+            blk["u0"], blk["w_hi"], blk["w_lo"], blk["k_end"], blk["d_end"], blk.get("u0_c", blk["u0"]),
+            blk.get("w_c", blk["w_hi"]), q_pad, fold, last, ckpt, keys_hi, keys_lo, hi, lo, u_pad, snap_hi, snap_lo,
+            ofold, seg.num, nb, start, nv, dk, dv, **consts,
         )
+        u = heads(u_pad)  # [B, nb, HV, LP, V]
+        with _fp32_matmul():
+            o = blk["q_hi"] @ snap_hi.transpose(-1, -2) + blk["q_lo"] @ snap_lo.transpose(-1, -2) + blk["m"] @ u
+        if closed:  # a fold token reading S_hi takes its output from the unrounded closed fold
+            at_last = torch.arange(lp, device=device) == seg.last[:, sl, None]  # [B, nb, LP]
+            take = at_last & (rhi[:, 0, sl] != 0) & seg.folds[:, sl, None]
+            o = torch.where(take[:, :, None, :, None], ofold[:, :, :, None, :], o)
+        o_pad[:, :, sl] = o.transpose(1, 2)
     o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
     u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
     o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)

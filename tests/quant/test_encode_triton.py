@@ -1,0 +1,184 @@
+"""`encode_triton` against `fmt.encode`: every PackedState field bit-identical (interpreter on CPU)."""
+
+import pytest
+import torch
+
+from replayssm_eval.kernels import state as state_mod
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.keys import READ_COPY, sr_keys, state_random_bits
+from replayssm_eval.quant import get_format
+from replayssm_eval.quant import triton as qt
+
+ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr"]
+FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")]
+NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")]
+SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
+
+
+def _ties_fp(h, p, n, g):
+    """Values on the midpoints of the FP16, BF16, E4M3 and E5M2 grids; amax 448 in every row (FP8 scale 1)."""
+    ties = torch.tensor([1 + 2**-11, 1 + 2**-8, 1.0625, 17.0, 1.125, 144.0, 2**-10 + 2**-11, 2**-17, 2**-25, 0.0])
+    x = ties[torch.randint(0, len(ties), (h, p, n), generator=g)]
+    x = x * torch.where(torch.rand(h, p, n, generator=g) < 0.5, -1.0, 1.0)
+    x[..., 0] = 448.0
+    return x
+
+
+def _ties_nvfp4(h, p, n, g):
+    """NVFP4 blocks k * {6, E2M1 midpoints}, k on the E4M3 grid (subnormal ones too); amax 2688 in every row."""
+    mids = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 0.0])
+    ks = torch.tensor([448.0, 3 * 2.0**-9, 2.0**-9, 5 * 2.0**-8, 0.5, 1.0, 1.5, 2.0**-7, 26.0])
+    x = torch.zeros(h, p, n)
+    for b0 in range(0, n, 16):
+        k = ks[torch.randint(0, len(ks), (h, p, 1), generator=g)]
+        width = min(16, n - b0)
+        x[..., b0:b0 + width] = k * mids[torch.randint(0, len(mids), (h, p, width), generator=g)]
+        x[..., b0] = k[..., 0] * 6.0
+    x[..., 0] = 2688.0
+    return x
+
+
+def _states(hpn, seed=0):
+    """[6, H, P, N]: two random states over wide exponent ranges, one with zeros, subnormals and huge
+    values, the FP tie state, the NVFP4 tie state, and an all-zero state."""
+    g = torch.Generator().manual_seed(seed)
+    h, p, n = hpn
+    rand = [torch.randn(hpn, generator=g) * torch.exp2(torch.randint(-30, 30, hpn, generator=g).float())
+            for _ in range(3)]
+    odd = rand[2].view(-1)
+    odd[:7] = 0.0
+    odd[7], odd[8], odd[9], odd[10] = 2.0**-140, -70000.0, 3e38, -1e-30
+    rand[2][0, 0, :] = 0.0  # an all-zero row
+    if p > 1:
+        rand[2][0, 1, :] = 1e-39  # a row of FP32 subnormals
+    return torch.stack([rand[0], rand[1], rand[2], _ties_fp(h, p, n, g), _ties_nvfp4(h, p, n, g), torch.zeros(hpn)])
+
+
+def _field_equal(name, a, b):
+    if a is None or b is None:
+        assert a is None and b is None, f"{name}: {a is None} vs {b is None}"
+        return
+    assert a.dtype == b.dtype and a.shape == b.shape, f"{name}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+    assert a.is_contiguous()  # torch's elementwise encode keeps a transposed input's strides; values must match
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    bad = a.view(view) != b.view(view)
+    assert not bad.any(), f"{name}: {int(bad.sum())} of {a.numel()} differ, e.g. {a[bad][:4]} vs {b[bad][:4]}"
+
+
+def packed_equal(got, want):
+    assert got.format == want.format and got.shape == want.shape
+    for name in ("data", "scales", "global_scale"):
+        _field_equal(name, getattr(got, name).cpu() if getattr(got, name) is not None else None, getattr(want, name))
+
+
+def _keys(fmt, n_seq, layer=3):
+    seq_ids = torch.tensor([5, 0, 2**40 + 3, 17, 2, 9, 11][:n_seq])
+    keys = sr_keys(1234, layer, seq_ids, READ_COPY)
+    checkpoints = [torch.tensor([0, 1, 2**20 + 7, 3, 2**31 + 5, 64][:n_seq]),
+                   torch.tensor([9, 0, 4, 2**33, 1, 2][:n_seq])]
+    return keys, (checkpoints if fmt.is_stochastic else checkpoints[:1])
+
+
+def _reference(fmt, x, keys, checkpoint):
+    """The torch encode a flush does today (`kernels.state._encode`), for states x [..., H, P, N]."""
+    if not fmt.is_stochastic:
+        return fmt.encode(x)
+    return fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, x.shape[-3:]).reshape(x.shape))
+
+
+def _check(spec, hpn, device):
+    fmt = get_format(spec)
+    x = _states(hpn)
+    keys, checkpoints = _keys(fmt, x.shape[0])
+    for checkpoint in checkpoints:
+        want = _reference(fmt, x, keys, checkpoint)
+        got = qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
+        packed_equal(got, want)
+        assert torch.equal(fmt.decode(got).cpu().view(torch.int32), fmt.decode(want).view(torch.int32))
+
+
+@pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8)
+def test_encode_triton_bit_exact(spec, hpn, device):
+    _check(spec, hpn, device)
+
+
+@pytest.mark.parametrize("hpn", SHAPES["nvfp4"], ids=str)
+@pytest.mark.parametrize("spec", NVFP4)
+def test_encode_triton_nvfp4_bit_exact(spec, hpn, device):
+    _check(spec, hpn, device)
+
+
+@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr:scale=head", "nvfp4:scale=row", "fp8e5m2:scale=tensor"])
+def test_encode_triton_lead_shapes(spec, device):
+    """States without a batch dim ([H, P, N]) and with two leading dims."""
+    fmt = get_format(spec)
+    x = _states((2, 3, 32), seed=4)
+    for xs in (x[0], x[:4].reshape(2, 2, 2, 3, 32)):
+        n_seq = xs[..., 0, 0, 0].numel()
+        keys, (checkpoint, *_) = _keys(fmt, n_seq)
+        want = _reference(fmt, xs, keys, checkpoint)
+        packed_equal(qt.encode_triton(xs.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
+
+
+@pytest.mark.parametrize("spec", ["fp32", "bf16", "fp16sr", "fp8:scale=head", "nvfp4:scale=row"])
+def test_encode_triton_transposed_input(spec, device):
+    """GDN hands its [B, HV, K, V] state over transposed: a non-contiguous [B, H, P, N] view."""
+    fmt = get_format(spec)
+    x = _states((2, 32, 5), seed=6).transpose(-1, -2)  # [6, 2, 5, 32], strided
+    keys, (checkpoint, *_) = _keys(fmt, x.shape[0])
+    want = _reference(fmt, x, keys, checkpoint)
+    packed_equal(qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
+
+
+def _nan_canonical(packed):
+    """Fields with NaN payloads and signs erased (those differ between backends and torch's casts)."""
+    out = []
+    for t in (packed.data, packed.scales, packed.global_scale):
+        if t is None:
+            out.append(None)
+        elif t.dtype == torch.uint8:
+            t = t.cpu()
+            out.append(torch.where((t & 0x7F) == 0x7F, 0x7F, t) if packed.format[:3] in ("fp8", "nvf") else t)
+        else:
+            t = t.cpu().float()
+            out.append(torch.where(t.isnan(), float("nan"), t).nan_to_num(nan=1234.5))
+    return out
+
+
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4)
+def test_encode_triton_non_finite(spec, device):
+    fmt = get_format(spec)
+    x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
+    x[0, 0, 1, 4], x[0, 1, 2, 9] = float("nan"), float("inf")
+    x[1, 1, 0, 20], x[2, 0, 0, 3] = -float("inf"), -float("nan")
+    keys, (checkpoint, *_) = _keys(fmt, 3)
+    want = _reference(fmt, x, keys, checkpoint)
+    got = qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
+    for a, b in zip(_nan_canonical(got), _nan_canonical(want)):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_encode_triton_rejects(device):
+    x = torch.randn(2, 2, 3, 32, device=device)
+    with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
+        qt.encode_triton(x, get_format("nvfp4:axis=headdim"))
+    with pytest.raises(ValueError, match="keys"):
+        qt.encode_triton(x, get_format("fp8sr"))
+    with pytest.raises(ValueError, match="2 entries"):
+        qt.encode_triton(x, get_format("fp16sr"), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("recur, read", [("fp16sr", "nvfp4:scale=head"), ("fp32", "fp8sr"), ("bf16", "mxfp4"),
+                                         ("fp8sr:scale=tensor", "nvfp4:axis=headdim")])
+def test_write_checkpoint_packed_triton_path(recur, read, monkeypatch):
+    """The CUDA dispatch of `write_checkpoint_packed`, forced on CPU: same (S_hi, S_lo, lo_packed) as torch."""
+    cfg = ReplayConfig(read=read, recur=recur, shared=False, seed=99)
+    x = _states((2, 3, 32), seed=5)
+    seq_ids, checkpoint = torch.arange(6) * 7 + 1, torch.tensor([0, 3, 1, 2**21, 5, 8])
+    want = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint)
+    monkeypatch.setattr(state_mod, "_use_triton", lambda state, fmt: qt.encode_triton_supports(fmt))
+    got = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint)
+    for a, b in zip(got[:2], want[:2]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    packed_equal(got[2], want[2])
