@@ -191,25 +191,26 @@ def _e5m2_fast(code):
 
 
 @triton.jit
-def e4m3_encode(v):
-    """E4M3fn byte (int32) of an on-grid FP32 value; NaN -> 0x7F with its sign."""
+def _minifloat_byte(v, M: tl.constexpr, BIAS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_STEPS: tl.constexpr):
+    """Byte (int32) of an on-grid FP32 value in a 1-sign, 7-M-exponent, M-mantissa format; NaN -> 0x7F with its sign.
+    MIN_NORMAL: the smallest normal value; SUB_STEPS: 1 / the subnormal step."""
     a = tl.abs(v)
-    e = _exponent(a)
-    mant = (a.to(tl.int32, bitcast=True) >> 20) & 7
-    mag = tl.where(a < 0.015625, (a * 512.0).to(tl.int32), ((e + 7) << 3) | mant)
+    mant = (a.to(tl.int32, bitcast=True) >> (23 - M)) & ((1 << M) - 1)
+    mag = tl.where(a < MIN_NORMAL, (a * SUB_STEPS).to(tl.int32), ((_exponent(a) + BIAS) << M) | mant)
     mag = tl.where(v != v, 0x7F, mag)
     return mag | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80)
 
 
 @triton.jit
+def e4m3_encode(v):
+    """E4M3fn byte (int32) of an on-grid FP32 value; NaN -> 0x7F with its sign."""
+    return _minifloat_byte(v, 3, 7, 0.015625, 512.0)
+
+
+@triton.jit
 def e5m2_encode(v):
     """E5M2 byte (int32) of an on-grid finite FP32 value; NaN -> 0x7F with its sign (as torch's cast)."""
-    a = tl.abs(v)
-    e = _exponent(a)
-    mant = (a.to(tl.int32, bitcast=True) >> 21) & 3
-    mag = tl.where(a < 0.00006103515625, (a * 65536.0).to(tl.int32), ((e + 15) << 2) | mant)
-    mag = tl.where(v != v, 0x7F, mag)
-    return mag | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    return _minifloat_byte(v, 2, 15, 0.00006103515625, 65536.0)
 
 
 @triton.jit

@@ -102,6 +102,21 @@ def _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.co
 
 
 @triton.jit
+def _load_copies(hi_ptr, lo_ptr, bh, hv, vs, ks, V, K, SHARED: tl.constexpr):
+    """The program's [BK, BV] tiles of both stored copies ([B, HV, V, K]); also their index, mask and the
+    element index in [HV, V, K] that keys the SR bits. Returns (state_idx, smask, elem, s_hi, s_lo)."""
+    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+    smask = (ks < K)[:, None] & (vs < V)[None, :]
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    return state_idx, smask, elem, s_hi, s_lo
+
+
+@triton.jit
 def _chunked_kernel(
     k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
@@ -121,14 +136,7 @@ def _chunked_kernel(
     vmask = vs < V
     kmask = ks < K
     bh = b * HV + hv
-    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
-    smask = kmask[:, None] & vmask[None, :]
-    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
-    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, bh, hv, vs, ks, V, K, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
@@ -201,14 +209,7 @@ def _chunked_split_kernel(
     vmask = vs < V
     kmask = ks < K
     bh = b * HV + hv
-    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
-    smask = kmask[:, None] & vmask[None, :]
-    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
-    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, bh, hv, vs, ks, V, K, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
