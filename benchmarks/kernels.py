@@ -233,6 +233,15 @@ def _schedule(batch: int, count: int, device) -> ScheduleState:
                          torch.zeros(batch, dtype=torch.bool, device=device), zeros.clone())
 
 
+def anchored_state(s0: torch.Tensor, config: str, buffer: dict, count: int) -> ReplayState:
+    """Layer-0 ReplayState of sequences 0..B-1: checkpoint 0 written from s0, `buffer` at window phase `count`."""
+    batch, device = s0.shape[0], s0.device
+    seq_ids = torch.arange(batch, device=device)
+    ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
+    hi, lo, packed = write_checkpoint_packed(s0, ReplayConfig.parse(config), 0, seq_ids, ckpt)
+    return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
+
+
 def _valid(t: torch.Tensor, count: int) -> torch.Tensor:
     """Zero the buffer entries past `count` (dim 1), as a real buffer holds them."""
     t[:, count:] = 0
@@ -277,16 +286,10 @@ class Mamba2:
 
     def replay_state(self, s0: torch.Tensor, config: str, count: int) -> ReplayState:
         """A ReplayState at window phase `count` (entries 0..count-1 committed), checkpoint written from s0."""
-        cfg = ReplayConfig.parse(config)
-        batch, device = s0.shape[0], s0.device
-        seq_ids = torch.arange(batch, device=device)
-        ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
-        hi, lo, packed = write_checkpoint_packed(s0, cfg, 0, seq_ids, ckpt)
-        cap = cfg.window
-        r = self.rand
+        batch, cap, r = s0.shape[0], ReplayConfig.parse(config).window, self.rand
         buffer = {"x": _valid(r(batch, cap, self.H, self.P), count), "B": _valid(r(batch, cap, self.G, self.N), count),
                   "dt": _valid(torch.nn.functional.softplus(r(batch, cap, self.H) - 1.0), count)}
-        return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
+        return anchored_state(s0, config, buffer, count)
 
     def step_launch(self, state: ReplayState, config: str):
         """The kernel launch of decode_step_triton for one token from `state`: `_replay_step_kernel` when no sequence
@@ -367,17 +370,11 @@ class GDN:
         return self.rand(batch, self.HV, self.V, self.K)
 
     def replay_state(self, s0: torch.Tensor, config: str, count: int) -> ReplayState:
-        cfg = ReplayConfig.parse(config)
-        batch, device = s0.shape[0], s0.device
-        seq_ids = torch.arange(batch, device=device)
-        ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
-        hi, lo, packed = write_checkpoint_packed(s0, cfg, 0, seq_ids, ckpt)
-        cap = cfg.window
-        r = self.rand
+        batch, cap, r = s0.shape[0], ReplayConfig.parse(config).window, self.rand
         k = torch.nn.functional.normalize(r(batch, cap, self.H, self.K), dim=-1)
         buffer = {"k": _valid(k, count), "u": _valid(r(batch, cap, self.HV, self.V, scale=0.3), count),
                   "g": _valid(-torch.nn.functional.softplus(r(batch, cap, self.HV) - 3.0), count)}
-        return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
+        return anchored_state(s0, config, buffer, count)
 
     def step_launch(self, state: ReplayState, config: str):
         """The kernel launch of decode_step_triton for one token from `state`: `_replay_step_kernel` (non-flush and

@@ -28,6 +28,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -87,37 +88,25 @@ def ours_runner(fam, inputs, config: str, backend: str):
     return step, s0
 
 
-def time_segments(step, s0, tokens: int, segment: int, sync) -> float:
-    """Seconds for `tokens` tokens in segments (after one untimed warm-up segment)."""
-    step(slice(0, segment), s0)
+def time_segments(step, s0, tokens: int, segment: int, sync) -> tuple[float, tuple, str]:
+    """Seconds for `tokens` tokens in segments, after one untimed warm-up segment from s0; also that warm-up
+    segment's (output, state) and the fallback warnings it raised ("" if none)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = step(slice(0, segment), s0)
+    note = "; ".join(str(w.message) for w in caught if "falls back" in str(w.message) or "runs the torch" in str(w.message))
     sync()
     start = time.perf_counter()
     state = s0
     for a in range(0, tokens, segment):
         _, state = step(slice(a, min(a + segment, tokens)), state)
     sync()
-    return time.perf_counter() - start
-
-
-def fallback_note(step, s0, segment) -> str:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        step(slice(0, segment), s0)
-    return "; ".join(str(w.message) for w in caught if "falls back" in str(w.message) or "runs the torch" in str(w.message))
+    return time.perf_counter() - start, first, note
 
 
 def with_launch(family: str, launch: dict):
     """Context: the family's chunked kernel launched with `launch` instead of its default config."""
-    module = LAUNCH_MODULE[family]
-
-    class Patch:
-        def __enter__(self):
-            self.saved = module.chunked_launch_config
-            module.chunked_launch_config = lambda *args: dict(launch)
-
-        def __exit__(self, *exc):
-            module.chunked_launch_config = self.saved
-    return Patch()
+    return mock.patch.object(LAUNCH_MODULE[family], "chunked_launch_config", lambda *args: dict(launch))
 
 
 def differences(base, other) -> dict:
@@ -164,21 +153,19 @@ def main(argv=None):
         inputs = fam.sequence(args.tokens)
         step, s0 = hf_runner(fam, inputs)
         record(family=family, path="hf torch scan", config="fp32", tokens=args.tokens,
-               seconds=time_segments(step, s0, args.tokens, args.segment, sync))
+               seconds=time_segments(step, s0, args.tokens, args.segment, sync)[0])
         for config in args.configs.split(","):
             step, s0 = ours_runner(fam, inputs, config, "triton")
-            note = fallback_note(step, s0, args.segment)
-            record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note,
-                   seconds=time_segments(step, s0, args.tokens, args.segment, sync))
+            seconds, base, note = time_segments(step, s0, args.tokens, args.segment, sync)
+            record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note, seconds=seconds)
             if args.profile and cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in args.sweep.split(",") and not note:
-                base = step(slice(0, args.segment), s0)
                 for launch in WHOLE_HEAD[family] if "scale=head" in config else SWEEP[family]:
                     with with_launch(family, launch):
                         try:
-                            seconds = time_segments(step, s0, args.segment * 2, args.segment, sync)
-                            diff = differences(base, step(slice(0, args.segment), s0))
+                            seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, sync)
+                            diff = differences(base, first)
                         except Exception as err:  # an out-of-resources launch config is a row, not a stop
                             record(family=family, path="sweep", config=config, launch=launch, tokens=2 * args.segment,
                                    error=f"{type(err).__name__}: {str(err)[:200]}")

@@ -15,11 +15,11 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
 TOKENS=${1:-131072}
 shift || true
-MODELS=("${@:-tiny-nemotron-h tiny-qwen3.5}")
+MODELS=${*:-tiny-nemotron-h tiny-qwen3.5}
 CONFIGS=(shared:nvfp4:scale=head nvfp4:scale=head/fp32 nvfp4:scale=head/fp16sr shared:fp8 shared:fp8sr fp32@16)
 GDN_ONLY=(nvfp4:scale=head/fp32#closed nvfp4:scale=head/fp16sr#closed)
 
-for model in ${MODELS[@]}; do
+for model in $MODELS; do
   args=()
   for c in "${CONFIGS[@]}"; do args+=(--config "$c"); done
   if [[ $model == *qwen* ]]; then for c in "${GDN_ONLY[@]}"; do args+=(--config "$c"); done; fi

@@ -46,6 +46,8 @@ def cases() -> list:
         (gdn._chunked_split_kernel, {**gdn_chunk, "CLOSED": True, "SHARED": True, "LO_KIND": fp16sr, "LO_SCALE": 0}),
         (gdn._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=gdn._P_NVFP4.value, SCALE=3, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
+        (gdn._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=gdn._P_NVFP4.value, SCALE=1, SKIP=False),
+         {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2._chunk_scan_kernel, mamba2_chunk),
         (mamba2._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_SCOPE": 0}),
         (mamba2._replay_step_kernel, mamba2_step),

@@ -60,11 +60,6 @@ _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
 
 
 @triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
 def _dot(a, b, DOT: tl.constexpr):
     """FP32 product: DOT = "ieee" (FMAs) or "tf32x3" (three TF32 tensor-core products, FP32-level error)."""
     return tl.dot(a, b, input_precision=DOT)
@@ -494,7 +489,7 @@ def _step_kernel(
     bg = tl.load(bg_ptr + (b * CAP + cs) * HV + hv, mask=valid, other=0.0)
     gcb = tl.cumsum(bg, axis=0)
     g_run = tl.sum(bg, axis=0)  # log decay from the checkpoint through the last entry so far
-    p = _mm(tl.trans(bk * tl.exp(g_run - gcb)[:, None]), bu)  # [BK, BV]
+    p = _dot(tl.trans(bk * tl.exp(g_run - gcb)[:, None]), bu, "ieee")  # [BK, BV]
     for j in range(W):
         if j < width:
             tok = (b * W + j) * H + h
