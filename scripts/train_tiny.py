@@ -20,6 +20,16 @@ A = exp(lerp(log 1, log 16, u_h)), i.e. dt_bias = softplus^-1(dt), A_log = log A
 per-token decay exp(-A dt) then runs from about 0.9998 to 0.2. Nemotron-H's time_step_min
 (the lower clamp on dt in its forward) is 1e-4, so the slowest heads are not pinned at the clamp.
 
+Long-memory heads (--long-heads F, default 0): trained freely, GDN heads learn to forget within a few
+hundred tokens (a 2048-byte training window rewards nothing longer), so a shared low-precision
+checkpoint cannot build up error there, unlike in real GDN models (REPLAYSSM.md section 2: Qwen3.5-4B's
+shared NVFP4 KL grows 36x above split precision at 128K). The first round(F * heads) heads of every
+SSM layer then get a fixed, input-independent decay, log-spaced in 1 - decay over
+[--long-decay-min, --long-decay-max]: A = 1, dt_bias = softplus^-1(-log decay), and the decay input
+rows (GDN `in_proj_a`, Mamba-2 the dt rows of `in_proj`) zero; gradient hooks keep all three fixed.
+The delta rule also forgets: each token contracts the state along its key by beta. --beta-penalty
+adds that weight times the long heads' mean beta (GDN) to the loss, so they learn to write gently.
+
 Outputs, per model, in --out/<name>/: config.json, model.safetensors (bf16), the byte-level
 tokenizer files, and training.json (command, steps, wall time, held-out bits per byte computed
 in fp32 from the stored bf16 weights, and the per-head decay table: static decay and the mean
@@ -90,6 +100,10 @@ class TrainConfig:
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     log_every: int = 25
     eval_bytes: int = 0  # held-out bytes per play to evaluate; 0 = whole plays
+    long_heads: float = 0.0  # share of each SSM layer's heads with a fixed slow decay (see the docstring)
+    long_decay_min: float = 0.999
+    long_decay_max: float = 0.9999
+    beta_penalty: float = 0.0  # GDN: loss weight of the long heads' mean beta
 
 
 def nemotron_h_config() -> NemotronHConfig:
@@ -162,6 +176,11 @@ def parse_args() -> TrainConfig:
     cfg = TrainConfig(**vars(parser.parse_args()))
     if cfg.model not in MODELS:
         parser.error(f"unknown model {cfg.model!r}; known: {', '.join(MODELS)}")
+    if not 0.0 <= cfg.long_heads <= 1.0:
+        parser.error(f"--long-heads {cfg.long_heads}: expected a share of the heads in [0, 1]")
+    if not 0.0 < cfg.long_decay_min <= cfg.long_decay_max < 1.0:
+        parser.error(f"--long-decay-min {cfg.long_decay_min} / --long-decay-max {cfg.long_decay_max}: "
+                     "expected 0 < min <= max < 1")
     return cfg
 
 
@@ -204,6 +223,68 @@ def init_slow_heads(model: PreTrainedModel, generator: torch.Generator) -> None:
         a = torch.exp(math.log(A_INIT_RANGE[0]) + u * math.log(A_INIT_RANGE[1] / A_INIT_RANGE[0]))
         module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
         module.A_log.copy_(torch.log(a))
+
+
+def decay_input(mixer: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """(weight, first row) of the projection rows that feed the per-head decay: GDN `in_proj_a` [H, hidden],
+    Mamba-2 the last H rows of `in_proj` (its output is [z, xBC, dt])."""
+    if hasattr(mixer, "in_proj_a"):
+        return mixer.in_proj_a.weight, 0
+    if mixer.in_proj.bias is not None:
+        raise ValueError("long-memory heads need an in_proj without bias (its dt entries would move the decay)")
+    return mixer.in_proj.weight, mixer.in_proj.weight.shape[0] - mixer.A_log.numel()
+
+
+def _freeze(param: torch.Tensor, mask: torch.Tensor) -> None:
+    """Zero the gradient where mask is set (AdamW then leaves those entries, weight decay included for zeros)."""
+    param.register_hook(lambda grad: grad.masked_fill(mask.to(grad.device), 0.0))
+
+
+@torch.no_grad()
+def init_long_heads(model: PreTrainedModel, cfg: TrainConfig) -> list[list[int]]:
+    """Fix the decay of the first round(long_heads * H) heads of every SSM layer (see the file docstring);
+    returns their indices per layer."""
+    chosen = []
+    for mixer in ssm_mixers(model):
+        heads = mixer.A_log.numel()
+        n = round(cfg.long_heads * heads)
+        if n == 0:
+            chosen.append([])
+            continue
+        u = torch.linspace(0.0, 1.0, n, dtype=torch.float64)  # log-spaced 1 - decay, slowest first
+        dt = -torch.log1p(-torch.exp(math.log(1 - cfg.long_decay_max) + u * math.log((1 - cfg.long_decay_min)
+                                                                                   / (1 - cfg.long_decay_max))))
+        mixer.A_log[:n] = 0.0  # A = 1: decay = exp(-softplus(dt_bias))
+        mixer.dt_bias[:n] = (dt + torch.log(-torch.expm1(-dt))).float()  # inverse softplus
+        weight, first = decay_input(mixer)
+        weight[first:first + n] = 0.0
+        rows = torch.zeros(weight.shape[0], 1, dtype=torch.bool)
+        rows[first:first + n] = True
+        vec = torch.arange(heads) < n
+        _freeze(weight, rows.expand_as(weight))
+        _freeze(mixer.A_log, vec)
+        _freeze(mixer.dt_bias, vec)
+        chosen.append(list(range(n)))
+    return chosen
+
+
+class BetaPenalty:
+    """Mean write strength beta = sigmoid(in_proj_b(x)) of each GDN layer's long heads in the last forward."""
+
+    def __init__(self, model: torch.nn.Module, long_heads: list[list[int]]):
+        self.values: list[torch.Tensor] = []
+        self.handles = [mixer.in_proj_b.register_forward_hook(self._hook(heads))
+                        for mixer, heads in zip(ssm_mixers(model), long_heads) if heads and hasattr(mixer, "in_proj_b")]
+
+    def _hook(self, heads: list[int]):
+        def hook(_module, _inputs, output):
+            self.values.append(output[..., heads].float().sigmoid().mean())
+        return hook
+
+    def pop(self) -> torch.Tensor | None:
+        """The mean over layers since the last call, or None when no layer has long GDN heads."""
+        values, self.values = self.values, []
+        return torch.stack(values).mean() if values else None
 
 
 def ssm_mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -298,14 +379,17 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
 
 
-def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig) -> dict:
-    """Train in place until the time budget or max_steps; returns step count, wall time, train bits/byte."""
+def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig, long_heads: list[list[int]]) -> dict:
+    """Train in place until the time budget or max_steps; returns step count, wall time, train bits/byte and the
+    long heads' mean beta."""
     device = torch.device(cfg.device)
     stream = stream.to(device)
     optimizer = make_optimizer(model, cfg)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     window = torch.arange(cfg.seq_len + 1, device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    penalty = BetaPenalty(model, long_heads)
+    beta = None
     model.train()
 
     step, ema_loss, start = 0, None, time.perf_counter()
@@ -319,8 +403,10 @@ def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig) -> dic
         with autocast:
             logits = model(input_ids=batch[:, :-1], use_cache=False).logits  # [B, L, V]
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        beta = penalty.pop()
+        objective = loss if beta is None else loss + cfg.beta_penalty * beta
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         step += 1
@@ -333,10 +419,12 @@ def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig) -> dic
             print(
                 f"[{cfg.model}] step {step:5d}  loss {value:.4f}  bpb {value / math.log(2):.3f}  lr {lr:.2e}  "
                 f"{ms:.0f} ms/step  {cfg.batch_size * cfg.seq_len / ms * 1e3:,.0f} tok/s  {now - start:.0f} s"
+                + ("" if beta is None else f"  long-head beta {beta.item():.3f}")
             )
             last_log_time, last_log_step = now, step
     wall = time.perf_counter() - start
-    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": round(ema_loss / math.log(2), 4)}
+    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": round(ema_loss / math.log(2), 4),
+            "long_heads": long_heads, "long_head_beta_last": None if beta is None else round(beta.item(), 4)}
 
 
 @torch.no_grad()
@@ -423,13 +511,14 @@ def main() -> None:
     config_fn, model_cls = MODELS[cfg.model]
     model = model_cls(config_fn())
     init_slow_heads(model, torch.Generator().manual_seed(cfg.seed))
+    long_heads = init_long_heads(model, cfg)
     decay_init = decay_table([static_decay(m).tolist() for m in ssm_mixers(model)])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{cfg.model}] {n_params:,} parameters; {stream.numel():,} training bytes from {len(train_plays)} plays; "
           f"init decay: {decay_init['above_0.99']}/{decay_init['heads']} heads > 0.99, {decay_init['above_0.999']} > 0.999")
 
     model.to(cfg.device)
-    result = train(model, stream, cfg)
+    result = train(model, stream, cfg, long_heads)
     model.to(torch.bfloat16).float()  # evaluate exactly the weights that are stored (bf16)
     start = time.perf_counter()
     result |= evaluate(model, held_out, cfg)

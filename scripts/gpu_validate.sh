@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Correctness of every Triton path on the GPU machine, before any timing: the CUDA-only tests of the device
+# encoder and the GDN kernels, then both families' check scripts (Triton vs the step reference, bit-level
+# agreement of the stored copies). Logs and JSON go to $OUT/validate/ (the runner's folder).
+#
+#   scripts/gpu_validate.sh        # on the H200: about 3 minutes
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder whose files come back}"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+dir=$OUT/validate
+mkdir -p "$dir"
+status=0
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to $dir/NAME.log, remember a failure
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: $*"
+  timeout "$limit" "$@" 2>&1 | tee "$dir/$name.log" | tail -25
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc"
+  [[ $rc == 0 ]] || status=1
+}
+step pytest_cuda 240 env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
+  tests/quant/test_encode_triton.py tests/kernels/test_gdn_triton.py -k "encode or split or replay_step"
+step gpu_check_mamba2 120 python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
+step gpu_check_gdn 120 python benchmarks/gpu_check_gdn.py --quick --out "$dir/gpu_check_gdn.json"
+exit $status
