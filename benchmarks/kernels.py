@@ -21,8 +21,8 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
    flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config)
    flush packing (torch)   write_checkpoint_packed of the fold (host-side torch pass of decode_step_triton)
    amortised L=16          (15 x non-flush + flush) / 16, and the speedup of conventional over it
-3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4:scale=head/fp16sr@16) and one
-   torch-fallback config (nvfp4/fp16sr@16, backend="torch"), tokens/s per layer at batch 1 over 16K, 32K and
+3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4:scale=head/fp16sr@16) and the
+   torch backend on the default nvfp4 (nvfp4/fp16sr@16, backend="torch"), tokens/s per layer at batch 1 over 16K, 32K and
    128K tokens (a length is skipped, not extrapolated, when it would not fit the time budget), against
    step-by-step decoding through the decode-step kernels of the same config (512 tokens: an eager launch loop,
    and the same launches replayed from a CUDA graph) and through the public `decode_step_triton`.
@@ -650,7 +650,7 @@ def chunk_section(res: Results, timer: Timer, fam, config: str, backend: str, le
         if fallback:
             row["note"] = "fallback: " + fallback[0][:160]
         elif backend == "triton":
-            row["note"] = "in-kernel (no fallback)"
+            row["note"] = "triton (no torch fallback)"
         last = (probe, secs)
     res.add(dict(section="chunked", family=name, name=f"chunked {backend} (probe, compile)", config=config,
                  backend=backend, tokens=probe), probe_run)
@@ -869,7 +869,7 @@ def main(argv=None):
             chunk_section(res, timer, fam, CHUNK_TRITON, "triton", lengths, probe)
             step_section(res, timer, fam, step_tokens, public_tokens)
         for name, fam in fams.items():
-            log(f"--- chunked (torch fallback): {name} ---")
+            log(f"--- chunked (torch backend): {name} ---")
             chunk_section(res, timer, fam, CHUNK_TORCH, "torch", torch_lengths, probe)
 
     goal_rows = goals(res, families, batches)

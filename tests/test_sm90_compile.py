@@ -30,7 +30,7 @@ def cases() -> list:
     from replayssm_eval.quant import triton as quant
     from replayssm_eval.quant.triton import KINDS
 
-    nvfp4, fp16sr, fp8 = KINDS["nvfp4"].value, KINDS["fp16sr"].value, KINDS["fp8"].value
+    nvfp4, fp16sr, fp8, fp32 = KINDS["nvfp4"].value, KINDS["fp16sr"].value, KINDS["fp8"].value, KINDS["fp32"].value
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_SCALE=0, HI_MAX=1.0,
                      LO_KIND=nvfp4, LO_SCALE=1, LO_MAX=1.0, DOT="ieee")
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_SCOPE=0, RECUR_MAX=1.0, READ=nvfp4, READ_SCOPE=1, READ_MAX=1.0,
@@ -42,14 +42,15 @@ def cases() -> list:
         (quant._encode_kernel, dict(KIND=KINDS["fp8sr"].value, SCOPE=2, FMT_MAX=448.0, BLOCK_R=16, BLOCK_C=128)),
         (gdn._chunked_kernel, gdn_chunk, GDN_FLAGS),
         (gdn._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_SCALE": 2, "DOT": "tf32x3"}, GDN_FLAGS),
-        (gdn._chunked_split_kernel, gdn_chunk),
-        (gdn._chunked_split_kernel, {**gdn_chunk, "CLOSED": True, "SHARED": True, "LO_KIND": fp16sr, "LO_SCALE": 0}),
+        # one segment per launch, S_hi kept in FP32 for the torch rounding
+        (gdn._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
         (gdn._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=gdn._P_NVFP4.value, SCALE=3, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
         (gdn._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=gdn._P_NVFP4.value, SCALE=1, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2._chunk_scan_kernel, mamba2_chunk),
         (mamba2._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_SCOPE": 0}),
+        (mamba2._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
         (mamba2._replay_step_kernel, mamba2_step),
         (mamba2._replay_step_kernel, {**mamba2_step, "READ": fp8, "GS_SCOPE": 1, "SKIP": True, "FOLD": False,
                                       "BLOCK_P": 8, "TILES": 10}),

@@ -85,14 +85,29 @@ def _use_triton(state: torch.Tensor, fmt) -> bool:
 
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
     """`fmt.encode` of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer, sequence, copy)."""
+    keys = sr_keys(seed, layer, seq_ids, copy) if fmt.is_stochastic else None
+    return _encode_keyed(state, fmt, keys, checkpoint)
+
+
+def _encode_keyed(state, fmt, keys, checkpoint):
+    """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats)."""
     if _use_triton(state, fmt):
         from replayssm_eval.quant.triton import encode_triton
 
         if not fmt.is_stochastic:
             return encode_triton(state, fmt)
-        keys = sr_keys(seed, layer, seq_ids, copy).to(state.device)
-        return encode_triton(state, fmt, keys, checkpoint.to(device=state.device, dtype=torch.int64))
+        return encode_triton(state, fmt, keys.to(state.device), checkpoint.to(device=state.device, dtype=torch.int64))
     if not fmt.is_stochastic:
         return fmt.encode(state)
-    keys = sr_keys(seed, layer, seq_ids, copy)
     return fmt.encode(state, random_bits=state_random_bits(keys, checkpoint, tuple(state.shape[1:])))
+
+
+def round_folded(copy: torch.Tensor, fmt, keys: torch.Tensor, checkpoint: torch.Tensor, fold: torch.Tensor,
+                 fold_host: list[bool]) -> None:
+    """Round in place the FP32 folds a kernel stored unrounded in `copy` [B, H, P, N] (format layout), as
+    `write_checkpoint` does: `fmt`'s encoding, the copy's Philox keys [B] and the new checkpoint indices [B].
+    Only sequences with fold[b] (fold_host: its host copy, which steers without a device sync) take the rounding."""
+    if not any(fold_host):
+        return
+    new = fmt.decode(_encode_keyed(copy, fmt, keys, checkpoint))  # [B, H, P, N]: every sequence, one launch or pass
+    copy.copy_(new if all(fold_host) else torch.where(fold[:, None, None, None], new, copy))

@@ -76,12 +76,21 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("nvfp4/fp16sr@3#skip=0.4", 1, 40),
     ("nvfp4:axis=headdim/fp32@4", 3, 24),
     ("mxfp4/fp16@4", 1, 24),
+    ("fp8sr:scale=tensor/fp32@4", 3, 24),
+    ("nvfp4:axis=headdim/fp16sr@4", 1, 24),
+    ("shared:nvfp4@4", 3, 24),
+    ("shared:fp8:scale=tensor@4#skip=0.4", 1, 40),
+    ("fp16sr/fp8sr:scale=tensor@4", 3, 24),
+    ("fp32/nvfp4:axis=headdim@3", 1, 24),
+    ("nvfp4/nvfp4@4#spec=3:0.6", 3, 24),
+    ("fp16/mxfp8@4", 1, 24),
 ])
-def test_chunked_triton_read_outside_matches_torch(text, groups, d_state, device):
-    """Split configs whose read format needs a reduction no program sees (tensor scale, head_dim blocks, MX) run the
-    kernel with the read copy rounded after it: three calls in a row, each from its own backend's state."""
+def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
+    """Copies in formats no program can round (tensor scale, head_dim blocks, MX) run on Triton, rounded by torch: a
+    read copy after the kernel, a recurrence copy (or shared checkpoint) between one-segment launches. Three calls in
+    a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
-    assert mamba2_triton._read_kind(config) is None, "the read copy must be rounded after the kernel"
+    assert None in mamba2_triton._kinds(config), "a copy must be rounded by torch"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))
     ref = tri = _phased(inputs, config, [0, 2], device)
     for start, stop in ((2, 7), (7, 8), (8, 15)):
@@ -92,39 +101,50 @@ def test_chunked_triton_read_outside_matches_torch(text, groups, d_state, device
         assert_close("hi", ref.hi, tri.hi, 1e-5, flips=0.01)
         assert_close("lo", ref.lo, tri.lo, 1e-5, flips=0.01)
         assert torch.equal(tri.checkpoint, ref.checkpoint)
+        assert all(torch.equal(tri.buffer[k], ref.buffer[k]) for k in ref.buffer)
         assert torch.equal(config.read_format.decode(tri.lo_packed), tri.lo)
+        if config.shared:
+            assert torch.equal(tri.hi, tri.lo)
     assert tri.checkpoint.min() >= 2
 
 
-@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4", "fp8sr:scale=row/fp32@3#skip=0.4"])
-def test_read_outside_equals_in_loop_rounding(text, device, monkeypatch):
-    """The two-pass path forced on formats the loop can round, in blocks of 2 segments: both copies bit for bit those
-    of the in-loop rounding (same folds; the torch rounding uses the same keys and checkpoint indices, SR included)."""
+@pytest.mark.parametrize("text, by_torch", [
+    ("nvfp4:scale=row/fp16sr@4", "read"),
+    ("fp8sr:scale=row/fp32@3#skip=0.4", "read"),
+    ("fp16/fp8sr:scale=row@3", "recur"),
+    ("shared:fp16sr@4#skip=0.4", "recur"),
+    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur"),
+])
+def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypatch):
+    """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
+    between one-segment launches): both copies and the packed read copy bit for bit those of the in-loop rounding
+    (same folds; the torch rounding uses the same keys, counters and checkpoint indices, SR included)."""
     config = ReplayConfig.parse(text)
     inputs = tuple(t.to(device) for t in _small(tokens=12))
     state = _phased(inputs, config, [0, 1], device)
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")
-    monkeypatch.setattr(mamba2_triton, "_read_kind", lambda config: None)
+    forced = [getattr(config, f"{copy}_format") for copy in by_torch.split("/")]
+    store_kind = mamba2_triton._store_kind
+    monkeypatch.setattr(mamba2_triton, "_store_kind", lambda fmt: None if fmt in forced else store_kind(fmt))
+    by_copy = [config.recur_format in forced, config.read_format in forced]
+    assert [k is None for k in mamba2_triton._kinds(config)] == by_copy
     heads, head_dim, d_state = state.hi.shape[1:]
     monkeypatch.setattr(mamba2_triton, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
     y_out, st_out = _triton_no_fallback(*main, state, config)
     assert_close("y", y_in, y_out, 1e-5)
     assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)
+    assert torch.equal(st_out.checkpoint, st_in.checkpoint) and st_in.checkpoint.min() >= 2
     for f in ("data", "scales", "global_scale"):
         a, b = getattr(st_in.lo_packed, f), getattr(st_out.lo_packed, f)
         assert (a is None and b is None) or torch.equal(a, b), f
 
 
-@pytest.mark.parametrize("text, match", [
-    ("shared:nvfp4@4", "tensor-wide scale.*shared checkpoint feeds the recurrence"),
-    ("fp16/mxfp8@4", "MX blocks.*recurrence copy feeds the recurrence"),
-])
-def test_chunked_triton_falls_back_with_reason(text, match):
-    inputs = _small(tokens=6)
-    with pytest.warns(UserWarning, match=match):
-        y, st = chunked(*inputs, text, backend="triton")
-    y_ref, st_ref = chunked(*inputs, text)
+def test_chunked_triton_fp64_runs_torch(device):
+    inputs = tuple(t.to(device) for t in _small(tokens=6, dtype=torch.float64))
+    with pytest.warns(UserWarning, match="compute in FP32"):
+        y, st = chunked(*inputs, "shared:nvfp4@4", backend="triton", compute_dtype=torch.float64)
+    y_ref, st_ref = chunked(*inputs, "shared:nvfp4@4", compute_dtype=torch.float64)
     assert torch.equal(y, y_ref) and torch.equal(st.hi, st_ref.hi) and torch.equal(st.lo, st_ref.lo)
 
 

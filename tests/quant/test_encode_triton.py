@@ -171,14 +171,15 @@ def test_encode_triton_rejects(device):
 
 @pytest.mark.parametrize("recur, read", [("fp16sr", "nvfp4:scale=head"), ("fp32", "fp8sr"), ("bf16", "mxfp4"),
                                          ("fp8sr:scale=tensor", "nvfp4:axis=headdim")])
-def test_write_checkpoint_packed_triton_path(recur, read, monkeypatch):
-    """The CUDA dispatch of `write_checkpoint_packed`, forced on CPU: same (S_hi, S_lo, lo_packed) as torch."""
+def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
+    """The CUDA dispatch of `write_checkpoint_packed` on the device (forced on CPU): same (S_hi, S_lo, lo_packed) as
+    torch on CPU."""
     cfg = ReplayConfig(read=read, recur=recur, shared=False, seed=99)
     x = _states((2, 3, 32), seed=5)
     seq_ids, checkpoint = torch.arange(6) * 7 + 1, torch.tensor([0, 3, 1, 2**21, 5, 8])
     want = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint)
     monkeypatch.setattr(state_mod, "_use_triton", lambda state, fmt: qt.encode_triton_supports(fmt))
-    got = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint)
+    got = state_mod.write_checkpoint_packed(x.to(device), cfg, 2, seq_ids.to(device), checkpoint.to(device))
     for a, b in zip(got[:2], want[:2]):
-        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
     packed_equal(got[2], want[2])

@@ -1,4 +1,4 @@
-"""Philox4x32-10: Random123 known answers, and bit-identity with Triton's tl.randint (interpreter)."""
+"""Philox4x32-10: Random123 known answers, and bit-identity with Triton's tl.randint (interpreter on CPU)."""
 
 import pytest
 import torch
@@ -38,24 +38,24 @@ def _randint_scalar_seed_kernel(out_ptr, seed, offset, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + i, tl.randint(seed, offset.to(tl.int64) + i).to(tl.int64), mask=i < n)
 
 
-def test_matches_tl_randint_per_element_seeds():
+def test_matches_tl_randint_per_element_seeds(device):
     g = torch.Generator().manual_seed(1)
     n = 300
     seeds = torch.randint(0, 2**62, (n,), generator=g)
     seeds[:3] = torch.tensor([0, 2**32 + 7, 2**63 - 1])
     counters = torch.randint(0, 2**62, (n,), generator=g)
     counters[:4] = torch.tensor([0, 2**32 - 1, 2**32, 2**40 + 12345])
-    out = torch.empty(n, dtype=torch.int64)
-    _randint_kernel[(triton.cdiv(n, 128),)](out, seeds, counters, n, BLOCK=128)
-    assert torch.equal(randint(seeds, counters), out)
+    out = torch.empty(n, dtype=torch.int64, device=device)
+    _randint_kernel[(triton.cdiv(n, 128),)](out, seeds.to(device), counters.to(device), n, BLOCK=128)
+    assert torch.equal(randint(seeds, counters), out.cpu())
 
 
 @pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 2**32 - 50), (2**40 + 3, 2**33 + 1)])
-def test_matches_tl_randint_scalar_seed(seed, offset):
+def test_matches_tl_randint_scalar_seed(seed, offset, device):
     n = 200
-    out = torch.empty(n, dtype=torch.int64)
+    out = torch.empty(n, dtype=torch.int64, device=device)
     _randint_scalar_seed_kernel[(2,)](out, seed, offset, n, BLOCK=128)
-    assert torch.equal(randint(seed, offset + torch.arange(n)), out)
+    assert torch.equal(randint(seed, offset + torch.arange(n)), out.cpu())
 
 
 def test_words_are_uint32_and_seed_broadcasts():

@@ -75,23 +75,25 @@ def _elementwise_kernel(x_ptr, bits_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl
     tl.store(out_ptr + i, y, mask=m)
 
 
-def _run(op, x, bits):
+def _run(op, x, bits, device):
+    """`op` of x (FP32) and bits (int64) by the kernel on `device`; the result on CPU."""
+    x, bits = x.to(device), bits.to(device)
     out = torch.empty_like(x)
     _elementwise_kernel[(triton.cdiv(x.numel(), 1024),)](x, bits, out, x.numel(), OP=op, BLOCK=1024)
-    return out
+    return out.cpu()
 
 
-def test_device_functions(bits_equal):
+def test_device_functions(bits_equal, device):
     codes = torch.arange(256, dtype=torch.int64)
     zeros = torch.zeros(256)
-    bits_equal(_run("e4m3_decode", zeros, codes), rounding.e4m3_from_bits(codes))
-    bits_equal(_run("e5m2_decode", zeros, codes), rounding.e5m2_from_bits(codes))
-    bits_equal(_run("e2m1_decode", zeros[:16], codes[:16]), rounding.e2m1_from_bits(codes[:16]))
+    bits_equal(_run("e4m3_decode", zeros, codes, device), rounding.e4m3_from_bits(codes))
+    bits_equal(_run("e5m2_decode", zeros, codes, device), rounding.e5m2_from_bits(codes))
+    bits_equal(_run("e2m1_decode", zeros[:16], codes[:16], device), rounding.e2m1_from_bits(codes[:16]))
     grid = rounding.e4m3_from_bits(codes)
-    assert torch.equal(_run("e4m3_encode", grid, codes).long(), rounding.e4m3_to_bits(grid).long())
+    assert torch.equal(_run("e4m3_encode", grid, codes, device).long(), rounding.e4m3_to_bits(grid).long())
     grid4 = rounding.e2m1_from_bits(codes[:16])
-    assert torch.equal(_run("e2m1_encode", grid4, codes[:16]).long(), codes[:16])
+    assert torch.equal(_run("e2m1_encode", grid4, codes[:16], device).long(), codes[:16])
     x = torch.randn(4096) * torch.exp2(torch.randint(-28, 18, (4096,)).float())
     words = torch.randint(0, 2**32, (4096,))
-    bits_equal(_run("sr_fp16", x, words), rounding.sr_fp16(x, words))
-    bits_equal(_run("sr_e4m3", x, words), rounding.sr_e4m3(x, words))
+    bits_equal(_run("sr_fp16", x, words, device), rounding.sr_fp16(x, words))
+    bits_equal(_run("sr_e4m3", x, words, device), rounding.sr_e4m3(x, words))

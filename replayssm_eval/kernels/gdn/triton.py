@@ -1,4 +1,4 @@
-"""Triton kernels for ReplaySSM Gated DeltaNet (FP32 math: tl.dot with input_precision="ieee", or FP32 FMAs).
+"""Triton kernels for ReplaySSM Gated DeltaNet (FP32 math: tl.dot with input_precision "tf32x3" or "ieee", or FP32 FMAs).
 
 Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
 autotuned (they update states). One program owns one (sequence, value head, block of BV value
@@ -10,16 +10,13 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    segment, (I + A)^-1, is solved batched in torch; one launch then walks the segments of each
    (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
    copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
-   `kernels.keys`), using the quant library's device roundings. The launch key SPLIT (off by default)
-   runs a lighter sequential pass instead: torch precomputes per block of segments U0 = T beta V,
-   W = T R, K_end, the masked Q's and M (`gdn.chunked._precompute`); `_chunked_split_kernel` applies
-   only u = U0 - W_hi S_hi - W_lo S_lo, the fold and the rounding, writing the u's and the copies each
-   segment read, from which the outputs are batched FP32 torch matmuls. In-kernel formats: fp32, bf16,
+   `kernels.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
    fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none (|head), nvfp4 axis=dstate with
    scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
-   Formats whose scale group spans several heads (nvfp4's default scale=tensor, fp8 scale=tensor)
-   or blocks along head_dim, and the MX formats, fall back to the torch backend with a warning
-   naming the reason: no single program sees the amax they need.
+   A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
+   fp8 scale=tensor, blocks along head_dim, MX) is stored as the FP32 fold and rounded by torch
+   (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
+   between launches of one segment each: both copies feed the next segment.
 2. `decode_step_triton`: one decode token for B sequences at their own phases, one launch of the
    single-token kernel `_replay_step_kernel` (no [K, V] tile, no tl.dot: the buffer terms are
    weighted sums of buffered u rows, the state terms two row dots S_src^T k, S_src^T q per v row in
@@ -37,16 +34,14 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-
 import torch
 import triton
 import triton.language as tl
 
 from replayssm_eval.kernels.gdn._common import Prepared, _prepare, to_format_layout
+from replayssm_eval.kernels.gdn.reference import _keep
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.kernels.state import ReplayState, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8SR, FP16SR, KINDS, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode,
@@ -57,6 +52,7 @@ from replayssm_eval.quant.triton import (
 _NONE, _ROW, _HEAD = map(tl.constexpr, range(3))
 _SCALES = {"none": _NONE, "row": _ROW, "head": _HEAD}
 _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
+_IDENTITY = (KINDS["fp32"].value, _NONE.value, 1.0)  # the store keeps the FP32 fold
 
 
 @triton.jit
@@ -82,36 +78,6 @@ def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constex
 
 
 @triton.jit
-def _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
-                  HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-                  LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Both stored copies (S_hi, S_lo) of the FP32 fold [BK, BV] at checkpoint `checkpoint`, padding zeroed."""
-    s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
-    s_hi = tl.where(smask, s_hi, 0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-        s_lo = tl.where(smask, s_lo, 0.0)
-    return s_hi, s_lo
-
-
-@triton.jit
-def _load_copies(hi_ptr, lo_ptr, bh, hv, vs, ks, V, K, SHARED: tl.constexpr):
-    """The program's [BK, BV] tiles of both stored copies ([B, HV, V, K]); also their index, mask and the
-    element index in [HV, V, K] that keys the SR bits. Returns (state_idx, smask, elem, s_hi, s_lo)."""
-    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
-    smask = (ks < K)[:, None] & (vs < V)[None, :]
-    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
-    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
-    return state_idx, smask, elem, s_hi, s_lo
-
-
-@triton.jit
 def _chunked_kernel(
     k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
@@ -131,7 +97,14 @@ def _chunked_kernel(
     vmask = vs < V
     kmask = ks < K
     bh = b * HV + hv
-    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, bh, hv, vs, ks, V, K, SHARED)
+    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    smask = kmask[:, None] & vmask[None, :]
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
+    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
     checkpoint = tl.load(ckpt_ptr + b)
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
@@ -173,8 +146,13 @@ def _chunked_kernel(
                 else:
                     folded = d_end * s_hi + _dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
-                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
+                s_hi = tl.where(smask, s_hi, 0.0)
+                if SHARED:
+                    s_lo = s_hi
+                else:
+                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+                    s_lo = tl.where(smask, s_lo, 0.0)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
             tl.store(u_ptr + out, u, mask=vmask[None, :])
@@ -183,90 +161,25 @@ def _chunked_kernel(
         tl.store(lo_ptr + state_idx, s_lo, mask=smask)
 
 
-@triton.jit
-def _chunked_split_kernel(
-    u0_ptr, whi_ptr, wlo_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, u_ptr, snap_hi_ptr, snap_lo_ptr, ofold_ptr,
-    NS, NB, s_begin, HV, K, V,
-    SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
-):
-    # SPLIT launch: only the checkpoint-dependent recurrence of `_chunked_kernel`, the rest precomputed for the block:
-    # per (b, block segment j < NB, hv) row-major: w_hi, w_lo, k_end, w_c [LP, K]; u0, u0_c [LP, V]; d_end [1].
-    # Writes per segment the u's (u [B, HV, NS, LP, V]), the copies it read (snap_hi, snap_lo [B, NB, HV, V, K]) and
-    # (closed) the fold token's output from the unrounded fold (ofold [B, NB, HV, V]); q [B, HV, NS, LP, K].
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    vs = tl.program_id(2) * BV + tl.arange(0, BV)
-    ks = tl.arange(0, BK)
-    ts = tl.arange(0, LP)
-    vmask = vs < V
-    kmask = ks < K
-    bh = b * HV + hv
-    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, bh, hv, vs, ks, V, K, SHARED)
-    checkpoint = tl.load(ckpt_ptr + b)
-    key_hi = tl.load(key_hi_ptr + b)
-    key_lo = tl.load(key_lo_ptr + b)
-    for j in range(SEGS):
-        s = s_begin + j
-        if s < NS:
-            seg = (b * NB + j) * HV + hv  # (b, j, hv) of the block's [B, NB, HV]
-            row = seg.to(tl.int64) * LP + ts  # [LP]
-            snap = (seg * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, NB, HV, V, K]
-            tl.store(snap_hi_ptr + snap, s_hi, mask=smask)
-            whi = tl.load(whi_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)  # [LP, BK]
-            wlo = tl.load(wlo_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
-            u = tl.load(u0_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)  # [LP, BV]
-            if SHARED:
-                u = u - _dot(whi + wlo, s_hi, DOT)
-            else:
-                tl.store(snap_lo_ptr + snap, s_lo, mask=smask)
-                u = u - _dot(whi, s_hi, DOT) - _dot(wlo, s_lo, DOT)
-            if tl.load(fold_ptr + b * NS + s) != 0:
-                kend = tl.load(kend_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
-                d_end = tl.load(dend_ptr + seg)
-                if CLOSED:
-                    wc = tl.load(wc_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
-                    uc = tl.load(u0c_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)
-                    folded = d_end * s_hi + _dot(tl.trans(kend), uc - _dot(wc, s_hi, DOT), DOT)
-                    last = tl.load(last_ptr + b * NS + s)
-                    q_last = tl.load(q_ptr + ((bh * NS + s).to(tl.int64) * LP + last) * K + ks, mask=kmask, other=0.0)
-                    tl.store(ofold_ptr + seg.to(tl.int64) * V + vs, tl.sum(q_last[:, None] * folded, axis=0), mask=vmask)
-                else:
-                    folded = d_end * s_hi + _dot(tl.trans(kend), u, DOT)
-                checkpoint += 1
-                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
-                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-            out = ((bh * NS + s).to(tl.int64) * LP + ts)[:, None] * V + vs[None, :]
-            tl.store(u_ptr + out, u, mask=vmask[None, :])
-    tl.store(hi_ptr + state_idx, s_hi, mask=smask)
-    if not SHARED:
-        tl.store(lo_ptr + state_idx, s_lo, mask=smask)
-
-
 def _store_mode(fmt, whole_head: bool):
-    """(kind, scale group, max) of the in-kernel store of `fmt`, or a string saying why it cannot be done in-kernel."""
+    """(kind, scale group, max) of the in-kernel store of `fmt`, or None when no program sees its scale group (blocks
+    along V, MX blocks, a tensor-wide scale, a head scale with V > _MAX_HEAD_V): then torch rounds that copy."""
     if isinstance(fmt, ElementwiseFormat):
         return KINDS[fmt.base].value, _NONE.value, 1.0
     if isinstance(fmt, FP8Format):
         group, top = fmt.scale, fmt.max_value
-    elif isinstance(fmt, NVFP4Format):
-        if fmt.axis != "dstate":
-            return f"{fmt.name}: blocks along head_dim (V) cross the program's V block"
+    elif isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
         group, top = fmt.scale, 1.0
     else:
-        return f"{fmt.name}: MX formats have no in-kernel store here"
-    if group == "tensor":
-        return f"{fmt.name}: its global scale spans every head of a sequence, which no single program sees (use scale=head or scale=row)"
-    if group == "head" and not whole_head:
-        return f"{fmt.name}: scale=head needs V <= {_MAX_HEAD_V} to hold a whole head in one program"
+        return None
+    if group == "tensor" or (group == "head" and not whole_head):
+        return None
     return KINDS[fmt.base].value, _SCALES[group].value, top
 
 
 def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
-    """backend="triton" of `gdn.chunked` (FP32 only); falls back to the torch backend, with a warning, for formats
-    whose rounding needs a reduction no program can do (see the module docstring).
+    """backend="triton" of `gdn.chunked` (FP32 only); a copy whose rounding needs a reduction no program can do is
+    rounded by torch between one-segment launches (see the module docstring).
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -274,56 +187,43 @@ def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, 
     differs from the torch path's while these pre-round folds agree to FP32 accuracy is a rounding decision flipped
     by FP32 summation order, not a kernel error (benchmarks/gpu_check_gdn.py, tests/kernels/test_gdn_triton.py).
     """
-    from replayssm_eval.kernels.gdn.chunked import _chunked_torch
-
     if p.dtype != torch.float32:
         raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
     cfg = p.config
     dv = p.v.shape[-1]
     whole_head = dv <= _MAX_HEAD_V
     modes = [_store_mode(cfg.recur_format, whole_head), _store_mode(cfg.read_format, whole_head)]
-    reasons = [m for m in modes if isinstance(m, str)]
-    if reasons:
-        warnings.warn(f"gdn chunked backend='triton' falls back to torch: {reasons[0]}", stacklevel=3)
-        return _chunked_torch(p)
-    launch = chunked_launch_config(p.k.shape[-1], dv, any(m[1] == _HEAD.value for m in modes))
+    launch = chunked_launch_config(p.k.shape[-1], dv, any(m is not None and m[1] == _HEAD.value for m in modes))
     if not rounded:
-        modes = [(KINDS["fp32"].value, _NONE.value, 1.0)] * 2
+        modes = [_IDENTITY] * 2
     return _chunked(p, modes[0], modes[1], launch)
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
-    """BV (v columns per program; the whole head for head scales), num_warps and DOT of the chunked kernels, and SPLIT:
-    the lighter sequential pass (`_chunked_split_kernel`, outputs in torch), off until measured on a GPU
-    (benchmarks/layer_speed.py sweeps them)."""
-    if whole_head:  # the sweep's best on the H200 at K = V = 128 (reports/layer_speed.json)
-        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "ieee", "SPLIT": False}
-    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "ieee", "SPLIT": False}
+    """BV (v columns per program; the whole head for head scales), num_warps and DOT of `_chunked_kernel`, the H200
+    sweep's best (benchmarks/layer_speed.py).
 
-
-@contextlib.contextmanager
-def _fp32_matmul():
-    """torch matmuls in full FP32 inside (no TF32, whatever torch.backends.cuda.matmul.allow_tf32 says)."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved)
+    DOT "tf32x3" (three TF32 products per FP32 product, about FP32 accuracy): 1.87x the "ieee" FMAs on the H200 at
+    K = V = 128, and it flips stored-copy roundings about as often as another FP32 summation order does (0.16% vs
+    0.11% of the fp16sr elements; BENCHMARKS.md, session 3). The interpreter computes every dot in FP32."""
+    if whole_head:
+        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "tf32x3"}
+    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "tf32x3"}
 
 
 def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
-    """launch["SPLIT"] (default False): `_chunked_split_kernel` runs only the recurrence (u = U0 - W_hi S_hi - W_lo S_lo
-    and the fold) on `gdn.chunked._precompute`'s tensors, block by block, and the outputs of a block are batched FP32
-    torch matmuls on the copies each segment read; otherwise `_chunked_kernel` does everything per segment."""
-    from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, _precompute, segment_layout, _state_after
+    """One `_chunked_kernel` launch per block of segments, on T = (I + A)^-1 (and the closed fold's) solved in torch.
+
+    A copy without an in-kernel store (mode None) makes every launch one segment: the kernel keeps that copy's FP32
+    fold and `round_folded` rounds it for the sequences that folded before the next launch (the next segment's u's
+    and outputs read S_lo, its fold S_hi)."""
+    from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, segment_layout, _state_after
 
     cfg, st = p.config, p.state
     bsz, seqlen, nv, dk = p.q.shape
     dv = p.v.shape[-1]
     device = p.q.device
     closed = cfg.gdn_fold == "closed"
-    split = launch.get("SPLIT", False)
     seg = segment_layout(p)
     lp = max(16, triton.next_power_of_2(seg.length))
     buf = st.buffer
@@ -342,26 +242,27 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     beta_pad = padded(p.beta, buf.get("beta"))
     rhi = padded(p.plan.read_hi[..., None].expand(bsz, seqlen, nv).to(torch.int32), None)
     pre = padded(torch.zeros(bsz, seqlen, nv, dtype=torch.int32, device=device), torch.ones_like(buf["g"], dtype=torch.int32))
-    if not split:
-        gc = g_pad.cumsum(-1)
-        eps = cfg.skip_read_below
-        keep = (lambda x: torch.ones_like(x) if eps is None else (torch.exp(x) >= eps).float())  # noqa: E731
-        d = keep(gc) * torch.exp(gc)
-        g_end = gc[..., -1]
-        d_end = keep(g_end) * torch.exp(g_end)  # [B, HV, NS]
-        dc = torch.exp(gc) * keep(g_end)[..., None]
-        incl = torch.ones(lp, lp, dtype=torch.bool, device=device).tril()
-        decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))
-        a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
-        eye = torch.eye(lp, device=device).expand_as(a)
-        tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
-        tinv = torch.linalg.solve_triangular(eye + a * (pre == 0)[..., None], eye, upper=False, unitriangular=True).contiguous()
-        del decay, a
+    gc = g_pad.cumsum(-1)
+    eps = cfg.skip_read_below
+    d = _keep(gc, eps) * torch.exp(gc)
+    g_end = gc[..., -1]
+    d_end = _keep(g_end, eps) * torch.exp(g_end)  # [B, HV, NS]
+    dc = torch.exp(gc) * _keep(g_end, eps)[..., None]
+    incl = torch.ones(lp, lp, dtype=torch.bool, device=device).tril()
+    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))
+    a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
+    eye = torch.eye(lp, device=device).expand_as(a)
+    tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
+    tinv = torch.linalg.solve_triangular(eye + a * (pre == 0)[..., None], eye, upper=False, unitriangular=True).contiguous()
+    del decay, a
 
     hi = st.hi.float().clone().contiguous()
     lo = hi if cfg.shared else st.lo.float().clone().contiguous()
     keys_hi = sr_keys(cfg.seed, p.layer, p.seq_ids, RECUR_COPY)
     keys_lo = sr_keys(cfg.seed, p.layer, p.seq_ids, READ_COPY)
+    outside = [(hi, cfg.recur_format, keys_hi)] if hi_mode is None else []  # (copy, format, keys) rounded by torch
+    if lo_mode is None and not cfg.shared:
+        outside.append((lo, cfg.read_format, keys_lo))
     o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=device)
     u_pad = torch.empty_like(o_pad)
     bk = max(16, triton.next_power_of_2(dk))
@@ -369,47 +270,25 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     grid = (bsz, nv, triton.cdiv(dv, bv))
     fold = seg.folds.to(torch.int32).contiguous()
     last = seg.last.to(torch.int32).contiguous()
-    # one launch per block of segments keeps each launch's registers the same and lets long inputs stream; the split
-    # launch's block also bounds its precomputed tensors (W's, U0's, masked Q's, M) and the two snapshots [V, K]
-    per_segment = bsz * nv * (lp * (6 * dk + 3 * dv + lp) + 2 * dk * dv if split else lp * (2 * dk + 4 * dv + 2 * lp))
+    # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
+    per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)
     fits = max(1, _BLOCK_ELEMENTS // max(per_segment, 1))  # at least one segment per launch, however large
-    block = min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
-    consts = {"SEGS": block, "LP": lp, "BK": bk, "BV": bv, "CLOSED": closed, "SHARED": cfg.shared,
-              "HI_KIND": hi_mode[0], "HI_SCALE": hi_mode[1], "HI_MAX": hi_mode[2],
-              "LO_KIND": lo_mode[0], "LO_SCALE": lo_mode[1], "LO_MAX": lo_mode[2],
-              "DOT": launch["DOT"], "num_warps": launch["num_warps"]}
+    block = 1 if outside else min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
+    ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
+    fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
+    hi_mode, lo_mode = hi_mode or _IDENTITY, lo_mode or _IDENTITY
     for start in range(0, seg.num, block):
-        ckpt = (st.checkpoint + seg.folds[:, :start].sum(1)).contiguous()  # checkpoint index at the block's start
-        if not split:
-            _chunked_kernel[grid](
-                k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv,
-                tinv_c if closed else tinv, fold, last, ckpt, keys_hi, keys_lo, hi, lo, o_pad, u_pad,
-                seg.num, start, nv, dk, dv, **consts,
-            )
-            continue
-        sl = slice(start, min(start + block, seg.num))
-        nb = sl.stop - start
-        heads = lambda x, sl=sl: x[:, :, sl].transpose(1, 2)  # noqa: E731  [B, HV, NS, LP, ...] -> [B, nb, HV, LP, ...]
-        with _fp32_matmul():
-            blk = _precompute(heads(k_pad), heads(q_pad), heads(v_pad), heads(g_pad), heads(beta_pad), heads(uk_pad),
-                              pre[:, 0, sl] != 0, rhi[:, 0, sl] != 0, cfg.skip_read_below, closed)
-        blk = {name: t.contiguous() for name, t in blk.items()}
-        snap_hi = torch.empty(bsz, nb, nv, dv, dk, device=device)  # the copies each segment reads, [B, nb, HV, V, K]
-        snap_lo = snap_hi if cfg.shared else torch.empty_like(snap_hi)
-        ofold = torch.empty(bsz, nb, nv, dv, device=device) if closed else snap_hi
-        _chunked_split_kernel[grid](
-            blk["u0"], blk["w_hi"], blk["w_lo"], blk["k_end"], blk["d_end"], blk.get("u0_c", blk["u0"]),
-            blk.get("w_c", blk["w_hi"]), q_pad, fold, last, ckpt, keys_hi, keys_lo, hi, lo, u_pad, snap_hi, snap_lo,
-            ofold, seg.num, nb, start, nv, dk, dv, **consts,
+        _chunked_kernel[grid](
+            k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv,
+            tinv_c if closed else tinv, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
+            seg.num, start, nv, dk, dv,
+            SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
+            HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
+            LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
+            DOT=launch["DOT"], num_warps=launch["num_warps"],
         )
-        u = heads(u_pad)  # [B, nb, HV, LP, V]
-        with _fp32_matmul():
-            o = blk["q_hi"] @ snap_hi.transpose(-1, -2) + blk["q_lo"] @ snap_lo.transpose(-1, -2) + blk["m"] @ u
-        if closed:  # a fold token reading S_hi takes its output from the unrounded closed fold
-            at_last = torch.arange(lp, device=device) == seg.last[:, sl, None]  # [B, nb, LP]
-            take = at_last & (rhi[:, 0, sl] != 0) & seg.folds[:, sl, None]
-            o = torch.where(take[:, :, None, :, None], ofold[:, :, :, None, :], o)
-        o_pad[:, :, sl] = o.transpose(1, 2)
+        for copy, fmt, keys in outside:
+            round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])
     o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
     u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
     o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)

@@ -8,12 +8,15 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   `tl.randint` with the keys and counters of `kernels.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2
   with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
-  hold the whole head). A split config whose read format is not among them (tensor-wide scales,
-  nvfp4 axis=headdim, MX; the default `nvfp4` included) runs in two passes per block of segments,
-  exact because S_lo never feeds the fold: the kernel reads S_hi only and stores every FP32 fold,
-  then torch rounds the block's folds to S_lo at once and adds the checkpoint term of the tokens
-  that read S_lo (`_read_outside`). Fallbacks to the torch backend, with a warning naming the
-  reason: FP64 compute, and a recurrence format (or shared checkpoint) the kernel cannot round.
+  hold the whole head). The other formats (tensor-wide scales, nvfp4 axis=headdim, MX; the default
+  `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
+  indices. A read copy (split config) in two passes per block of segments, exact because S_lo
+  never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
+  the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
+  (`_read_outside`). A recurrence copy or shared checkpoint feeds the next segment, so the kernel
+  runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
+  folded before the next launch (`_scan`). FP64 compute falls back to the torch backend, with a
+  warning.
 - `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
   `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
   sequences read the packed read copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8
@@ -35,7 +38,7 @@ import triton.language as tl
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
 from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
-from replayssm_eval.kernels.state import ReplayState, _encode, write_checkpoint_packed
+from replayssm_eval.kernels.state import ReplayState, _encode_keyed, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
@@ -48,16 +51,19 @@ _SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 
 
-def _store_kind(fmt) -> tuple[int, int, float]:
-    """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop; raises NotImplementedError with the reason."""
+_IDENTITY = (KINDS["fp32"].value, _NONE, 1.0)  # the loop keeps the FP32 fold: torch rounds that copy
+
+
+def _store_kind(fmt) -> tuple[int, int, float] | None:
+    """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop, or None when its scale group spans
+    programs (tensor-wide scale, head_dim blocks, MX blocks): then torch rounds that copy outside the loop."""
     if isinstance(fmt, ElementwiseFormat):
         return KINDS[fmt.base].value, _NONE, 1.0
     if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
         return KINDS[fmt.base].value, _SCOPES[fmt.scale], fmt.max_value
     if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate" and fmt.scale != "tensor":
         return NVFP4.value, _SCOPES[fmt.scale], 1.0
-    raise NotImplementedError(f"format '{fmt.name}' needs a scale reduction across programs "
-                              "(tensor-wide scale, head_dim blocks or MX blocks)")
+    return None
 
 
 @triton.jit
@@ -81,8 +87,8 @@ def _quantize_tile(v, bits, KIND: tl.constexpr, SCOPE: tl.constexpr, FP8_MAX: tl
 def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
-    out_ptr, g_lo_ptr,  # LO_OUTSIDE only: folds [B, SLOTS, H, P, N] (segment s in slot s - S0 + 1), g_read [B, S, L, H]
-    S, S0, S1, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
+    out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
+    S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
     READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr,
@@ -145,7 +151,7 @@ def _chunk_scan_kernel(
             counter = ((ck + s + 1) << 32) + elem
             hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
             if LO_OUTSIDE:
-                slot = b.to(tl.int64) * SLOTS + s - S0 + 1
+                slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif SHARED:
                 lo = hi
@@ -164,21 +170,21 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, 
     """Launch over the segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds); hi, lo ([B, H, P, N]
     fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are updated in place.
 
-    outside: None (both copies rounded in the loop), or (out [B, slots, H, P, N], g_lo [B, S, L, H]) for a read copy
-    rounded after the kernel: tokens that read S_lo get no checkpoint term, their g_read goes to g_lo (0 elsewhere),
-    and the fold of segment s goes to out[:, s - s0 + 1].
+    outside: None (both copies rounded in the loop), or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read
+    copy rounded after the kernel: tokens that read S_lo get no checkpoint term, their g_read goes to g_lo (0
+    elsewhere), and the fold of segment s goes to out[:, s - first + 1].
     """
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
     (recur, recur_scope, recur_max), (read, read_scope, read_max) = kinds
-    out, g_lo = outside if outside is not None else (hi, hi)  # not touched without LO_OUTSIDE
+    out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
     launch = chunked_launch_config(P, N, _HEAD in (recur_scope, read_scope))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     _chunk_scan_kernel[(batch, H, triton.cdiv(P, block_p))](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
-        S, span[0], span[1], out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
+        S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
         RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
         READ_MAX=read_max, SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None,
         BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
@@ -194,32 +200,33 @@ def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict
     return {"BLOCK_P": 16, "num_warps": 2, "DOT": "ieee"}
 
 
-def _fallback_reason(inp: Inputs) -> str | None:
-    """Why a call runs the torch backend, or None. A read format the loop cannot round is no reason: the read copy
-    never feeds the Mamba-2 recurrence, so it is rounded after the kernel (`_read_outside`)."""
-    if inp.x.dtype != torch.float32:
-        return "the Triton kernels compute in FP32 (compute_dtype=float64 runs the torch backend)"
-    try:
-        _store_kind(inp.config.recur_format)
-    except NotImplementedError as err:
-        copy = "the shared checkpoint" if inp.config.shared else "the recurrence copy"
-        return f"{err}, and {copy} feeds the recurrence, so a torch loop rounds every fold"
-    return None
+def _kinds(config) -> tuple:
+    """`_store_kind` of (S_hi, S_lo); a shared checkpoint's S_lo is S_hi."""
+    return _store_kind(config.recur_format), _store_kind(config.read_format)
 
 
-def _read_kind(config) -> tuple[int, int, float] | None:
-    """`_store_kind` of the read copy, or None when the loop cannot round it (then `_read_outside` does)."""
-    try:
-        return _store_kind(config.read_format)
-    except NotImplementedError:
-        return None
+def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, kinds, span, outside=None) -> None:
+    """`_chunk_scan` over span. A recurrence copy the loop cannot round (kinds[0] None) takes one launch per segment
+    that keeps the FP32 fold in S_hi, which `round_folded` rounds for the sequences that folded before the next
+    launch (exactly `write_checkpoint`'s rounding; a shared checkpoint's S_lo is the same tensor)."""
+    state, config = inp.state, inp.config
+    checkpoint = state.checkpoint.contiguous()
+    recur, read = kinds
+    if recur is not None:
+        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, outside)
+        return
+    for s in range(*span):
+        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, (_IDENTITY, read or _IDENTITY), (s, s + 1),
+                    outside)
+        round_folded(hi, config.recur_format, keys[:, 0], checkpoint + s + 1, seg.folds[:, s], seg.folds_host[s])
 
 
 def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
     """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, MX): exact in two passes,
-    because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi and stores
-    every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s encoding, keys
-    and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are updated in place.
+    because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi (`_scan`)
+    and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s
+    encoding, keys and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are
+    updated in place.
 
     Memory: the folds of a block, B * (K + 1) * H * P * N fp32 with B * K * H * P * N <= _FOLD_BLOCK_ELEMENTS (K >= 1),
     and the encoder's temporaries for them."""
@@ -234,15 +241,13 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
     for s0 in range(0, S, block):
         s1 = min(S, s0 + block)
         k = s1 - s0
-        _chunk_scan(grid, A, hi, hi, pre, y, state.checkpoint.contiguous(), keys, config, (recur, recur), (s0, s1),
-                    outside=(out, g_lo))
+        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, _IDENTITY), (s0, s1), outside=(out, g_lo, s0))
         fold = seg.folds[:, s0:s1]  # [B, k]
         if any(any(f) for f in seg.folds_host[s0:s1]):
             new = out[:, 1:k + 1]  # [B, k, H, P, N]
             checkpoint = state.checkpoint[:, None] + torch.arange(s0 + 1, s1 + 1, device=px.device)  # [B, k]
-            seq_ids = state.seq_ids[:, None].expand(-1, k)
-            packed = _encode(new[fold], config.read_format, config.seed, state.layer, seq_ids[fold], checkpoint[fold],
-                             READ_COPY)
+            read_keys = keys[:, None, 1].expand(-1, k)  # [B, k]
+            packed = _encode_keyed(new[fold], config.read_format, read_keys[fold], checkpoint[fold])
             new[fold] = config.read_format.decode(packed)
         Ch = group_heads(pC[:, s0:s1], H)  # [B, k, L, H, N]
         y[:, s0:s1] += g_lo[:, s0:s1, ..., None] * torch.einsum("bkhpn,bklhn->bklhp", out[:, :k], Ch)
@@ -253,9 +258,9 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     """`chunked(..., backend="triton")` after `_prepare` and planning."""
     from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
 
-    reason = _fallback_reason(inp)
-    if reason is not None:
-        warnings.warn(f"mamba2 chunked backend='triton' runs the torch backend: {reason}", stacklevel=3)
+    if inp.x.dtype != torch.float32:
+        warnings.warn("mamba2 chunked backend='triton' runs the torch backend: the Triton kernels compute in FP32 "
+                      "(compute_dtype=float64 runs the torch backend)", stacklevel=3)
         return _chunked_torch(inp, plan, after)
     batch, tokens, heads, head_dim, groups, d_state = inp.dims
     state, config = inp.state, inp.config
@@ -271,15 +276,15 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     hi = state.hi.clone().contiguous()
     pre = torch.zeros_like(hi)
     y_grid = torch.empty(*grid[0].shape, dtype=torch.float32, device=hi.device)  # [B, S, L, H, P]
-    recur, read = _store_kind(config.recur_format), _read_kind(config)
+    recur, read = _kinds(config)
     A = inp.A.contiguous()
-    if read is None:
+    read_outside = read is None and not config.shared
+    if read_outside:
         _read_outside(grid, A, hi, pre, y_grid, inp, seg, keys, recur)
         lo = state.lo.clone()
     else:
         lo = hi if config.shared else state.lo.clone().contiguous()
-        _chunk_scan(grid, A, hi, lo, pre, y_grid, state.checkpoint.contiguous(), keys, config, (recur, read),
-                    (0, seg.segments))
+        _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments))
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
     y = y + inp.D[:, None] * inp.x
     packed = state.lo_packed
@@ -288,7 +293,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
         _, new_lo, new_packed = write_checkpoint_packed(pre[rows], config, state.layer, state.seq_ids[rows],
                                                         (state.checkpoint + seg.num_folds)[rows])
         packed = merge_packed(packed, new_packed, rows, batch)
-        if read is None:
+        if read_outside:
             lo[rows] = new_lo
     buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
