@@ -94,6 +94,11 @@ def main() -> None:
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     rows = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     for name in args.models.split(","):
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -113,16 +118,14 @@ def main() -> None:
             row.update(model=name, tokens=args.tokens, backend=args.backend)
             if args.device.startswith("cuda"):
                 row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            emit(row)
         config = args.configs.split(",")[0]
         for segment in (16, 1) if args.small_segments else ():
             short = ids[:, :args.prompt_len + args.small_segments]
             row = run_config(rm, short, args.prompt_len, segment, config, args.backend, args.device)
             row.update(model=name, tokens=args.small_segments, backend=args.backend,
                        path="segments of 16 (cache-hook path)" if segment == 16 else "token by token")
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            emit(row)
         if not args.no_plain:
             row = {"model": name, "config": "plain HF forward", "tokens": ids.shape[1]}
             try:
@@ -130,8 +133,7 @@ def main() -> None:
                 row.update(tokens_per_s=ids.shape[1] / plain, seconds=plain)
             except torch.OutOfMemoryError as err:  # HF's Mamba-2 torch scan over 128K tokens in one call needs TiBs
                 row["error"] = f"OutOfMemoryError: {str(err).splitlines()[0]}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            emit(row)
         del rm
     if args.out:
         with open(args.out, "w") as f:

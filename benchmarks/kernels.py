@@ -259,6 +259,7 @@ def flush_packing(folded: torch.Tensor, config: str):
 
 class Mamba2:
     name = "mamba2"
+    step_keys = ("BLOCK_P", "TILES", "num_warps")  # the launch config of `_replay_step_kernel` the tune rows vary
 
     def __init__(self, geo: dict, rand: Rand):
         self.H, self.P, self.N, self.G = geo["H"], geo["P"], geo["N"], geo["G"]
@@ -266,6 +267,11 @@ class Mamba2:
         self.A = -torch.exp(rand(self.H, scale=0.5))
         self.A[: self.H // 4] = -0.02
         self.D = rand(self.H)
+
+    @property
+    def state_heads(self) -> int:
+        """Heads of the state: the step kernels' grid dimension 1."""
+        return self.H
 
     def state_elems(self) -> int:
         return self.H * self.P * self.N
@@ -308,7 +314,7 @@ class Mamba2:
         return out
 
     def step_variant(self, launch, cfg: dict):
-        return step_variant(mamba2_triton, launch, cfg, self.H, self.P, cfg["BLOCK_P"])
+        return step_variant(mamba2_triton, launch, cfg, self.state_heads, self.P, cfg["BLOCK_P"])
 
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
@@ -341,10 +347,16 @@ class Mamba2:
 
 class GDN:
     name = "gdn"
+    step_keys = ("BLOCK_V", "BLOCK_K", "TILES", "num_warps")
 
     def __init__(self, geo: dict, rand: Rand):
         self.HV, self.H, self.K, self.V = geo["HV"], geo["H"], geo["K"], geo["V"]
         self.rand = rand
+
+    @property
+    def state_heads(self) -> int:
+        """Value heads: the step kernels' grid dimension 1 (H is the q, k heads)."""
+        return self.HV
 
     def state_elems(self) -> int:
         return self.HV * self.K * self.V
@@ -395,7 +407,7 @@ class GDN:
         return out
 
     def step_variant(self, launch, cfg: dict):
-        return step_variant(gdn_triton, launch, cfg, self.HV, self.V, cfg["BLOCK_V"])
+        return step_variant(gdn_triton, launch, cfg, self.state_heads, self.V, cfg["BLOCK_V"])
 
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
@@ -510,8 +522,8 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
                 read = read_copy_bytes(fam, batch, config)
                 kernel = getattr(launch, "kernel", "")
                 if kernel == "_replay_step_kernel":
-                    cfg = {k: launch.launch[2][k] for k in fam.step_variants()[0]}
-                    if config in tuned and batch * fam.H >= 4096 and tuned[config] != cfg:  # the launch tuned at the largest batch
+                    cfg = {k: launch.launch[2][k] for k in fam.step_keys}
+                    if config in tuned and batch * fam.state_heads >= 4096 and tuned[config] != cfg:  # the launch tuned at the largest batch
                         launch, cfg = fam.step_variant(launch, tuned[config]), tuned[config]
                         kernel += " tuned"
                     kernel += " " + " ".join(f"{k}={v}" for k, v in cfg.items())
@@ -553,7 +565,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
             holder["launch"], _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
             grid, _, kwargs = holder["launch"].launch
             row["note"] = f"{holder['launch'].kernel} default: " + " ".join(
-                f"{k}={kwargs[k]}" for k in fam.step_variants()[0] if k in kwargs)
+                f"{k}={kwargs[k]}" for k in fam.step_keys if k in kwargs)
         r = res.add(dict(section="tune", family=fam.name, name=f"non-flush {label} read launch", batch=batch), capture)
         if r.get("error") or holder["launch"].kernel != "_replay_step_kernel":
             continue

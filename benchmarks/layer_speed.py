@@ -24,7 +24,6 @@ import inspect
 import itertools
 import json
 import sys
-import time
 import warnings
 from pathlib import Path
 from unittest import mock
@@ -32,7 +31,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from kernels import GEOMETRY, GDN, Mamba2, Rand, environment  # noqa: E402
+from kernels import GEOMETRY, GDN, Mamba2, Rand, Timer, environment, relerr  # noqa: E402
 
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
@@ -87,20 +86,19 @@ def ours_runner(fam, inputs, config: str, backend: str):
     return step, s0
 
 
-def time_segments(step, s0, tokens: int, segment: int, sync) -> tuple[float, tuple, str]:
+def time_segments(step, s0, tokens: int, segment: int, timer: Timer) -> tuple[float, tuple, str]:
     """Seconds for `tokens` tokens in segments, after one untimed warm-up segment from s0; also that warm-up
     segment's (output, state) and the fallback warnings it raised ("" if none)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = step(slice(0, segment), s0)
     note = "; ".join(str(w.message) for w in caught if "falls back" in str(w.message) or "runs the torch" in str(w.message))
-    sync()
-    start = time.perf_counter()
-    state = s0
-    for a in range(0, tokens, segment):
-        _, state = step(slice(a, min(a + segment, tokens)), state)
-    sync()
-    return time.perf_counter() - start, first, note
+
+    def segments():
+        state = s0
+        for a in range(0, tokens, segment):
+            _, state = step(slice(a, min(a + segment, tokens)), state)
+    return timer.wall_s(segments), first, note
 
 
 def with_launch(family: str, launch: dict):
@@ -111,8 +109,7 @@ def with_launch(family: str, launch: dict):
 def differences(base, other) -> dict:
     """One segment under another launch config vs the default: output error and stored-checkpoint flips."""
     (y0, s0), (y1, s1) = base, other
-    scale = y0.abs().max().clamp(min=1e-30)
-    return {"y_max_rel_err": float((y1 - y0).abs().max() / scale),
+    return {"y_max_rel_err": relerr(y0, y1),
             "hi_differs": float((s1.hi != s0.hi).float().mean()), "lo_differs": float((s1.lo != s0.lo).float().mean())}
 
 
@@ -137,8 +134,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    cuda = args.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    timer = Timer(args.device, quick=True)
     rows = []
 
     def record(**row):
@@ -152,18 +148,18 @@ def main(argv=None):
         inputs = fam.sequence(args.tokens)
         step, s0 = hf_runner(fam, inputs)
         record(family=family, path="hf torch scan", config="fp32", tokens=args.tokens,
-               seconds=time_segments(step, s0, args.tokens, args.segment, sync)[0])
+               seconds=time_segments(step, s0, args.tokens, args.segment, timer)[0])
         for config in args.configs.split(","):
             step, s0 = ours_runner(fam, inputs, config, "triton")
-            seconds, base, note = time_segments(step, s0, args.tokens, args.segment, sync)
+            seconds, base, note = time_segments(step, s0, args.tokens, args.segment, timer)
             record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note, seconds=seconds)
-            if args.profile and cuda:
+            if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in args.sweep.split(",") and not note:
                 for launch in WHOLE_HEAD[family] if "scale=head" in config else SWEEP[family]:
                     with with_launch(family, launch):
                         try:
-                            seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, sync)
+                            seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, timer)
                             diff = differences(base, first)
                         except Exception as err:  # an out-of-resources launch config is a row, not a stop
                             record(family=family, path="sweep", config=config, launch=launch, tokens=2 * args.segment,

@@ -8,7 +8,7 @@
 # any FP32-noise difference of an SSM output flips bf16 roundings downstream: the KL floor of a
 # bf16 run of these models is 4e-5 to 1e-4, above some formats' effect). NVFP4 uses per-head global scales
 # (`scale=head`), which the chunked Triton kernels round in the kernel; the default tensor-wide scale is
-# rounded by torch between one-window launches, 10-17x slower per layer.
+# rounded by torch between one-window launches, 6-17x slower per layer.
 # Each run directory is packed into $OUT/kl-<model>-<TOKENS>.tgz (kl.json, kl_buckets.csv, kl_vs_length.png, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -213,15 +213,25 @@ def training_stream(plays: dict[str, bytes]) -> torch.Tensor:
 # ---- model
 
 
+def log_lerp(lo: float, hi: float, u: torch.Tensor) -> torch.Tensor:
+    """exp(lerp(log lo, log hi, u)): log-spaced from lo (u = 0) to hi (u = 1)."""
+    return torch.exp(math.log(lo) + u * math.log(hi / lo))
+
+
+def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    """softplus^-1(x) = log(exp(x) - 1), for x > 0."""
+    return x + torch.log(-torch.expm1(-x))
+
+
 @torch.no_grad()
 def init_slow_heads(model: PreTrainedModel, generator: torch.Generator) -> None:
     """Spread each SSM layer's heads from slow (decay ~0.9998) to fast; see the file docstring."""
     for module in ssm_mixers(model):
         heads = module.A_log.numel()
         u = (torch.randperm(heads, generator=generator) + torch.rand(heads, generator=generator)) / heads
-        dt = torch.exp(math.log(DT_INIT_RANGE[0]) + u * math.log(DT_INIT_RANGE[1] / DT_INIT_RANGE[0]))
-        a = torch.exp(math.log(A_INIT_RANGE[0]) + u * math.log(A_INIT_RANGE[1] / A_INIT_RANGE[0]))
-        module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        dt = log_lerp(*DT_INIT_RANGE, u)
+        a = log_lerp(*A_INIT_RANGE, u)
+        module.dt_bias.copy_(inverse_softplus(dt))
         module.A_log.copy_(torch.log(a))
 
 
@@ -248,14 +258,13 @@ def init_long_heads(model: PreTrainedModel, cfg: TrainConfig) -> list[list[int]]
     for mixer in ssm_mixers(model):
         heads = mixer.A_log.numel()
         n = round(cfg.long_heads * heads)
+        chosen.append(list(range(n)))
         if n == 0:
-            chosen.append([])
             continue
         u = torch.linspace(0.0, 1.0, n, dtype=torch.float64)  # log-spaced 1 - decay, slowest first
-        dt = -torch.log1p(-torch.exp(math.log(1 - cfg.long_decay_max) + u * math.log((1 - cfg.long_decay_min)
-                                                                                   / (1 - cfg.long_decay_max))))
+        dt = -torch.log1p(-log_lerp(1 - cfg.long_decay_max, 1 - cfg.long_decay_min, u))  # -log(decay)
         mixer.A_log[:n] = 0.0  # A = 1: decay = exp(-softplus(dt_bias))
-        mixer.dt_bias[:n] = (dt + torch.log(-torch.expm1(-dt))).float()  # inverse softplus
+        mixer.dt_bias[:n] = inverse_softplus(dt).float()
         weight, first = decay_input(mixer)
         weight[first:first + n] = 0.0
         rows = torch.zeros(weight.shape[0], 1, dtype=torch.bool)
@@ -264,7 +273,6 @@ def init_long_heads(model: PreTrainedModel, cfg: TrainConfig) -> list[list[int]]
         _freeze(weight, rows.expand_as(weight))
         _freeze(mixer.A_log, vec)
         _freeze(mixer.dt_bias, vec)
-        chosen.append(list(range(n)))
     return chosen
 
 

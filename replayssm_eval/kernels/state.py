@@ -94,9 +94,7 @@ def _encode_keyed(state, fmt, keys, checkpoint):
     if _use_triton(state, fmt):
         from replayssm_eval.quant.triton import encode_triton
 
-        if not fmt.is_stochastic:
-            return encode_triton(state, fmt)
-        return encode_triton(state, fmt, keys.to(state.device), checkpoint.to(device=state.device, dtype=torch.int64))
+        return encode_triton(state, fmt, keys, checkpoint)  # moves keys and checkpoint to the state's device
     if not fmt.is_stochastic:
         return fmt.encode(state)
     return fmt.encode(state, random_bits=state_random_bits(keys, checkpoint, tuple(state.shape[1:])))

@@ -20,8 +20,6 @@ Tests replace `load_tokenizer` and `load_runner` with a fake (tests/kl/kl_fakes.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from replayssm_eval.kernels.config import ReplayConfig
@@ -58,11 +56,8 @@ class ModelRunner:
 
     def restore(self, config: ReplayConfig, seq_ids: torch.Tensor, saved: dict) -> "ModelStream":
         """A session like `open`'s that adopts the saved HF cache and continues the saved SSM states."""
-        from replayssm_eval.models.session import ReplaySession
-
-        session = ReplaySession(config, seq_ids=seq_ids, backend=self.replay_model.backend, cache=saved["cache"])
-        session.states, session.tokens, session.attention_mask = (
-            saved["states"], saved["tokens"], saved["attention_mask"])
+        session = self.replay_model.new_session(config, seq_ids=seq_ids)
+        session.continue_from(saved)
         return ModelStream(self.replay_model, session)
 
     def state_traffic(self, config: ReplayConfig) -> dict | None:
@@ -87,12 +82,7 @@ class ModelStream:
 
     def save(self) -> dict:
         """The session's carried state (references, not copies): HF cache, SSM states, tokens fed, mask."""
-        session = self.session
-        # a shallow copy of the cache without its back-pointer to the session (which holds the model)
-        cache = copy.copy(session.cache)
-        cache.__dict__ = {k: v for k, v in vars(cache).items() if v is not session}
-        return {"cache": cache, "states": session.states, "tokens": session.tokens,
-                "attention_mask": session.attention_mask}
+        return self.session.carried()
 
     def close(self) -> None:
         self.session = None  # drops the HF cache and the SSM states

@@ -16,7 +16,6 @@ A batch's inflight files are removed once its documents are stored.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
@@ -46,7 +45,14 @@ def atomic_write(path: Path, write) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temporary file and `os.replace`."""
     atomic_write(path, lambda f: f.write(data))
+
+
+def _save_npz(path: Path, **arrays) -> None:
+    """`np.savez` of `arrays` to `path` (atomically), creating its folder."""
+    path.parent.mkdir(exist_ok=True)
+    atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -65,10 +71,7 @@ def doc_path(run_dir: Path, index: int) -> Path:
 
 def save_document(run_dir: Path, index: int, metrics: np.ndarray, ref_nll: np.ndarray, config_names: list[str]) -> None:
     """Store one finished document: metrics [C, 4, N] float32, ref_nll [N] float32."""
-    buffer = io.BytesIO()
-    np.savez(buffer, metrics=metrics, ref_nll=ref_nll, configs=np.array(config_names))
-    (Path(run_dir) / TOKENS_DIR).mkdir(exist_ok=True)
-    atomic_write_bytes(doc_path(run_dir, index), buffer.getvalue())
+    _save_npz(doc_path(run_dir, index), metrics=metrics, ref_nll=ref_nll, configs=np.array(config_names))
 
 
 def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int) -> dict[int, tuple]:
@@ -97,10 +100,8 @@ def inflight_path(run_dir: Path, batch: list[int], suffix: str) -> Path:
 def save_partial(run_dir: Path, batch: list[int], metrics: np.ndarray, ref_nll: np.ndarray,
                  config_names: list[str]) -> None:
     """Store the batch's metrics so far: metrics [B, C, 4, n], ref_nll [B, n] for the first n generated tokens."""
-    path = inflight_path(run_dir, batch, "npz")
-    path.parent.mkdir(exist_ok=True)
-    atomic_write(path, lambda f: np.savez(f, metrics=metrics, ref_nll=ref_nll, documents=np.array(batch),
-                                          configs=np.array(config_names)))
+    _save_npz(inflight_path(run_dir, batch, "npz"), metrics=metrics, ref_nll=ref_nll, documents=np.array(batch),
+              configs=np.array(config_names))
 
 
 def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:

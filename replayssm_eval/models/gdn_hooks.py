@@ -39,6 +39,7 @@ def make_chunk_rule(original, torch_reference):
             chunk_size=chunk_size, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs,
         )
+
         def plain(state):  # HF's FP32 chunk rule of this call from `state` (the reference's fast path)
             return torch_reference(*args, **{**opts, "initial_state": state, "output_final_state": True})
 

@@ -21,6 +21,7 @@ its per-layer state is the FP32 tensor in the HF layout, not a ReplayState.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 
@@ -31,8 +32,6 @@ from replayssm_eval.kernels.state import ReplayState
 
 ENGINES = ("chunked", "reference")
 KERNELS = {"mamba2": "replayssm_eval.kernels.mamba2", "gdn": "replayssm_eval.kernels.gdn"}
-# the HF-layout FP32 state of a ReplayState stored by the conventional FP32 step (window 1)
-_HF_STATE = {"mamba2": lambda state: state.hi, "gdn": lambda state: state.hi.transpose(-1, -2)}
 
 # the HF cache points back at its session (a cycle the GC collects with both), so no registry
 # outlives a run and a session adopted from a cache generate() made lives as long as that cache
@@ -81,7 +80,7 @@ class ReplaySession:
         if config is not None:
             self._config = as_config(config)
         self.seq_ids = None if seq_ids is None else torch.as_tensor(seq_ids, dtype=torch.int64)
-        self.states: dict[int, ReplayState] = {}
+        self.states: dict[int, ReplayState | torch.Tensor] = {}  # a plain FP32 tensor under `plain_fp32`
         self.tokens = 0  # tokens per row fed so far (ReplayModel.forward)
         self.attention_mask = None  # [B, tokens], kept by ReplayModel.forward once the prompt is padded
         if self._new_cache is not None:
@@ -102,6 +101,19 @@ class ReplaySession:
         return (self.engine == "chunked" and self.compute_dtype == torch.float32 and cfg.is_reference
                 and cfg.window == 1 and cfg.speculative is None)
 
+    def carried(self) -> dict:
+        """The run's carried state (references, not copies), e.g. for torch.save: the HF cache without its
+        back-pointer to this session (which holds the model), the SSM states, the tokens fed, the mask."""
+        cache = copy.copy(self.cache)
+        cache.__dict__ = {k: v for k, v in vars(cache).items() if k != _CACHE_ATTR}
+        return {"cache": cache, "states": self.states, "tokens": self.tokens, "attention_mask": self.attention_mask}
+
+    def continue_from(self, carried: dict) -> None:
+        """Continue the run of a `carried()` state: adopt its HF cache, take its SSM states, tokens and mask."""
+        self.cache = carried["cache"]
+        setattr(self.cache, _CACHE_ATTR, self)
+        self.states, self.tokens, self.attention_mask = carried["states"], carried["tokens"], carried["attention_mask"]
+
     def forget(self, layer_idx: int) -> None:
         """Drop a layer's state: its HF cache starts over (a prompt call on that layer)."""
         self.states.pop(layer_idx, None)
@@ -111,7 +123,7 @@ class ReplaySession:
         """Run one decode call of one layer through the kernels; returns the output in the inputs' dtype.
 
         inputs: the family's kernel inputs (x, dt, A, B, C, D or q, k, v, g, beta), batch first;
-            promoted to at least fp32 (the kernels' math dtype is `compute_dtype`).
+            promoted to at least fp32 for the kernels (their math dtype is `compute_dtype`).
         anchor: the FP32 state the prompt left in the HF cache; used until the layer has a state.
         attention_mask: the padding mask of this call's tokens, or None.
         plain: for multi-token calls, HF's FP32 chunk scan of this call from a given FP32 state,
@@ -122,23 +134,24 @@ class ReplaySession:
                 "padding after the prompt: ReplaySSM window phases count every token, so only the prompt "
                 "may be (left-)padded; cut documents to equal length or decode them in separate rows"
             )
-        kernels = importlib.import_module(KERNELS[kind])
-        inputs = tuple(at_least_fp32(t) for t in inputs)
         x = inputs[0]
         seq_ids = self._seq_ids(x.shape[0], x.device)
         initial = self.states.get(layer_idx, anchor)
-        opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
-        if self.plain_fp32 and plain is not None:
+        if self.plain_fp32 and plain is not None:  # HF's scan takes the inputs as they are
             y, state = plain(at_least_fp32(initial))
-        elif self.plain_fp32:  # one token: the conventional FP32 step
-            y, stored = kernels.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
-            state = _HF_STATE[kind](stored)
-        elif self.engine == "chunked":
-            y, state = kernels.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
         else:
-            y, state = kernels.decode_reference(*inputs, initial, self._config, **opts)
+            kernels = importlib.import_module(KERNELS[kind])
+            inputs = tuple(at_least_fp32(t) for t in inputs)
+            opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
+            if self.plain_fp32:  # one token: the conventional FP32 step, its state back in the HF layout
+                y, stored = kernels.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
+                state = stored.hi if kind == "mamba2" else kernels.checkpoint_kv(stored)[0]
+            elif self.engine == "chunked":
+                y, state = kernels.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
+            else:
+                y, state = kernels.decode_reference(*inputs, initial, self._config, **opts)
         self.states[layer_idx] = state
-        return y.to(x.dtype)
+        return y.to(torch.promote_types(x.dtype, torch.float32))
 
     def _seq_ids(self, batch: int, device) -> torch.Tensor:
         if self.seq_ids is None:

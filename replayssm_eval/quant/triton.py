@@ -489,9 +489,11 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         scope = _SCOPE_ROW
     elif scale != "none":
         scope, amax = _SCOPE_GIVEN, layout.group_amax(x4, scale).reshape(-1)  # [B * (H | 1)]
-    if fmt.is_stochastic:
-        if keys is None or checkpoint is None:
-            raise ValueError(f"stochastic format '{fmt.name}' needs keys= and checkpoint= ([B] int64); got None")
+    if not fmt.is_stochastic:
+        keys = checkpoint = None
+    elif keys is None or checkpoint is None:
+        raise ValueError(f"stochastic format '{fmt.name}' needs keys= and checkpoint= ([B] int64); got None")
+    else:
         keys = keys.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
         checkpoint = checkpoint.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
         if keys.numel() != n_seq or checkpoint.numel() != n_seq:

@@ -217,11 +217,10 @@ def test_chunked_triton_blocks(text, device, monkeypatch):
     start = phased_start(inputs, cfg, warmup=(0, 3), dtype=torch.float32)
     x = cut(inputs, 3)
     o_t, st_t = chunked(*x, start, cfg)
-    # one segment per launch block (the package exports a function named `chunked`: patch the module itself)
-    monkeypatch.setattr(sys.modules["replayssm_eval.kernels.gdn.chunked"], "_BLOCK_ELEMENTS", 1)
     monkeypatch.setattr(gdn_triton, "chunked_launch_config",
                         lambda *args: {"BV": 32, "num_warps": 4, "DOT": "ieee"})
-    o_k, st_k = chunked(*x, start, cfg, backend="triton")
+    with _one_segment_launches():
+        o_k, st_k = chunked(*x, start, cfg, backend="triton")
     assert torch.equal(st_t.checkpoint, st_k.checkpoint) and int((st_k.checkpoint - start.checkpoint).min()) >= 1
     if cfg.recur == "fp32":
         o_ref, st_ref = decode_reference(*x, start, cfg)
@@ -237,7 +236,8 @@ def test_chunked_triton_blocks(text, device, monkeypatch):
 
 def _one_segment_launches():
     """Every `_chunked_kernel` launch runs one segment (SEGS=1), the launch of copies that torch rounds. On a GPU a
-    different SEGS is a different compiled kernel, whose FP32 folds (tf32x3 dots) may differ in the last bit."""
+    different SEGS is a different compiled kernel, whose FP32 folds (tf32x3 dots) may differ in the last bit. (The
+    package exports a function named `chunked`: the module itself is patched.)"""
     return mock.patch.object(sys.modules["replayssm_eval.kernels.gdn.chunked"], "_BLOCK_ELEMENTS", 1)
 
 

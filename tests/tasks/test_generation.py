@@ -56,23 +56,17 @@ def test_stop_strings_cut_the_text_and_count_the_tokens_up_to_the_stop():
     assert stopped.tokens == free.tokens[: stopped.gen_tokens]
 
 
-@pytest.mark.skipif(TEST_DEVICE != "cuda", reason="the Triton interpreter takes minutes; run with REPLAYSSM_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("config,max_gen_toks", [
+    ("nvfp4/fp16sr@2", 2),  # the lm-eval model's Triton step session on any device: a few tokens, the interpreter is slow
+    pytest.param("nvfp4/fp16sr@4", NEW_TOKENS, marks=pytest.mark.skipif(
+        TEST_DEVICE != "cuda", reason="the Triton interpreter takes minutes; run with REPLAYSSM_TEST_DEVICE=cuda")),
+])
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
-def test_triton_decode_step_matches_the_step_reference(name):
+def test_triton_decode_step_matches_the_step_reference(name, config, max_gen_toks):
     rm, _ = models(name)
     prompts = encode(rm, PROMPTS[:2])
-    ref = greedy_generate(rm, prompts, config="nvfp4/fp16sr@4", max_gen_toks=NEW_TOKENS, step="reference")
-    tri = greedy_generate(rm, prompts, config="nvfp4/fp16sr@4", max_gen_toks=NEW_TOKENS, step="triton")
-    assert [g.tokens for g in tri] == [g.tokens for g in ref]
-
-
-@pytest.mark.parametrize("name", BUNDLED_MODELS)
-def test_triton_decode_step_session_runs_a_few_steps(name):
-    """The lm-eval model's Triton step session end to end on any device (a few tokens: the interpreter is slow)."""
-    rm, _ = models(name)
-    prompts = encode(rm, PROMPTS[:2])
-    ref = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=2, step="reference")
-    tri = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=2, step="triton")
+    ref = greedy_generate(rm, prompts, config=config, max_gen_toks=max_gen_toks, step="reference")
+    tri = greedy_generate(rm, prompts, config=config, max_gen_toks=max_gen_toks, step="triton")
     assert [g.tokens for g in tri] == [g.tokens for g in ref]
 
 

@@ -411,7 +411,7 @@ def _read_args(packed, fmt, hi):
     return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
 
 
-def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, eps, block_v=None):
+def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, eps):
     """Launch `_step_kernel`. new: dict q, k [B, W, H, K], v [B, W, HV, V], g, beta [B, W, HV] (FP32)."""
     bsz, nw, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -420,7 +420,7 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
     u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
     o = torch.zeros_like(u)
     bk = max(16, triton.next_power_of_2(dk))
-    bv = block_v or min(max(16, triton.next_power_of_2(dv)), 64)
+    bv = min(max(16, triton.next_power_of_2(dv)), 64)
     grid = (bsz, nv, triton.cdiv(dv, bv))
     _step_kernel[grid](
         new["q"].contiguous(), new["k"].contiguous(), new["v"].contiguous(), new["g"].contiguous(), new["beta"].contiguous(),
@@ -639,7 +639,7 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tupl
     return batch, heads, triton.cdiv(triton.cdiv(dv, block_v), tiles)
 
 
-def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, launch=None):
+def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy; new: q, k [B, H, K],
@@ -654,7 +654,7 @@ def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed
     o = torch.empty_like(u)
     do_fold = bool(fold.any())
     out = torch.empty_like(hi) if do_fold else u
-    cfg = launch or step_launch_config(bsz, nv, dk, dv)
+    cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
     _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
