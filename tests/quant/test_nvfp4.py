@@ -116,3 +116,25 @@ def test_torchao_known_differences():
     p = get_format("nvfp4").encode(g.view(1, 64, 256))
     same = (ao_data.view(torch.uint8).view(-1) == p.data.view(-1)).float().mean().item()
     assert same > 0.98
+
+
+def test_negative_zero_is_code_zero(bits_equal):
+    """-0.0 encodes as code 0 (TE's reference takes the sign from x < 0); a negative value rounding to 0 keeps code 8."""
+    x = np.array([-0.0, 0.0, 6.0, -0.2, -0.0] + [1.0] * 11, F32)
+    p = get_format("nvfp4").encode(torch.from_numpy(x).view(1, 1, 16))
+    codes = [(b >> s) & 0xF for b in p.data.view(-1).tolist() for s in (0, 4)]
+    assert codes[:5] == [0, 0, 7, 8, 0]  # -0.2 * enc_b = -0.2: rounds to -0, code 8
+    y = get_format("nvfp4").quantize(torch.from_numpy(x).view(1, 1, 16)).view(-1)
+    bits_equal(y, torch.from_numpy(te_reference(x)))
+    assert not torch.signbit(y[0]) and torch.signbit(y[3])
+
+
+@pytest.mark.parametrize("spec,negative_zero", [("fp32", True), ("bf16", True), ("fp16", True), ("fp8", True),
+                                                ("fp8e5m2", True), ("mxfp8", True), ("mxfp4", True), ("int8", False),
+                                                ("int16", False), ("nvfp4", False)])
+def test_negative_zero_per_format(spec, negative_zero):
+    """Which formats keep the sign of a -0.0 input: the IEEE-like codes do (they have a -0), the integer codes
+    and NVFP4 (TE's reference) do not; mxfp4 keeps it (code 8), as a plain E2M1 cast does."""
+    x = torch.full((1, 1, 32), -0.0)
+    x[0, 0, 1] = 1.0
+    assert bool(torch.signbit(get_format(spec).quantize(x)[0, 0, 0])) == negative_zero
