@@ -346,6 +346,11 @@ class IntFormat(ScaledFormat):
         return data.float()
 
 
+def nvfp4_block_scale(bmax: torch.Tensor, s_enc: torch.Tensor) -> torch.Tensor:
+    """E4M3 block scale in TE's order, `bmax * (S_enc * fp32(1/6))`: `(bmax / 6) * S_enc` rounds differently."""
+    return rounding.round_e4m3(bmax * (s_enc * rounding.F32_SIXTH))
+
+
 @dataclass(frozen=True)
 class NVFP4Format(StateFormat):
     """NVFP4: E2M1 elements in blocks of 16 with an E4M3 block scale and an FP32 global scale.
@@ -407,7 +412,7 @@ class NVFP4Format(StateFormat):
         s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
         s_dec = _div(1.0, s_enc)
         blocks = xo.unflatten(-1, (-1, self.BLOCK))  # [B, H, R, Cp/16, 16]
-        s_b = rounding.round_e4m3(blocks.abs().amax(-1) * (s_enc * rounding.F32_SIXTH))  # [B, H, R, Cp/16]
+        s_b = nvfp4_block_scale(blocks.abs().amax(-1), s_enc)  # [B, H, R, Cp/16]
         enc_b = torch.clamp(_div(1.0, s_b * s_dec), max=FLT_MAX)
         v = blocks * enc_b.unsqueeze(-1)
         q = torch.where(v == 0, 0.0, rounding.round_e2m1(v)).flatten(-2)  # [B, H, R, Cp]; -0.0 -> code 0

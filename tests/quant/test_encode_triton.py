@@ -190,3 +190,11 @@ def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
     for a, b in zip(got[:2], want[:2]):
         assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
     packed_equal(got[2], want[2])
+
+
+def test_encode_triton_nvfp4_order_of_operations(device):
+    """The kernel's block scales on the golden E4M3 tie rows (test_nvfp4's order-of-operations rows)."""
+    from tests.quant.test_nvfp4 import _tie_rows
+
+    x, scales = _tie_rows()
+    assert torch.equal(qt.encode_triton(x.to(device), get_format("nvfp4")).scales.cpu().view(64, 2), scales)
