@@ -68,7 +68,8 @@ FAMILY = KernelFamily(
     state_layout="[B, HV, K, V]",
     test_shapes={"small": dict(B=3, H=1, HV=2, K=16, V=20), "grouped": dict(B=2, H=2, HV=4, K=32, V=16)},
     hf_scans=dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "qwen3_next"), ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+        ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"),
+        ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
     ),
     closed_fold=True,
     decode_reference=decode_reference,
