@@ -286,7 +286,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
         lo = hi if config.shared else state.lo.clone().contiguous()
         _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments))
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
-    y = y + inp.D[:, None] * inp.x
+    y = y + inp.D[:, None] * inp.x_skip
     packed = state.lo_packed
     rows = (seg.num_folds > 0).nonzero().flatten()
     if len(rows):
@@ -624,7 +624,7 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
         buffer[key][rows, count] = new[:, 0]
     y, folded = _replay_step(buffer["x"], buffer["B"], buffer["dt"], inp.C[:, 0].contiguous(), count.contiguous(),
                              plan.read_hi[:, 0], inp.A.contiguous(), st, cfg, fold=plan.fold_after[:, 0])
-    y = y + inp.D[:, None] * inp.x[:, 0]
+    y = y + inp.D[:, None] * inp.x_skip[:, 0]
     hi, lo, packed, checkpoint = st.hi, st.lo, st.lo_packed, st.checkpoint
     fold = plan.fold_after[:, 0].nonzero().flatten()
     if len(fold):
@@ -660,7 +660,7 @@ def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtyp
         ring[key] = ent.scatter(1, index.expand_as(new), new)
     y, _ = _replay(ring["x"], ring["B"], ring["dt"], inp.C.contiguous(), count.contiguous(), st.schedule.step_read_hi,
                    torch.zeros(batch, dtype=torch.bool, device=x.device), inp.A.contiguous(), st, inp.config)
-    return (y + inp.D[:, None] * inp.x).to(inp.out_dtype)
+    return (y + inp.D[:, None] * inp.x_skip).to(inp.out_dtype)
 
 
 @triton.jit
