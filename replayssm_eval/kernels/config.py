@@ -7,6 +7,7 @@ String form (used on the command line, in result files and in test ids):
     shared:X                  ReplaySSM with one checkpoint in X for reads and recurrence (window 16)
     R/Q                       split precision: read copy in R, recurrence copy in Q (window 16)
     ...@L                     window L, e.g. nvfp4/fp8sr@16, fp16@1
+    engine:name               an engine preset (`kernels.engines`), e.g. vllm:fp16sr, trtllm:replay-fp16sr
     ...#tag#tag               options: #seed=N, #closed (GDN closed-loop fold), #open,
                               #spec=T:alpha (speculative flush schedule), #skip=EPS,
                               #buf=DTYPE (buffer dtype: fp32, bf16 or fp16)
@@ -151,6 +152,10 @@ class ReplayConfig:
         """Parse the string form described in the module docstring."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"empty replay config {text!r}; examples: fp32, shared:nvfp4, nvfp4/fp16sr@16")
+        from replayssm_eval.kernels import engines
+
+        if engines.is_preset(text.strip()):
+            text = engines.expand(text.strip())
         body, *tags = text.strip().split("#")
         fields: dict = {}
         for tag in tags:
