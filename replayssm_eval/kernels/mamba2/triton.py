@@ -42,7 +42,7 @@ from replayssm_eval.kernels.state import ReplayState, _encode_keyed, round_folde
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
-    e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
+    e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax, triton_rounds,
 )
 
 # scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
@@ -56,7 +56,10 @@ _IDENTITY = (KINDS["fp32"].value, _NONE, 1.0)  # the loop keeps the FP32 fold: t
 
 def _store_kind(fmt) -> tuple[int, int, float] | None:
     """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop, or None when its scale group spans
-    programs (tensor-wide scale, head_dim blocks, MX blocks): then torch rounds that copy outside the loop."""
+    programs (tensor-wide scale, head_dim blocks, MX blocks) or the device functions lack it (`triton_rounds`): then
+    torch rounds that copy outside the loop."""
+    if not triton_rounds(fmt):
+        return None
     if isinstance(fmt, ElementwiseFormat):
         return KINDS[fmt.base].value, _NONE, 1.0
     if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
@@ -402,7 +405,7 @@ def _read_layout(state: ReplayState, config) -> tuple[int, int, tuple, int]:
     """
     fmt, packed = config.read_format, state.lo_packed
     n = state.hi.shape[-1]
-    if packed is None or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
+    if packed is None or not triton_rounds(fmt) or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
                               or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")):
         return KINDS["fp32"].value, _NONE, (state.lo.contiguous(), None, None), n
     scope = _SCOPES[getattr(fmt, "scale", "none")]
