@@ -11,6 +11,7 @@ and the decay-skip criterion.
 """
 
 from replayssm_eval.kernels.kda._common import checkpoint_kv
+from replayssm_eval.kernels.kda.chunked import chunked
 from replayssm_eval.kernels.kda.reference import decode_reference, speculative_decode_reference
 
-__all__ = ["checkpoint_kv", "decode_reference", "speculative_decode_reference"]
+__all__ = ["checkpoint_kv", "chunked", "decode_reference", "speculative_decode_reference"]
