@@ -15,11 +15,11 @@ import dataclasses
 
 from transformers import NemotronHConfig, PretrainedConfig, Qwen3_5TextConfig
 
+from replayssm_eval.kernels.family import family_names, get_family
 from replayssm_eval.models.families import family_of
 
-SSM_KINDS = ("mamba2", "gdn")
-
-# Mamba-2 mixers: model_type -> config attributes (heads, head_dim, d_state, n_groups, conv kernel)
+# model_type -> config attributes (heads, head_dim, state_dim, groups, conv kernel), in ModelGeometry's terms.
+# Mamba-2 mixers: (heads, head_dim, d_state, n_groups, conv kernel)
 _MAMBA2_FIELDS = {
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
     "mamba2": ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel"),
@@ -30,6 +30,7 @@ _MAMBA2_FIELDS = {
 }
 # GDN layers: (value heads, value dim, key dim, key heads, conv kernel); the state is K x V
 _GDN_FIELDS = ("linear_num_value_heads", "linear_value_head_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_conv_kernel_dim")
+_CONFIG_FIELDS = {**_MAMBA2_FIELDS, **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"), _GDN_FIELDS)}
 
 # layer_types entries whose layer holds an SSM state ("hybrid": zamba2/falcon_h1 layers with both mixers)
 _SSM_LAYER_TYPES = ("linear_attention", "mamba", "hybrid")
@@ -39,7 +40,7 @@ class ModelGeometry:
     """SSM geometry of one model; None marks an unknown value (see the module docstring)."""
 
     name: str
-    family: str  # mamba2 | gdn
+    family: str  # a kernel family's name (`kernels.family`)
     num_layers: int | None
     num_ssm_layers: int | None
     num_heads: int | None  # Mamba-2 heads | GDN value heads
@@ -51,8 +52,8 @@ class ModelGeometry:
     hidden_size: int | None
 
     def __post_init__(self):
-        if self.family not in SSM_KINDS:
-            raise ValueError(f"unknown SSM family {self.family!r}; known: {', '.join(SSM_KINDS)}")
+        if self.family not in family_names():
+            raise ValueError(f"unknown SSM family {self.family!r}; known: {', '.join(family_names())}")
 
     def _need(self, *fields: str) -> None:
         unknown = [f for f in fields if getattr(self, f) is None]
@@ -61,11 +62,9 @@ class ModelGeometry:
 
     @property
     def head_state_shape(self) -> tuple[int, int]:
-        """One head's state: (head_dim, d_state) for mamba2, (key_dim, value_dim) for gdn."""
+        """One head's state in the family's HF layout: (head_dim, d_state) for mamba2, (key_dim, value_dim) for gdn."""
         self._need("head_dim", "state_dim")
-        if self.family == "mamba2":
-            return (self.head_dim, self.state_dim)
-        return (self.state_dim, self.head_dim)
+        return get_family(self.family).head_state(self.head_dim, self.state_dim)
 
     @property
     def state_elements_per_layer(self) -> int:
@@ -131,15 +130,15 @@ def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:
     """The SSM geometry of a Hugging Face config of any supported model type."""
     config = hf_config.get_text_config()  # the text backbone of a composite (vision-language) config
     model_type = config.model_type
-    family = family_of(config).kind  # ValueError listing the supported model types
-    fields = _MAMBA2_FIELDS[model_type] if family == "mamba2" else _GDN_FIELDS
+    family = family_of(config)  # ValueError listing the supported model types
+    fields = _CONFIG_FIELDS[family.model_type]
     heads, head_dim, state_dim, groups, conv = (getattr(config, f) for f in fields)
     layer_types = getattr(config, "layer_types", None)
     if not layer_types:
         raise ValueError(f"{model_type} config has no layer_types, so its SSM layers cannot be counted")
     return ModelGeometry(
         name=getattr(hf_config, "name_or_path", "") or model_type,
-        family=family,
+        family=family.kernels.name,
         num_layers=len(layer_types),
         num_ssm_layers=sum(t in _SSM_LAYER_TYPES for t in layer_types),
         num_heads=heads,

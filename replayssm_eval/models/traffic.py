@@ -22,6 +22,7 @@ numbers are its upper bound. Conv states and KV caches are not SSM state and are
 from __future__ import annotations
 
 from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.family import get_family
 from replayssm_eval.models.presets import ModelGeometry, geometry_from_config, get_preset
 from replayssm_eval.models.session import as_config
 from replayssm_eval.quant import get_format
@@ -97,13 +98,5 @@ def _geometry(geometry) -> ModelGeometry:
 
 def _entry_bytes(geo: ModelGeometry, gdn_fold: str) -> tuple[int, int, int]:
     """(bytes read per entry at a non-flush token, at the flush, bytes written per entry)."""
-    h, p, n, g = geo.num_heads, geo.head_dim, geo.state_dim, geo.n_groups
-    if geo.family == "mamba2":
-        entry = h * p + g * n + h  # x, B, dt
-        return entry * BUFFER_BYTES, entry * BUFFER_BYTES, entry * BUFFER_BYTES
-    k, u, decay = g * n, h * p, h  # GDN: k [Hk, K], u [HV, V], g [HV]
-    if gdn_fold == "open":
-        entry = k + u + decay
-        return entry * BUFFER_BYTES, entry * BUFFER_BYTES, entry * BUFFER_BYTES
-    v, beta = h * p, h
-    return (k + u + decay) * BUFFER_BYTES, (k + v + beta + decay) * BUFFER_BYTES, (k + u + decay + v + beta) * BUFFER_BYTES
+    elements = get_family(geo.family).entry_elements(geo.num_heads, geo.head_dim, geo.state_dim, geo.n_groups, gdn_fold)
+    return tuple(n * BUFFER_BYTES for n in elements)
