@@ -23,7 +23,8 @@ the same, only the decay differs.
    delta rule re-run over the buffered raw entries), which the host rounds to both copies with
    `write_checkpoint_packed`.
 3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
-   checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write.
+   checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
+   `verify` is it in the `KernelFamily` call convention.
 4. `conventional_step`: the conventional FP32 eager step, the benchmarks' baseline.
 """
 
@@ -507,6 +508,25 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
         KIND=kind, SCALE=scale, SKIP=eps is not None, num_warps=4,
     )
     return u, o
+
+
+def verify(q, k, v, g, beta, state, config, *, layer_idx=0):
+    """Output-only verification of T drafts q, k [B, T, H, K], v [B, T, HV, V], g [B, T, HV, K], beta [B, T, HV]
+    appended after the committed entries of `state` (a ReplayState), each sequence reading S_hi if
+    `state.schedule.step_read_hi` else the read copy (as `speculative_decode_reference`). Returns o [B, T, HV, V]
+    FP32; the state is not changed.
+    """
+    if not isinstance(state, ReplayState):
+        raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
+    p = _prepare(q, k, v, g, beta, state, config, layer_idx=layer_idx, seq_ids=None, compute_dtype=torch.float32)
+    cfg, st = p.config, p.state
+    fmt = _read_format(cfg)
+    packed = st.lo_packed if st.lo_packed is not None else fmt.encode(st.lo.contiguous())
+    drafts = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
+    width = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64, device=q.device)
+    _, o = verify_triton(st.hi, packed, fmt, st.buffer, st.schedule.count, drafts, width, st.schedule.step_read_hi,
+                         p.groups, cfg.skip_read_below)
+    return o
 
 
 @triton.jit
