@@ -31,6 +31,7 @@ from replayssm_eval.kernels.state import ReplayState
 _PACKAGES = {
     "mamba2": "replayssm_eval.kernels.mamba2",
     "gdn": "replayssm_eval.kernels.gdn",
+    "kda": "replayssm_eval.kernels.kda",
 }
 
 
