@@ -170,9 +170,9 @@ class ReplaySession:
 
         carried = initial if isinstance(initial, ReplayState) else None
         log_decay, buffered = family.log_decays(tuple(t.to(self.compute_dtype) for t in inputs), carried)
-        batch, _, heads = log_decay.shape
+        batch = log_decay.shape[0]
         if buffered is None:  # the anchor: checkpoint 0, nothing buffered
-            buffered = log_decay.new_zeros(batch, 1, heads)
+            buffered = log_decay.new_zeros(batch, 1, *log_decay.shape[2:])
             schedule = ScheduleState.start(batch, log_decay.device)
         else:
             schedule = initial.schedule
