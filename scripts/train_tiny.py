@@ -22,7 +22,7 @@ per-token decay exp(-A dt) then runs from about 0.9998 to 0.2. Nemotron-H's time
 
 Long-memory heads (--long-heads F, default 0): trained freely, GDN heads learn to forget within a few
 hundred tokens (a 2048-byte training window rewards nothing longer), so a shared low-precision
-checkpoint cannot build up error there, unlike in real GDN models (REPLAYSSM.md section 2: Qwen3.5-4B's
+checkpoint cannot build up error there, unlike in real GDN models (docs/semantics.md, The paper's results: Qwen3.5-4B's
 shared NVFP4 KL grows 36x above split precision at 128K). The first round(F * heads) heads of every
 SSM layer then get a fixed, input-independent decay, log-spaced in 1 - decay over
 [--long-decay-min, --long-decay-max]: A = 1, dt_bias = softplus^-1(-log decay), and the decay input
