@@ -3,7 +3,9 @@
     results = load_results(["reports/kl-tiny-nemotron-h-...", "reports/acc-..."])
 
 A path may be one of those files, a run directory holding them, or a folder whose run
-directories (at any depth) hold them. Nothing else is read: reports render from the JSON only.
+directories (at any depth) hold them. Nothing else in a run directory is read. The report also
+needs each model's SSM geometry for its traffic table (`tables._geometry`): a preset, a bundled
+fixture's or a local model's `config.json`, or the hub's.
 """
 
 from __future__ import annotations
