@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Correctness of every Triton path on the GPU machine, before any timing: the Triton tests of the formats and
+# Correctness of every Triton path on a GPU, before any timing: the Triton tests of the formats and
 # both kernel families on the device (REPLAYSSM_TEST_DEVICE=cuda), then both families' check scripts (Triton
 # vs the step reference, bit-level agreement of the stored copies). Logs and JSON go to $OUT/validate/.
 #
