@@ -435,7 +435,10 @@ def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig, long_h
             )
             last_log_time, last_log_step = now, step
     wall = time.perf_counter() - start
-    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": round(ema_loss / math.log(2), 4),
+    if ema_loss is None and step:  # the time budget ended before the first log step
+        ema_loss = loss.item()
+    bpb = None if ema_loss is None else round(ema_loss / math.log(2), 4)
+    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": bpb,
             "long_heads": long_heads, "long_head_beta_last": None if beta is None else round(beta.item(), 4)}
 
 
