@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Correctness of every Triton path on the GPU machine, before any timing: the Triton tests of the formats and
+# Correctness of every Triton path on a GPU, before any timing: the Triton tests of the formats and
 # both kernel families on the device (REPLAYSSM_TEST_DEVICE=cuda), then both families' check scripts (Triton
 # vs the step reference, bit-level agreement of the stored copies). Logs and JSON go to $OUT/validate/.
 #
-#   scripts/gpu_validate.sh        # on the H200: about 5 minutes
+#   OUT=out scripts/gpu_validate.sh     # on one GPU (H200: about 5 minutes); OUT defaults to out/
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the folder whose files come back}"
+OUT=${OUT:-out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 dir=$OUT/validate
 mkdir -p "$dir"
