@@ -2,7 +2,7 @@
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `chunked_triton` (= `chunked(..., backend="triton")`): one launch, one program per
+- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch, one program per
   (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `kernels.keys`). In-kernel rounding covers formats
@@ -37,6 +37,7 @@ import triton.language as tl
 
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
+from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
 from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
 from replayssm_eval.kernels.state import ReplayState, _encode_keyed, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
@@ -259,8 +260,6 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
 
 def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
     """`chunked(..., backend="triton")` after `_prepare` and planning."""
-    from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
-
     if inp.x.dtype != torch.float32:
         warnings.warn("mamba2 chunked backend='triton' runs the torch backend: the Triton kernels compute in FP32 "
                       "(compute_dtype=float64 runs the torch backend)", stacklevel=3)
@@ -289,7 +288,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
         lo = hi if config.shared else state.lo.clone().contiguous()
         _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments))
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
-    y = y + inp.D[:, None] * inp.x
+    y = y + inp.D[:, None] * inp.x_skip
     packed = state.lo_packed
     rows = (seg.num_folds > 0).nonzero().flatten()
     if len(rows):
@@ -302,14 +301,6 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
     out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
     return y.to(inp.out_dtype), out
-
-
-def chunked_triton(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32):
-    """`chunked(..., backend="triton")`; shapes as `decode_reference`."""
-    from replayssm_eval.kernels.mamba2.chunked import chunked
-
-    return chunked(x, dt, A, B, C, D, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
-                   compute_dtype=compute_dtype, backend="triton")
 
 
 @triton.jit
@@ -627,7 +618,7 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
         buffer[key][rows, count] = new[:, 0]
     y, folded = _replay_step(buffer["x"], buffer["B"], buffer["dt"], inp.C[:, 0].contiguous(), count.contiguous(),
                              plan.read_hi[:, 0], inp.A.contiguous(), st, cfg, fold=plan.fold_after[:, 0])
-    y = y + inp.D[:, None] * inp.x[:, 0]
+    y = y + inp.D[:, None] * inp.x_skip[:, 0]
     hi, lo, packed, checkpoint = st.hi, st.lo, st.lo_packed, st.checkpoint
     fold = plan.fold_after[:, 0].nonzero().flatten()
     if len(fold):
@@ -663,7 +654,7 @@ def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtyp
         ring[key] = ent.scatter(1, index.expand_as(new), new)
     y, _ = _replay(ring["x"], ring["B"], ring["dt"], inp.C.contiguous(), count.contiguous(), st.schedule.step_read_hi,
                    torch.zeros(batch, dtype=torch.bool, device=x.device), inp.A.contiguous(), st, inp.config)
-    return (y + inp.D[:, None] * inp.x).to(inp.out_dtype)
+    return (y + inp.D[:, None] * inp.x_skip).to(inp.out_dtype)
 
 
 @triton.jit
