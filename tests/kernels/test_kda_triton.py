@@ -49,7 +49,7 @@ def test_chunked_triton_fp32(text, device):
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
 
 
-@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4@4", "fp8sr/fp16@3#skip=0.6"])
+@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6"])
 def test_chunked_triton_quantized(text, device):
     """In-kernel rounding (row scales, fp16sr, fp8sr) and torch-rounded copies (nvfp4's tensor scale): == the torch
     chunked form; awkward sizes (V = 40 in two v-blocks) with one segment per launch."""
