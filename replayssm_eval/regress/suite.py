@@ -155,7 +155,7 @@ def bits_metrics(select) -> dict[str, str]:
         fmt = get_format(spec)
         packed = fmt.encode(x, seed=SR_SEED if fmt.is_stochastic else None)
         digest = hashlib.sha256()
-        for t in (packed.data, packed.scales, packed.global_scale):
+        for t in packed.tensors():
             if t is not None:
                 digest.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
                 digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())

@@ -72,18 +72,22 @@ def test_chunked_triton_matches_torch(text, groups, device):
 
 
 @pytest.mark.parametrize("text, groups, d_state", [
-    ("nvfp4/fp32@4", 3, 24),
-    ("nvfp4/fp16sr@3#skip=0.4", 1, 40),
+    ("nvfp4:scale=tensor/fp32@4", 3, 24),
+    ("nvfp4:scale=tensor/fp16sr@3#skip=0.4", 1, 40),
     ("nvfp4:axis=headdim/fp32@4", 3, 24),
     ("mxfp4/fp16@4", 1, 24),
     ("fp8sr:scale=tensor/fp32@4", 3, 24),
     ("nvfp4:axis=headdim/fp16sr@4", 1, 24),
-    ("shared:nvfp4@4", 3, 24),
+    ("shared:nvfp4:scale=tensor@4", 3, 24),
     ("shared:fp8:scale=tensor@4#skip=0.4", 1, 40),
     ("fp16sr/fp8sr:scale=tensor@4", 3, 24),
     ("fp32/nvfp4:axis=headdim@3", 1, 24),
-    ("nvfp4/nvfp4@4#spec=3:0.6", 3, 24),
+    ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
     ("fp16/mxfp8@4", 1, 24),
+    # formats outside the kernels' device functions (`quant.triton.triton_rounds`)
+    ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
+    ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
+    ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
     """Copies in formats no program can round (tensor scale, head_dim blocks, MX) run on Triton, rounded by torch: a

@@ -730,7 +730,7 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
 def _assign_packed(packed, idx, new):
     """packed with the sequences idx replaced by `new` (all fields lead with the batch dim)."""
     fields = {}
-    for name in ("data", "scales", "global_scale"):
+    for name in packed.FIELDS:
         old, rep = getattr(packed, name), getattr(new, name)
         if old is not None:
             old = old.clone()

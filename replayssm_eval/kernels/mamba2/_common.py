@@ -74,11 +74,11 @@ def merge_packed(old: PackedState | None, new: PackedState, rows: torch.Tensor, 
         order = torch.empty_like(rows)
         order[rows] = torch.arange(batch, device=rows.device)
         return PackedState(new.format, (batch, *new.shape[1:]),
-                           *(None if t is None else t[order] for t in (new.data, new.scales, new.global_scale)))
+                           *(None if t is None else t[order] for t in new.tensors()))
     if old is None:
         return None
     fields = []
-    for o, n in zip((old.data, old.scales, old.global_scale), (new.data, new.scales, new.global_scale)):
+    for o, n in zip(old.tensors(), new.tensors()):
         if o is not None:
             o = o.clone()
             o[rows] = n
