@@ -1,6 +1,6 @@
 """GPU benchmark of the ReplaySSM kernels: decode-step time and bandwidth, chunked teacher-forced throughput.
 
-    python benchmarks/kernels.py --out reports/bench_kernels.json      # H200: both families, about 3-4 minutes
+    python benchmarks/kernels.py --out out/kernels.json               # H200: both families, about 3-4 minutes
     python benchmarks/kernels.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
     TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
@@ -28,7 +28,8 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
    and the same launches replayed from a CUDA graph) and through the public `decode_step_triton`.
 
 Every measurement is guarded: an error (out of memory, compile error) is recorded in its row and the run goes on.
-The script prints rows as they come, then the tables and the goals of issue 3, and writes JSON with --out.
+The script prints rows as they come, then the tables and the speed goals beside the measured values, and writes
+JSON with --out.
 """
 
 from __future__ import annotations
@@ -273,6 +274,10 @@ class Mamba2:
         """Heads of the state: the step kernels' grid dimension 1."""
         return self.H
 
+    def stored_shape(self, batch: int) -> tuple[int, ...]:
+        """A layer's stored copy, [B, H, P, N]."""
+        return (batch, self.H, self.P, self.N)
+
     def state_elems(self) -> int:
         return self.H * self.P * self.N
 
@@ -357,6 +362,10 @@ class GDN:
     def state_heads(self) -> int:
         """Value heads: the step kernels' grid dimension 1 (H is the q, k heads)."""
         return self.HV
+
+    def stored_shape(self, batch: int) -> tuple[int, ...]:
+        """A layer's stored copy, [B, HV, V, K] (the formats' layout)."""
+        return (batch, self.HV, self.V, self.K)
 
     def state_elems(self) -> int:
         return self.HV * self.K * self.V
@@ -451,12 +460,14 @@ def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
     return lambda: module._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
 
 
+BENCHES = {bench.name: bench for bench in (Mamba2, GDN)}  # kernel family name -> its benchmark driver
+
+
 def read_copy_bytes(fam, batch: int, config: str) -> int:
     """Bytes of the read copy a non-flush step reads (format layout [B, H, P, N] / [B, HV, V, K])."""
     cfg = ReplayConfig.parse(config)
     fmt = cfg.recur_format if cfg.shared else cfg.read_format
-    shape = (batch, fam.H, fam.P, fam.N) if fam.name == "mamba2" else (batch, fam.HV, fam.V, fam.K)
-    return fmt.storage_bytes(shape)
+    return fmt.storage_bytes(fam.stored_shape(batch))
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -810,7 +821,7 @@ def print_tables(res: Results, goal_rows, copy_gbps):
             continue
         log(f"{r['family']:7} {r['name'][:44]:44} {r.get('config', '')[:28]:28} {r['tokens']:>7} {r['seconds']:>9.4f} "
             f"{r['tokens_per_s']:>12.4g}  {r.get('note') or ''}")
-    log("\n=== goals (issue 3) ===")
+    log("\n=== goals ===")
     for g in goal_rows:
         value = "—" if g["value"] is None else (f"{g['value']:.0%}" if g["goal"] < 1 else f"{g['value']:.2f}x")
         goal = f">= {g['goal']:.0%}" if g["goal"] < 1 else f">= {g['goal']}x"
@@ -869,7 +880,7 @@ def main(argv=None):
     timer = Timer(args.device, args.quick or args.tiny)
     copy_gbps = copy_bandwidth(res, timer, args.device, args.tiny)
     rand = Rand(args.device)
-    fams = {name: (Mamba2 if name == "mamba2" else GDN)(GEOMETRY[name][1 if args.tiny else 0], rand) for name in families}
+    fams = {name: BENCHES[name](GEOMETRY[name][1 if args.tiny else 0], rand) for name in families}
 
     for name, fam in fams.items():
         log(f"--- decode step: {name} ---")

@@ -1,6 +1,6 @@
 """Teacher-forced throughput of one SSM layer, full-size geometries: our chunked form against HF's FP32 torch scan.
 
-    python benchmarks/layer_speed.py --out reports/layer_speed.json     # H200: both families, about 2 minutes
+    python benchmarks/layer_speed.py --out out/layer_speed.json         # H200: both families, about 2 minutes
     python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
     TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
 
@@ -8,7 +8,7 @@ The KL driver feeds every SSM layer segments of `--segment` tokens and carries t
 them; this times exactly that per layer (batch 1, inputs prepared once, one warm-up segment first
 so that Triton compiles are not timed). Rows:
   hf torch scan   the function a plain HF forward runs (`mamba2_chunk_scan` / `torch_chunk_gated_delta_rule`,
-                  FP32 state), the yardstick of issue 5; the `fp32` reference runs exactly this
+                  FP32 state), the yardstick; the `fp32` reference of the KL driver runs exactly this
   chunked         `chunked(..., backend)` per config; triton configs fall back to torch where a format's
                   rounding needs a reduction the kernel cannot do (the note says so)
   sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
@@ -31,7 +31,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from kernels import GEOMETRY, GDN, Mamba2, Rand, Timer, environment, relerr  # noqa: E402
+from kernels import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
 
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
@@ -41,7 +41,7 @@ CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nv
 PRECISIONS = ("ieee", "tf32x3")
 SWEEP = {  # launch configs tried per family (the whole-head ones only where a head scale needs them)
     "mamba2": [dict(BLOCK_P=p, num_warps=w, DOT=d) for p, w, d in itertools.product((16, 32), (2, 4), PRECISIONS)],
-    "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, session 3)
+    "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, Chunked form)
             for v, w in itertools.product((16, 32, 64), (4, 8))],
 }
 WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT=d) for w, d in itertools.product((8, 16), PRECISIONS)],
@@ -144,7 +144,7 @@ def main(argv=None):
 
     for family in args.families.split(","):
         geo = GEOMETRY[family][1 if args.tiny else 0]
-        fam = (Mamba2 if family == "mamba2" else GDN)(geo, Rand(args.device, seed=0))
+        fam = BENCHES[family](geo, Rand(args.device, seed=0))
         inputs = fam.sequence(args.tokens)
         step, s0 = hf_runner(fam, inputs)
         record(family=family, path="hf torch scan", config="fp32", tokens=args.tokens,

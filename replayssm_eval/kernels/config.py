@@ -51,7 +51,7 @@ class SpeculativeFlush:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """How one SSM layer's state is stored, read and rounded (REPLAYSSM.md §3).
+    """How one SSM layer's state is stored, read and rounded (docs/semantics.md, "Decode semantics").
 
     read / recur: format specs of the read copy (S_lo) and the recurrence copy (S_hi).
     shared: one stored copy serves both (Q_read = Q_recur, and SR draws one set of bits).

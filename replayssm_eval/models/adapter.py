@@ -24,14 +24,12 @@ from transformers.cache_utils import Cache
 
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.models import gdn_hooks, mamba2_hooks, routing
-from replayssm_eval.models.families import SCAN_FUNCTIONS, family_of, find_ssm_layers
+from replayssm_eval.models.families import family_of, find_ssm_layers
 from replayssm_eval.models.fixtures import resolve_model
 from replayssm_eval.models.session import ReplaySession, as_config, session_of
 
-_REPLACEMENTS = {
-    "mamba2": (mamba2_hooks.make_chunk_scan, mamba2_hooks.make_state_update),
-    "gdn": (gdn_hooks.make_chunk_rule, gdn_hooks.make_recurrent_rule),
-}
+# HF scan function name -> maker of its replacement; a family's `hf_scans` picks the pair it rebinds
+_REPLACEMENTS = {**mamba2_hooks.REPLACEMENTS, **gdn_hooks.REPLACEMENTS}
 _CACHE_ARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.24, then 5.17 names
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -52,8 +50,8 @@ class ReplayModel:
         self.layers = find_ssm_layers(model, self.family)
         self.config = as_config(config)
         self.backend = backend
-        for name, make in zip(SCAN_FUNCTIONS[self.family.kind], _REPLACEMENTS[self.family.kind]):
-            routing.rebind(self.family.module, name, make)
+        for name in self.family.scans:
+            routing.rebind(self.family.module, name, _REPLACEMENTS[name])
         params = inspect.signature(model.forward).parameters
         self._cache_arg = next(name for name in _CACHE_ARGS if name in params)
         self._takes_positions = "position_ids" in params
@@ -70,7 +68,8 @@ class ReplayModel:
         """A fresh run (its own HF cache and SSM states) under `config` (default: the model's).
 
         seq_ids: [B] document ids keying the SR bits; engine: "chunked" | "reference" (the slow
-        step reference); backend: kernel backend (default: the model's). See `ReplaySession`.
+        step reference) | "step" (one-token calls through the Triton decode step); backend: kernel
+        backend (default: the model's). See `ReplaySession`.
         """
         return ReplaySession(
             self.config if config is None else config, seq_ids=seq_ids, engine=engine,
@@ -122,7 +121,7 @@ class ReplayModel:
         session = None
         if cache is not None:
             session = session_of(cache) or ReplaySession(self.config, backend=self.backend, cache=cache)
-        layer = routing.ActiveLayer(mixer.layer_idx, mixer, session, kwargs.get("attention_mask"))
+        layer = routing.ActiveLayer(mixer.layer_idx, mixer, self.family.kernels, session, kwargs.get("attention_mask"))
         self._context_tokens.append(routing.enter(layer))
 
     def _leave(self, mixer, args, kwargs, output):

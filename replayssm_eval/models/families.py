@@ -1,10 +1,9 @@
 """The Hugging Face model families whose SSM layers we route, and how their layers are found.
 
 A family is a transformers modeling module (`transformers.models.<type>.modeling_<type>`) that
-defines an SSM mixer and binds, as module globals, the scan functions that `routing` replaces:
-
-    mamba2  mamba2_chunk_scan (prompt and multi-token calls), mamba2_selective_state_update (one token)
-    gdn     torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule
+defines an SSM mixer and binds, as module globals, the scan functions that `routing` replaces;
+which functions, and which kernel family runs them, is the kernel family's `hf_scans`
+(`kernels.family`).
 
 The six Mamba-2 families call the same two functions with the same arguments (checked against
 transformers 5.17 and 5.24: falcon_h1's mup multipliers and its optional z gate sit outside the
@@ -19,35 +18,29 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from replayssm_eval.kernels.family import KernelFamily, all_families
+
 
 @dataclass(frozen=True)
 class Family:
     model_type: str
-    kind: str  # "mamba2" | "gdn"
+    kernels: KernelFamily
 
     @property
     def module(self) -> str:
         return f"transformers.models.{self.model_type}.modeling_{self.model_type}"
 
+    @property
+    def scans(self) -> tuple[str, str]:
+        """(chunk function, one-token function): the module globals the hooks rebind."""
+        return self.kernels.hf_scans[self.model_type]
 
-SCAN_FUNCTIONS = {
-    "mamba2": ("mamba2_chunk_scan", "mamba2_selective_state_update"),
-    "gdn": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-}
 
-FAMILIES = {
-    name: Family(name, kind)
-    for name, kind in [
-        ("nemotron_h", "mamba2"), ("mamba2", "mamba2"), ("bamba", "mamba2"), ("granitemoehybrid", "mamba2"),
-        ("falcon_h1", "mamba2"), ("zamba2", "mamba2"),
-        ("qwen3_5", "gdn"), ("qwen3_5_moe", "gdn"), ("qwen3_next", "gdn"),
-    ]
-}
+FAMILIES = {model_type: Family(model_type, fam) for fam in all_families() for model_type in fam.hf_scans}
 # text-only configs of the multimodal Qwen3.5 checkpoints use the same modeling module
 ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 NOT_SUPPORTED = {
     "kimi_linear": "Kimi Delta Attention needs a KDA kernel family (not written yet)",
-    "olmo_hybrid": "GDN, but only in transformers >= 5.24 and not yet checked against our kernels",
     "mamba": "Mamba-1 has a per-channel diagonal state, not the Mamba-2 scalar-decay heads our kernels take",
     "falcon_mamba": "Mamba-1 mixer (see mamba)",
     "jamba": "Mamba-1 mixer (see mamba)",
@@ -75,7 +68,7 @@ def find_ssm_layers(model: nn.Module, family: Family) -> dict[int, nn.Module]:
         layers[module.layer_idx] = module
     if not layers:
         raise ValueError(
-            f"no {family.kind} SSM layers found in this {family.model_type} model (looked for mixers defined in "
+            f"no {family.kernels.name} SSM layers found in this {family.model_type} model (looked for mixers defined in "
             f"{family.module}); a trust_remote_code model or a model without SSM layers cannot be routed"
         )
     return dict(sorted(layers.items()))

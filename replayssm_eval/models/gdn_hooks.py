@@ -77,9 +77,12 @@ def _continue(layer, query, key, value, g, beta, anchor, output_final_state, l2n
     if l2norm:
         q, k = _l2norm(q), _l2norm(k)
     q = q * q.shape[-1] ** -0.5
-    o = layer.session.scan("gdn", layer.layer_idx, (q, k, value, g, beta), anchor, layer.attention_mask, plain)
+    o = layer.session.scan(layer.family, layer.layer_idx, (q, k, value, g, beta), anchor, layer.attention_mask, plain)
     return o.to(query.dtype), (anchor if output_final_state else None)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+REPLACEMENTS = {"torch_chunk_gated_delta_rule": make_chunk_rule, "torch_recurrent_gated_delta_rule": make_recurrent_rule}

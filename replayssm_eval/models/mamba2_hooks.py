@@ -84,9 +84,12 @@ def _prepare_dt(dt, dt_bias, dt_softplus, dt_limit):
 
 def _scan(layer, x, dt, A, B, C, D, anchor, plain=None):
     """x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N], D [H] -> y [B, T, H, P] (fp32 or wider)."""
-    return layer.session.scan("mamba2", layer.layer_idx, (x, dt, A, B, C, D), anchor, layer.attention_mask, plain)
+    return layer.session.scan(layer.family, layer.layer_idx, (x, dt, A, B, C, D), anchor, layer.attention_mask, plain)
 
 
 def _refuse_packed(kwargs):
     if kwargs.get("seq_idx") is not None or kwargs.get("cu_seqlens") is not None:
         raise ValueError("packed sequences (seq_idx / cu_seqlens) cannot be routed: give one document per batch row")
+
+
+REPLACEMENTS = {"mamba2_chunk_scan": make_chunk_scan, "mamba2_selective_state_update": make_state_update}

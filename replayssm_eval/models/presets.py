@@ -15,11 +15,11 @@ import dataclasses
 
 from transformers import NemotronHConfig, PretrainedConfig, Qwen3_5TextConfig
 
+from replayssm_eval.kernels.family import family_names, get_family
 from replayssm_eval.models.families import family_of
 
-SSM_KINDS = ("mamba2", "gdn")
-
-# Mamba-2 mixers: model_type -> config attributes (heads, head_dim, d_state, n_groups, conv kernel)
+# model_type -> config attributes (heads, head_dim, state_dim, groups, conv kernel), in ModelGeometry's terms.
+# Mamba-2 mixers: (heads, head_dim, d_state, n_groups, conv kernel)
 _MAMBA2_FIELDS = {
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
     "mamba2": ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel"),
@@ -30,6 +30,7 @@ _MAMBA2_FIELDS = {
 }
 # GDN layers: (value heads, value dim, key dim, key heads, conv kernel); the state is K x V
 _GDN_FIELDS = ("linear_num_value_heads", "linear_value_head_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_conv_kernel_dim")
+_CONFIG_FIELDS = {**_MAMBA2_FIELDS, **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"), _GDN_FIELDS)}
 
 # layer_types entries whose layer holds an SSM state ("hybrid": zamba2/falcon_h1 layers with both mixers)
 _SSM_LAYER_TYPES = ("linear_attention", "mamba", "hybrid")
@@ -39,7 +40,7 @@ class ModelGeometry:
     """SSM geometry of one model; None marks an unknown value (see the module docstring)."""
 
     name: str
-    family: str  # mamba2 | gdn
+    family: str  # a kernel family's name (`kernels.family`)
     num_layers: int | None
     num_ssm_layers: int | None
     num_heads: int | None  # Mamba-2 heads | GDN value heads
@@ -51,8 +52,8 @@ class ModelGeometry:
     hidden_size: int | None
 
     def __post_init__(self):
-        if self.family not in SSM_KINDS:
-            raise ValueError(f"unknown SSM family {self.family!r}; known: {', '.join(SSM_KINDS)}")
+        if self.family not in family_names():
+            raise ValueError(f"unknown SSM family {self.family!r}; known: {', '.join(family_names())}")
 
     def _need(self, *fields: str) -> None:
         unknown = [f for f in fields if getattr(self, f) is None]
@@ -61,11 +62,9 @@ class ModelGeometry:
 
     @property
     def head_state_shape(self) -> tuple[int, int]:
-        """One head's state: (head_dim, d_state) for mamba2, (key_dim, value_dim) for gdn."""
+        """One head's state in the family's HF layout: (head_dim, d_state) for mamba2, (key_dim, value_dim) for gdn."""
         self._need("head_dim", "state_dim")
-        if self.family == "mamba2":
-            return (self.head_dim, self.state_dim)
-        return (self.state_dim, self.head_dim)
+        return get_family(self.family).head_state(self.head_dim, self.state_dim)
 
     @property
     def state_elements_per_layer(self) -> int:
@@ -85,7 +84,7 @@ class ModelGeometry:
 
 
 PRESETS: dict[str, ModelGeometry] = {
-    # REPLAYSSM.md section 1 (96 heads x 80 x 128, state 3.75 MiB/layer FP32) and section 2.
+    # docs/semantics.md, The method (96 heads x 80 x 128, state 3.75 MiB/layer FP32).
     # Layer counts 42 layers = 21 Mamba-2 + 4 attention + 17 MLP, hidden 3136, n_groups 8, conv 4,
     # vocab 131072: HF config.json at revision dfaf35de3e30f1867dd8dbc38a7fc9fb52d3914f as quoted
     # in a public architecture brief (search corpus: "Nemotron-3 architecture brief for the SmolBench
@@ -101,9 +100,9 @@ PRESETS: dict[str, ModelGeometry] = {
         name="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", family="mamba2", num_layers=88, num_ssm_layers=40,
         num_heads=128, head_dim=64, state_dim=128, n_groups=8, conv_kernel=4, vocab_size=131072, hidden_size=4096,
     ),
-    # REPLAYSSM.md (GDN: 32 value heads, 16 key heads, K = V = 128). 32 layers = 24 GDN + 8 full
+    # GDN: 32 value heads, 16 key heads, K = V = 128. 32 layers = 24 GDN + 8 full
     # attention (full_attention_interval 4), hidden 2560, conv 4, vocab 248320: the GGUF metadata
-    # of Qwen3.5-4B listed in github.com/quantumaikr/quant.cpp issue #94.
+    # of Qwen3.5-4B listed in github.com/quantumaikr/quant.cpp/issues/94.
     "qwen3.5-4b": ModelGeometry(
         name="Qwen/Qwen3.5-4B", family="gdn", num_layers=32, num_ssm_layers=24,
         num_heads=32, head_dim=128, state_dim=128, n_groups=16, conv_kernel=4, vocab_size=248320, hidden_size=2560,
@@ -131,15 +130,15 @@ def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:
     """The SSM geometry of a Hugging Face config of any supported model type."""
     config = hf_config.get_text_config()  # the text backbone of a composite (vision-language) config
     model_type = config.model_type
-    family = family_of(config).kind  # ValueError listing the supported model types
-    fields = _MAMBA2_FIELDS[model_type] if family == "mamba2" else _GDN_FIELDS
+    family = family_of(config)  # ValueError listing the supported model types
+    fields = _CONFIG_FIELDS[family.model_type]
     heads, head_dim, state_dim, groups, conv = (getattr(config, f) for f in fields)
     layer_types = getattr(config, "layer_types", None)
     if not layer_types:
         raise ValueError(f"{model_type} config has no layer_types, so its SSM layers cannot be counted")
     return ModelGeometry(
         name=getattr(hf_config, "name_or_path", "") or model_type,
-        family=family,
+        family=family.kernels.name,
         num_layers=len(layer_types),
         num_ssm_layers=sum(t in _SSM_LAYER_TYPES for t in layer_types),
         num_heads=heads,
@@ -162,7 +161,7 @@ def full_size_config(name: str) -> PretrainedConfig:
 
     nemotron-3-nano-4b: the preset's Mamba-2 geometry; attention 40 query / 8 KV heads x 128, MLP
     3136 -> 12544 (relu2), chunk 256 (same brief). qwen3.5-4b: the preset's GDN geometry; attention
-    16 / 4 heads x 256, partial rotary 0.25, rope theta 1e7 (quant.cpp issue #94); MLP 9216 is from
+    16 / 4 heads x 256, partial rotary 0.25, rope theta 1e7 (github.com/quantumaikr/quant.cpp/issues/94); MLP 9216 is from
     a derived checkpoint's config (huggingface.co/halen214/st01), not confirmed on Qwen's own.
     Weights built from these are random: good for speed and memory, not for accuracy.
     """

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from replayssm_eval.kernels.family import KernelFamily
+
 _ACTIVE: contextvars.ContextVar[ActiveLayer | None] = contextvars.ContextVar("replayssm_active_layer", default=None)
 _ORIGINALS: dict[tuple[str, str], Callable] = {}
 
@@ -27,6 +29,7 @@ _ORIGINALS: dict[tuple[str, str], Callable] = {}
 class ActiveLayer:
     """The SSM layer whose mixer forward is running.
 
+    family: the kernel family that runs the mixer's scans.
     session: the ReplaySession of the cache passed to the mixer; None for a forward without cache.
     attention_mask: [B, T] padding mask the mixer received (None when the batch has no padding).
     routed: set by a replacement scan function, checked when the mixer returns.
@@ -34,6 +37,7 @@ class ActiveLayer:
 
     layer_idx: int
     mixer: nn.Module
+    family: KernelFamily
     session: object | None
     attention_mask: torch.Tensor | None
     routed: bool = False

@@ -22,16 +22,15 @@ its per-layer state is the FP32 tensor in the HF layout, not a ReplayState.
 from __future__ import annotations
 
 import copy
-import importlib
 from collections.abc import Callable
 
 import torch
 
 from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.state import ReplayState
 
-ENGINES = ("chunked", "reference")
-KERNELS = {"mamba2": "replayssm_eval.kernels.mamba2", "gdn": "replayssm_eval.kernels.gdn"}
+ENGINES = ("chunked", "reference", "step")
 
 # the HF cache points back at its session (a cycle the GC collects with both), so no registry
 # outlives a run and a session adopted from a cache generate() made lives as long as that cache
@@ -56,9 +55,11 @@ class ReplaySession:
 
     config: the ReplayConfig (or its string form); `reset(config=...)` switches it.
     seq_ids: [B] document ids of the batch rows (default arange(B) at the first call).
-    engine: "chunked" (teacher-forced chunked kernels, the fast path) or "reference" (the step
-        reference `decode_reference`, token by token inside each call: the slow ground truth).
-    backend: "torch" | "triton", for the chunked engine.
+    engine: "chunked" (teacher-forced chunked kernels, the fast path), "reference" (the step
+        reference `decode_reference`, token by token inside each call: the slow ground truth) or
+        "step" (one-token calls through the family's Triton `decode_step`, as a serving engine
+        decodes; longer calls as "chunked").
+    backend: "torch" | "triton", for the chunked kernels.
     compute_dtype: the kernels' math dtype (fp32, or fp64 for checks).
     new_cache: makes an empty HF cache (each reset gets a new one).
     cache: instead, an HF cache to adopt as is (one that generate() created).
@@ -98,10 +99,10 @@ class ReplaySession:
     @property
     def plain_fp32(self) -> bool:
         """True when layers run the plain FP32 recurrence: the conventional FP32 config `fp32` under the chunked
-        engine in FP32 math (an FP32 config with a window, e.g. `fp32@16`, runs the kernels: its numbers differ
+        or step engine in FP32 math (one-token calls of the step engine still run the decode step) (an FP32 config with a window, e.g. `fp32@16`, runs the kernels: its numbers differ
         by float noise; FP64 checks run the kernels in FP64)."""
         cfg = self._config
-        return (self.engine == "chunked" and self.compute_dtype == torch.float32 and cfg.is_reference
+        return (self.engine != "reference" and self.compute_dtype == torch.float32 and cfg.is_reference
                 and cfg.window == 1 and cfg.speculative is None)
 
     def carried(self) -> dict:
@@ -121,11 +122,12 @@ class ReplaySession:
         """Drop a layer's state: its HF cache starts over (a prompt call on that layer)."""
         self.states.pop(layer_idx, None)
 
-    def scan(self, kind: str, layer_idx: int, inputs: tuple, anchor: torch.Tensor, attention_mask,
+    def scan(self, family: KernelFamily, layer_idx: int, inputs: tuple, anchor: torch.Tensor, attention_mask,
              plain: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """Run one decode call of one layer through the kernels; returns the output in the inputs' dtype.
 
-        inputs: the family's kernel inputs (x, dt, A, B, C, D or q, k, v, g, beta), batch first;
+        family: the layer's kernel family.
+        inputs: the family's kernel inputs (`family.inputs`), batch first;
             promoted to at least fp32 for the kernels (their math dtype is `compute_dtype`).
         anchor: the FP32 state the prompt left in the HF cache; used until the layer has a state.
         attention_mask: the padding mask of this call's tokens, or None.
@@ -140,41 +142,37 @@ class ReplaySession:
         x = inputs[0]
         seq_ids = self._seq_ids(x.shape[0], x.device)
         initial = self.states.get(layer_idx, anchor)
-        if self.plain_fp32 and plain is not None:  # HF's scan takes the inputs as they are
+        if self.engine == "step" and x.shape[1] == 1:
+            inputs = tuple(at_least_fp32(t) for t in inputs)
+            y, state = family.decode_step(*inputs, initial, self._config, layer_idx=layer_idx, seq_ids=seq_ids)
+        elif self.plain_fp32 and plain is not None:  # HF's scan takes the inputs as they are
             y, state = plain(at_least_fp32(initial))
         else:
-            kernels = importlib.import_module(KERNELS[kind])
             inputs = tuple(at_least_fp32(t) for t in inputs)
             opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
             if self.plain_fp32:  # one token: the conventional FP32 step, its state back in the HF layout
-                y, stored = kernels.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
-                state = stored.hi if kind == "mamba2" else kernels.checkpoint_kv(stored)[0]
-            elif self.engine == "chunked":
-                self._count_skips(kind, layer_idx, inputs, initial)
-                y, state = kernels.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
+                y, stored = family.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
+                state = family.hf_state(stored)
+            elif self.engine == "reference":
+                y, state = family.decode_reference(*inputs, initial, self._config, **opts)
             else:
-                y, state = kernels.decode_reference(*inputs, initial, self._config, **opts)
+                self._count_skips(family, layer_idx, inputs, initial)
+                y, state = family.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
         self.states[layer_idx] = state
         return y.to(torch.promote_types(x.dtype, torch.float32))
 
-    def _count_skips(self, kind: str, layer_idx: int, inputs: tuple, initial) -> None:
+    def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> None:
         """Add this call's skipped checkpoint reads (`kernels.skip`) to `skip_counts[layer_idx]`."""
         if self._config.skip_read_below is None:
             return
         from replayssm_eval.kernels.schedule import ScheduleState
         from replayssm_eval.kernels.skip import skipped_reads
 
-        cast = lambda t: t.to(self.compute_dtype)  # noqa: E731  the kernels' math dtype
-        if kind == "mamba2":  # log-decay dt * A of the tokens and of the carried entries
-            dt, A = cast(inputs[1]), cast(inputs[2])
-            log_decay = dt * A
-            buffered = cast(initial.buffer["dt"]) * A if isinstance(initial, ReplayState) else None
-        else:
-            log_decay = cast(inputs[3])
-            buffered = cast(initial.buffer["g"]) if isinstance(initial, ReplayState) else None
-        batch, _, heads = log_decay.shape
+        carried = initial if isinstance(initial, ReplayState) else None
+        log_decay, buffered = family.log_decays(tuple(t.to(self.compute_dtype) for t in inputs), carried)
+        batch = log_decay.shape[0]
         if buffered is None:  # the anchor: checkpoint 0, nothing buffered
-            buffered = log_decay.new_zeros(batch, 1, heads)
+            buffered = log_decay.new_zeros(batch, 1, *log_decay.shape[2:])
             schedule = ScheduleState.start(batch, log_decay.device)
         else:
             schedule = initial.schedule

@@ -1,7 +1,7 @@
 """Bytes of SSM state memory traffic per decode token: conventional decoding vs ReplaySSM.
 
 Counted per sequence, per SSM layer and per model, for one decode token (a fixed window of L;
-REPLAYSSM.md §3). `S(fmt)` is `get_format(fmt).storage_bytes((H, P, N))`: the packed copy with
+docs/semantics.md, Decode semantics). `S(fmt)` is `get_format(fmt).storage_bytes((H, P, N))`: the packed copy with
 its scales, as a kernel reads it. Conventional (eager) decoding stores one state and reads and
 writes it every token: 2 S(recur). ReplaySSM, per window of L tokens:
 
@@ -26,6 +26,7 @@ S(read) / H at a non-flush token, S(recur) / H at a flush.
 from __future__ import annotations
 
 from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.family import get_family
 from replayssm_eval.models.presets import ModelGeometry, geometry_from_config, get_preset
 from replayssm_eval.models.session import as_config
 from replayssm_eval.quant import get_format
@@ -136,13 +137,5 @@ def _geometry(geometry) -> ModelGeometry:
 
 def _entry_bytes(geo: ModelGeometry, gdn_fold: str) -> tuple[int, int, int]:
     """(bytes read per entry at a non-flush token, at the flush, bytes written per entry)."""
-    h, p, n, g = geo.num_heads, geo.head_dim, geo.state_dim, geo.n_groups
-    if geo.family == "mamba2":
-        entry = h * p + g * n + h  # x, B, dt
-        return entry * BUFFER_BYTES, entry * BUFFER_BYTES, entry * BUFFER_BYTES
-    k, u, decay = g * n, h * p, h  # GDN: k [Hk, K], u [HV, V], g [HV]
-    if gdn_fold == "open":
-        entry = k + u + decay
-        return entry * BUFFER_BYTES, entry * BUFFER_BYTES, entry * BUFFER_BYTES
-    v, beta = h * p, h
-    return (k + u + decay) * BUFFER_BYTES, (k + v + beta + decay) * BUFFER_BYTES, (k + u + decay + v + beta) * BUFFER_BYTES
+    elements = get_family(geo.family).entry_elements(geo.num_heads, geo.head_dim, geo.state_dim, geo.n_groups, gdn_fold)
+    return tuple(n * BUFFER_BYTES for n in elements)

@@ -6,20 +6,18 @@ an adapter that decodes ONE token for a batch of sequences:
     def adapter(family: str, inputs: dict[str, torch.Tensor], state: ReplayState, config: ReplayConfig)
             -> tuple[torch.Tensor, ReplayState]
 
-family   "mamba2" or "gdn".
-inputs   the token's layer inputs, FP32, on the run's device:
-           mamba2: x [B, H, P], dt [B, H] (after softplus and bias), A [H] (negative), B and C [B, G, N], D [H]
-           gdn:    q and k [B, H, K] (q, k already L2-normalised, q scaled), v [B, HV, V],
-                   g [B, HV] (log decay <= 0), beta [B, HV]
+family   the kernel family's name (`kernels.family.family_names()`); `get_family(family)` describes it.
+inputs   the token's layer inputs {name: tensor} for the names of the family's `inputs`, FP32, on the
+         run's device, shaped as its `shapes` without the time dim (per-head parameters as they are).
 state    the layer's `kernels.ReplayState` before the token (sequences at different window
-         phases): hi / lo the FP32 values of S_hi / S_lo ([B, H, P, N]; GDN [B, HV, V, K]),
+         phases): hi / lo the FP32 values of S_hi / S_lo (in the family's stored layout),
          lo_packed the read copy's bytes as the kernel reads them (`quant.PackedState`), buffer
-         the entries since the checkpoint (mamba2: x, B, dt; gdn: k, u, g, and v, beta for the
-         closed fold; each [B, capacity, ...]), schedule.count the entries per sequence,
-         checkpoint the checkpoint index, seq_ids and layer the keys of the SR bits.
+         the entries since the checkpoint (each [B, capacity, ...]; the family's `_common` says
+         which), schedule.count the entries per sequence, checkpoint the checkpoint index,
+         seq_ids and layer the keys of the SR bits.
 config   the `ReplayConfig` (formats, window L, SR seed, GDN fold, skip threshold).
-returns  y [B, H, P] (gdn: [B, HV, V], a [B, 1, HV, V] is accepted) and the ReplayState after the
-         token. The adapter converts to and from the engine's own cache layout. Raise
+returns  the token's output without the time dim (one of size 1 is accepted) and the ReplayState
+         after the token. The adapter converts to and from the engine's own cache layout. Raise
          NotImplementedError("why") for a family or config the kernel does not support: the case
          is reported as skipped.
 
@@ -48,20 +46,16 @@ from typing import Callable
 import torch
 
 from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.family import family_names, get_family
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
 
-FAMILIES = ("mamba2", "gdn")
+FAMILIES = family_names()
 Y_TOL = 1e-3
 STATE_RTOL = 1e-5
 STATE_FLIPS = 0.02
 LAYER = 2  # a layer index and sequence ids other than 0.. catch adapters that ignore the SR keys
 SEQ_ID_BASE = 5
 
-# shapes: mamba2 (batch, heads H, head_dim P, groups G, d_state N); gdn (batch, key heads H, value heads HV, K, V)
-SHAPES = {
-    "mamba2": {"small": (3, 3, 20, 1, 24), "grouped": (2, 4, 16, 2, 32)},
-    "gdn": {"small": (3, 1, 2, 16, 20), "grouped": (2, 2, 4, 32, 16)},
-}
 _CONFIGS = ("fp32", "fp16", "shared:nvfp4@{L}", "nvfp4/fp32@{L}", "nvfp4/fp16sr@{L}", "nvfp4/fp8sr@{L}",
             "fp8/fp16sr@{L}", "bf16/fp16@{L}", "nvfp4:scale=row/fp16sr@{L}#skip=0.3")
 _GDN_EXTRA = ("nvfp4/fp16sr@{L}#closed", "shared:nvfp4@{L}#closed")
@@ -133,7 +127,7 @@ def grid_cases(grid: str = "full", families=FAMILIES, configs: tuple[str, ...] =
     cases = []
     for family in families:
         for template in configs or spec["configs"]:
-            if "#closed" in template and family != "gdn":
+            if "#closed" in template and not get_family(family).closed_fold:
                 continue
             windows = spec["windows"] if "{L}" in template else (None,)
             names = dict.fromkeys(template.format(L=w) for w in windows)  # a config without {L}: once
@@ -148,26 +142,12 @@ def grid_cases(grid: str = "full", families=FAMILIES, configs: tuple[str, ...] =
 
 
 def make_inputs(family: str, shape: str, seed: int, tokens: int, device="cpu") -> tuple[dict, torch.Tensor]:
-    """Random layer inputs for `tokens` tokens (each [B, T, ...]) and the FP32 state at the anchor."""
+    """Random layer inputs for `tokens` tokens (each [B, T, ...]) and the FP32 state at the anchor.
+
+    shape: a name of the family's `test_shapes` ("small", "grouped")."""
+    fam = get_family(family)
     gen = torch.Generator().manual_seed(1000 + seed)
-    rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    if family == "mamba2":
-        batch, heads, head_dim, groups, d_state = SHAPES[family][shape]
-        A = -torch.exp(rand(heads))  # [H]
-        A[0] = -0.02  # a slowly decaying head, where state errors accumulate
-        inputs = {"x": rand(batch, tokens, heads, head_dim),
-                  "dt": torch.nn.functional.softplus(rand(batch, tokens, heads) - 1.0), "A": A,
-                  "B": rand(batch, tokens, groups, d_state), "C": rand(batch, tokens, groups, d_state),
-                  "D": rand(heads)}
-        anchor = 3.0 * rand(batch, heads, head_dim, d_state)
-    else:
-        batch, heads, value_heads, dk, dv = SHAPES[family][shape]
-        norm = lambda t: torch.nn.functional.normalize(t, dim=-1)  # noqa: E731
-        inputs = {"q": norm(rand(batch, tokens, heads, dk)) * dk ** -0.5, "k": norm(rand(batch, tokens, heads, dk)),
-                  "v": rand(batch, tokens, value_heads, dv),
-                  "g": -0.25 * torch.rand(batch, tokens, value_heads, generator=gen),
-                  "beta": torch.sigmoid(rand(batch, tokens, value_heads))}
-        anchor = rand(batch, value_heads, dk, dv)
+    inputs, anchor = fam.random_inputs(fam.test_shapes[shape], tokens, gen)
     return {k: v.to(device) for k, v in inputs.items()}, anchor.to(device)
 
 
@@ -178,28 +158,14 @@ def step_inputs(family: str, inputs: dict, n: int) -> dict:
 
 def reference_decode(family: str, inputs: dict, state, config: ReplayConfig, *, layer_idx=LAYER, seq_ids=None):
     """`decode_reference` of the family over all tokens of `inputs`: (y [B, T, ...], ReplayState)."""
-    if family == "mamba2":
-        from replayssm_eval.kernels.mamba2 import decode_reference
-
-        names = ("x", "dt", "A", "B", "C", "D")
-    else:
-        from replayssm_eval.kernels.gdn import decode_reference
-
-        names = ("q", "k", "v", "g", "beta")
-    return decode_reference(*(inputs[k] for k in names), state, config, layer_idx=layer_idx, seq_ids=seq_ids)
+    fam = get_family(family)
+    return fam.decode_reference(*(inputs[k] for k in fam.inputs), state, config, layer_idx=layer_idx, seq_ids=seq_ids)
 
 
 def chunked_decode(family: str, inputs: dict, state, config: ReplayConfig, backend="torch"):
     """The family's teacher-forced `chunked` over all tokens of `inputs`: (y, ReplayState)."""
-    if family == "mamba2":
-        from replayssm_eval.kernels.mamba2 import chunked
-
-        names = ("x", "dt", "A", "B", "C", "D")
-    else:
-        from replayssm_eval.kernels.gdn import chunked
-
-        names = ("q", "k", "v", "g", "beta")
-    return chunked(*(inputs[k] for k in names), state, config, layer_idx=state.layer, backend=backend)
+    fam = get_family(family)
+    return fam.chunked(*(inputs[k] for k in fam.inputs), state, config, layer_idx=state.layer, backend=backend)
 
 
 def phased_state(family: str, inputs: dict, anchor: torch.Tensor, config: ReplayConfig, warmup: list[int]):
@@ -213,8 +179,7 @@ def phased_state(family: str, inputs: dict, anchor: torch.Tensor, config: Replay
         parts.append(st)
     state = _stack_states(parts)
     # no flush during the warm-up: the read copy is still checkpoint 0, written from the anchor
-    formats_layout = anchor if family == "mamba2" else anchor.transpose(-1, -2)
-    hi, lo, packed = write_checkpoint_packed(formats_layout.float(), config, LAYER, seq_ids,
+    hi, lo, packed = write_checkpoint_packed(get_family(family).stored_layout(anchor).float(), config, LAYER, seq_ids,
                                              torch.zeros(batch, dtype=torch.int64, device=anchor.device))
     assert torch.equal(hi, state.hi) and torch.equal(lo, state.lo), "warm-up must not flush"
     return replace(state, lo_packed=packed)
@@ -237,7 +202,7 @@ def run_case(adapter: Adapter, case: Case, device="cpu") -> CaseResult:
     """Decode 2L + 3 tokens through `adapter` and the reference from the same phased state and compare."""
     config = ReplayConfig.parse(case.config)
     window = config.window
-    batch = SHAPES[case.family][case.shape][0]
+    batch = get_family(case.family).test_shapes[case.shape]["B"]
     warm = warmup_lengths(batch, window)
     tokens = 2 * window + 3
     inputs, anchor = make_inputs(case.family, case.shape, case.seed, max(warm) + tokens, device)
@@ -326,16 +291,10 @@ def format_results(results: list[CaseResult]) -> str:
 
 def triton_adapter(family: str, inputs: dict, state: ReplayState, config: ReplayConfig):
     """This package's Triton decode step as an adapter (the suite's kernel-vs-reference check)."""
-    if family == "mamba2":
-        from replayssm_eval.kernels.mamba2.triton import decode_step_triton
-
-        return decode_step_triton(*(inputs[k] for k in ("x", "dt", "A", "B", "C", "D")), state, config,
-                                  layer_idx=state.layer)
-    from replayssm_eval.kernels.gdn.triton import decode_step_triton
-
-    o, new_state = decode_step_triton(*(inputs[k][:, None] for k in ("q", "k", "v", "g", "beta")), state, config,
-                                      layer_idx=state.layer)
-    return o[:, 0], new_state
+    fam = get_family(family)
+    one = {k: (v[:, None] if v.dim() > 1 else v) for k, v in inputs.items()}
+    y, new_state = fam.decode_step(*(one[k] for k in fam.inputs), state, config, layer_idx=state.layer)
+    return y[:, 0], new_state
 
 
 def reference_adapter(family: str, inputs: dict, state: ReplayState, config: ReplayConfig):

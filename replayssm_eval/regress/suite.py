@@ -165,12 +165,13 @@ def bits_metrics(select) -> dict[str, str]:
 
 def kernel_metrics(select) -> dict[str, float]:
     from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
 
     out = {}
     for family in conformance.FAMILIES:
         for text in KERNEL_CONFIGS:
-            if "#closed" in text and family != "gdn":
+            if "#closed" in text and not get_family(family).closed_fold:
                 continue
             if not _wanted(select, f"kernel/{family}/{text}"):
                 continue
@@ -190,12 +191,13 @@ def kernel_metrics(select) -> dict[str, float]:
 
 def chunked_metrics(select) -> dict[str, float]:
     from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
 
     out = {}
     for family in conformance.FAMILIES:
         for text in CHUNKED_CONFIGS:
-            if ("#closed" in text and family != "gdn") or not _wanted(select, f"chunked/{family}/{text}"):
+            if ("#closed" in text and not get_family(family).closed_fold) or not _wanted(select, f"chunked/{family}/{text}"):
                 continue
             y_ref, st_ref, y, st = _chunked_pair(family, ReplayConfig.parse(text), backends=("step", "torch"))
             out[f"chunked/{family}/{text}/y_rel_rms"] = conformance.rel_rms(y_ref, y)
@@ -205,9 +207,10 @@ def chunked_metrics(select) -> dict[str, float]:
 
 def _chunked_pair(family, config, backends):
     """Two paths over 3L + 5 tokens from a phased state: "step" (decode_reference) or a chunked backend."""
+    from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
 
-    batch = conformance.SHAPES[family]["grouped"][0]
+    batch = get_family(family).test_shapes["grouped"]["B"]
     warm = conformance.warmup_lengths(batch, config.window)
     tokens = 3 * config.window + 5
     inputs, anchor = conformance.make_inputs(family, "grouped", 0, max(warm) + tokens)

@@ -11,7 +11,8 @@ end. Then one token per call for every row, greedy (argmax, as HF's greedy searc
 through the decode step of `step`:
 
 - "reference": `decode_reference`, the pure-torch step reference (CPU);
-- "triton": `decode_step_triton` of the layer's family (GPU; the Triton interpreter on CPU).
+- "triton": the Triton decode step of the layer's kernel family (the session engine "step"; GPU,
+  the Triton interpreter on CPU).
 
 A row stops at the eos token or once its text contains a stop string; the batch runs until every
 row stopped or `max_gen_toks` tokens. `gen_tokens` counts the tokens a row generated up to and
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_eval.models.adapter import ReplayModel
-from replayssm_eval.models.session import ReplaySession, at_least_fp32
+from replayssm_eval.models.session import ReplaySession
 
 STEPS = ("reference", "triton")
 
@@ -59,36 +60,13 @@ def sequence_id(tokens) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-class TritonStepSession(ReplaySession):
-    """A session whose one-token calls go to the family's Triton `decode_step_triton`; longer calls as usual."""
-
-    def scan(self, kind, layer_idx, inputs, anchor, attention_mask, plain=None):
-        if inputs[0].shape[1] != 1:
-            return super().scan(kind, layer_idx, inputs, anchor, attention_mask, plain)
-        inputs = tuple(at_least_fp32(t) for t in inputs)
-        initial = self.states.get(layer_idx, anchor)
-        opts = {"layer_idx": layer_idx, "seq_ids": self._seq_ids(inputs[0].shape[0], inputs[0].device)}
-        if kind == "mamba2":
-            from replayssm_eval.kernels.mamba2.triton import decode_step_triton
-
-            x, dt, A, B, C, D = inputs  # x [B, 1, H, P], dt [B, 1, H], B and C [B, 1, G, N]
-            y, state = decode_step_triton(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, initial, self.config, **opts)
-            y = y[:, None]  # [B, 1, H, P]
-        else:
-            from replayssm_eval.kernels.gdn.triton import decode_step_triton
-
-            y, state = decode_step_triton(*inputs, initial, self.config, **opts)  # [B, 1, HV, V]
-        self.states[layer_idx] = state
-        return y.to(inputs[0].dtype)
-
-
 def decode_session(rm: ReplayModel, config, seq_ids, step: str) -> ReplaySession:
     """A fresh session whose one-token calls run the decode step `step` (see the module docstring)."""
     if step not in STEPS:
         raise ValueError(f"unknown decode step {step!r}; known: {', '.join(STEPS)}")
     if step == "reference":
         return rm.new_session(config, seq_ids=seq_ids, engine="reference")
-    return TritonStepSession(config, seq_ids=seq_ids, backend="triton", new_cache=rm._new_cache)
+    return rm.new_session(config, seq_ids=seq_ids, engine="step", backend="triton")
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:

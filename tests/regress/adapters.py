@@ -10,6 +10,7 @@ from unittest import mock
 import torch
 
 from replayssm_eval.kernels.gdn.triton import decode_step_triton as gdn_step
+from replayssm_eval.kernels.kda.triton import decode_step_triton as kda_step
 from replayssm_eval.kernels.mamba2.triton import decode_step_triton as mamba2_step
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.formats import ElementwiseFormat
@@ -21,7 +22,8 @@ def triton_step(family, inputs, state, config):
         x, dt, A, B, C, D = (inputs[k] for k in ("x", "dt", "A", "B", "C", "D"))  # [B, H, P], [B, H], [H], [B, G, N]...
         return mamba2_step(x, dt, A, B, C, D, state, config, layer_idx=state.layer)
     q, k, v, g, beta = (inputs[name][:, None] for name in ("q", "k", "v", "g", "beta"))  # T = 1
-    o, new_state = gdn_step(q, k, v, g, beta, state, config, layer_idx=state.layer)
+    step = kda_step if family == "kda" else gdn_step
+    o, new_state = step(q, k, v, g, beta, state, config, layer_idx=state.layer)
     return o[:, 0], new_state  # [B, HV, V]
 
 
@@ -53,7 +55,7 @@ def truncating_recurrence(family, inputs, state, config):
 
 
 def mamba2_only(family, inputs, state, config):
-    """An engine that has no GDN kernel."""
+    """An engine that has no delta-rule (GDN, KDA) kernel."""
     if family != "mamba2":
         raise NotImplementedError("no Gated DeltaNet kernel in this engine")
     return triton_step(family, inputs, state, config)

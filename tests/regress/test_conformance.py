@@ -19,7 +19,7 @@ def test_sample_triton_adapter_conforms(capsys):
     code = main(_kernel("triton_step", "--kernel-configs", "nvfp4/fp16sr@{L}", "--kernel-configs", "shared:nvfp4@{L}"))
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "4 passed, 0 failed, 0 skipped" in out
+    assert "6 passed, 0 failed, 0 skipped" in out
 
 
 def test_reference_adapter_is_exact():
@@ -34,7 +34,8 @@ def test_kernel_dropping_d_fails_readably(capsys):
     assert "FAIL    mamba2 nvfp4/fp16sr@4 small seed=0" in out
     assert "FAIL: mamba2 nvfp4/fp16sr@4 small seed=0: outputs: RMS error ratio" in out and "first at token 0" in out
     assert "pass    gdn nvfp4/fp16sr@4 small seed=0" in out  # GDN has no D term
-    assert "1 passed, 1 failed, 0 skipped" in out
+    assert "pass    kda nvfp4/fp16sr@4 small seed=0" in out
+    assert "2 passed, 1 failed, 0 skipped" in out
 
 
 def test_truncating_rounding_mode_fails_readably(capsys):
@@ -60,7 +61,7 @@ def test_bad_kernel_spec_names_what_is_accepted(capsys):
 
 def test_grid_cases():
     full = conformance.grid_cases("full")
-    assert {c.family for c in full} == {"mamba2", "gdn"}
+    assert {c.family for c in full} == {"mamba2", "gdn", "kda"}
     assert not [c for c in full if c.family == "mamba2" and "closed" in c.config]
     assert {"nvfp4/fp16sr#seed=1", "fp32", "nvfp4/fp8sr@4"} <= {c.config for c in full}
     with pytest.raises(ValueError, match="unknown conformance grid 'huge'; known: full, quick"):

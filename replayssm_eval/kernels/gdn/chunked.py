@@ -27,31 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.kernels.gdn._common import Prepared, _prepare, buffer_keys, empty_buffer, from_format_layout, to_format_layout
+from replayssm_eval.kernels.gdn._common import Prepared, buffer_keys, empty_buffer, from_format_layout, to_format_layout
 from replayssm_eval.kernels.gdn.reference import _keep
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint
 
-BACKENDS = ("torch", "triton")
 _BLOCK_ELEMENTS = 1 << 26  # budget for one block of precomputed segment tensors, in elements
-
-
-def chunked(
-    q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32, backend="torch"
-) -> tuple[torch.Tensor, ReplayState]:
-    """The teacher-forced form of `decode_reference`: same arguments, same outputs and states.
-
-    Any plan (per-sequence phases, speculative schedules), both fold modes. Returns o
-    [B, T, HV, V] in compute_dtype and the ReplayState after the call, interchangeable with
-    `decode_reference`'s. backend="triton" runs `gdn.triton.chunked_triton` (FP32 only).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=compute_dtype)
-    if backend == "triton":
-        from replayssm_eval.kernels.gdn.triton import chunked_triton
-
-        return chunked_triton(p)
-    return _chunked_torch(p)
 
 
 @dataclass

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.kernels.gdn._common import Prepared, _prepare, to_format_layout
+from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, _state_after, segment_layout
 from replayssm_eval.kernels.gdn.reference import _keep
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.state import ReplayState, round_folded, write_checkpoint_packed
@@ -220,8 +221,6 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     A copy without an in-kernel store (mode None) makes every launch one segment: the kernel keeps that copy's FP32
     fold and `round_folded` rounds it for the sequences that folded before the next launch (the next segment's u's
     and outputs read S_lo, its fold S_hi)."""
-    from replayssm_eval.kernels.gdn.chunked import _BLOCK_ELEMENTS, _pad, segment_layout, _state_after
-
     cfg, st = p.config, p.state
     bsz, seqlen, nv, dk = p.q.shape
     dv = p.v.shape[-1]
@@ -750,6 +749,24 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
     if packed is None:
         read_hi = torch.ones_like(read_hi)
     return _step(src_hi.float().contiguous(), packed, read_fmt, buffer, count, drafts, width, read_hi, groups, eps)
+
+
+def verify(q, k, v, g, beta, state, config, *, layer_idx=0):
+    """Output-only verification of T drafts q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] appended after
+    the committed entries of `state` (a ReplayState), each sequence reading S_hi if `state.schedule.step_read_hi`
+    else the read copy (as `speculative_decode_reference`). Returns o [B, T, HV, V] FP32; the state is not changed.
+    """
+    if not isinstance(state, ReplayState):
+        raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
+    p = _prepare(q, k, v, g, beta, state, config, layer_idx=layer_idx, seq_ids=None, compute_dtype=torch.float32)
+    cfg, st = p.config, p.state
+    fmt = _read_format(cfg)
+    packed = st.lo_packed if st.lo_packed is not None else fmt.encode(st.lo.contiguous())
+    drafts = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
+    width = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64, device=q.device)
+    _, o = verify_triton(st.hi, packed, fmt, st.buffer, st.schedule.count, drafts, width, st.schedule.step_read_hi,
+                         p.groups, cfg.skip_read_below)
+    return o
 
 
 @triton.jit

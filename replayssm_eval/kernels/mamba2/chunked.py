@@ -14,30 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
-from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
+from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
+from replayssm_eval.kernels.schedule import TokenPlan
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint, write_checkpoint_packed
 
-BACKENDS = ("torch", "triton")
 _BLOCK_ELEMENTS = 1 << 25  # per-segment states held at once: segments * B * H * P * N
-
-
-def chunked(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32,
-            backend="torch"):
-    """Teacher-forced ReplaySSM over T tokens; same arguments and results as `decode_reference`.
-
-    backend: "torch" (loop over checkpoints, a few tensor ops each) or "triton" (one kernel launch
-    does the state passing with in-loop quantization; see `mamba2.triton.chunked_triton`).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    inp = _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
-    plan, after = plan_tokens(inp.config, inp.state.schedule, inp.x.shape[1], inp.state.seq_ids)
-    if backend == "triton":
-        from replayssm_eval.kernels.mamba2.triton import chunked_triton_prepared
-
-        return chunked_triton_prepared(inp, plan, after)
-    return _chunked_torch(inp, plan, after)
 
 
 class Segments:

@@ -1,4 +1,4 @@
-"""Step-by-step ReplaySSM decoding of a Mamba-2 layer in pure torch: the ground truth (REPLAYSSM.md §3).
+"""Step-by-step ReplaySSM decoding of a Mamba-2 layer in pure torch: the ground truth (docs/semantics.md, "Decode semantics").
 
 `decode_reference` decodes one token at a time, batched over sequences, each with its own window
 phase: append (x, B, dt) to the buffer, replay the buffer against the checkpoint copy the plan

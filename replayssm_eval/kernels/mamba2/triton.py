@@ -2,7 +2,7 @@
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `chunked_triton` (= `chunked(..., backend="triton")`): one launch, one program per
+- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch, one program per
   (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `kernels.keys`). In-kernel rounding covers formats
@@ -37,6 +37,7 @@ import triton.language as tl
 
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
+from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
 from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
 from replayssm_eval.kernels.state import ReplayState, _encode_keyed, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
@@ -259,8 +260,6 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
 
 def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
     """`chunked(..., backend="triton")` after `_prepare` and planning."""
-    from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
-
     if inp.x.dtype != torch.float32:
         warnings.warn("mamba2 chunked backend='triton' runs the torch backend: the Triton kernels compute in FP32 "
                       "(compute_dtype=float64 runs the torch backend)", stacklevel=3)
@@ -302,14 +301,6 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
     out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
     return y.to(inp.out_dtype), out
-
-
-def chunked_triton(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32):
-    """`chunked(..., backend="triton")`; shapes as `decode_reference`."""
-    from replayssm_eval.kernels.mamba2.chunked import chunked
-
-    return chunked(x, dt, A, B, C, D, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
-                   compute_dtype=compute_dtype, backend="triton")
 
 
 @triton.jit

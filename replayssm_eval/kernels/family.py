@@ -1,0 +1,100 @@
+"""`KernelFamily`: what code outside `kernels/` needs to know about one recurrence family.
+
+Each family package (`kernels/mamba2`, `kernels/gdn`, ...) defines `FAMILY = KernelFamily(...)` in
+its `__init__`; `get_family(name)` imports it. Everything outside `kernels/` reaches a family's
+kernels only through this description, so adding a family means writing its package and adding
+one line to `_PACKAGES`.
+
+Call convention, shared by every kernel entry point: the HF tensors in the order of `inputs`, batch
+first and with a time dim ([B, T, ...]; per-head parameters such as Mamba-2's A and D without),
+then the state (the FP32 state in `state_layout` at the anchor, or a ReplayState), then the config:
+
+    out, state = fam.decode_reference(*tensors, state, config, layer_idx=..., seq_ids=..., compute_dtype=...)
+    out, state = fam.chunked(*tensors, state, config, ..., backend="torch" | "triton")
+    out, state = fam.decode_step(*tensors, state, config, layer_idx=..., seq_ids=...)   # T == 1, Triton
+    out = fam.verify(*drafts, state, config, layer_idx=...)    # Triton, output only, state unchanged
+    out = fam.conventional_step(*tensors, fp32_state)          # one token, no time dim; FP32 state in
+                                                               # `stored_layout`, updated in place
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_eval.kernels.state import ReplayState
+
+# family name -> package defining FAMILY; a new family adds one line
+_PACKAGES = {
+    "mamba2": "replayssm_eval.kernels.mamba2",
+    "gdn": "replayssm_eval.kernels.gdn",
+    "kda": "replayssm_eval.kernels.kda",
+}
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """One recurrence family: its inputs, kernels, and the Hugging Face functions they replace.
+
+    name: the family's name (`get_family`).
+    inputs: the kernel input names, in call order; shapes: {name: shape} of each ([B, T, ...] or per head).
+    state_layout: shape of the FP32 state as HF's cache holds it (the anchor the kernels take).
+    test_shapes: {name: {dim letter: size}}: small geometries for checks ("small", "grouped"), with batch B.
+    hf_scans: {HF model_type: (chunk function, one-token function)}: the module globals of
+        `transformers.models.<type>.modeling_<type>` the hooks rebind.
+    closed_fold: whether the config's `#closed` fold applies to this family.
+    decode_reference, speculative_decode_reference, chunked, decode_step, verify, conventional_step:
+        the kernels, in the call convention of the module docstring.
+    hf_state: a ReplayState's S_hi (its checkpoint) as an FP32 tensor in `state_layout`.
+    stored_layout: an FP32 state in `state_layout` -> the layout ReplayState's copies are stored in.
+    random_inputs: (test shape, tokens, generator) -> ({name: tensor}, FP32 anchor state in `state_layout`),
+        test inputs in the ranges the HF layers produce (on CPU).
+    head_state: (head_dim, state_dim) of a geometry -> one head's state (rows, cols) in `state_layout`.
+    entry_elements: (heads, head_dim, state_dim, groups, fold) -> elements of one buffer entry
+        (read at a non-flush token, read at the flush, written).
+    log_decays: (tensors in `inputs` order, carried ReplayState or None) -> (log-decay per token and head
+        [B, T, H], log-decay of the carried buffer entries [B, cap, H] or None): what `kernels.skip` reads.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    shapes: Mapping[str, str]
+    state_layout: str
+    test_shapes: Mapping[str, Mapping[str, int]]
+    hf_scans: Mapping[str, tuple[str, str]]
+    closed_fold: bool
+    decode_reference: Callable
+    speculative_decode_reference: Callable
+    chunked: Callable
+    decode_step: Callable
+    verify: Callable
+    conventional_step: Callable
+    hf_state: Callable[[ReplayState], torch.Tensor]
+    stored_layout: Callable[[torch.Tensor], torch.Tensor]
+    random_inputs: Callable
+    head_state: Callable[[int, int], tuple[int, int]]
+    entry_elements: Callable[..., tuple[int, int, int]]
+    log_decays: Callable[[tuple, ReplayState | None], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def family_names() -> tuple[str, ...]:
+    return tuple(_PACKAGES)
+
+
+def get_family(name: str) -> KernelFamily:
+    """The registered family `name`; ValueError listing the known families otherwise."""
+    if name not in _PACKAGES:
+        raise ValueError(f"unknown kernel family {name!r}; known: {', '.join(_PACKAGES)}")
+    return importlib.import_module(_PACKAGES[name]).FAMILY
+
+
+def all_families() -> tuple[KernelFamily, ...]:
+    return tuple(get_family(name) for name in _PACKAGES)
+
+
+def family_for_model_type(model_type: str) -> KernelFamily | None:
+    """The family whose scan functions the HF modeling module of `model_type` binds, or None."""
+    return next((fam for fam in all_families() if model_type in fam.hf_scans), None)

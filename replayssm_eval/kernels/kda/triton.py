@@ -1,0 +1,574 @@
+"""Triton kernels for ReplaySSM Kimi Delta Attention (FP32 math).
+
+Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
+autotuned (they update states). One program owns one (sequence, value head, block of value
+columns): every KDA quantity of a value column depends only on that column of S, so value blocks
+are independent. The stored copies are [B, HV, V, K] (the formats' layout, see `_common`). The
+in-kernel rounding of a stored copy (`_store_round`, `_store_mode`) and the packed read-copy
+decoder (`_load_packed`, `_read_args`) are Gated DeltaNet's: the state layout and formats are
+the same, only the decay differs.
+
+1. `chunked_triton` (backend="triton" of `kda.chunked`): every checkpoint-independent tensor of
+   a segment (the solved WY rows u0, W_hi, W_lo, the decayed queries, the causal mixing M, the
+   fold's decayed keys; `chunked.precompute`, per channel) comes from torch; one launch then
+   walks the segments of each (sequence, head, v-block) in order: u's, outputs, the fold, and
+   the rounding of both stored copies in-kernel (Philox bits as `kernels.keys`). A copy in a
+   format whose scale group no single program sees is stored as the FP32 fold and rounded by
+   torch (`round_folded`) between one-segment launches, as for GDN.
+2. `decode_step_triton`: one decode token for B sequences at their own phases, one launch of
+   `_replay_step_kernel`: per (sequence, value head, v-block) the buffer weights
+   (k_j . exp(gc_j - gc_i) k_i), (q_j . exp(gc_j - gc_i) k_i) once, the read copy's tile (packed,
+   decoded in-kernel; S_hi where the token reads it) dotted with the decayed d k_j and d q_j, and
+   for a folding sequence the FP32 fold (open: the decayed buffer sum as one product; closed: the
+   delta rule re-run over the buffered raw entries), which the host rounds to both copies with
+   `write_checkpoint_packed`.
+3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
+   checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
+   `verify` is it in the `KernelFamily` call convention.
+4. `conventional_step`: the conventional FP32 eager step, the benchmarks' baseline.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.kernels.gdn.chunked import segment_layout
+from replayssm_eval.kernels.gdn.triton import (
+    _HEAD, _IDENTITY, _MAX_HEAD_V, _load_packed, _read_args, _store_mode, _store_round,
+)
+from replayssm_eval.kernels.kda._common import Prepared, _prepare, to_format_layout
+from replayssm_eval.kernels.kda.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, state_after
+from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
+from replayssm_eval.kernels.state import ReplayState, round_folded, write_checkpoint_packed
+
+
+@triton.jit
+def _dot(a, b, DOT: tl.constexpr):
+    """FP32 product: DOT = "ieee" (FMAs) or "tf32x3" (three TF32 tensor-core products, FP32-level error)."""
+    return tl.dot(a, b, input_precision=DOT)
+
+
+@triton.jit
+def _chunked_kernel(
+    u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
+    NS, s_begin, HV, K, V,
+    SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
+):
+    # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
+    # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
+    # hi, lo [B, HV, V, K] read at the start and written at the end
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    ts = tl.arange(0, LP)
+    vmask = vs < V
+    kmask = ks < K
+    bh = b * HV + hv
+    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    smask = kmask[:, None] & vmask[None, :]
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
+    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    checkpoint = tl.load(ckpt_ptr + b)
+    key_hi = tl.load(key_hi_ptr + b)
+    key_lo = tl.load(key_lo_ptr + b)
+    # a constexpr trip count (segments past NS are skipped): the interpreter cannot loop to a runtime bound
+    for j in range(SEGS):
+        s = s_begin + j
+        if s < NS:
+            row = (bh * NS + s).to(tl.int64) * LP + ts  # [LP]
+            rk = row[:, None] * K + ks[None, :]  # [LP, BK]
+            rv = row[:, None] * V + vs[None, :]  # [LP, BV]
+            w_hi = tl.load(whi_ptr + rk, mask=kmask[None, :], other=0.0)
+            w_lo = tl.load(wlo_ptr + rk, mask=kmask[None, :], other=0.0)
+            u = tl.load(u0_ptr + rv, mask=vmask[None, :], other=0.0) - _dot(w_hi, s_hi, DOT) - _dot(w_lo, s_lo, DOT)
+            q_hi = tl.load(qhi_ptr + rk, mask=kmask[None, :], other=0.0)
+            q_lo = tl.load(qlo_ptr + rk, mask=kmask[None, :], other=0.0)
+            m = tl.load(m_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
+            o = _dot(q_hi, s_hi, DOT) + _dot(q_lo, s_lo, DOT) + _dot(m, u, DOT)
+            if tl.load(fold_ptr + b * NS + s) != 0:
+                d_end = tl.load(dend_ptr + (bh * NS + s).to(tl.int64) * K + ks, mask=kmask, other=0.0)  # [BK]
+                k_end = tl.load(kend_ptr + rk, mask=kmask[None, :], other=0.0)  # [LP, BK]
+                if CLOSED:
+                    w_c = tl.load(wc_ptr + rk, mask=kmask[None, :], other=0.0)
+                    u_c = tl.load(u0c_ptr + rv, mask=vmask[None, :], other=0.0) - _dot(w_c, s_hi, DOT)
+                    folded = d_end[:, None] * s_hi + _dot(tl.trans(k_end), u_c, DOT)
+                    last = tl.load(last_ptr + b * NS + s)
+                    rhi = tl.load(rhi_ptr + row) != 0
+                    last_hi = tl.sum(tl.where(ts == last, rhi.to(tl.int32), 0), axis=0) != 0
+                    qt = tl.load(q_ptr + rk, mask=kmask[None, :], other=0.0)
+                    o = tl.where((ts[:, None] == last) & last_hi, _dot(qt, folded, DOT), o)
+                else:
+                    folded = d_end[:, None] * s_hi + _dot(tl.trans(k_end), u, DOT)
+                checkpoint += 1
+                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
+                s_hi = tl.where(smask, s_hi, 0.0)
+                if SHARED:
+                    s_lo = s_hi
+                else:
+                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+                    s_lo = tl.where(smask, s_lo, 0.0)
+            tl.store(o_ptr + rv, o, mask=vmask[None, :])
+            tl.store(u_ptr + rv, u, mask=vmask[None, :])
+    tl.store(hi_ptr + state_idx, s_hi, mask=smask)
+    if not SHARED:
+        tl.store(lo_ptr + state_idx, s_lo, mask=smask)
+
+
+def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
+    """BV (v columns per program; the whole head for head scales), num_warps and DOT of `_chunked_kernel`.
+    DOT "tf32x3": three TF32 products per FP32 product, about FP32 accuracy. The interpreter computes in FP32."""
+    if whole_head:
+        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "tf32x3"}
+    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "tf32x3"}
+
+
+def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
+    """backend="triton" of `kda.chunked` (FP32 only); a copy whose rounding needs a reduction no program can do is
+    rounded by torch between one-segment launches (see the module docstring).
+
+    rounded=False (for checks): the same launch but both stored copies are written in FP32, i.e. the returned state
+    holds the kernel's folds before rounding; rounding them with `write_checkpoint` gives what rounded=True stores.
+    """
+    if p.dtype != torch.float32:
+        raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
+    cfg = p.config
+    dv = p.v.shape[-1]
+    whole_head = dv <= _MAX_HEAD_V
+    modes = [_store_mode(cfg.recur_format, whole_head), _store_mode(cfg.read_format, whole_head)]
+    launch = chunked_launch_config(p.k.shape[-1], dv, any(m is not None and m[1] == _HEAD.value for m in modes))
+    if not rounded:
+        modes = [_IDENTITY] * 2
+    return _chunked(p, modes[0], modes[1], launch)
+
+
+def _segment_tensors(p: Prepared, seg, lp: int) -> dict[str, torch.Tensor]:
+    """`chunked.precompute` of every segment, padded to LP entries, as contiguous [B, HV, NS, LP, ...] (d_end
+    [B, HV, NS, K]); plus q and read_hi on the same grid."""
+    bsz, _, nv, dk = p.q.shape
+    dv = p.v.shape[-1]
+    x = {name: _pad_length(t, 2 if name in ("pre", "read_hi") else 3, lp) for name, t in padded_inputs(p, seg).items()}
+    closed = p.config.gdn_fold == "closed"
+    names = ["u0", "w_hi", "w_lo", "q_hi", "q_lo", "m", "k_end", "d_end"] + (["u0_c", "w_c"] if closed else [])
+    parts = {name: [] for name in names}
+    block = max(1, _BLOCK_ELEMENTS // max(bsz * nv * lp * (3 * dk + 4 * dv + 3 * lp + lp * dk), 1))
+    for start in range(0, seg.num, block):
+        blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed)
+        for name in names:
+            parts[name].append(blk[name])
+    out = {name: torch.cat(ts, 1).transpose(1, 2).contiguous() for name, ts in parts.items()}  # [B, HV, NS, ...]
+    out["q"] = x["q"].transpose(1, 2).contiguous()
+    out["read_hi"] = x["read_hi"][:, None].expand(bsz, nv, seg.num, lp).to(torch.int32).contiguous()
+    return out
+
+
+def _pad_length(t: torch.Tensor, dim: int, lp: int) -> torch.Tensor:
+    """Zero-pad the segment-length dim `dim` of t to lp entries (padding entries are no-ops: g = k = beta = 0)."""
+    shape = list(t.shape)
+    shape[dim] = lp - shape[dim]
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+
+def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
+    """One `_chunked_kernel` launch per block of segments. A copy without an in-kernel store (mode None) makes every
+    launch one segment: the kernel keeps that copy's FP32 fold and `round_folded` rounds it for the sequences that
+    folded before the next launch."""
+    cfg, st = p.config, p.state
+    bsz, seqlen, nv, dk = p.q.shape
+    dv = p.v.shape[-1]
+    device = p.q.device
+    closed = cfg.gdn_fold == "closed"
+    seg = segment_layout(p)
+    lp = max(16, triton.next_power_of_2(seg.length))
+    t = _segment_tensors(p, seg, lp)
+    hi = st.hi.float().clone().contiguous()
+    lo = hi if cfg.shared else st.lo.float().clone().contiguous()
+    keys_hi = sr_keys(cfg.seed, p.layer, p.seq_ids, RECUR_COPY)
+    keys_lo = sr_keys(cfg.seed, p.layer, p.seq_ids, READ_COPY)
+    outside = [(hi, cfg.recur_format, keys_hi)] if hi_mode is None else []  # (copy, format, keys) rounded by torch
+    if lo_mode is None and not cfg.shared:
+        outside.append((lo, cfg.read_format, keys_lo))
+    o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=device)
+    u_pad = torch.empty_like(o_pad)
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = launch["BV"]
+    grid = (bsz, nv, triton.cdiv(dv, bv))
+    fold = seg.folds.to(torch.int32).contiguous()
+    last = seg.last.to(torch.int32).contiguous()
+    per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)
+    fits = max(1, _BLOCK_ELEMENTS // max(per_segment, 1))
+    block = 1 if outside else min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
+    ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
+    fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
+    hi_mode, lo_mode = hi_mode or _IDENTITY, lo_mode or _IDENTITY
+    unused = t["w_hi"]
+    for start in range(0, seg.num, block):
+        _chunked_kernel[grid](
+            t["u0"], t["w_hi"], t["w_lo"], t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
+            t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"],
+            fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
+            seg.num, start, nv, dk, dv,
+            SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
+            HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
+            LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
+            DOT=launch["DOT"], num_warps=launch["num_warps"],
+        )
+        for copy, fmt, keys in outside:
+            round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])
+    o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
+    u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
+    o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)
+    return o_tok, state_after(p, seg, hi, lo, st.checkpoint + p.plan.num_folds, u_seg)
+
+
+# ---------------------------------------------------------------------------------------------- single-token step
+#
+# One token j per sequence after `count` committed entries i (k_i, u_i, g_i [K]). With gc_j [K] the log decay from the
+# checkpoint through j, d = exp(gc_j) (0 where every channel is below skip_read_below) and a_i = exp(gc_j - gc_i) [K]:
+#     u_j = beta_j (v_j - S_src^T (d k_j) - sum_i (k_j . a_i k_i) u_i)
+#     o_j = S_src^T (d q_j) + sum_i (q_j . a_i k_i) u_i + (q_j . k_j) u_j
+
+
+@triton.jit
+def _replay_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # the token: q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]
+    bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr,  # buffer k [B, CAP, H, K]; u, v [B, CAP, HV, V]; g [B, CAP, HV, K]; beta [B, CAP, HV]
+    count_ptr,  # [B] committed entries
+    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
+    hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
+    u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
+    HV, GROUPS, CAP, K, V, KP, eps,
+    BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
+    KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    es = tl.arange(0, BLOCK_E)
+    vmask, kmask = vs < V, ks < K
+    h = hv // GROUPS
+    H = HV // GROUPS
+    bh = b.to(tl.int64) * HV + hv
+    tok = (b.to(tl.int64) * H + h) * K
+    kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)  # [BK]
+    qj = tl.load(q_ptr + tok + ks, mask=kmask, other=0.0)
+    gj = tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0)
+    beta = tl.load(beta_ptr + bh)
+    count = tl.load(count_ptr + b)
+    valid = es < count
+    ent = b.to(tl.int64) * CAP + es  # [BLOCK_E] entry of [B, CAP]
+    m_ek = valid[:, None] & kmask[None, :]
+    bg = tl.load(bg_ptr + (ent[:, None] * HV + hv) * K + ks[None, :], mask=m_ek, other=0.0)  # [BLOCK_E, BK]
+    g_now = tl.sum(bg, axis=0) + gj  # [BK] log decay from the checkpoint through the token
+    a = tl.where(m_ek, tl.exp(g_now[None, :] - tl.cumsum(bg, axis=0)), 0.0)  # [BLOCK_E, BK]
+    bk = tl.load(bk_ptr + (ent[:, None] * H + h) * K + ks[None, :], mask=m_ek, other=0.0) * a  # a_i k_i
+    wk = tl.sum(bk * kj[None, :], axis=1)  # [BLOCK_E]
+    wq = tl.sum(bk * qj[None, :], axis=1)
+    keep = 1.0
+    if SKIP:
+        keep = tl.where(tl.exp(tl.max(tl.where(kmask, g_now, -float("inf")), axis=0)) >= eps, 1.0, 0.0)
+    d = tl.where(kmask, keep * tl.exp(g_now), 0.0)  # [BK]
+    read_hi = tl.load(rhi_ptr + b) != 0
+    folding = False
+    if FOLD:
+        folding = tl.load(fold_ptr + b) != 0
+    smask = kmask[:, None] & vmask[None, :]
+    state_idx = (bh * V + vs[None, :]) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    need_hi = read_hi
+    if FOLD:
+        need_hi = read_hi | folding
+    if need_hi:
+        s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    else:
+        s_hi = tl.zeros([BK, BV], dtype=tl.float32)
+    if read_hi:
+        src = s_hi
+    else:
+        src = _load_packed(data_ptr, scale_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
+    bu = tl.load(bu_ptr + (ent[:, None] * HV + hv) * V + vs[None, :], mask=valid[:, None] & vmask[None, :], other=0.0)
+    vj = tl.load(v_ptr + bh * V + vs, mask=vmask, other=0.0)
+    u = beta * (vj - tl.sum(src * (d * kj)[:, None], axis=0) - tl.sum(bu * wk[:, None], axis=0))
+    o = tl.sum(src * (d * qj)[:, None], axis=0) + tl.sum(bu * wq[:, None], axis=0) + tl.sum(qj * kj, axis=0) * u
+    if folding:
+        if CLOSED:
+            s = keep * s_hi
+            i = 0
+            while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
+                r = b.to(tl.int64) * CAP + i
+                k_i = tl.load(bk_ptr + (r * H + h) * K + ks, mask=kmask, other=0.0)
+                s = tl.exp(tl.load(bg_ptr + (r * HV + hv) * K + ks, mask=kmask, other=0.0))[:, None] * s
+                v_i = tl.load(bv_ptr + (r * HV + hv) * V + vs, mask=vmask, other=0.0)
+                u_i = tl.load(bbeta_ptr + r * HV + hv) * (v_i - tl.sum(s * k_i[:, None], axis=0))
+                s += k_i[:, None] * u_i[None, :]
+                i += 1
+            s = tl.exp(gj)[:, None] * s
+            s += kj[:, None] * (beta * (vj - tl.sum(s * kj[:, None], axis=0)))[None, :]
+            if read_hi:  # the fold token's output comes from the closed-fold state
+                o = tl.sum(s * qj[:, None], axis=0)
+        else:
+            s = d[:, None] * s_hi + tl.dot(tl.trans(bk), bu, input_precision="ieee") + kj[:, None] * u[None, :]
+        tl.store(out_ptr + state_idx, s, mask=smask)
+    tl.store(u_ptr + bh * V + vs, u, mask=vmask)
+    tl.store(o_ptr + bh * V + vs, o, mask=vmask)
+
+
+def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
+    """BV (v columns per program) and num_warps of `_replay_step_kernel` (benchmarks/kernels.py times it)."""
+    return {"BV": min(32 if batch * heads >= 4096 else 16, max(16, triton.next_power_of_2(dv))), "num_warps": 4}
+
+
+def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps):
+    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
+
+    hi: S_hi [B, HV, V, K] FP32; packed: the read copy; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV]
+    (FP32); fold [B]. Returns u, o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None if none folds).
+    """
+    bsz, nv, dv = new["v"].shape
+    dk = new["k"].shape[-1]
+    cap = buffer["k"].shape[1]
+    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, hi)
+    u = torch.empty(bsz, nv, dv, device=hi.device)
+    o = torch.empty_like(u)
+    do_fold = bool(fold.any())
+    out = torch.empty_like(hi) if do_fold else u
+    cfg = step_launch_config(bsz, nv, dk, dv)
+    token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
+    entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
+    grid = (bsz, nv, triton.cdiv(dv, cfg["BV"]))
+    _replay_step_kernel[grid](
+        *token, *entries, count.contiguous(), read_hi.to(torch.int8).contiguous(), fold.to(torch.int8).contiguous(),
+        hi, data, scales, gs, u, o, out,
+        nv, groups, cap, dk, dv, kp, float(eps or 0.0),
+        BK=max(16, triton.next_power_of_2(dk)), BV=cfg["BV"], BLOCK_E=max(16, triton.next_power_of_2(cap)),
+        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=do_fold, CLOSED=closed, num_warps=cfg["num_warps"],
+    )
+    return u, o, (out if do_fold else None)
+
+
+def _read_format(config):
+    return config.recur_format if config.shared else config.read_format
+
+
+def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):
+    """One decode token (T = 1) for B sequences at their own phases: one launch of `_replay_step_kernel`.
+
+    Arguments as `decode_reference` with T = 1. Non-flush rows read the packed read copy
+    (ReplayState.lo_packed, written here at every checkpoint; a state without one is packed from
+    its decoded read copy, which must round-trip exactly) and the buffer; flush rows read S_hi
+    and the buffer, and the folded FP32 state is rounded to both copies and the read copy packed
+    by `write_checkpoint_packed`. Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
+    """
+    p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32)
+    cfg, st = p.config, p.state
+    if p.q.shape[1] != 1:
+        raise ValueError(f"decode_step_triton decodes one token: q has T={p.q.shape[1]}, expected 1")
+    fmt = _read_format(cfg)
+    packed = st.lo_packed
+    if isinstance(initial_state, torch.Tensor):
+        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)[2]
+    elif packed is None:
+        packed = fmt.encode(st.lo.contiguous())
+        if not torch.equal(fmt.decode(packed), st.lo):
+            raise ValueError("initial_state has no lo_packed and its read copy does not re-encode exactly; "
+                             "start from the FP32 state or a state written by decode_step_triton")
+    hi = st.hi.float().contiguous()
+    count = st.schedule.count
+    new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
+    fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
+    closed = cfg.gdn_fold == "closed"
+    u, o, folded = _replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups, cfg.skip_read_below)
+    buf = {name: t.clone() for name, t in st.buffer.items()}
+    rows = torch.arange(p.q.shape[0], device=p.q.device)
+    entry = dict(new, u=u)
+    for name, t in buf.items():
+        t[rows, count] = entry[name]
+    hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
+    if fold.any():
+        idx = fold.nonzero().flatten()
+        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+        hi_out = hi_out.clone()
+        hi_out[idx] = new_hi
+        lo_out = hi_out if cfg.shared else lo_out.clone()
+        if not cfg.shared:
+            lo_out[idx] = new_lo
+        packed = _assign_packed(packed, idx, new_packed)
+        ckpt[idx] += 1
+        for t in buf.values():
+            t[idx] = 0
+    state = ReplayState(hi=hi_out, lo=lo_out, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt,
+                        seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed)
+    return o[:, None], state
+
+
+def _assign_packed(packed, idx, new):
+    """packed with the sequences idx replaced by `new` (all fields lead with the batch dim)."""
+    fields = {}
+    for name in ("data", "scales", "global_scale"):
+        old, rep = getattr(packed, name), getattr(new, name)
+        if old is not None:
+            old = old.clone()
+            old[idx] = rep
+        fields[name] = old
+    return type(packed)(packed.format, packed.shape, **fields)
+
+
+@triton.jit
+def _verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, count_ptr,
+    rhi_ptr, hi_ptr, data_ptr, scales_ptr, gs_ptr, u_ptr, o_ptr,
+    HV, GROUPS, K, V, KP, CAP, eps,
+    W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
+    SKIP: tl.constexpr,
+):
+    # drafts: q, k [B, W, H, K]; v [B, W, HV, V]; g [B, W, HV, K]; beta [B, W, HV]; width [B] drafts used (<= W)
+    # buffer: k [B, CAP, H, K], u [B, CAP, HV, V], g [B, CAP, HV, K]; count [B] committed entries
+    # rhi [B]: read S_hi (fp32 [B, HV, V, K]) instead of the packed read copy; out: u, o [B, W, HV, V]
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    cs = tl.arange(0, CP)
+    vmask = vs < V
+    kmask = ks < K
+    h = hv // GROUPS
+    H = HV // GROUPS
+    count = tl.load(count_ptr + b)
+    width = tl.load(width_ptr + b)
+    valid = cs < count
+    if tl.load(rhi_ptr + b) != 0:
+        state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+        src = tl.load(hi_ptr + state_idx, mask=kmask[:, None] & vmask[None, :], other=0.0)
+    else:
+        src = _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
+    # committed buffer: P = sum_i diag(exp(G_h - gc_i)) k_i u_i^T  [BK, BV]
+    m_ck = valid[:, None] & kmask[None, :]
+    ent = (b * CAP + cs).to(tl.int64)
+    bk = tl.load(bk_ptr + (ent[:, None] * H + h) * K + ks[None, :], mask=m_ck, other=0.0)
+    bu = tl.load(bu_ptr + (ent[:, None] * HV + hv) * V + vs[None, :], mask=valid[:, None] & vmask[None, :], other=0.0)
+    bg = tl.load(bg_ptr + (ent[:, None] * HV + hv) * K + ks[None, :], mask=m_ck, other=0.0)
+    g_run = tl.sum(bg, axis=0)  # [BK] log decay from the checkpoint through the last entry so far
+    p = tl.dot(tl.trans(tl.where(m_ck, bk * tl.exp(g_run[None, :] - tl.cumsum(bg, axis=0)), 0.0)), bu,
+               input_precision="ieee")
+    for j in range(W):
+        if j < width:
+            tok = ((b * W + j) * H + h).to(tl.int64) * K
+            qj = tl.load(q_ptr + tok + ks, mask=kmask, other=0.0)
+            kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)
+            ent_j = ((b * W + j) * HV + hv).to(tl.int64)
+            vj = tl.load(v_ptr + ent_j * V + vs, mask=vmask, other=0.0)
+            gj = tl.load(g_ptr + ent_j * K + ks, mask=kmask, other=0.0)
+            betaj = tl.load(beta_ptr + ent_j)
+            g_run = g_run + gj
+            alpha = tl.exp(gj)
+            d = tl.where(kmask, tl.exp(g_run), 0.0)
+            if SKIP:
+                d = tl.where(tl.max(d, axis=0) >= eps, d, 0.0)
+            s_dec = d[:, None] * src + alpha[:, None] * p  # A_j S_{j-1}
+            u = betaj * (vj - tl.sum(s_dec * kj[:, None], axis=0))
+            p = alpha[:, None] * p + kj[:, None] * u[None, :]
+            o = tl.sum((d[:, None] * src + p) * qj[:, None], axis=0)
+            tl.store(u_ptr + ent_j * V + vs, u, mask=vmask)
+            tl.store(o_ptr + ent_j * V + vs, o, mask=vmask)
+
+
+def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_hi, groups, eps=None):
+    """Output-only speculative verification (no state write), one launch for B sequences.
+
+    src_hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b]); packed: the read copy (PackedState or None:
+    then src_hi is read by every row); buffer: k [B, cap, H, K], u [B, cap, HV, V], g [B, cap, HV, K] with
+    count[b] committed entries; drafts: dict q, k [B, T, H, K], v [B, T, HV, V], g [B, T, HV, K], beta [B, T, HV];
+    width [B] drafts used per sequence. Returns the drafts' u and outputs, [B, T, HV, V] each.
+    """
+    src_hi = src_hi.float().contiguous()
+    if packed is None:
+        read_hi = torch.ones_like(read_hi)
+    bsz, nw, nv, dv = drafts["v"].shape
+    dk = drafts["k"].shape[-1]
+    cap = buffer["k"].shape[1]
+    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, src_hi)
+    u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
+    o = torch.zeros_like(u)
+    bv = min(max(16, triton.next_power_of_2(dv)), 64)
+    _verify_kernel[(bsz, nv, triton.cdiv(dv, bv))](
+        *(drafts[name].float().contiguous() for name in ("q", "k", "v", "g", "beta")),
+        width.contiguous(), buffer["k"].contiguous(), buffer["u"].contiguous(), buffer["g"].contiguous(), count.contiguous(),
+        read_hi.to(torch.int32).contiguous(), src_hi, data, scales, gs, u, o,
+        nv, groups, dk, dv, kp, cap, float(eps or 0.0),
+        W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=max(16, triton.next_power_of_2(dk)), BV=bv,
+        KIND=kind, SCALE=scale, SKIP=eps is not None, num_warps=4,
+    )
+    return u, o
+
+
+def verify(q, k, v, g, beta, state, config, *, layer_idx=0):
+    """Output-only verification of T drafts q, k [B, T, H, K], v [B, T, HV, V], g [B, T, HV, K], beta [B, T, HV]
+    appended after the committed entries of `state` (a ReplayState), each sequence reading S_hi if
+    `state.schedule.step_read_hi` else the read copy (as `speculative_decode_reference`). Returns o [B, T, HV, V]
+    FP32; the state is not changed.
+    """
+    if not isinstance(state, ReplayState):
+        raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
+    p = _prepare(q, k, v, g, beta, state, config, layer_idx=layer_idx, seq_ids=None, compute_dtype=torch.float32)
+    cfg, st = p.config, p.state
+    fmt = _read_format(cfg)
+    packed = st.lo_packed if st.lo_packed is not None else fmt.encode(st.lo.contiguous())
+    drafts = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
+    width = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64, device=q.device)
+    _, o = verify_triton(st.hi, packed, fmt, st.buffer, st.schedule.count, drafts, width, st.schedule.step_read_hi,
+                         p.groups, cfg.skip_read_below)
+    return o
+
+
+@triton.jit
+def _conventional_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr,  # q, k [B, H, K]; v, o [B, HV, V]; g [B, HV, K]; beta [B, HV]
+    HV, GROUPS, K, V,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    vmask, kmask = vs < V, ks < K
+    mask = vmask[:, None] & kmask[None, :]
+    bh = b.to(tl.int64) * HV + hv
+    s_off = (bh * V + vs[:, None]) * K + ks[None, :]  # [BV, BK] tile of S^T (the stored layout)
+    s = tl.load(s_ptr + s_off, mask=mask, other=0.0)
+    key = (b.to(tl.int64) * (HV // GROUPS) + hv // GROUPS) * K + ks
+    q = tl.load(q_ptr + key, mask=kmask, other=0.0)
+    k = tl.load(k_ptr + key, mask=kmask, other=0.0)
+    v = tl.load(v_ptr + bh * V + vs, mask=vmask, other=0.0)
+    s = tl.exp(tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0))[None, :] * s
+    u = tl.load(beta_ptr + bh) * (v - tl.sum(s * k[None, :], axis=1))
+    s = s + u[:, None] * k[None, :]
+    tl.store(s_ptr + s_off, s, mask=mask)
+    tl.store(o_ptr + bh * V + vs, tl.sum(s * q[None, :], axis=1), mask=vmask)
+
+
+def conventional_step(q, k, v, g, beta, state, *, block_v=16, num_warps=4):
+    """Conventional eager decoding of one token with an FP32 state (fused recurrent KDA step), the baseline the
+    benchmarks compare ReplaySSM with: read the state, update it, write it back in place.
+
+    q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]; state [B, HV, V, K] (the stored layout, as
+    ReplayState.hi); all FP32 and contiguous. Returns o [B, HV, V]; `state` holds S_t afterwards.
+    """
+    batch, nv, dv, dk = state.shape
+    groups = nv // q.shape[1]
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 tensor, got {t.dtype} (contiguous={t.is_contiguous()})")
+    o = torch.empty_like(v)
+    grid = (batch, nv, triton.cdiv(dv, block_v))
+    _conventional_step_kernel[grid](q, k, v, g, beta, state, o, nv, groups, dk, dv,
+                                    BK=triton.next_power_of_2(dk), BV=block_v, num_warps=num_warps)
+    return o
