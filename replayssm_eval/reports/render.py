@@ -134,7 +134,9 @@ def _pareto(kl: list[Result]) -> Section:
             section.blocks.append(Image(f"{r.slug}-pareto.png", png, f"traffic against KL, {r.label}"))
         section.blocks.append(tables.pareto_table(r, points, bucket))
     section.blocks.append(Note("A config is on the frontier when no other config of the run has both less traffic "
-                               "and less KL. The FP32 reference (KL 0) is the dashed line."))
+                               "and less KL. The FP32 reference (KL 0) is the dashed line; the right panel puts the "
+                               "same KL against the read copy's bits per element."))
+    section.blocks.append(tables.formats_table(kl))
     return section
 
 

@@ -321,6 +321,38 @@ def pareto_table(result: Result, points: list[ParetoPoint], bucket) -> Table:
                   f"KL ({span})", "top-1 agree", "on the frontier"], rows)
 
 
+def formats_table(results: list[Result]) -> Table:
+    """One row per config of the KL runs, one column group per run: read bits per element, then per run the
+    ReplaySSM traffic (less skipped reads), the reads skipped and the mean KL; engine presets named beside
+    the config they expand to. The BENCHMARKS.md formats table."""
+    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.kernels.engines import PRESETS
+
+    presets: dict[str, list[str]] = {}
+    for p in PRESETS.values():
+        presets.setdefault(ReplayConfig.parse(p.expansion).name, []).append(p.name)
+    by_run = [{p.config: p for p in pareto_points(r)[0]} for r in results]
+    configs = list(dict.fromkeys(name for points in by_run for name in points))
+    rows = []
+    for name in configs:
+        first = next(points[name] for points in by_run if name in points)
+        label = f"`{name}`" + (f" ({', '.join(presets[name])})" if name in presets else "")
+        row = [label, "–" if first.bits is None else f"{first.bits:.2f}"]
+        for points in by_run:
+            p = points.get(name)
+            row += ["–"] * 3 if p is None else [
+                f"{p.traffic / KIB:,.1f}", "–" if p.skipped is None else f"{100 * p.skipped:.2f}%", _sci(p.kl_mean)]
+        rows.append(row)
+    columns = ["config", "read bits/element"]
+    for r in results:
+        columns += [f"{r.model}: KiB/token", f"{r.model}: reads skipped", f"{r.model}: KL"]
+    return Table("Read formats, engine presets, buffer dtype and decay skip: state traffic and KL", columns, rows,
+                 "read bits/element: the read copy (a shared config's only copy), scales included. KiB/token: "
+                 "ReplaySSM state traffic per decode token and sequence, all SSM layers, less the reads #skip "
+                 "dropped. KL: mean KL(p_fp32 || p_config) over all generated tokens, nats/token.",
+                 align=["l"] + ["r"] * (len(columns) - 1))
+
+
 # --- provenance ------------------------------------------------------------------------------
 
 def provenance_table(result: Result) -> Table:

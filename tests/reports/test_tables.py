@@ -78,9 +78,21 @@ def test_skip_reads_move_traffic_and_show_in_the_tables(tmp_path):
     full, skipped = points["nvfp4/fp16sr"], points["nvfp4/fp16sr#skip=0.01"]
     saved = (90 * skip["state_traffic"]["bytes_per_copy"]["read"] + 10 * skip["state_traffic"]["bytes_per_copy"]["recur"]) / 1000
     assert skipped.traffic == pytest.approx(full.traffic - saved) and skipped.skipped == pytest.approx(0.1)
-    assert full.bits == pytest.approx(4.5, abs=1e-3)  # NVFP4: 4-bit codes + an E4M3 scale per 16 + global scales
+    assert 4.5 < full.bits < 4.51  # NVFP4: 4-bit codes + an E4M3 scale per 16 + a global scale per head
     row = tables.pareto_table(result, list(points.values()), (8, 16)).rows[0]
     assert row[0] == "nvfp4/fp16sr#skip=0.01" and row[3] == "10.00%"
     traffic = tables.traffic_table(tables.traffic_rows([result]))
     assert traffic.columns[-2:] == ["reads skipped", "ReplaySSM with skip"]
     assert traffic.rows[1][-2] == "10.00%" and traffic.rows[0][-2] == "–"
+
+
+def test_formats_table_joins_runs_and_names_presets(tmp_path):
+    a = Result("kl", tmp_path / "a.json", kl_report(configs=("nvfp4/fp16sr", "shared:fp16sr#buf=bf16")), "a")
+    b = Result("kl", tmp_path / "b.json", kl_report(model="qwen3.5-4b", configs=("nvfp4/fp16sr",)), "b")
+    table = tables.formats_table([a, b])
+    assert table.columns[:3] == ["config", "read bits/element", "nemotron-3-nano-4b: KiB/token"]
+    assert table.columns[-1] == "qwen3.5-4b: KL" and len(table.columns) == 8
+    first, second = table.rows
+    assert first[0] == "`nvfp4/fp16sr`" and first[4] == "2.00e-04" and first[-1] == "2.00e-04"
+    assert second[0] == "`shared:fp16sr#buf=bf16` (vllm:replay-fp16sr, trtllm:replay-fp16sr)"
+    assert second[1] == "16.00" and second[-3:] == ["–", "–", "–"]
