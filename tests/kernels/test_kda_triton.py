@@ -144,3 +144,17 @@ def test_conventional_step(device):
         outs.append(kda_triton.conventional_step(q, k, v, g, beta, state))
     assert_close("o", want, torch.stack(outs, 1), 1e-5)
     assert_close("state", want_state, state.transpose(-1, -2), 1e-5)
+
+
+def test_verify_family_convention(device):
+    """`verify` (KernelFamily convention) from a state at a step boundary, every draft accepted: the drafts' outputs
+    are the committed outputs of decode_reference."""
+    cfg = "nvfp4/fp32@8#spec=4:1"
+    inputs = make_inputs(seqlen=8, dtype=torch.float32, device=device, **SMALL)
+    o_ref, _ = decode_reference(*inputs, cfg)
+    state = inputs[5]
+    for n in range(4):
+        _, state = kda_triton.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+    assert state.schedule.step_left.tolist() == [0, 0] and state.schedule.count.tolist() == [4, 4]
+    o = kda_triton.verify(*cut(inputs, 4, 8), state, cfg)
+    assert_close("o", o_ref[:, 4:8], o, 1e-5)
