@@ -30,6 +30,7 @@ from replayssm_eval.kernels.mamba2.triton import decode_step_triton, verify_trit
 from replayssm_eval.kernels.schedule import ScheduleState
 
 RTOL, FLIPS = 1e-5, 0.01
+FLIP_SIZE = 0.5  # the most any element may differ, relative to max|ref|: a flipped rounding is one grid step
 SHAPES = {  # name: (batch, tokens, heads, head_dim, groups, d_state)
     "awkward": (3, 37, 3, 20, 3, 24),
     "nemotron-3-nano-4b": (2, 64, 96, 80, 8, 128),
@@ -57,8 +58,9 @@ def compare(ref, got) -> dict:
     bound = RTOL * ref.abs().max().item()
     beyond = (err > bound).double().mean().item()
     rms = (err.square().mean().sqrt() / ref.square().mean().sqrt().clamp_min(1e-300)).item()
-    return {"max_abs": err.max().item(), "rel_max": err.max().item() / max(ref.abs().max().item(), 1e-300),
-            "rms_ratio": rms, "beyond": beyond, "ok": beyond <= FLIPS and not torch.isnan(got).any().item()}
+    rel_max = err.max().item() / max(ref.abs().max().item(), 1e-300)
+    ok = beyond <= FLIPS and rel_max <= FLIP_SIZE and not torch.isnan(got).any().item()
+    return {"max_abs": err.max().item(), "rel_max": rel_max, "rms_ratio": rms, "beyond": beyond, "ok": ok}
 
 
 def with_phases(inputs, config, phases):

@@ -277,6 +277,10 @@ class Mamba2:
         """Heads of the state: the step kernels' grid dimension 1."""
         return self.H
 
+    def stored_shape(self, batch: int) -> tuple[int, ...]:
+        """A layer's stored copy, [B, H, P, N]."""
+        return (batch, self.H, self.P, self.N)
+
     def state_elems(self) -> int:
         return self.H * self.P * self.N
 
@@ -361,6 +365,10 @@ class GDN:
     def state_heads(self) -> int:
         """Value heads: the step kernels' grid dimension 1 (H is the q, k heads)."""
         return self.HV
+
+    def stored_shape(self, batch: int) -> tuple[int, ...]:
+        """A layer's stored copy, [B, HV, V, K] (the formats' layout)."""
+        return (batch, self.HV, self.V, self.K)
 
     def state_elems(self) -> int:
         return self.HV * self.K * self.V
@@ -512,9 +520,6 @@ class KDA(GDN):
             _, state = kda_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
 
 
-FAMILY_CLASSES = {"mamba2": Mamba2, "gdn": GDN, "kda": KDA}
-
-
 def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
     """The captured `_replay_step_kernel` launch of `module` with another launch config (grid recomputed).
 
@@ -526,12 +531,14 @@ def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
     return lambda: module._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
 
 
+BENCHES = {bench.name: bench for bench in (Mamba2, GDN, KDA)}  # kernel family name -> its benchmark driver
+
+
 def read_copy_bytes(fam, batch: int, config: str) -> int:
     """Bytes of the read copy a non-flush step reads (format layout [B, H, P, N] / [B, HV, V, K])."""
     cfg = ReplayConfig.parse(config)
     fmt = cfg.recur_format if cfg.shared else cfg.read_format
-    shape = (batch, fam.H, fam.P, fam.N) if fam.name == "mamba2" else (batch, fam.HV, fam.V, fam.K)
-    return fmt.storage_bytes(shape)
+    return fmt.storage_bytes(fam.stored_shape(batch))
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -944,7 +951,7 @@ def main(argv=None):
     timer = Timer(args.device, args.quick or args.tiny)
     copy_gbps = copy_bandwidth(res, timer, args.device, args.tiny)
     rand = Rand(args.device)
-    fams = {name: FAMILY_CLASSES[name](GEOMETRY[name][1 if args.tiny else 0], rand) for name in families}
+    fams = {name: BENCHES[name](GEOMETRY[name][1 if args.tiny else 0], rand) for name in families}
 
     for name, fam in fams.items():
         log(f"--- decode step: {name} ---")

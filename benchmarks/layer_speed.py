@@ -32,7 +32,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from kernels import FAMILY_CLASSES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
+from kernels import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
 
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
 from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
@@ -156,7 +156,7 @@ def main(argv=None):
 
     for family in args.families.split(","):
         geo = GEOMETRY[family][1 if args.tiny else 0]
-        fam = FAMILY_CLASSES[family](geo, Rand(args.device, seed=0))
+        fam = BENCHES[family](geo, Rand(args.device, seed=0))
         inputs = fam.sequence(args.tokens)
         step, s0 = hf_runner(fam, inputs)
         record(family=family, path="hf torch scan", config="fp32", tokens=args.tokens,

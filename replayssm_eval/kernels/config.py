@@ -7,8 +7,10 @@ String form (used on the command line, in result files and in test ids):
     shared:X                  ReplaySSM with one checkpoint in X for reads and recurrence (window 16)
     R/Q                       split precision: read copy in R, recurrence copy in Q (window 16)
     ...@L                     window L, e.g. nvfp4/fp8sr@16, fp16@1
+    engine:name               an engine preset (`kernels.engines`), e.g. vllm:fp16sr, trtllm:replay-fp16sr
     ...#tag#tag               options: #seed=N, #closed (GDN closed-loop fold), #open,
-                              #spec=T:alpha (speculative flush schedule), #skip=EPS
+                              #spec=T:alpha (speculative flush schedule), #skip=EPS,
+                              #buf=DTYPE (buffer dtype: fp32, bf16 or fp16)
 
 Format specs may carry their own options (`nvfp4:axis=headdim,scale=head/fp16sr@16`); they are
 validated and canonicalised through `replayssm_eval.quant.get_format`.
@@ -19,9 +21,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 DEFAULT_REPLAY_WINDOW = 16
 GDN_FOLDS = ("open", "closed")
-_TAGS = "seed=N, open, closed, spec=T:alpha, skip=EPS"
+_TAGS = "seed=N, open, closed, spec=T:alpha, skip=EPS, buf=fp32|bf16|fp16"
+BUFFER_DTYPES = ("fp32", "bf16", "fp16")
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class SpeculativeFlush:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """How one SSM layer's state is stored, read and rounded (REPLAYSSM.md §3).
+    """How one SSM layer's state is stored, read and rounded (docs/semantics.md, "Decode semantics").
 
     read / recur: format specs of the read copy (S_lo) and the recurrence copy (S_hi).
     shared: one stored copy serves both (Q_read = Q_recur, and SR draws one set of bits).
@@ -56,6 +62,9 @@ class ReplayConfig:
         with the buffered raw k, v, beta, g at flush. Ignored by Mamba-2.
     skip_read_below: if set, heads whose cumulative decay since the checkpoint is below this
         value skip the checkpoint read on non-flush steps (its contribution is taken as zero).
+    buffer_dtype: the dtype the buffered inputs are rounded to when appended (docs/semantics.md,
+        buffer dtype): Mamba-2 rounds x and B, GDN rounds k and beta (and v, closed fold). 'fp32'
+        keeps them as given.
     """
 
     read: str = "fp32"
@@ -66,6 +75,7 @@ class ReplayConfig:
     speculative: SpeculativeFlush | None = None
     gdn_fold: str = "open"
     skip_read_below: float | None = None
+    buffer_dtype: str = "fp32"
 
     def __post_init__(self):
         from replayssm_eval.quant import get_format
@@ -80,6 +90,8 @@ class ReplayConfig:
             raise ValueError(f"unknown gdn_fold {self.gdn_fold!r}; known: {', '.join(GDN_FOLDS)}")
         if self.skip_read_below is not None and not 0.0 < self.skip_read_below < 1.0:
             raise ValueError(f"skip_read_below must be in (0, 1), got {self.skip_read_below}")
+        if self.buffer_dtype not in BUFFER_DTYPES:
+            raise ValueError(f"unknown buffer dtype {self.buffer_dtype!r}; known: {', '.join(BUFFER_DTYPES)}")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
 
@@ -98,7 +110,14 @@ class ReplayConfig:
     @property
     def is_reference(self) -> bool:
         """True for the exact FP32 reference (window and speculation do not change FP32 numbers)."""
-        return self.read == "fp32" and self.recur == "fp32" and self.skip_read_below is None
+        return (self.read == "fp32" and self.recur == "fp32" and self.skip_read_below is None
+                and self.buffer_dtype == "fp32")
+
+    def round_buffered(self, t: torch.Tensor) -> torch.Tensor:
+        """t rounded to the buffer dtype (round to nearest even) and back to t's dtype; t itself for fp32."""
+        if self.buffer_dtype == "fp32":
+            return t
+        return t.to(_TORCH_DTYPES[self.buffer_dtype]).to(t.dtype)
 
     @property
     def name(self) -> str:
@@ -118,6 +137,8 @@ class ReplayConfig:
             text += f"#spec={self.speculative.drafts}:{self.speculative.accept:g}"
         if self.skip_read_below is not None:
             text += f"#skip={self.skip_read_below:g}"
+        if self.buffer_dtype != "fp32":
+            text += f"#buf={self.buffer_dtype}"
         return text
 
     def __str__(self) -> str:
@@ -131,6 +152,10 @@ class ReplayConfig:
         """Parse the string form described in the module docstring."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"empty replay config {text!r}; examples: fp32, shared:nvfp4, nvfp4/fp16sr@16")
+        from replayssm_eval.kernels import engines
+
+        if engines.is_preset(text.strip()):
+            text = engines.expand(text.strip())
         body, *tags = text.strip().split("#")
         fields: dict = {}
         for tag in tags:
@@ -145,6 +170,8 @@ class ReplayConfig:
                     fields["speculative"] = SpeculativeFlush(int(drafts), float(accept))
                 elif key == "skip":
                     fields["skip_read_below"] = float(value)
+                elif key == "buf" and value in BUFFER_DTYPES:
+                    fields["buffer_dtype"] = value
                 else:
                     raise ValueError
             except ValueError as err:

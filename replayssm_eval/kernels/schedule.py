@@ -11,7 +11,7 @@ A `TokenPlan` covers one call of T tokens for B sequences:
 Token n always reads the newest checkpoint written before it, plus the buffered entries since
 that checkpoint (token n's own entry included).
 
-Fixed window (REPLAYSSM.md §3): decode step n after the anchor has in-window position
+Fixed window (docs/semantics.md, "Decode semantics"): decode step n after the anchor has in-window position
 j = (h0 + n) mod L; j = L-1 is the flush: it folds the L entries and its output comes from the
 folded state before rounding, i.e. S_hi of the previous checkpoint plus the L buffered entries.
 

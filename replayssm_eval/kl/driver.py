@@ -190,7 +190,8 @@ def run_kl(options: KLConfig) -> Path:
     traffic = {c.name: runner.state_traffic(c) for c in plan.configs}
 
     def render(done: dict, complete: bool) -> None:
-        _render(plan, run_dir, header, traffic, done, complete)
+        skips = {c.name: runner.skip_reads(c) for c in plan.configs}  # counted by this rank's closed streams
+        _render(plan, run_dir, header, traffic, skips, done, complete)
 
     try:
         done = _evaluate(plan, runner, docs, run_dir, ranks, on_document=lambda d: render(d, False))
@@ -416,7 +417,8 @@ def _lockstep(feeds, inputs, targets, metrics, ref_nll, cols: slice) -> None:
         metrics[:, i, :, cols] = token_metrics(ref_logits, feed(inputs), targets).cpu()
 
 
-def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, done: dict, complete: bool) -> None:
+def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, skips: dict, done: dict,
+            complete: bool) -> None:
     """Write kl.json, the CSV and the plot from the finished documents `done`."""
     indices = sorted(done)
     metrics = np.stack([done[i][0] for i in indices])  # [D, C, 4, N]
@@ -433,7 +435,8 @@ def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, done: dic
         "document_indices": indices,
         "reference": reference_results(ref_nll, buckets),
         "configs": [
-            config_results(c, metrics[:, k], buckets, traffic[c.name]) for k, c in enumerate(plan.configs)
+            config_results(c, metrics[:, k], buckets, traffic[c.name], skips[c.name])
+            for k, c in enumerate(plan.configs)
         ],
         "ci_method": "95% Student t-interval over per-document bucket means, lower bound clipped at 0",
         "versions": versions(),

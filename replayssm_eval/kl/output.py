@@ -18,7 +18,8 @@ SCHEMA_VERSION = 1
 CSV_FILE, JSON_FILE, PLOT_FILE = "kl_buckets.csv", "kl.json", "kl_vs_length.png"
 
 
-def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Bucket], traffic: dict | None) -> dict:
+def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Bucket], traffic: dict | None,
+                   skip_reads: dict | None = None) -> dict:
     """One entry of kl.json's `configs` from its per-token metrics [D, 4, N] (METRICS order)."""
     kl, reverse_kl, top1, nll_diff = (metrics[:, i] for i in range(len(METRICS)))
     return {
@@ -29,11 +30,14 @@ def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Buck
         "window": config.window,
         "seed": config.seed,
         "gdn_fold": config.gdn_fold,
+        "buffer_dtype": config.buffer_dtype,
+        "skip_read_below": config.skip_read_below,
         "kl_mean": float(kl.mean(dtype=np.float64)),
         "reverse_kl_mean": float(reverse_kl.mean(dtype=np.float64)),
         "top1_agree": float(top1.mean(dtype=np.float64)),
         "nll_diff_mean": float(nll_diff.mean(dtype=np.float64)),
         "state_traffic": traffic,
+        "skip_reads": skip_reads,
         "buckets": [bucket_stats(kl, reverse_kl, top1, nll_diff, b) for b in buckets],
     }
 

@@ -8,6 +8,8 @@ The driver needs:
     Runner.open(config, seq_ids) -> Stream       one model state (SSM, conv, KV) in one ReplayConfig
     Runner.restore(config, seq_ids, saved) -> Stream   a stream continuing from `Stream.save()`
     Runner.state_traffic(config) -> dict | None  SSM state bytes per decode token (models.traffic)
+    Runner.skip_reads(config) -> dict | None     the checkpoint reads #skip dropped in the closed streams of
+                                                 `config`, per layer and in total, and the bytes they save
     Stream.prefill(tokens [B, P]) -> logits [B, 1, V] of the last prompt token (anchors the window)
     Stream.extend(tokens [B, S]) -> logits [B, S, V], continuing from the carried state
     Stream.save() -> object                      the carried state, for torch.save (Ctrl-C snapshots)
@@ -50,15 +52,16 @@ class ModelRunner:
     def __init__(self, replay_model):
         self.replay_model = replay_model
         self.device = replay_model.model.device
+        self.skips: dict[str, dict[int, list[int]]] = {}  # config name -> layer -> session.skip_counts sums
 
     def open(self, config: ReplayConfig, seq_ids: torch.Tensor) -> "ModelStream":
-        return ModelStream(self.replay_model, self.replay_model.new_session(config, seq_ids=seq_ids))
+        return ModelStream(self, self.replay_model.new_session(config, seq_ids=seq_ids))
 
     def restore(self, config: ReplayConfig, seq_ids: torch.Tensor, saved: dict) -> "ModelStream":
         """A session like `open`'s that adopts the saved HF cache and continues the saved SSM states."""
         session = self.replay_model.new_session(config, seq_ids=seq_ids)
         session.continue_from(saved)
-        return ModelStream(self.replay_model, session)
+        return ModelStream(self, session)
 
     def state_traffic(self, config: ReplayConfig) -> dict | None:
         """`models.state_traffic` of this model's SSM geometry; None for a speculative schedule (not modelled)."""
@@ -68,10 +71,28 @@ class ModelRunner:
             return None
         return state_traffic(self.replay_model.model.config, config)
 
+    def skip_reads(self, config: ReplayConfig) -> dict | None:
+        """`models.traffic.skip_savings` of the checkpoint reads `#skip` dropped in the closed streams of `config`
+        ((token, head) pairs of the decode calls; a stream restored from a snapshot counts from there); None
+        without #skip."""
+        from replayssm_eval.models.traffic import skip_savings
+
+        if config.skip_read_below is None:
+            return None
+        layers = self.skips.get(config.name, {})
+        counts = {layer: dict(zip(("reads", "skipped_read_copy", "skipped_recur_copy"), c))
+                  for layer, c in sorted(layers.items())}
+        return skip_savings(self.state_traffic(config), counts)
+
+    def _add_skips(self, session) -> None:
+        totals = self.skips.setdefault(session.config.name, {})
+        for layer, counts in session.skip_counts.items():
+            totals[layer] = [a + b for a, b in zip(totals.get(layer, [0, 0, 0]), counts)]
+
 
 class ModelStream:
-    def __init__(self, replay_model, session):
-        self.replay_model, self.session = replay_model, session
+    def __init__(self, runner: ModelRunner, session):
+        self.runner, self.replay_model, self.session = runner, runner.replay_model, session
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first call of a session is the prompt; only its last logits are kept."""
@@ -85,6 +106,7 @@ class ModelStream:
         return self.session.carried()
 
     def close(self) -> None:
+        self.runner._add_skips(self.session)
         self.session = None  # drops the HF cache and the SSM states
 
 

@@ -74,6 +74,9 @@ class ReplaySession:
         self.engine, self.backend, self.compute_dtype = engine, backend, compute_dtype
         self._new_cache = new_cache
         self.cache = cache
+        # per SSM layer: [checkpoint reads, skipped reads of the read copy, skipped reads of S_hi], counted
+        # in (token, head) pairs over every decode call of this session when the config has #skip
+        self.skip_counts: dict[int, list[int]] = {}
         self.reset(config=config, seq_ids=seq_ids)
 
     def reset(self, *, config: ReplayConfig | str | None = None, seq_ids=None) -> None:
@@ -153,9 +156,33 @@ class ReplaySession:
             elif self.engine == "reference":
                 y, state = family.decode_reference(*inputs, initial, self._config, **opts)
             else:
+                self._count_skips(family, layer_idx, inputs, initial)
                 y, state = family.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
         self.states[layer_idx] = state
         return y.to(torch.promote_types(x.dtype, torch.float32))
+
+    def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> None:
+        """Add this call's skipped checkpoint reads (`kernels.skip`) to `skip_counts[layer_idx]`."""
+        if self._config.skip_read_below is None:
+            return
+        from replayssm_eval.kernels.schedule import ScheduleState
+        from replayssm_eval.kernels.skip import skipped_reads
+
+        carried = initial if isinstance(initial, ReplayState) else None
+        log_decay, buffered = family.log_decays(tuple(t.to(self.compute_dtype) for t in inputs), carried)
+        batch = log_decay.shape[0]
+        if buffered is None:  # the anchor: checkpoint 0, nothing buffered
+            buffered = log_decay.new_zeros(batch, 1, *log_decay.shape[2:])
+            schedule = ScheduleState.start(batch, log_decay.device)
+        else:
+            schedule = initial.schedule
+        skipped, read_hi = skipped_reads(log_decay, buffered, schedule, self._config,
+                                         self._seq_ids(batch, log_decay.device))
+        hi = read_hi[..., None].expand_as(skipped)
+        counts = self.skip_counts.setdefault(layer_idx, [0, 0, 0])
+        counts[0] += skipped.numel()
+        counts[1] += int((skipped & ~hi).sum())
+        counts[2] += int((skipped & hi).sum())
 
     def _seq_ids(self, batch: int, device) -> torch.Tensor:
         if self.seq_ids is None:

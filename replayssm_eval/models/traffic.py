@@ -15,8 +15,12 @@ checkpoint writes once: S(recur)), buffer reads (L-1)/2 entries, buffer writes (
 L = 1 gives conventional decoding in the recurrence format. Buffer entries are stored in bf16 (2
 bytes per element): Mamba-2 x [H, P], B [G, N], dt [H]; GDN open fold k [Hk, K], u [HV, V], g [HV]
 (the closed fold also writes v [HV, V] and beta [HV], reads k, u, g at non-flush tokens and k, v,
-beta, g at the flush). Data-dependent read skipping (`skip_read_below`) is not modelled: the
-numbers are its upper bound. Conv states and KV caches are not SSM state and are not counted.
+beta, g at the flush). Conv states and KV caches are not SSM state and are not counted.
+
+Read skipping (`#skip=EPS`) is data-dependent: `state_traffic` gives its upper bound, and
+`skip_savings` turns the skipped reads counted during a run (`kernels.skip`, per layer) into the
+bytes they save: a skipped (token, head) read saves one head's share of the copy that token reads,
+S(read) / H at a non-flush token, S(recur) / H at a flush.
 """
 
 from __future__ import annotations
@@ -81,6 +85,41 @@ def state_traffic(geometry: ModelGeometry | str | object, config: ReplayConfig |
             "replay": replay["total"] * layers,
             "ratio": conventional["total"] / replay["total"],
             "ratio_vs_fp32": fp32_total / replay["total"],
+        },
+    }
+
+
+def skip_savings(traffic: dict | None, counts: dict) -> dict:
+    """Skipped checkpoint reads and the bytes they save, per layer and per model.
+
+    traffic: `state_traffic` of the config (None: bytes are not computed); counts: {layer: {"reads",
+    "skipped_read_copy", "skipped_recur_copy"}} in (token, head) pairs. Returns {"per_layer": {layer: {...,
+    "skipped_fraction", "bytes_saved_per_token"}}, "total": {"reads", "skipped", "skipped_fraction",
+    "bytes_saved_per_token", "replay_with_skip", "saved_fraction_of_replay"}} (bytes per decode token and
+    sequence; None without traffic).
+    """
+    read = traffic["bytes_per_copy"]["read"] if traffic else None
+    recur = traffic["bytes_per_copy"]["recur"] if traffic else None
+    per_layer, saved_total = {}, 0.0
+    for layer, c in counts.items():
+        reads = c["reads"]
+        skipped = c["skipped_read_copy"] + c["skipped_recur_copy"]
+        saved = None
+        if traffic and reads:
+            saved = (c["skipped_read_copy"] * read + c["skipped_recur_copy"] * recur) / reads
+            saved_total += saved
+        per_layer[str(layer)] = {**c, "skipped": skipped, "skipped_fraction": skipped / reads if reads else 0.0,
+                                 "bytes_saved_per_token": saved}
+    reads = sum(c["reads"] for c in per_layer.values())
+    skipped = sum(c["skipped"] for c in per_layer.values())
+    replay = traffic["per_model"]["replay"] if traffic else None
+    return {
+        "per_layer": per_layer,
+        "total": {
+            "reads": reads, "skipped": skipped, "skipped_fraction": skipped / reads if reads else 0.0,
+            "bytes_saved_per_token": saved_total if traffic else None,
+            "replay_with_skip": replay - saved_total if traffic else None,
+            "saved_fraction_of_replay": saved_total / replay if traffic else None,
         },
     }
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from replayssm_eval.quant import layout, rounding
+from replayssm_eval.quant import layout, philox, rounding
 from replayssm_eval.quant.packed import PackedState
 
 FLT_MAX = 3.4028234663852886e38
@@ -25,22 +25,47 @@ def _div(a: float | torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
 
 
 class StateFormat:
-    """Base of all formats. Subclasses are frozen dataclasses whose first field is `base` (the name)."""
+    """Base of all formats. Subclasses are frozen dataclasses whose first field is `base` (the name).
+
+    Option values are strings; in `OPTIONS` a value ending in `N` (`N`, `block:N`) stands for any
+    positive integer in its place (the registry's grammar).
+    """
 
     OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {}
     STOCHASTIC: ClassVar[tuple[str, ...]] = ()
+    # default random bits of each stochastic base, and the most it can use
+    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {}
 
     base: str
+
+    @classmethod
+    def options_for(cls, base: str) -> dict[str, tuple[str, ...]]:
+        """Accepted options of format `base`, defaults first; stochastic bases add `rounds` and `bits`."""
+        if base not in cls.STOCHASTIC:
+            return cls.OPTIONS
+        return {**cls.OPTIONS, "rounds": (str(philox.N_ROUNDS), "N"), "bits": (str(cls.SR_BITS[base][0]), "N")}
+
+    def __post_init__(self) -> None:
+        if self.is_stochastic:
+            top = self.SR_BITS[self.base][1]
+            if not 1 <= int(self.bits) <= top:
+                raise ValueError(f"bad value '{self.bits}' for option 'bits' of state format '{self.base}'; accepted: 1..{top}")
 
     @property
     def name(self) -> str:
         """Canonical spec: `base[:key=value,...]`, options in `OPTIONS` order, defaults omitted."""
-        opts = [f"{k}={getattr(self, k)}" for k, values in self.OPTIONS.items() if getattr(self, k) != values[0]]
+        opts = [f"{k}={getattr(self, k)}" for k, values in self.options_for(self.base).items()
+                if getattr(self, k) != values[0]]
         return self.base + (":" + ",".join(opts) if opts else "")
 
     @property
     def is_stochastic(self) -> bool:
         return self.base in self.STOCHASTIC
+
+    @property
+    def random_bits_used(self) -> int:
+        """K: the low bits of each random word a stochastic format adds below the rounding point."""
+        return int(self.bits)
 
     @property
     def bits_per_element(self) -> float:
@@ -62,7 +87,9 @@ class StateFormat:
         return self.decode(self.encode(x, seed=seed, offset=offset, random_bits=random_bits)).to(x.dtype)
 
     def _words(self, x, seed, offset, random_bits) -> torch.Tensor | None:
-        return layout.random_words(x, seed, offset, random_bits) if self.is_stochastic else None
+        if not self.is_stochastic:
+            return None
+        return layout.random_words(x, seed, offset, random_bits, int(self.rounds))
 
     def _check(self, packed: PackedState) -> None:
         if packed.format != self.name:
@@ -79,12 +106,16 @@ class ElementwiseFormat(StateFormat):
     fp32     the FP32 state itself (the reference).                       data: float32
     bf16     RNE to bfloat16; overflow -> Inf.                              data: bfloat16
     fp16     RNE to IEEE half; |x| >= 65520 -> Inf.                         data: float16
-    fp16sr   stochastic: q * floor(|x|/q + r/2^13), r = bits [12:0] of the word (PTX cvt.rs.f16x2.f32);
-             results beyond 65504 -> Inf; see `rounding` for subnormals.    data: float16
+    fp16sr   stochastic: q * floor(|x|/q + r/2^K), r = bits [K-1:0] of the word, K = `bits` (13, as PTX
+             cvt.rs.f16x2.f32); results beyond 65504 -> Inf; see `rounding` for subnormals.  data: float16
+    Signs of zero are kept (IEEE formats have -0).
     """
 
     base: str
+    rounds: str = str(philox.N_ROUNDS)
+    bits: str = str(rounding.FP16_SR_BITS)
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp16sr",)
+    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp16sr": (rounding.FP16_SR_BITS, rounding.FP16_SR_BITS)}
     _DTYPES: ClassVar[dict[str, torch.dtype]] = {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16sr": torch.float16,
     }
@@ -100,7 +131,7 @@ class ElementwiseFormat(StateFormat):
         words = self._words(x, seed, offset, random_bits)
         x32 = x.float()
         if self.base == "fp16sr":
-            x32 = rounding.sr_fp16(x32, words)
+            x32 = rounding.sr_fp16(x32, words, self.random_bits_used)
         data = x32.to(self._DTYPES[self.base])
         return PackedState(self.name, tuple(x.shape), data.clone() if data is x else data)
 
@@ -109,70 +140,215 @@ class ElementwiseFormat(StateFormat):
         return packed.data.float()
 
 
+SCALES = ("row", "head", "tensor", "block:N", "rowcol", "none")
+
+
+def column_factors(xo: torch.Tensor) -> torch.Tensor:
+    """Column factors of scale=rowcol: max |x| over the rows of each head's column, 1 where 0 `[B, H, 1, C]`."""
+    col = xo.abs().amax(dim=2, keepdim=True)
+    return torch.where(col == 0, 1.0, col)
+
+
 @dataclass(frozen=True)
-class FP8Format(StateFormat):
-    """FP8 state with FP32 scales.
+class ScaledFormat(StateFormat):
+    """Element codes times FP32 scales s = amax / MAX over a scale group (FP8 and integer formats).
 
-    fp8      OCP E4M3fn, RNE, saturating (+-448).
-    fp8sr    E4M3fn, stochastic: q * floor(|v|/q + r/2^16), r = bits [15:0] of the word
-             (PTX cvt.rs.satfinite.e4m3x4.f32, FlashInfer's port), saturating.
-    fp8e5m2  OCP E5M2, RNE, saturating (+-57344).
-
-    scale=row (default): s = amax / MAX per (head, head_dim row), amax over d_state;
-    scale=head: per head over [P, N]; scale=tensor: per leading index over [H, P, N];
-    s is replaced by 1 where it is 0 (all-zero group). v = x / s (FP32 division),
-    code = round(v), dequant = code * s. scale=none: s = 1, a plain saturating cast.
-    A group holding Inf or NaN decodes to NaN throughout (s = Inf or NaN).
-
-    Packed: data uint8 codes with x's shape; global_scale FP32 s with shape
-    `lead + (H, P)` / `lead + (H,)` / `lead` (row / head / tensor), None for scale=none.
+    Work on the oriented view `[B, H, R, C]` (`axis=dstate`: `[B, H, P, N]`; `axis=headdim`: `[B, H, N, P]`):
+        scale=row      one s per (head, row), amax over C          stored: global_scale `lead + (H, R)`
+        scale=head     one s per head, amax over [R, C]            stored: global_scale `lead + (H,)`
+        scale=tensor   one s per leading index, over [H, R, C]     stored: global_scale `lead`
+        scale=block:N  one s per N consecutive elements along C (the last block may be shorter)
+                                                                   stored: scales FP32 `lead + (H, R, ceil(C/N))`
+        scale=rowcol   two axes: c_j = max_i |x_ij| per column of the head (1 where 0), y = x / c,
+                       r_i = max_j |y_ij| / MAX per row (1 where 0), v = y / r, dequant = (code * r) * c.
+                       stored: global_scale r `lead + (H, R)`, col_scale c `lead + (H, C)`
+        scale=none     s = 1 (a plain saturating cast)
+    s = amax / MAX (FP32 division) and s = 1 where it is 0 (an all-zero group); v = x / s (FP32 division);
+    code = round(v); dequant = code * s. A group holding Inf or NaN decodes to NaN throughout.
+    Packed data: codes with x's shape (uint8 FP8 bytes, int8 or int16 integers).
     """
 
     base: str
+    axis: str = "dstate"
     scale: str = "row"
-    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"scale": ("row", "head", "tensor", "none")}
-    STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp8sr",)
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": SCALES}
 
     @property
     def max_value(self) -> float:
-        return rounding.E5M2_MAX if self.base == "fp8e5m2" else rounding.E4M3_MAX
+        raise NotImplementedError
+
+    @property
+    def block(self) -> int:
+        return int(self.scale.partition(":")[2]) if self.scale.startswith("block:") else 0
+
+    @property
+    def code_bytes(self) -> int:
+        return 1
 
     @property
     def bits_per_element(self) -> float:
-        return 8.0
+        """Code bits, plus the FP32 block scale's share for block:N (row, head and tensor scales not counted)."""
+        return 8.0 * self.code_bytes + (32.0 / self.block if self.block else 0.0)
+
+    def _n_scales(self, shape) -> int:
+        *lead, h, r, c = layout.oriented_shape(shape, self.axis)
+        per_head = {"row": r, "head": 1, "rowcol": r + c, "none": 0}.get(self.scale)
+        if self.scale == "tensor":
+            return layout.prod(lead)
+        if self.block:
+            per_head = r * -(-c // self.block)
+        return layout.prod(lead) * h * per_head
 
     def storage_bytes(self, shape) -> int:
-        n_scales = 0 if self.scale == "none" else layout.prod(layout.group_shape(shape, self.scale))
-        return layout.prod(shape) + 4 * n_scales
+        return layout.prod(shape) * self.code_bytes + 4 * self._n_scales(shape)
 
     def _round(self, v: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
-        if self.base == "fp8sr":
-            return rounding.sr_e4m3(v, words)
-        return rounding.round_e5m2(v) if self.base == "fp8e5m2" else rounding.round_e4m3(v)
+        """On-grid values (FP32) of the scaled elements v."""
+        raise NotImplementedError
+
+    def _to_codes(self, q: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _from_codes(self, data: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _scale(self, amax: torch.Tensor) -> torch.Tensor:
+        s = _div(amax, self.max_value)
+        return torch.where(s == 0, 1.0, s)
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)
         x4 = layout.as_bhpn(x)  # [B, H, P, N]
-        s = None
-        if self.scale != "none":
-            s = _div(layout.group_amax(x4, self.scale), self.max_value)  # [B, H|1, P|1, 1]
-            s = torch.where(s == 0, 1.0, s)
-            x4 = x4 / s
-        q = self._round(x4, None if words is None else words.reshape(x4.shape))
-        to_bits = rounding.e5m2_to_bits if self.base == "fp8e5m2" else rounding.e4m3_to_bits
-        gs = None if s is None else s.reshape(layout.group_shape(x.shape, self.scale)).contiguous()
-        return PackedState(self.name, tuple(x.shape), to_bits(q).reshape(x.shape), None, gs)
+        xo = layout.orient(x4, self.axis)  # [B, H, R, C]
+        lead = layout.shape3(x.shape)[:-3]
+        *_, h, r, c = xo.shape
+        v, scales, gs, cs = xo, None, None, None
+        if self.scale == "rowcol":
+            col = column_factors(xo)  # [B, H, 1, C]
+            y = xo / col
+            s = self._scale(y.abs().amax(dim=3, keepdim=True))  # [B, H, R, 1]
+            v = y / s
+            cs, gs = col.reshape(*lead, h, c), s.reshape(*lead, h, r)
+        elif self.block:
+            s = self._scale(layout.pad_to(xo, self.block).unflatten(-1, (-1, self.block)).abs().amax(-1))  # [B, H, R, Cb]
+            v = xo / s.repeat_interleave(self.block, -1)[..., :c]
+            scales = s.reshape(*lead, h, r, -1)
+        elif self.scale != "none":
+            s = self._scale(layout.group_amax(xo, self.scale))  # [B, H|1, R|1, 1]
+            v = xo / s
+            gs = s.reshape(layout.group_shape(x.shape, self.scale, self.axis))
+        wo = None if words is None else layout.orient(words.reshape(x4.shape), self.axis)
+        codes = self._to_codes(self._round(v, wo))
+        data = layout.unorient(codes, self.axis).reshape(x.shape).contiguous()
+        return PackedState(self.name, tuple(x.shape), data, None if scales is None else scales.contiguous(),
+                           None if gs is None else gs.contiguous(), None if cs is None else cs.contiguous())
 
     def decode(self, packed) -> torch.Tensor:
         self._check(packed)
-        from_bits = rounding.e5m2_from_bits if self.base == "fp8e5m2" else rounding.e4m3_from_bits
-        v = from_bits(packed.data)
-        if packed.global_scale is None:
-            return v
-        x4 = v.reshape(layout.as_bhpn(v).shape)
-        s = packed.global_scale.reshape(x4.shape[0], *{"row": x4.shape[1:3], "head": (x4.shape[1], 1),
-                                                       "tensor": (1, 1)}[self.scale], 1)
-        return (x4 * s).reshape(packed.shape)
+        *lead, h, r, c = layout.oriented_shape(packed.shape, self.axis)
+        v = layout.orient(self._from_codes(packed.data).reshape(-1, *layout.shape3(packed.shape)[-3:]), self.axis)
+        if self.scale == "rowcol":
+            v = (v * packed.global_scale.reshape(-1, h, r, 1)) * packed.col_scale.reshape(-1, h, 1, c)
+        elif self.block:
+            v = v * packed.scales.reshape(-1, h, r, packed.scales.shape[-1]).repeat_interleave(self.block, -1)[..., :c]
+        elif self.scale != "none":
+            v = v * packed.global_scale.reshape(-1, *{"row": (h, r), "head": (h, 1), "tensor": (1, 1)}[self.scale], 1)
+        return layout.unorient(v, self.axis).reshape(packed.shape)
+
+
+@dataclass(frozen=True)
+class FP8Format(ScaledFormat):
+    """FP8 state with FP32 scales (`ScaledFormat`'s groups; default one scale per (head, head_dim row)).
+
+    fp8      OCP E4M3fn, RNE, saturating (+-448).
+    fp8sr    E4M3fn, stochastic: q * floor(|v|/q + r/2^K), r = bits [K-1:0] of the word, K = `bits`
+             (16: PTX cvt.rs.satfinite.e4m3x4.f32, FlashInfer's port), saturating.
+    fp8e5m2  OCP E5M2, RNE, saturating (+-57344).
+    max=M: s = amax / M instead of amax / 448 (57344 for e5m2), e.g. max=240 (codes stay within +-240).
+    Codes keep the sign of zero (-0.0 -> 0x80, as the hardware cast).
+    """
+
+    max: str = ""
+    rounds: str = str(philox.N_ROUNDS)
+    bits: str = str(rounding.E4M3_SR_BITS)
+    STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp8sr",)
+    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp8sr": (rounding.E4M3_SR_BITS, 20)}
+
+    @classmethod
+    def options_for(cls, base):
+        top = str(int(rounding.E5M2_MAX if base == "fp8e5m2" else rounding.E4M3_MAX))
+        opts = super().options_for(base)
+        return {k: v for k, v in opts.items() if k not in ("max", "rounds", "bits")} | {"max": (top, "N")} | {
+            k: v for k, v in opts.items() if k in ("rounds", "bits")}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        top = rounding.E5M2_MAX if self.base == "fp8e5m2" else rounding.E4M3_MAX
+        if not self.max:
+            object.__setattr__(self, "max", str(int(top)))
+        if not 0 < int(self.max) <= top:
+            raise ValueError(f"bad value '{self.max}' for option 'max' of state format '{self.base}'; accepted: 1..{int(top)}")
+
+    @property
+    def max_value(self) -> float:
+        return float(self.max)
+
+    def _round(self, v, words):
+        if self.base == "fp8sr":
+            return rounding.sr_e4m3(v, words, self.random_bits_used)
+        return rounding.round_e5m2(v) if self.base == "fp8e5m2" else rounding.round_e4m3(v)
+
+    def _to_codes(self, q):
+        return rounding.e5m2_to_bits(q) if self.base == "fp8e5m2" else rounding.e4m3_to_bits(q)
+
+    def _from_codes(self, data):
+        return rounding.e5m2_from_bits(data) if self.base == "fp8e5m2" else rounding.e4m3_from_bits(data)
+
+
+@dataclass(frozen=True)
+class IntFormat(ScaledFormat):
+    """Symmetric integer state with FP32 scales (`ScaledFormat`'s groups, default one per (head, row)).
+
+    int8, int16      code = RNE(x / s), saturating to +-qmax (127, 32767); s = amax / qmax.
+    int8sr, int16sr  code = sign(v) * floor(|v| + r / 2^K), v = x / s, r = bits [K-1:0] of the word,
+                     K = `bits` (default 16, up to 32), computed exactly; unbiased when v has at most K
+                     bits below the integer point, else biased toward zero by less than 2^-K.
+    Codes: int8 / int16 two's complement (-0.0 -> 0, NaN -> 0; a group holding Inf or NaN decodes
+    to NaN throughout, its scale being Inf or NaN).
+    """
+
+    rounds: str = str(philox.N_ROUNDS)
+    bits: str = "16"
+    STOCHASTIC: ClassVar[tuple[str, ...]] = ("int8sr", "int16sr")
+    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"int8sr": (16, 32), "int16sr": (16, 32)}
+
+    @property
+    def code_bytes(self) -> int:
+        return 2 if self.base.startswith("int16") else 1
+
+    @property
+    def max_value(self) -> float:
+        return float(self.qmax)
+
+    @property
+    def qmax(self) -> int:
+        return 32767 if self.code_bytes == 2 else 127
+
+    def _round(self, v, words):
+        if self.is_stochastic:
+            return rounding.sr_int(v, words, self.qmax, self.random_bits_used)
+        return rounding.round_int(v, self.qmax)
+
+    def _to_codes(self, q):
+        return q.to(torch.int16 if self.code_bytes == 2 else torch.int8)
+
+    def _from_codes(self, data):
+        return data.float()
+
+
+def nvfp4_block_scale(bmax: torch.Tensor, s_enc: torch.Tensor) -> torch.Tensor:
+    """E4M3 block scale in TE's order, `bmax * (S_enc * fp32(1/6))`: `(bmax / 6) * S_enc` rounds differently."""
+    return rounding.round_e4m3(bmax * (s_enc * rounding.F32_SIXTH))
 
 
 @dataclass(frozen=True)
@@ -184,24 +360,31 @@ class NVFP4Format(StateFormat):
         s_b   = e4m3(clamp(blockmax * (S_enc * fp32(1/6)), +-448))      (subnormal s_b allowed)
         enc_b = min(1 / (s_b * S_dec), FLT_MAX)                         (s_b = 0 -> FLT_MAX)
         q     = e2m1(clamp(x * enc_b, +-6));  dequant = (q * s_b) * S_dec
+    A scaled element x * enc_b equal to zero (an input of -0.0 included) encodes as code 0, never as
+    the negative zero code 8, as TransformerEngine's reference; a nonzero negative value that rounds
+    to zero keeps code 8.
     Non-finite input: NaN anywhere in a global group makes the whole group NaN (S_dec = NaN);
     +-Inf makes S_enc = 1, its block scale 448 and its element +-6 * 448, and the rest of the
     group is quantized with S_enc = 1.
 
     axis=dstate|headdim: blocks run along N (last dim) or P (dim -2); the blocked dim is
-    zero-padded to a multiple of 16. scale=tensor|head|row: one S_dec per leading index, per
-    head, or per row of the oriented `[..., H, R, C]` view (C = blocked dim).
+    zero-padded to a multiple of 16. scale=head (default)|tensor|row: one S_dec per head (per
+    sequence and head: a single-pass kernel sees one head), per leading index, or per row of the
+    oriented `[..., H, R, C]` view (C = blocked dim). scale=rowcol: two axes, x is first divided by
+    column factors c_j = max_i |x_ij| over the rows of its head (1 where 0; FP32, `ScaledFormat`),
+    then quantized with per-row S_dec; dequant = ((q * s_b) * S_dec) * c_j.
     Packed (oriented view: `[..., H, P, N]` for dstate, `[..., H, N, P]` for headdim, C padded to Cp):
         data          uint8 `[..., H, R, Cp/2]`: element 2j in the low nibble, 2j+1 in the high
                       nibble; nibble = sign << 3 | magnitude index into (0, .5, 1, 1.5, 2, 3, 4, 6)
         scales        uint8 E4M3fn `[..., H, R, Cp/16]`
-        global_scale  FP32 S_dec, shape `lead`, `lead + (H,)` or `lead + (H, R)`
+        global_scale  FP32 S_dec, shape `lead`, `lead + (H,)` or `lead + (H, R)` (row, rowcol)
+        col_scale     FP32 c `lead + (H, C)` for scale=rowcol, else None
     """
 
     base: str = "nvfp4"
     axis: str = "dstate"
-    scale: str = "tensor"
-    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": layout.SCALE_GROUPS}
+    scale: str = "head"
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": ("head", "tensor", "row", "rowcol")}
     BLOCK: ClassVar[int] = 16
 
     @property
@@ -212,24 +395,34 @@ class NVFP4Format(StateFormat):
         *lead, h, r, c = layout.oriented_shape(shape, self.axis)
         cp = -(-c // self.BLOCK) * self.BLOCK
         rows = layout.prod(lead) * h * r
-        return rows * (cp // 2 + cp // self.BLOCK) + 4 * layout.prod(layout.group_shape(shape, self.scale, self.axis))
+        n_col = layout.prod(lead) * h * c if self.scale == "rowcol" else 0
+        return rows * (cp // 2 + cp // self.BLOCK) + 4 * (layout.prod(layout.group_shape(shape, self.group, self.axis)) + n_col)
+
+    @property
+    def group(self) -> str:
+        """The scale group of S_dec."""
+        return "row" if self.scale == "rowcol" else self.scale
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
-        xo = layout.pad_to(layout.orient(layout.as_bhpn(x), self.axis), self.BLOCK)  # [B, H, R, Cp]
-        amax = layout.group_amax(xo, self.scale)  # [B, H|1, R|1, 1]
+        xo = layout.orient(layout.as_bhpn(x), self.axis)  # [B, H, R, C]
+        col = column_factors(xo) if self.scale == "rowcol" else None  # [B, H, 1, C]
+        xo = layout.pad_to(xo if col is None else xo / col, self.BLOCK)  # [B, H, R, Cp]
+        amax = layout.group_amax(xo, self.group)  # [B, H|1, R|1, 1]
         s_enc = torch.clamp(_div(2688.0, amax), max=FLT_MAX)
         s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
         s_dec = _div(1.0, s_enc)
         blocks = xo.unflatten(-1, (-1, self.BLOCK))  # [B, H, R, Cp/16, 16]
-        s_b = rounding.round_e4m3(blocks.abs().amax(-1) * (s_enc * rounding.F32_SIXTH))  # [B, H, R, Cp/16]
+        s_b = nvfp4_block_scale(blocks.abs().amax(-1), s_enc)  # [B, H, R, Cp/16]
         enc_b = torch.clamp(_div(1.0, s_b * s_dec), max=FLT_MAX)
-        q = rounding.round_e2m1(blocks * enc_b.unsqueeze(-1)).flatten(-2)  # [B, H, R, Cp]
+        v = blocks * enc_b.unsqueeze(-1)
+        q = torch.where(v == 0, 0.0, rounding.round_e2m1(v)).flatten(-2)  # [B, H, R, Cp]; -0.0 -> code 0
         codes = rounding.e2m1_to_bits(q)
         lead = layout.shape3(x.shape)[:-3]
         data = (codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(*lead, *xo.shape[1:3], -1)
         scales = rounding.e4m3_to_bits(s_b).reshape(*lead, *s_b.shape[1:])
-        gs = s_dec.reshape(layout.group_shape(x.shape, self.scale, self.axis)).contiguous()
-        return PackedState(self.name, tuple(x.shape), data, scales, gs)
+        gs = s_dec.reshape(layout.group_shape(x.shape, self.group, self.axis)).contiguous()
+        cs = None if col is None else col.reshape(*lead, xo.shape[1], -1).contiguous()
+        return PackedState(self.name, tuple(x.shape), data, scales, gs, cs)
 
     def decode(self, packed) -> torch.Tensor:
         self._check(packed)
@@ -238,8 +431,10 @@ class NVFP4Format(StateFormat):
         codes = torch.stack((data & 0xF, data >> 4), dim=-1).flatten(-2)  # [B, H, R, Cp]
         q = rounding.e2m1_from_bits(codes).unflatten(-1, (-1, self.BLOCK))
         s_b = rounding.e4m3_from_bits(packed.scales.reshape(q.shape[:-1])).unsqueeze(-1)
-        s_dec = packed.global_scale.reshape(q.shape[0], *{"row": (h, r), "head": (h, 1), "tensor": (1, 1)}[self.scale], 1, 1)
+        s_dec = packed.global_scale.reshape(q.shape[0], *{"row": (h, r), "head": (h, 1), "tensor": (1, 1)}[self.group], 1, 1)
         xo = ((q * s_b) * s_dec).flatten(-2)[..., :c]
+        if self.scale == "rowcol":
+            xo = xo * packed.col_scale.reshape(-1, h, 1, c)
         return layout.unorient(xo, self.axis).reshape(packed.shape)
 
 

@@ -15,7 +15,6 @@ import torch
 from replayssm_eval.quant import philox
 
 AXES = ("dstate", "headdim")
-SCALE_GROUPS = ("tensor", "head", "row")
 # dims of the oriented [B, H, R, C] tensor that one scale group spans
 _GROUP_DIMS = {"tensor": (1, 2, 3), "head": (2, 3), "row": (3,)}
 
@@ -64,8 +63,9 @@ def group_shape(shape: tuple[int, ...], scale: str, axis: str = "dstate") -> tup
     return tuple(lead) + {"tensor": (), "head": (h,), "row": (h, r)}[scale]
 
 
-def random_words(x: torch.Tensor, seed: int | None, offset: int, random_bits: torch.Tensor | None) -> torch.Tensor:
-    """uint32 words (int64) with x's shape: `random_bits` as given, else Philox at counters offset + flat index."""
+def random_words(x: torch.Tensor, seed: int | None, offset: int, random_bits: torch.Tensor | None,
+                 rounds: int = philox.N_ROUNDS) -> torch.Tensor:
+    """uint32 words (int64) with x's shape: `random_bits` as given, else Philox-`rounds` at counters offset + flat index."""
     if random_bits is not None:
         if tuple(random_bits.shape) != tuple(x.shape):
             raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}, expected x's shape {tuple(x.shape)}")
@@ -73,7 +73,7 @@ def random_words(x: torch.Tensor, seed: int | None, offset: int, random_bits: to
     if seed is None:
         raise ValueError("stochastic rounding needs seed= (an int) or random_bits=; got neither")
     counter = offset + torch.arange(x.numel(), device=x.device, dtype=torch.int64)
-    return philox.randint(int(seed), counter).reshape(x.shape)
+    return philox.randint(int(seed), counter, rounds).reshape(x.shape)
 
 
 def prod(shape) -> int:

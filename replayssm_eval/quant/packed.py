@@ -14,8 +14,9 @@ class PackedState:
     format        canonical spec string of the format that wrote it (`StateFormat.name`)
     shape         shape of the tensor that was encoded (decode returns this shape)
     data          element codes (uint8), or the elements themselves for fp32 / bf16 / fp16
-    scales        per-block scale bytes (uint8: E4M3 for nvfp4, E8M0 for mx), else None
-    global_scale  FP32 decode scales (nvfp4 S_dec, fp8 amax/max), else None
+    scales        per-block scales (uint8: E4M3 for nvfp4, E8M0 for mx; FP32 for fp8/int block:N), else None
+    global_scale  FP32 decode scales (nvfp4 S_dec, fp8/int amax/max; the row factors of scale=rowcol), else None
+    col_scale     FP32 column factors of scale=rowcol `[..., H, C]`, else None
     """
 
     format: str
@@ -23,7 +24,8 @@ class PackedState:
     data: torch.Tensor
     scales: torch.Tensor | None = None
     global_scale: torch.Tensor | None = None
+    col_scale: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.global_scale) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.global_scale, self.col_scale) if t is not None)

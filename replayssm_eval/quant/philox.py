@@ -1,6 +1,6 @@
-"""Philox4x32-10 in vectorised torch, bit-identical to Triton's `tl.randint(seed, offset)`.
+"""Philox4x32-R (R = 10 by default) in vectorised torch, bit-identical to Triton's `tl.randint(seed, offset)`.
 
-Counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi), ten rounds, output word 0
+Counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi), R rounds, output word 0
 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; Random123).
 All arithmetic is int64 with explicit 32-bit masks, so it runs on any device torch supports.
 """
@@ -47,10 +47,10 @@ def philox4x32(
     return c0, c1, c2, c3
 
 
-def randint(seed: int | torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+def randint(seed: int | torch.Tensor, counter: torch.Tensor, n_rounds: int = N_ROUNDS) -> torch.Tensor:
     """uint32 random words (as int64) for 64-bit `counter` values; `seed` is an int or a tensor broadcastable with it.
 
-    Equals `tl.randint(seed, counter)` element for element when `counter` is int64 in Triton.
+    Equals `tl.randint(seed, counter, n_rounds)` element for element when `counter` is int64 in Triton.
     """
     counter = torch.as_tensor(counter).to(torch.int64)
     lo = counter & _MASK32
@@ -59,4 +59,4 @@ def randint(seed: int | torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     if isinstance(seed, torch.Tensor):
         seed, lo = torch.broadcast_tensors(seed.to(device=lo.device, dtype=torch.int64), lo)
         hi, zero = hi.expand_as(lo), zero.expand_as(lo)
-    return philox4x32(seed, lo, hi, zero, zero)[0]
+    return philox4x32(seed, lo, hi, zero, zero, n_rounds)[0]

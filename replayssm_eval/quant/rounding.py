@@ -25,7 +25,13 @@ less than q / 2^K.
     e4m3 SR   K=16, M=3, EMIN=-6, then saturate to +-448; +-Inf -> +-448.
     Both: NaN -> NaN; FP32 subnormal inputs -> +-0.
 The random words are uint32 values held in int64 tensors; fp16 SR uses bits [12:0] and e4m3 SR
-bits [15:0] of each word.
+bits [15:0] of each word by default; `k` < the default uses bits [k-1:0] (biased, see above).
+
+Integers (symmetric, saturating to +-qmax; codes are integer-valued FP32):
+    round_int(v, qmax)            RNE (ties to even), NaN -> 0
+    sr_int(v, bits, qmax, k)      sign(v) * floor(|v| + r / 2^k), r = bits [k-1:0], computed exactly in
+                                  FP64 (|v| <= 2^15 and k <= 32 fit its 53 bits); NaN -> 0.
+Two's-complement codes have one zero: -0.0 encodes as code 0 and decodes as +0.0.
 """
 
 from __future__ import annotations
@@ -88,13 +94,27 @@ def _stochastic(x: torch.Tensor, bits: torch.Tensor, k: int, m: int, emin: int) 
     return torch.where(torch.isnan(x), x, torch.copysign(mag, x))
 
 
-def sr_fp16(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    y = _stochastic(x, bits, FP16_SR_BITS, 10, -14)
+def sr_fp16(x: torch.Tensor, bits: torch.Tensor, k: int = FP16_SR_BITS) -> torch.Tensor:
+    y = _stochastic(x, bits, k, 10, -14)
     return torch.where(y.abs() > FP16_MAX, torch.copysign(torch.full_like(y, float("inf")), y), y)
 
 
-def sr_e4m3(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    return _clamp_keep_nan(_stochastic(x, bits, E4M3_SR_BITS, 3, -6), E4M3_MAX)
+def sr_e4m3(x: torch.Tensor, bits: torch.Tensor, k: int = E4M3_SR_BITS) -> torch.Tensor:
+    return _clamp_keep_nan(_stochastic(x, bits, k, 3, -6), E4M3_MAX)
+
+
+def round_int(v: torch.Tensor, qmax: int) -> torch.Tensor:
+    """Integer codes (FP32) of v: RNE, saturating to +-qmax; NaN -> 0."""
+    q = torch.clamp(torch.round(v), -qmax, qmax)
+    return torch.where(torch.isnan(q), 0.0, q) + 0.0  # + 0.0 turns -0.0 into +0.0
+
+
+def sr_int(v: torch.Tensor, bits: torch.Tensor, qmax: int, k: int) -> torch.Tensor:
+    """Integer codes (FP32) of v: sign(v) * floor(|v| + r / 2^k), saturating to +-qmax; NaN -> 0."""
+    r = (bits.to(torch.int64) & ((1 << k) - 1)).double()
+    mag = torch.floor(v.double().abs() + torch.ldexp(r, torch.tensor(-k, dtype=torch.int32)))
+    q = torch.clamp(torch.copysign(mag, v.double()), -qmax, qmax).float()
+    return torch.where(torch.isnan(q), 0.0, q) + 0.0
 
 
 def e4m3_to_bits(v: torch.Tensor) -> torch.Tensor:

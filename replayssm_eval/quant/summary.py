@@ -1,6 +1,7 @@
 """`replayssm-eval formats`: bits, bytes of one SSM state and round-trip error of every state format.
 
     replayssm-eval formats --geometry qwen3.5-4b --distribution student-t3 --json
+    replayssm-eval formats --presets        (engine presets, their expansions and sources)
 """
 
 from __future__ import annotations
@@ -26,10 +27,14 @@ class FormatsConfig:
     states: int = field(default=2, metadata={"help": "independent states sampled for the error"})
     seed: int = field(default=0, metadata={"help": "seed of the sampled states and of stochastic rounding"})
     json: bool = field(default=False, metadata={"help": "print JSON instead of a table"})
+    presets: bool = field(default=False, metadata={
+        "help": "list the engine presets (e.g. vllm:fp16sr) with the config each expands to and its source"})
 
 
 @command("formats", help="Bits, bytes per SSM state and round-trip error of each state format.")
 def run_formats(config: FormatsConfig) -> int:
+    if config.presets:
+        return _print_presets(config.json)
     h, p, n = parse_geometry(config.geometry)
     rows = format_error_table(list(config.formats) or None, config.geometry, config.distribution, config.seed,
                               config.states)
@@ -43,4 +48,19 @@ def run_formats(config: FormatsConfig) -> int:
     table = pd.DataFrame(rows).set_index("format")
     print(table.to_string(formatters={"bits_per_element": "{:g}".format, "rel_rms_error": "{:.3e}".format,
                                       "sqnr_db": "{:.2f}".format}))
+    return 0
+
+
+def _print_presets(as_json: bool) -> int:
+    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.kernels.engines import PRESETS
+
+    rows = [{"preset": p.name, "expansion": ReplayConfig.parse(p.expansion).name, "source": p.source,
+             "description": p.description} for p in PRESETS.values()]
+    if as_json:
+        print(json.dumps({"presets": rows}, indent=2))
+        return 0
+    print("| preset | expansion | source | description |\n| --- | --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['preset']} | `{row['expansion']}` | {row['source']} | {row['description']} |")
     return 0

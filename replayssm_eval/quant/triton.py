@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.quant import layout
+from replayssm_eval.quant import layout, philox
 from replayssm_eval.quant.formats import FLT_MAX, ElementwiseFormat, FP8Format, MXFormat, NVFP4Format, StateFormat
 from replayssm_eval.quant.packed import PackedState
 
@@ -275,7 +275,8 @@ def _nvfp4_tile(x, amax, GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl
     s_b = round_e4m3(bmax * (s_enc * 0.1666666716337204))
     enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
     enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
-    q = round_e2m1(xb * enc_b[:, :, None])
+    v = xb * enc_b[:, :, None]
+    q = tl.where(v == 0.0, 0.0, round_e2m1(v))  # a zero (-0.0 included) is code 0
     return q, s_b, s_dec
 
 
@@ -358,6 +359,8 @@ def _row_amax(xo: torch.Tensor, fmt: StateFormat) -> torch.Tensor | None:
 def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = None, offset: int = 0,
                     random_bits: torch.Tensor | None = None) -> torch.Tensor:
     """`fmt.quantize(x, ...)` computed by one Triton kernel; identical bits."""
+    if not triton_rounds(fmt):
+        raise NotImplementedError(f"quantize_triton does not cover format '{fmt.name}' (see `triton_rounds`)")
     axis = getattr(fmt, "axis", "dstate")
     xo = layout.orient(layout.as_bhpn(x), axis).contiguous()  # [B, H, R, C]
     n_cols = xo.shape[-1]
@@ -450,9 +453,28 @@ def _encode_kernel(
             tl.store(out, q, mask=mask)
 
 
+def triton_rounds(fmt: StateFormat) -> bool:
+    """Whether the Triton device functions here round `fmt` (the capability every kernel checks first).
+
+    Covered: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2 with axis=dstate and scale row, head, tensor
+    or none (any max=); nvfp4 with scale head, tensor or row; mxfp8, mxfp4; stochastic ones only with the
+    default Philox rounds and random bits. Not covered (torch rounds them): the integer formats, block
+    and rowcol scales, rot=, non-default rounds=/bits=.
+    """
+    if not isinstance(fmt, (ElementwiseFormat, FP8Format, NVFP4Format, MXFormat)):
+        return False
+    if fmt.is_stochastic and (fmt.rounds != str(philox.N_ROUNDS) or fmt.bits != fmt.options_for(fmt.base)["bits"][0]):
+        return False
+    if isinstance(fmt, FP8Format):
+        return fmt.axis == "dstate" and fmt.scale in ("row", "head", "tensor", "none")
+    if isinstance(fmt, NVFP4Format):
+        return fmt.scale != "rowcol"
+    return isinstance(fmt, (ElementwiseFormat, MXFormat))
+
+
 def encode_triton_supports(fmt: StateFormat) -> bool:
-    """Whether `encode_triton` covers `fmt` (MX and NVFP4 with head_dim blocks keep the torch encode)."""
-    return isinstance(fmt, (ElementwiseFormat, FP8Format)) or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")
+    """Whether `encode_triton` covers `fmt` (`triton_rounds`, less MX and NVFP4 with head_dim blocks)."""
+    return triton_rounds(fmt) and not isinstance(fmt, MXFormat) and getattr(fmt, "axis", "dstate") == "dstate"
 
 
 def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None = None,
@@ -467,7 +489,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     """
     if not encode_triton_supports(fmt):
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: fp32, bf16, fp16, "
-                                  "fp16sr, fp8, fp8sr, fp8e5m2 (any scale), nvfp4 with axis=dstate (any scale)")
+                                  "fp16sr, fp8, fp8sr, fp8e5m2 (scale row, head, tensor or none), nvfp4 with "
+                                  "axis=dstate (scale head, tensor or row), default rounds= and bits=")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -515,7 +538,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
 
 __all__ = [
     "KINDS", "e2m1_decode", "e2m1_encode", "e4m3_decode", "e4m3_encode", "e5m2_decode", "e5m2_encode",
-    "encode_triton", "encode_triton_supports", "quantize_tile",
+    "encode_triton", "encode_triton_supports", "quantize_tile", "triton_rounds",
     "quantize_triton", "round_bf16", "round_e2m1", "round_e4m3", "round_e5m2", "round_fp16", "round_kind",
     "sr_e4m3", "sr_fp16", "tile_amax",
 ]

@@ -50,29 +50,40 @@ def traffic_png(model: str, rows: list[TrafficRow]) -> bytes | None:
 
 
 def pareto_png(result: Result, points: list[ParetoPoint], bucket, fp32_traffic: float | None) -> bytes | None:
-    """Traffic (x) against KL at the longest bucket (y, log), frontier points joined and ringed."""
+    """KL at the longest bucket (y, log) against traffic per token (left) and read-copy bits per element (right),
+    frontier points joined and ringed."""
+    from replayssm_eval.reports.tables import on_frontier
+
     shown = [p for p in points if p.kl > 0]
     if not shown:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for p in shown:
-        ax.scatter(p.traffic / KIB, p.kl, s=60 if p.frontier else 30, zorder=3,
-                   color="#c05621" if p.frontier else "#718096", edgecolor="black" if p.frontier else "none")
-        ax.annotate(p.config, (p.traffic / KIB, p.kl), textcoords="offset points", xytext=(5, 4), fontsize=7)
-    frontier = sorted((p for p in shown if p.frontier), key=lambda p: p.traffic)
-    if len(frontier) > 1:
-        ax.step([p.traffic / KIB for p in frontier], [p.kl for p in frontier], where="post", color="#c05621",
-                linewidth=1.2, label="Pareto frontier")
-    if fp32_traffic:
-        ax.axvline(fp32_traffic / KIB, color="#c53030", linestyle="--", linewidth=1, label="conventional FP32 (KL 0)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("ReplaySSM state traffic per decode token, KiB (log)")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110, sharey=True)
+    panels = [("traffic", 1 / KIB, "ReplaySSM state traffic per decode token, KiB (log)", True),
+              ("bits", 1.0, "read copy: bits per state element, scales included", False)]
+    for ax, (cost, unit, label, log_x) in zip(axes, panels):
+        mine = [p for p in shown if getattr(p, cost) is not None]
+        front = sorted((p for p in mine if on_frontier(p, mine, cost)), key=lambda p: getattr(p, cost))
+        for p in mine:
+            ax.scatter(getattr(p, cost) * unit, p.kl, s=60 if p in front else 30, zorder=3,
+                       color="#c05621" if p in front else "#718096", edgecolor="black" if p in front else "none")
+            ax.annotate(p.config, (getattr(p, cost) * unit, p.kl), textcoords="offset points", xytext=(5, 4),
+                        fontsize=6)
+        if len(front) > 1:
+            ax.step([getattr(p, cost) * unit for p in front], [p.kl for p in front], where="post", color="#c05621",
+                    linewidth=1.2, label="Pareto frontier")
+        if cost == "traffic" and fp32_traffic:
+            ax.axvline(fp32_traffic / KIB, color="#c53030", linestyle="--", linewidth=1,
+                       label="conventional FP32 (KL 0)")
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     span = f"{bucket[0]}–{bucket[1]}" if bucket else "the longest bucket"
-    ax.set_ylabel(f"mean KL at generated tokens {span}")
-    ax.set_title(f"{result.label}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    axes[0].set_ylabel(f"mean KL at generated tokens {span}")
+    fig.suptitle(f"{result.label}", fontsize=10)
     return _png(fig)
 
 

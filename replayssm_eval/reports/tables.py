@@ -5,6 +5,7 @@ A `Table` holds strings, so the HTML and the Markdown renderings show the same d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -151,6 +152,9 @@ class TrafficRow:
     conventional_fp32: float | None
     replay: float | None
     note: str = ""
+    kl: float | None = None  # mean KL of a KL run's config
+    skipped: float | None = None  # share of checkpoint reads #skip dropped (kl.json skip_reads)
+    replay_with_skip: float | None = None  # ReplaySSM traffic less the skipped reads
 
 
 def traffic_rows(results: list[Result]) -> list[TrafficRow]:
@@ -167,7 +171,12 @@ def traffic_rows(results: list[Result]) -> list[TrafficRow]:
             note = ""
             if traffic is None:
                 traffic, note = _compute_traffic(r.model, name)
-            rows.append(_traffic_row(r.model, name, traffic, note))
+            row = _traffic_row(r.model, name, traffic, note)
+            if entry:
+                total = (entry.get("skip_reads") or {}).get("total", {})
+                row = dataclasses.replace(row, kl=entry.get("kl_mean"), skipped=total.get("skipped_fraction"),
+                                          replay_with_skip=total.get("replay_with_skip"))
+            rows.append(row)
     return rows
 
 
@@ -228,13 +237,24 @@ def traffic_table(rows: list[TrafficRow]) -> Table:
                     kib(t.replay), ratio, ratio32, t.note])
     columns = ["model", "config", "read copy", "recurrence copy", "window", "conventional FP32",
                "conventional (recurrence format)", "ReplaySSM", "conventional / ReplaySSM", "FP32 / ReplaySSM", "note"]
+    align = ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l"]
     if not any(t.note for t in rows):
-        columns, out = columns[:-1], [row[:-1] for row in out]
+        columns, out, align = columns[:-1], [row[:-1] for row in out], align[:-1]
+    extra = []
+    if any(t.kl is not None for t in rows):
+        extra.append(("KL (mean)", [_sci(t.kl) for t in rows]))
+    if any(t.skipped is not None for t in rows):
+        extra.append(("reads skipped", ["–" if t.skipped is None else f"{100 * t.skipped:.2f}%" for t in rows]))
+        extra.append(("ReplaySSM with skip", [kib(t.replay_with_skip) for t in rows]))
+    for title, cells in extra:
+        columns, align = columns + [title], align + ["r"]
+        out = [row + [cell] for row, cell in zip(out, cells)]
     return Table("SSM state memory traffic per decode token (one sequence, all SSM layers), KiB", columns, out,
                  "Conventional decoding reads and writes the whole state every token; ReplaySSM reads the read "
                  "copy, writes a checkpoint once per window and reads/writes the bf16 ring buffer "
-                 "(models/traffic.py). Read skipping is not modelled (upper bound).",
-                 align=["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l"][:len(columns)])
+                 "(models/traffic.py). ReplaySSM is the upper bound of a #skip config; reads skipped: the share "
+                 "of (token, head) checkpoint reads its threshold dropped in the run, and ReplaySSM with skip the "
+                 "traffic less those reads.", align=align)
 
 
 # --- Pareto ----------------------------------------------------------------------------------
@@ -242,9 +262,13 @@ def traffic_table(rows: list[TrafficRow]) -> Table:
 @dataclass(frozen=True)
 class ParetoPoint:
     config: str
-    traffic: float  # bytes per decode token, whole model
+    traffic: float  # bytes per decode token, whole model (less the skipped reads of a #skip config)
     kl: float  # mean KL at the longest bucket
     frontier: bool = False
+    bits: float | None = None  # bits per state element of the read copy, scales included
+    kl_mean: float | None = None  # over all tokens
+    top1: float | None = None
+    skipped: float | None = None  # share of checkpoint reads #skip dropped
 
 
 def pareto_points(result: Result) -> tuple[list[ParetoPoint], tuple[int, int] | None]:
@@ -252,29 +276,49 @@ def pareto_points(result: Result) -> tuple[list[ParetoPoint], tuple[int, int] | 
     traffic <= and KL <= with one of them strictly smaller."""
     points, bucket = [], None
     for c in result.data["configs"]:
-        traffic = (c.get("state_traffic") or {}).get("per_model", {}).get("replay")
-        if traffic is None:
-            computed, _ = _compute_traffic(result.model, c["name"])
-            traffic = computed["per_model"]["replay"] if computed else None
+        recorded = c.get("state_traffic") or _compute_traffic(result.model, c["name"])[0]
+        traffic = recorded["per_model"]["replay"] if recorded else None
+        skip = (c.get("skip_reads") or {}).get("total") or {}
+        if skip.get("replay_with_skip") is not None:
+            traffic = skip["replay_with_skip"]
         if traffic is None or not c["buckets"] or c["buckets"][-1]["kl_mean"] is None:
             continue
         last = c["buckets"][-1]
         bucket = (last["start"], last["end"])
-        points.append(ParetoPoint(c["name"], traffic, last["kl_mean"]))
-    marked = []
-    for p in points:
-        dominated = any(q.traffic <= p.traffic and q.kl <= p.kl and (q.traffic < p.traffic or q.kl < p.kl)
-                        for q in points)
-        marked.append(ParetoPoint(p.config, p.traffic, p.kl, not dominated))
-    return marked, bucket
+        points.append(ParetoPoint(c["name"], traffic, last["kl_mean"], bits=read_bits(recorded),
+                                  kl_mean=c.get("kl_mean"), top1=c.get("top1_agree"),
+                                  skipped=skip.get("skipped_fraction")))
+    return [dataclasses.replace(p, frontier=on_frontier(p, points, "traffic")) for p in points], bucket
+
+
+def read_bits(traffic: dict | None) -> float | None:
+    """Bits per state element of the read copy (scales included), from a `state_traffic` record."""
+    if not traffic:
+        return None
+    elements = math.prod(traffic["geometry"]["state"])
+    return 8 * traffic["bytes_per_copy"]["read"] / elements
+
+
+def on_frontier(p: ParetoPoint, points: list[ParetoPoint], cost: str) -> bool:
+    """No other point has both `cost` <= and KL <= with one of them strictly smaller."""
+    mine = getattr(p, cost)
+    if mine is None:
+        return False
+    return not any(getattr(q, cost) is not None and getattr(q, cost) <= mine and q.kl <= p.kl
+                   and (getattr(q, cost) < mine or q.kl < p.kl) for q in points)
 
 
 def pareto_table(result: Result, points: list[ParetoPoint], bucket) -> Table:
-    rows = [[p.config, f"{p.traffic / KIB:,.1f}", _sci(p.kl), "yes" if p.frontier else ""]
+    """One row per config, by traffic: read bits per element, traffic, reads skipped, KL, top-1, frontier."""
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
+    rows = [[p.config, fmt(p.bits, ".2f"), f"{p.traffic / KIB:,.1f}",
+             "–" if p.skipped is None else f"{100 * p.skipped:.2f}%", _sci(p.kl_mean), _sci(p.kl),
+             fmt(p.top1, ".4f"), "yes" if p.frontier else ""]
             for p in sorted(points, key=lambda p: p.traffic)]
     span = f"{bucket[0]}–{bucket[1]}" if bucket else "?"
     return Table(f"{result.label}: traffic vs KL at generated tokens {span}",
-                 ["config", "ReplaySSM traffic (KiB/token)", "KL", "on the frontier"], rows)
+                 ["config", "read bits/element", "ReplaySSM traffic (KiB/token)", "reads skipped", "KL (mean)",
+                  f"KL ({span})", "top-1 agree", "on the frontier"], rows)
 
 
 # --- provenance ------------------------------------------------------------------------------

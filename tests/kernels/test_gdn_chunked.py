@@ -102,3 +102,31 @@ def test_bad_backend():
     inputs = make_inputs(batch=1, seqlen=2, dtype=torch.float32)
     with pytest.raises(ValueError, match="unknown backend 'cuda'; expected one of torch, triton"):
         chunked(*inputs, "fp32", backend="cuda")
+
+
+@pytest.mark.parametrize("fold", ["open", "closed"])
+def test_beta_up_to_two(fold):
+    """Layers with allow_neg_eigval (olmo_hybrid) pass beta in (0, 2): nothing clamps it.
+
+    The reference equals the naive recurrence, the chunked form the reference (fp64), and the Triton chunked kernel
+    the torch one (fp32) for a split config."""
+    from test_gdn_reference import naive_decode
+
+    from replayssm_eval.kernels.gdn import checkpoint_kv
+
+    inputs = make_inputs(seqlen=19)
+    inputs[4] = 2 * inputs[4]
+    assert inputs[4].max() > 1.5
+    cfg = ReplayConfig.parse("nvfp4/fp16sr@4").replace(gdn_fold=fold)
+    o_ref, st_ref = decode_reference(*cut(inputs, 0), inputs[5], cfg, compute_dtype=torch.float64)
+    for b in range(inputs[0].shape[0]):
+        want, want_hi, _ = naive_decode([t[b] for t in inputs], cfg, b)
+        assert_close(f"o[{b}]", want, o_ref[b], 1e-10)
+        assert torch.equal(want_hi.float(), checkpoint_kv(st_ref)[0][b])
+    o, st = chunked(*cut(inputs, 0), inputs[5], cfg, compute_dtype=torch.float64)
+    assert_close("o", o_ref, o, 1e-10)
+    assert_same_state(st_ref, st)
+    fp32 = [t.float() for t in inputs]
+    o_torch, _ = chunked(*cut(fp32, 0), fp32[5], cfg)
+    o_triton, _ = chunked(*cut(fp32, 0), fp32[5], cfg, backend="triton")
+    assert_close("o triton", o_torch, o_triton, 1e-4)

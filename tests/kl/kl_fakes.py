@@ -50,6 +50,9 @@ class FakeRunner:
     def state_traffic(self, config):
         return {"bytes_per_token": 4.0 * HIDDEN / config.window}
 
+    def skip_reads(self, config):
+        return None if config.skip_read_below is None else {"total": {"skipped": 0}}
+
 
 class FakeStream:
     def __init__(self, runner: FakeRunner, config, seq_ids: torch.Tensor):

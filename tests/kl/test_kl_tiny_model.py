@@ -100,3 +100,29 @@ def test_ctrl_c_mid_segment_then_resume_equals_an_uninterrupted_run(model, tmp_p
     for name in ("doc-000000.npz", "doc-000001.npz"):
         with np.load(straight / "tokens" / name) as a, np.load(broken / "tokens" / name) as b:
             assert np.array_equal(a["metrics"], b["metrics"]) and np.array_equal(a["ref_nll"], b["ref_nll"])
+
+
+@pytest.mark.parametrize("model", [MODEL, "tiny-qwen3.5"])
+def test_skip_reads_are_counted(model, tmp_path, monkeypatch):
+    """kl.json's skip_reads: reads skipped per layer and in total, > 0 for a large EPS, 0 for a tiny one, and the
+    bytes saved follow the counts."""
+    monkeypatch.setattr(output, "plot_png", lambda report: b"")
+    configs = ("nvfp4/fp16sr@8#skip=0.9", "nvfp4/fp16sr@8#skip=1e-30", "nvfp4/fp16sr@8")
+    run = run_kl(KLConfig(model=model, config=configs, num_docs=1, batch_size=1, prompt_len=16, tokens=24,
+                          segment_len=8, device="cpu", output=str(tmp_path / "run")))
+    found = {c["name"]: c for c in json.loads((run / "kl.json").read_text())["configs"]}
+    big, tiny = found[configs[0]]["skip_reads"], found[configs[1]]["skip_reads"]
+    assert found[configs[2]]["skip_reads"] is None
+    traffic = found[configs[0]]["state_traffic"]
+    layers, heads = traffic["geometry"]["num_ssm_layers"], traffic["geometry"]["state"][0]
+    assert len(big["per_layer"]) == layers
+    assert big["total"]["reads"] == tiny["total"]["reads"] == layers * heads * 23  # decode tokens after the prompt
+    assert big["total"]["skipped"] > 0 and tiny["total"]["skipped"] == 0
+    assert big["total"]["skipped"] == sum(c["skipped"] for c in big["per_layer"].values())
+    read, recur = traffic["bytes_per_copy"]["read"], traffic["bytes_per_copy"]["recur"]
+    for c in big["per_layer"].values():
+        expect = (c["skipped_read_copy"] * read + c["skipped_recur_copy"] * recur) / c["reads"]
+        assert c["bytes_saved_per_token"] == pytest.approx(expect)
+    assert big["total"]["bytes_saved_per_token"] > 0 and tiny["total"]["bytes_saved_per_token"] == 0
+    assert big["total"]["replay_with_skip"] == pytest.approx(
+        traffic["per_model"]["replay"] - big["total"]["bytes_saved_per_token"])

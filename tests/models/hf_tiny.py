@@ -10,7 +10,7 @@ import transformers as tf
 
 VOCAB = 64
 MAMBA2_FAMILIES = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "falcon_h1", "zamba2")
-GDN_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+GDN_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid")
 _ATTN = {"num_attention_heads": 2, "num_key_value_heads": 1}
 _MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 16,
           "mamba_expand": 1}
@@ -50,6 +50,11 @@ def config(name: str):
         "qwen3_next": lambda: tf.Qwen3NextConfig(
             vocab_size=v, hidden_size=h, intermediate_size=48, num_hidden_layers=3, head_dim=16,
             layer_types=["linear_attention", "full_attention", "linear_attention"], **_ATTN, **_GDN, **_MOE),
+        # GDN with allow_neg_eigval: beta = 2 sigmoid(.) in (0, 2)
+        "olmo_hybrid": lambda: tf.OlmoHybridConfig(
+            vocab_size=v, hidden_size=h, intermediate_size=48, num_hidden_layers=3, pad_token_id=0, eos_token_id=1,
+            layer_types=["linear_attention", "full_attention", "linear_attention"], linear_allow_neg_eigval=True,
+            **_ATTN, **_GDN),
     }[name]()
 
 
@@ -67,7 +72,7 @@ def build(name: str, dtype=torch.float32, seed: int = 0):
         module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         if hasattr(module, "D"):
             module.D.zero_()
-        for proj in ("in_proj", "in_proj_qkv", "in_proj_qkvz", "out_proj"):
+        for proj in ("in_proj", "in_proj_qkv", "in_proj_qkvz", "q_proj", "k_proj", "v_proj", "out_proj", "o_proj"):
             if hasattr(module, proj):
                 getattr(module, proj).weight.mul_(8.0)
     return model.to(dtype)

@@ -6,9 +6,14 @@ import torch
 from replayssm_eval.quant import PackedState, StateFormat, get_format, list_formats
 from replayssm_eval.quant.measure import sample_state
 
-ALL = ["fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4"]
-VARIANTS = ALL + ["fp8:scale=head", "fp8sr:scale=tensor", "fp8:scale=none", "nvfp4:axis=headdim,scale=head",
-                  "nvfp4:scale=row", "mxfp4:axis=headdim"]
+ALL = ["fp32", "bf16", "fp16", "fp16sr", "int16", "int16sr", "fp8", "fp8sr", "fp8e5m2", "int8", "int8sr", "nvfp4",
+       "mxfp8", "mxfp4"]
+STOCHASTIC = ("fp16sr", "fp8sr", "int8sr", "int16sr")
+VARIANTS = ALL + ["fp8:scale=head", "fp8sr:scale=tensor", "fp8:scale=none", "nvfp4:axis=headdim,scale=tensor",
+                  "nvfp4:scale=row", "nvfp4:scale=tensor", "nvfp4:scale=rowcol", "nvfp4:axis=headdim,scale=rowcol",
+                  "mxfp4:axis=headdim", "int8:scale=block:4", "int16sr:axis=headdim,scale=block:3", "int8:scale=head",
+                  "int8:scale=tensor", "int8:scale=rowcol", "fp8:axis=headdim,scale=rowcol", "fp8:scale=block:8,max=240",
+                  "fp8sr:rounds=7,bits=12", "fp16sr:bits=8"]
 
 
 def _kw(fmt):
@@ -17,23 +22,39 @@ def _kw(fmt):
 
 def test_names_and_canonical_specs():
     assert list_formats() == ALL
-    assert get_format("nvfp4:scale=head,axis=headdim").name == "nvfp4:axis=headdim,scale=head"
-    assert get_format("nvfp4:axis=dstate,scale=tensor").name == "nvfp4"
+    assert get_format("nvfp4:scale=tensor,axis=headdim").name == "nvfp4:axis=headdim,scale=tensor"
+    assert get_format("nvfp4:axis=dstate,scale=head").name == "nvfp4"
+    assert get_format("fp8:max=448").name == "fp8" and get_format("fp8sr:rounds=10,bits=16").name == "fp8sr"
+    assert get_format("int8sr:bits=16,rounds=10,scale=block:64").name == "int8sr:scale=block:64"
+    assert get_format("int8:rot=hadamard:32,axis=headdim").name == "int8:axis=headdim,rot=hadamard:32"
     assert get_format("fp8:scale=row") == get_format("fp8")
     for spec in VARIANTS:
         fmt = get_format(spec)
         assert isinstance(fmt, StateFormat) and get_format(fmt.name) == fmt
-        assert fmt.is_stochastic == (fmt.base in ("fp16sr", "fp8sr"))
+        assert fmt.is_stochastic == (fmt.base in STOCHASTIC)
     with pytest.raises(Exception):
         get_format("fp8").scale = "none"  # frozen
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("nvfp5", "unknown state format 'nvfp5'; known: fp32, bf16, fp16, fp16sr, fp8, fp8sr, fp8e5m2, nvfp4, mxfp8, mxfp4"),
-    ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale"),
+    ("nvfp5", "unknown state format 'nvfp5'; known: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, "
+              "int8, int8sr, nvfp4, mxfp8, mxfp4"),
+    ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale, rot"),
     ("nvfp4:axis=k", "bad value 'k' for option 'axis' of state format 'nvfp4'; accepted: dstate, headdim"),
-    ("fp8:scale", "bad value '' for option 'scale' of state format 'fp8'; accepted: row, head, tensor, none"),
-    ("fp16:scale=row", "unknown option 'scale' for state format 'fp16'; accepted: none"),
+    ("fp8:scale", "bad value '' for option 'scale' of state format 'fp8'; "
+                  "accepted: row, head, tensor, block:N, rowcol, none"),
+    ("fp16:scale=row", "unknown option 'scale' for state format 'fp16'; accepted: rot"),
+    ("int8:scale=block:0", "bad value 'block:0' for option 'scale' of state format 'int8'; "
+                           "accepted: row, head, tensor, block:N, rowcol, none"),
+    ("int8:scale=block:1.5", "bad value 'block:1.5' for option 'scale' of state format 'int8'; "
+                             "accepted: row, head, tensor, block:N, rowcol, none"),
+    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, rot"),
+    ("int8sr:rounds=-1", "bad value '-1' for option 'rounds' of state format 'int8sr'; accepted: 10, N"),
+    ("fp16sr:bits=14", "bad value '14' for option 'bits' of state format 'fp16sr'; accepted: 1..13"),
+    ("fp8:max=449", "bad value '449' for option 'max' of state format 'fp8'; accepted: 1..448"),
+    ("fp8:rot=hadamard", "bad value 'hadamard' for option 'rot' of state format 'fp8'; accepted: none, hadamard:N"),
+    ("fp8:rot=hadamard:12", "bad value 'hadamard:12' for option 'rot' of state format 'fp8'; "
+                            "accepted: hadamard:N with N a power of two"),
 ])
 def test_bad_specs(spec, message):
     with pytest.raises(ValueError) as err:
@@ -41,7 +62,7 @@ def test_bad_specs(spec, message):
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr"])
+@pytest.mark.parametrize("spec", STOCHASTIC)
 def test_missing_seed_is_an_error(spec):
     with pytest.raises(ValueError, match="seed"):
         get_format(spec).quantize(torch.randn(2, 3, 4))
@@ -68,15 +89,24 @@ def test_packed_roundtrip_and_sizes(spec, shape, bits_equal):
 
 def test_bits_per_element():
     bpe = {name: get_format(name).bits_per_element for name in ALL}
-    assert bpe == {"fp32": 32, "bf16": 16, "fp16": 16, "fp16sr": 16, "fp8": 8, "fp8sr": 8, "fp8e5m2": 8,
-                   "nvfp4": 4.5, "mxfp8": 8.25, "mxfp4": 4.25}
+    assert bpe == {"fp32": 32, "bf16": 16, "fp16": 16, "fp16sr": 16, "int16": 16, "int16sr": 16, "fp8": 8, "fp8sr": 8,
+                   "fp8e5m2": 8, "int8": 8, "int8sr": 8, "nvfp4": 4.5, "mxfp8": 8.25, "mxfp4": 4.25}
+    assert get_format("int8:scale=block:64").bits_per_element == 8.5
+    assert get_format("int8:rot=hadamard:32").bits_per_element == 8
     shape = (96, 80, 128)
-    assert get_format("nvfp4").storage_bytes(shape) == 96 * 80 * 128 * 9 // 16 + 4
+    assert get_format("nvfp4").storage_bytes(shape) == 96 * 80 * 128 * 9 // 16 + 4 * 96
+    assert get_format("nvfp4:scale=tensor").storage_bytes(shape) == 96 * 80 * 128 * 9 // 16 + 4
+    assert get_format("nvfp4:scale=rowcol").storage_bytes(shape) == 96 * 80 * 128 * 9 // 16 + 4 * 96 * (80 + 128)
     assert get_format("fp8").storage_bytes(shape) == 96 * 80 * 128 + 4 * 96 * 80
-    assert get_format("nvfp4:axis=headdim,scale=head").storage_bytes(shape) == 96 * 128 * 80 * 9 // 16 + 4 * 96
+    assert get_format("int8").storage_bytes(shape) == 96 * 80 * 128 + 4 * 96 * 80
+    assert get_format("int16:axis=headdim").storage_bytes(shape) == 2 * 96 * 80 * 128 + 4 * 96 * 128
+    assert get_format("int8:scale=block:48").storage_bytes(shape) == 96 * 80 * 128 + 4 * 96 * 80 * 3
+    assert get_format("fp8:scale=rowcol").storage_bytes(shape) == 96 * 80 * 128 + 4 * 96 * (80 + 128)
+    assert get_format("nvfp4:axis=headdim,scale=tensor").storage_bytes(shape) == 96 * 128 * 80 * 9 // 16 + 4
 
 
-@pytest.mark.parametrize("spec", ["fp8", "fp8:scale=tensor", "nvfp4", "nvfp4:axis=headdim,scale=head", "mxfp4"])
+@pytest.mark.parametrize("spec", ["fp8", "fp8:scale=tensor", "nvfp4", "nvfp4:axis=headdim,scale=tensor", "mxfp4",
+                                  "int8:scale=tensor", "int16:scale=rowcol"])
 def test_leading_indices_are_independent(spec, bits_equal):
     fmt = get_format(spec)
     x = torch.randn(3, 4, 8, 32)

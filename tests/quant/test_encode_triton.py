@@ -10,7 +10,8 @@ from replayssm_eval.quant import get_format
 from replayssm_eval.quant import triton as qt
 
 ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr"]
-FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")]
+FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")] + [
+    "fp8:scale=head,max=240", "fp8sr:max=240"]
 NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")]
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
 
@@ -163,6 +164,12 @@ def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
         qt.encode_triton(x, get_format("nvfp4:axis=headdim"))
+    for spec in ("int8", "int8sr", "fp8:scale=block:16", "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16sr:rounds=7",
+                 "fp8sr:bits=8", "fp16:rot=hadamard:32"):
+        assert not qt.encode_triton_supports(get_format(spec))
+        with pytest.raises(NotImplementedError, match="does not cover"):
+            qt.encode_triton(x, get_format(spec))
+    assert qt.encode_triton_supports(get_format("fp8:max=240"))
     with pytest.raises(ValueError, match="keys"):
         qt.encode_triton(x, get_format("fp8sr"))
     with pytest.raises(ValueError, match="2 entries"):
@@ -183,3 +190,11 @@ def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
     for a, b in zip(got[:2], want[:2]):
         assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
     packed_equal(got[2], want[2])
+
+
+def test_encode_triton_nvfp4_order_of_operations(device):
+    """The kernel's block scales on the golden E4M3 tie rows (test_nvfp4's order-of-operations rows)."""
+    from tests.quant.test_nvfp4 import _tie_rows
+
+    x, scales = _tie_rows()
+    assert torch.equal(qt.encode_triton(x.to(device), get_format("nvfp4")).scales.cpu().view(64, 2), scales)

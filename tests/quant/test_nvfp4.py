@@ -1,10 +1,13 @@
 """NVFP4 against an independent step-by-step NumPy transcription of TransformerEngine's reference."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from replayssm_eval.quant import get_format
+from replayssm_eval.quant import formats, get_format, rounding
 
 F32 = np.float32
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], F32)
@@ -116,3 +119,46 @@ def test_torchao_known_differences():
     p = get_format("nvfp4").encode(g.view(1, 64, 256))
     same = (ao_data.view(torch.uint8).view(-1) == p.data.view(-1)).float().mean().item()
     assert same > 0.98
+
+
+def test_negative_zero_is_code_zero(bits_equal):
+    """-0.0 encodes as code 0 (TE's reference takes the sign from x < 0); a negative value rounding to 0 keeps code 8."""
+    x = np.array([-0.0, 0.0, 6.0, -0.2, -0.0] + [1.0] * 11, F32)
+    p = get_format("nvfp4").encode(torch.from_numpy(x).view(1, 1, 16))
+    codes = [(b >> s) & 0xF for b in p.data.view(-1).tolist() for s in (0, 4)]
+    assert codes[:5] == [0, 0, 7, 8, 0]  # -0.2 * enc_b = -0.2: rounds to -0, code 8
+    y = get_format("nvfp4").quantize(torch.from_numpy(x).view(1, 1, 16)).view(-1)
+    bits_equal(y, torch.from_numpy(te_reference(x)))
+    assert not torch.signbit(y[0]) and torch.signbit(y[3])
+
+
+@pytest.mark.parametrize("spec,negative_zero", [("fp32", True), ("bf16", True), ("fp16", True), ("fp8", True),
+                                                ("fp8e5m2", True), ("mxfp8", True), ("mxfp4", True), ("int8", False),
+                                                ("int16", False), ("nvfp4", False)])
+def test_negative_zero_per_format(spec, negative_zero):
+    """Which formats keep the sign of a -0.0 input: the IEEE-like codes do (they have a -0), the integer codes
+    and NVFP4 (TE's reference) do not; mxfp4 keeps it (code 8), as a plain E2M1 cast does."""
+    x = torch.full((1, 1, 32), -0.0)
+    x[0, 0, 1] = 1.0
+    assert bool(torch.signbit(get_format(spec).quantize(x)[0, 0, 0])) == negative_zero
+
+
+def _tie_rows():
+    rows = json.loads((Path(__file__).parent / "nvfp4_ties.json").read_text())["rows"]
+    x = torch.tensor(np.array([[int(h, 16) for h in r["x"]] for r in rows], np.uint32).view(F32))  # [64, 32]
+    return x.view(64, 1, 1, 32), torch.tensor([r["scales"] for r in rows], dtype=torch.uint8)
+
+
+def test_block_scale_order_of_operations_golden():
+    """64 rows whose second block scale is an E4M3 tie decided by the order of the FP32 products (scripts/nvfp4_ties.py)."""
+    x, scales = _tie_rows()
+    assert torch.equal(get_format("nvfp4").encode(x).scales.view(64, 2), scales)
+    for fmt in ("nvfp4:scale=row", "nvfp4:scale=tensor"):  # one row per state: the same global group
+        assert torch.equal(get_format(fmt).encode(x).scales.view(64, 2), scales)
+
+
+def test_block_scale_other_order_fails_the_golden(monkeypatch):
+    x, scales = _tie_rows()
+    monkeypatch.setattr(formats, "nvfp4_block_scale", lambda bmax, s_enc: rounding.round_e4m3((bmax / 6.0) * s_enc))
+    got = get_format("nvfp4").encode(x).scales.view(64, 2)
+    assert torch.equal(got[:, 0], scales[:, 0]) and (got[:, 1] != scales[:, 1]).all()

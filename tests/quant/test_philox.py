@@ -64,3 +64,24 @@ def test_words_are_uint32_and_seed_broadcasts():
     assert r.shape == (2, 1000) and r.min() >= 0 and r.max() < 2**32
     assert torch.equal(r[0], randint(5, c)) and torch.equal(r[1], randint(6, c))
     assert r.float().mean().item() == pytest.approx(2**31, rel=0.05)
+
+
+@triton.jit
+def _randint_rounds_kernel(out_ptr, seed, offset, n, N_ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.randint(seed, offset.to(tl.int64) + i, N_ROUNDS).to(tl.int64), mask=i < n)
+
+
+def test_random123_seven_rounds():
+    """Random123 kat_vectors, philox4x32_7 at counter 0, key 0."""
+    z = torch.zeros(1, dtype=torch.int64)
+    assert [int(o) for o in philox4x32(0, z, z, z, z, n_rounds=7)] == [0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48]
+
+
+@pytest.mark.parametrize("n_rounds", [7, 10])
+def test_rounds_match_tl_randint(n_rounds, device):
+    n = 200
+    out = torch.empty(n, dtype=torch.int64, device=device)
+    _randint_rounds_kernel[(2,)](out, 2**33 + 7, 2**32 - 9, n, N_ROUNDS=n_rounds, BLOCK=128)
+    assert torch.equal(randint(2**33 + 7, 2**32 - 9 + torch.arange(n), n_rounds), out.cpu())
+    assert not torch.equal(randint(2**33 + 7, 2**32 - 9 + torch.arange(n), 17 - n_rounds), out.cpu())

@@ -101,3 +101,23 @@ def test_random_bits_replace_philox():
     assert torch.equal(fmt.quantize(x, random_bits=words), fmt.quantize(x, seed=9, offset=100))
     with pytest.raises(ValueError, match="shape"):
         fmt.quantize(x, random_bits=words[:2])
+
+
+@pytest.mark.parametrize("spec,k,grid_bits", [("fp16sr:bits=4", 4, 10), ("fp8sr:scale=none,bits=3", 3, 3),
+                                              ("fp16sr", 13, 10), ("fp8sr:scale=none", 16, 3)])
+def test_bits_option_bias_is_predictable(spec, k, grid_bits):
+    """Each of the 2^K words once: E[SR(x)] = q * (floor(x/q) + floor(2^K frac) / 2^K) exactly; with few bits that
+    misses x by up to q (1 - 2^-K), with the default K (13 / 16) by less than q 2^-K."""
+    fmt = get_format(spec)
+    x = torch.tensor([1.0 + 0.3 * 2.0**-grid_bits, 1.0 + 0.9 * 2.0**-grid_bits, -(1.0 + 0.05 * 2.0**-grid_bits)])
+    words = torch.arange(2**k, dtype=torch.int64).view(-1, 1).expand(-1, 3).contiguous()
+    mean = fmt.quantize(x.expand(2**k, 3).contiguous(), random_bits=words).double().mean(0)
+    q = 2.0**-grid_bits
+    frac = (x.double().abs() - 1.0) / q
+    expect = torch.sign(x.double()) * (1.0 + q * torch.floor(frac * 2**k) / 2**k)
+    assert torch.allclose(mean, expect, rtol=0, atol=1e-12)
+    bias = (mean - x.double()).abs().max().item()
+    if k < 6:
+        assert bias > 0.04 * q  # 0.05 of a step with 3-4 bits: always truncated
+    else:
+        assert bias < q * 2.0**-k

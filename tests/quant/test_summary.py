@@ -9,8 +9,8 @@ from replayssm_eval.quant.measure import format_error_table, parse_geometry
 
 
 def test_format_error_table():
-    rows = format_error_table(["fp16", "nvfp4:scale=head"], geometry="4,16,32", distribution="laplace", seed=1)
-    assert [r["format"] for r in rows] == ["fp16", "nvfp4:scale=head"]
+    rows = format_error_table(["fp16", "nvfp4:scale=tensor"], geometry="4,16,32", distribution="laplace", seed=1)
+    assert [r["format"] for r in rows] == ["fp16", "nvfp4:scale=tensor"]
     assert rows[0]["state_bytes"] == 4 * 16 * 32 * 2 and rows[1]["bits_per_element"] == 4.5
     assert rows[0]["sqnr_db"] > 70 > rows[1]["sqnr_db"] > 15
     assert rows[1]["rel_rms_error"] == pytest.approx(10 ** (-rows[1]["sqnr_db"] / 20))

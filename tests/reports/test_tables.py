@@ -63,3 +63,24 @@ def test_load_errors(tmp_path):
     (tmp_path / "kl.json").write_text(json.dumps({"model": "m"}))
     with pytest.raises(ValueError, match="missing configs, reference; is it a kl result"):
         load_results([tmp_path])
+
+
+def test_skip_reads_move_traffic_and_show_in_the_tables(tmp_path):
+    """A #skip config's point uses the traffic less its skipped reads; bits per element come from the read copy."""
+    from replayssm_eval.models.traffic import skip_savings
+
+    report = kl_report(configs=("nvfp4/fp16sr", "nvfp4/fp16sr#skip=0.01"))
+    skip = report["configs"][1]
+    counts = {0: {"reads": 1000, "skipped_read_copy": 90, "skipped_recur_copy": 10}}
+    skip["skip_reads"] = skip_savings(skip["state_traffic"], counts)
+    result = Result("kl", tmp_path / "kl.json", report, "run")
+    points = {p.config: p for p in tables.pareto_points(result)[0]}
+    full, skipped = points["nvfp4/fp16sr"], points["nvfp4/fp16sr#skip=0.01"]
+    saved = (90 * skip["state_traffic"]["bytes_per_copy"]["read"] + 10 * skip["state_traffic"]["bytes_per_copy"]["recur"]) / 1000
+    assert skipped.traffic == pytest.approx(full.traffic - saved) and skipped.skipped == pytest.approx(0.1)
+    assert full.bits == pytest.approx(4.5, abs=1e-3)  # NVFP4: 4-bit codes + an E4M3 scale per 16 + global scales
+    row = tables.pareto_table(result, list(points.values()), (8, 16)).rows[0]
+    assert row[0] == "nvfp4/fp16sr#skip=0.01" and row[3] == "10.00%"
+    traffic = tables.traffic_table(tables.traffic_rows([result]))
+    assert traffic.columns[-2:] == ["reads skipped", "ReplaySSM with skip"]
+    assert traffic.rows[1][-2] == "10.00%" and traffic.rows[0][-2] == "–"

@@ -60,6 +60,12 @@ def _entry_elements(heads, head_dim, state_dim, groups, fold):
     return k + u + decay, k + v + beta + decay, k + u + decay + v + beta
 
 
+def _log_decays(tensors, carried):
+    """g of the tokens [B, T, HV] and of the carried buffer entries [B, cap, HV] (None at the anchor)."""
+    g = tensors[3]
+    return g, (None if carried is None else carried.buffer["g"].to(g.dtype))
+
+
 FAMILY = KernelFamily(
     name="gdn",
     inputs=("q", "k", "v", "g", "beta"),
@@ -68,7 +74,8 @@ FAMILY = KernelFamily(
     state_layout="[B, HV, K, V]",
     test_shapes={"small": dict(B=3, H=1, HV=2, K=16, V=20), "grouped": dict(B=2, H=2, HV=4, K=32, V=16)},
     hf_scans=dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "qwen3_next"), ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+        ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"),
+        ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
     ),
     closed_fold=True,
     decode_reference=decode_reference,
@@ -82,6 +89,7 @@ FAMILY = KernelFamily(
     random_inputs=_random_inputs,
     head_state=lambda head_dim, state_dim: (state_dim, head_dim),
     entry_elements=_entry_elements,
+    log_decays=_log_decays,
 )
 
 __all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "speculative_decode_reference"]

@@ -7,7 +7,7 @@ Per value head (HF layout, S is K x V, alpha_t = exp(g_t)):
 q and k are used as given: the Hugging Face layer has already L2-normalised them and scaled q by
 K^-0.5 before calling the scan; nothing here repeats that.
 
-ReplaySSM (REPLAYSSM.md §3, `kernels.schedule`): the buffer holds every entry since the newest
+ReplaySSM (docs/semantics.md, "Decode semantics"; `kernels.schedule`): the buffer holds every entry since the newest
 checkpoint. Token n reads the copy src = S_hi if plan.read_hi[b, n] else S_lo of that checkpoint,
 rebuilds S_{n-1} = G S_src + sum_{i<n} G k_i u_i^T from the buffer (G: decays since the
 checkpoint or since entry i), computes u_n from it, appends (k_n, u_n, g_n) and outputs

@@ -46,7 +46,7 @@ from replayssm_eval.kernels.state import ReplayState, round_folded, write_checkp
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8SR, FP16SR, KINDS, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode,
-    quantize_tile, tile_amax,
+    quantize_tile, tile_amax, triton_rounds,
 )
 
 # scale groups of the in-kernel store (format kinds are `quant.triton.KINDS`); globals read in @triton.jit are constexpr
@@ -164,7 +164,10 @@ def _chunked_kernel(
 
 def _store_mode(fmt, whole_head: bool):
     """(kind, scale group, max) of the in-kernel store of `fmt`, or None when no program sees its scale group (blocks
-    along V, MX blocks, a tensor-wide scale, a head scale with V > _MAX_HEAD_V): then torch rounds that copy."""
+    along V, MX blocks, a tensor-wide scale, a head scale with V > _MAX_HEAD_V, formats outside `triton_rounds`):
+    then torch rounds that copy."""
+    if not triton_rounds(fmt):
+        return None
     if isinstance(fmt, ElementwiseFormat):
         return KINDS[fmt.base].value, _NONE.value, 1.0
     if isinstance(fmt, FP8Format):
@@ -399,6 +402,8 @@ def _read_args(packed, fmt, hi):
     groups = {"none": _S_NONE.value, "row": _S_ROW.value, "head": _S_HEAD.value, "tensor": _S_TENSOR.value}
     if packed is None:
         return _P_F32.value, _S_NONE.value, hi, hi, hi, dk
+    if not triton_rounds(fmt):
+        return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
     gs = hi if packed.global_scale is None else packed.global_scale.contiguous()
     if isinstance(fmt, ElementwiseFormat):
         return kinds[fmt.base], _S_NONE.value, packed.data.contiguous(), hi, hi, dk

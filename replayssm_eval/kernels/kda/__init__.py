@@ -65,6 +65,12 @@ def _entry_elements(heads, head_dim, state_dim, groups, fold):
     return k + u + decay, k + v + beta + decay, k + u + decay + v + beta
 
 
+def _log_decays(tensors, carried):
+    """Per-channel g of the tokens [B, T, HV, K] and of the carried buffer entries [B, cap, HV, K] (None at the anchor)."""
+    g = tensors[3]
+    return g, (None if carried is None else carried.buffer["g"].to(g.dtype))
+
+
 FAMILY = KernelFamily(
     name="kda",
     inputs=("q", "k", "v", "g", "beta"),
@@ -87,6 +93,7 @@ FAMILY = KernelFamily(
     random_inputs=_random_inputs,
     head_state=lambda head_dim, state_dim: (state_dim, head_dim),
     entry_elements=_entry_elements,
+    log_decays=_log_decays,
 )
 
 __all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "speculative_decode_reference"]

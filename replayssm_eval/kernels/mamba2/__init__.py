@@ -68,6 +68,12 @@ def _entry_elements(heads, head_dim, state_dim, groups, fold):
     return entry, entry, entry
 
 
+def _log_decays(tensors, carried):
+    """dt * A of the tokens [B, T, H] and of the carried buffer entries [B, cap, H] (None at the anchor)."""
+    _, dt, A, *_ = tensors
+    return dt * A, (None if carried is None else carried.buffer["dt"].to(dt.dtype) * A)
+
+
 FAMILY = KernelFamily(
     name="mamba2",
     inputs=("x", "dt", "A", "B", "C", "D"),
@@ -91,6 +97,7 @@ FAMILY = KernelFamily(
     random_inputs=_random_inputs,
     head_state=lambda head_dim, state_dim: (head_dim, state_dim),
     entry_elements=_entry_elements,
+    log_decays=_log_decays,
 )
 
 __all__ = ["FAMILY", "chunked", "decode_reference", "decode_step", "speculative_decode_reference"]

@@ -23,7 +23,10 @@ BUFFER_KEYS = ("x", "B", "dt")
 
 @dataclass
 class Inputs:
-    """Checked inputs in the compute dtype; `state` holds checkpoints in FP32 and the buffer in the compute dtype."""
+    """Checked inputs in the compute dtype; `state` holds checkpoints in FP32 and the buffer in the compute dtype.
+
+    x and B are the buffered values, rounded to the config's buffer dtype; x_skip is x as given, for the D x term.
+    """
 
     x: torch.Tensor  # [B, T, H, P]
     dt: torch.Tensor  # [B, T, H]
@@ -31,6 +34,7 @@ class Inputs:
     B: torch.Tensor  # [B, T, G, N]
     C: torch.Tensor  # [B, T, G, N]
     D: torch.Tensor  # [H]
+    x_skip: torch.Tensor  # [B, T, H, P]
     state: ReplayState
     config: ReplayConfig
     out_dtype: torch.dtype
@@ -117,7 +121,11 @@ def _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compu
         state = ReplayState(hi, lo, buffer, ScheduleState.start(batch, device), checkpoint, seq_ids, layer_idx, packed)
 
     cast = lambda t: t.to(compute_dtype)  # noqa: E731
-    return Inputs(cast(x), cast(dt), cast(A), cast(B), cast(C), cast(D), state, config, x.dtype)
+    # the buffer keeps x and B in the buffer dtype, as vLLM's x_cache / B_cache keep them in the activation
+    # dtype (vllm-project/vllm#48018, selective_state_update_replayssm_output_only.py); dt stays FP32
+    rounded = config.round_buffered
+    return Inputs(rounded(cast(x)), cast(dt), cast(A), rounded(cast(B)), cast(C), cast(D), cast(x), state, config,
+                  x.dtype)
 
 
 def _seq_ids(seq_ids, batch: int, device) -> torch.Tensor:

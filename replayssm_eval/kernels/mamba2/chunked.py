@@ -146,7 +146,7 @@ def _chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, R
 
     y = torch.gather(y_pad.view(batch, S * L, heads, head_dim), 1,
                      seg.index[..., None, None].expand(-1, -1, heads, head_dim))
-    y = y + inp.D[:, None] * inp.x
+    y = y + inp.D[:, None] * inp.x_skip
 
     folded_any = (seg.num_folds > 0).nonzero().flatten()
     packed = state.lo_packed

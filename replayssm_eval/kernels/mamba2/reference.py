@@ -1,4 +1,4 @@
-"""Step-by-step ReplaySSM decoding of a Mamba-2 layer in pure torch: the ground truth (REPLAYSSM.md §3).
+"""Step-by-step ReplaySSM decoding of a Mamba-2 layer in pure torch: the ground truth (docs/semantics.md, "Decode semantics").
 
 `decode_reference` decodes one token at a time, batched over sequences, each with its own window
 phase: append (x, B, dt) to the buffer, replay the buffer against the checkpoint copy the plan
@@ -39,7 +39,7 @@ def decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, s
         run.append(rows, count, inp.x[:, n], inp.B[:, n], inp.dt[:, n])
         fold = fold_rows[n]
         y, folded = run.replay(count, inp.C[:, n], plan.read_hi[:, n], len(fold) > 0)
-        ys.append(y + inp.D[:, None] * inp.x[:, n])
+        ys.append(y + inp.D[:, None] * inp.x_skip[:, n])
         count += 1
         if len(fold):
             run.write(fold, folded[fold])
@@ -155,7 +155,7 @@ def speculative_decode_reference(x, dt, A, B, C, D, initial_state, config, *, la
             for key, value in (("x", dx), ("B", dB), ("dt", ddt)):
                 run.buffer[key][b, ring] = value
             out = _verify(run, b, ring_start[b], count[b], dC, read_hi[b])  # [T, H, P]
-            y[b, n:n + take] = out[:take] + inp.D[:, None] * inp.x[b, n:n + take]
+            y[b, n:n + take] = out[:take] + inp.D[:, None] * inp.x_skip[b, n:n + take]
             count[b] += take
             left[b] -= take
             n += take

@@ -43,7 +43,7 @@ from replayssm_eval.kernels.state import ReplayState, _encode_keyed, round_folde
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
-    e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax,
+    e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax, triton_rounds,
 )
 
 # scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
@@ -57,7 +57,10 @@ _IDENTITY = (KINDS["fp32"].value, _NONE, 1.0)  # the loop keeps the FP32 fold: t
 
 def _store_kind(fmt) -> tuple[int, int, float] | None:
     """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop, or None when its scale group spans
-    programs (tensor-wide scale, head_dim blocks, MX blocks): then torch rounds that copy outside the loop."""
+    programs (tensor-wide scale, head_dim blocks, MX blocks) or the device functions lack it (`triton_rounds`): then
+    torch rounds that copy outside the loop."""
+    if not triton_rounds(fmt):
+        return None
     if isinstance(fmt, ElementwiseFormat):
         return KINDS[fmt.base].value, _NONE, 1.0
     if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
@@ -285,7 +288,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
         lo = hi if config.shared else state.lo.clone().contiguous()
         _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments))
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
-    y = y + inp.D[:, None] * inp.x
+    y = y + inp.D[:, None] * inp.x_skip
     packed = state.lo_packed
     rows = (seg.num_folds > 0).nonzero().flatten()
     if len(rows):
@@ -393,7 +396,7 @@ def _read_layout(state: ReplayState, config) -> tuple[int, int, tuple, int]:
     """
     fmt, packed = config.read_format, state.lo_packed
     n = state.hi.shape[-1]
-    if packed is None or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
+    if packed is None or not triton_rounds(fmt) or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
                               or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")):
         return KINDS["fp32"].value, _NONE, (state.lo.contiguous(), None, None), n
     scope = _SCOPES[getattr(fmt, "scale", "none")]
@@ -615,7 +618,7 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
         buffer[key][rows, count] = new[:, 0]
     y, folded = _replay_step(buffer["x"], buffer["B"], buffer["dt"], inp.C[:, 0].contiguous(), count.contiguous(),
                              plan.read_hi[:, 0], inp.A.contiguous(), st, cfg, fold=plan.fold_after[:, 0])
-    y = y + inp.D[:, None] * inp.x[:, 0]
+    y = y + inp.D[:, None] * inp.x_skip[:, 0]
     hi, lo, packed, checkpoint = st.hi, st.lo, st.lo_packed, st.checkpoint
     fold = plan.fold_after[:, 0].nonzero().flatten()
     if len(fold):
@@ -651,7 +654,7 @@ def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtyp
         ring[key] = ent.scatter(1, index.expand_as(new), new)
     y, _ = _replay(ring["x"], ring["B"], ring["dt"], inp.C.contiguous(), count.contiguous(), st.schedule.step_read_hi,
                    torch.zeros(batch, dtype=torch.bool, device=x.device), inp.A.contiguous(), st, inp.config)
-    return (y + inp.D[:, None] * inp.x).to(inp.out_dtype)
+    return (y + inp.D[:, None] * inp.x_skip).to(inp.out_dtype)
 
 
 @triton.jit
