@@ -49,9 +49,9 @@ def test_chunked_triton_fp32(text, device):
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
 
 
-@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4@4", "fp8sr/fp16@3#skip=0.6"])
+@pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6"])
 def test_chunked_triton_quantized(text, device):
-    """In-kernel rounding (row scales, fp16sr, fp8sr) and torch-rounded copies (nvfp4's tensor scale): == the torch
+    """In-kernel rounding (row scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale): == the torch
     chunked form; awkward sizes (V = 40 in two v-blocks) with one segment per launch."""
     inputs = make_inputs(batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD)
     o_ref, st_ref = chunked(*inputs, text)
@@ -84,6 +84,7 @@ def test_chunked_triton_refuses_fp64(device):
 @pytest.mark.parametrize("text, exact, phased", [
     ("fp32/fp32@3#closed", True, True), ("fp32/fp32@3#skip=0.7", True, True), ("nvfp4/fp16sr@4", False, True),
     ("nvfp4:scale=row/fp32@3#closed", True, False), ("shared:fp8sr@3#skip=0.8", False, False), ("fp8/fp32@4#spec=2:0.6", True, False),
+    ("fp32/fp32@3#closed#buf=bf16", True, True),
 ])
 def test_decode_step_triton(text, exact, phased, device):
     """Token by token through the single-token kernel (packed read copy on non-flush steps) == decode_reference,
