@@ -2,7 +2,7 @@
 
     python benchmarks/full_size.py --out OUT.json                       # on a GPU: both 4B architectures
     python benchmarks/full_size.py --models tiny-nemotron-h --tokens 256 --device cpu   # smoke run
-    python benchmarks/full_size.py --tokens 32768 --small-segments 256 --out OUT.json   # issue 5's speed table
+    python benchmarks/full_size.py --tokens 32768 --small-segments 256 --out OUT.json   # + the cache-hook paths
 
 Builds Nemotron-3-Nano-4B and Qwen3.5-4B from `presets.full_size_config` (no download, random
 weights, bf16), routes their SSM layers through our kernels and feeds a prompt plus teacher-forced

@@ -1,7 +1,7 @@
 """GPU check of the KDA Triton kernels against the torch reference: a table of max errors and pass/fail.
 
-    python benchmarks/gpu_check_kda.py --out results/gpu_check_kda.json            # on a CUDA machine
-    python benchmarks/gpu_check_kda.py --quick --out results/gpu_check_kda.json    # small shapes only
+    python benchmarks/gpu_check_kda.py --out out/gpu_check_kda.json            # on a CUDA machine
+    python benchmarks/gpu_check_kda.py --quick --out out/gpu_check_kda.json    # small shapes only
 
 Every kernel (chunked state passing with in-loop rounding, decode step reading the packed read
 copy, speculative verification) runs on CUDA and is compared with the torch path on the same

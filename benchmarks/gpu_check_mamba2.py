@@ -1,6 +1,6 @@
 """GPU check of the Mamba-2 Triton kernels against the torch reference: prints a table, writes JSON.
 
-    python benchmarks/gpu_check_mamba2.py [--out reports/gpu_check_mamba2.json] [--quick]
+    python benchmarks/gpu_check_mamba2.py [--out out/gpu_check_mamba2.json] [--quick]
 
 For each config and shape it runs, on CUDA:
 - chunked(backend="triton") vs chunked(backend="torch") (itself tested against decode_reference);
@@ -142,7 +142,7 @@ def check(config_text: str, shape_name: str, device: str = "cuda") -> list[dict]
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="reports/gpu_check_mamba2.json")
+    parser.add_argument("--out", default="out/gpu_check_mamba2.json")
     parser.add_argument("--quick", action="store_true", help="awkward shape only")
     args = parser.parse_args()
     if not torch.cuda.is_available():

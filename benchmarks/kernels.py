@@ -1,6 +1,6 @@
 """GPU benchmark of the ReplaySSM kernels: decode-step time and bandwidth, chunked teacher-forced throughput.
 
-    python benchmarks/kernels.py --out reports/bench_kernels.json      # H200: both families, about 3-4 minutes
+    python benchmarks/kernels.py --out out/kernels.json               # H200: both families, about 3-4 minutes
     python benchmarks/kernels.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
     TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
@@ -28,7 +28,8 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
    and the same launches replayed from a CUDA graph) and through the public `decode_step_triton`.
 
 Every measurement is guarded: an error (out of memory, compile error) is recorded in its row and the run goes on.
-The script prints rows as they come, then the tables and the goals of issue 3, and writes JSON with --out.
+The script prints rows as they come, then the tables and the speed goals beside the measured values, and writes
+JSON with --out.
 """
 
 from __future__ import annotations
@@ -892,7 +893,7 @@ def print_tables(res: Results, goal_rows, copy_gbps):
             continue
         log(f"{r['family']:7} {r['name'][:44]:44} {r.get('config', '')[:28]:28} {r['tokens']:>7} {r['seconds']:>9.4f} "
             f"{r['tokens_per_s']:>12.4g}  {r.get('note') or ''}")
-    log("\n=== goals (issue 3) ===")
+    log("\n=== goals ===")
     for g in goal_rows:
         value = "—" if g["value"] is None else (f"{g['value']:.0%}" if g["goal"] < 1 else f"{g['value']:.2f}x")
         goal = f">= {g['goal']:.0%}" if g["goal"] < 1 else f">= {g['goal']}x"

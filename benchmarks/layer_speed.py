@@ -1,7 +1,7 @@
 """Teacher-forced throughput of one SSM layer, full-size geometries: our chunked form against HF's FP32 torch scan.
 
-    python benchmarks/layer_speed.py --out reports/layer_speed.json     # H200: Mamba-2 and GDN, about 2 minutes
-    python benchmarks/layer_speed.py --families kda --out reports/layer_speed_kda.json   # KDA, about 1-2 minutes
+    python benchmarks/layer_speed.py --out out/layer_speed.json         # H200: Mamba-2 and GDN, about 2 minutes
+    python benchmarks/layer_speed.py --families kda --out out/layer_speed_kda.json   # KDA, about 1-2 minutes
     python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
     TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
 
@@ -9,7 +9,8 @@ The KL driver feeds every SSM layer segments of `--segment` tokens and carries t
 them; this times exactly that per layer (batch 1, inputs prepared once, one warm-up segment first
 so that Triton compiles are not timed). Rows:
   hf torch scan   the function a plain HF forward runs (`mamba2_chunk_scan` / `torch_chunk_gated_delta_rule` /
-                  `chunk_kimi_delta_attention`, FP32 state), the yardstick of issue 5; the `fp32` reference runs exactly this
+                  `chunk_kimi_delta_attention`, FP32 state), the yardstick; the `fp32` reference of the KL driver
+                  runs exactly this
   chunked         `chunked(..., backend)` per config; triton configs fall back to torch where a format's
                   rounding needs a reduction the kernel cannot do (the note says so)
   sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
@@ -43,7 +44,7 @@ CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nv
 PRECISIONS = ("ieee", "tf32x3")
 SWEEP = {  # launch configs tried per family (the whole-head ones only where a head scale needs them)
     "mamba2": [dict(BLOCK_P=p, num_warps=w, DOT=d) for p, w, d in itertools.product((16, 32), (2, 4), PRECISIONS)],
-    "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, session 3)
+    "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, Chunked form)
             for v, w in itertools.product((16, 32, 64), (4, 8))],
     "kda": [dict(BV=v, num_warps=w, DOT="tf32x3") for v, w in itertools.product((16, 32, 64), (4, 8))],
 }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU run of `replayssm-eval accuracy` on the two tiny models (issue 6), in three phases, because
-# the GPU machine has no lm-eval, datasets or math-verify: lm-eval builds the prompts and scores the
-# answers here; the GPU only decodes (Triton decode steps, `python -m replayssm_eval.tasks.offline`).
+# A GPU run of `replayssm-eval accuracy` on the two tiny models, in three phases, so that the GPU machine
+# needs neither lm-eval, datasets nor math-verify: lm-eval builds the prompts and scores the answers on a
+# CPU machine; the GPU only decodes (Triton decode steps, `python -m replayssm_eval.tasks.offline`).
 #
-#   scripts/gpu_accuracy.sh prepare   # here: reports/accuracy-gpu/requests.jsonl (fixtures, all 17 questions)
-#   scripts/gpu_accuracy.sh gpu       # on the H200 (OUT set by the runner): cuda generation tests, then
-#                                     #   $OUT/generations-<model>.jsonl for every config; <= 5 minutes
-#   scripts/gpu_accuracy.sh score DIR # here, DIR = the fetched $OUT: reports/accuracy-gpu/<model>/accuracy.{json,md}
+#   scripts/gpu_accuracy.sh prepare         # CPU: reports/accuracy-gpu/requests.jsonl (fixtures, all 17 questions)
+#   OUT=out scripts/gpu_accuracy.sh gpu     # GPU: cuda generation tests, then $OUT/generations-<model>.jsonl
+#                                           #   for every config (H200: under 5 minutes); OUT defaults to out/
+#   scripts/gpu_accuracy.sh score DIR       # CPU, DIR = the GPU run's OUT: reports/accuracy-gpu/<model>/accuracy.{json,md}
 #
 # The configs, tasks, data and max_gen_toks are the same in all three phases (set below).
 set -euo pipefail
@@ -24,7 +24,8 @@ case "${1:-}" in
     replayssm-eval accuracy "${COMMON[@]}" --export-requests "$DIR/requests.jsonl"
     ;;
   gpu)
-    : "${OUT:?set OUT to the folder whose files come back}"
+    OUT=${OUT:-out}
+    mkdir -p "$OUT"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     python -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"

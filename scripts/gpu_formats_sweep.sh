@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The read-format, engine-preset, buffer-dtype and decay-skip sweep behind the formats table in BENCHMARKS.md.
 #
-#   scripts/gpu_formats_sweep.sh [TOKENS] [BUDGET_S]   # OUT set by the runner; default 16384 tokens, 450 s
+#   scripts/gpu_formats_sweep.sh [TOKENS] [BUDGET_S] [MODEL ...]   # OUT set by the runner; default 16384 tokens,
+#                                                                   # 450 s, both tiny fixtures
 #
 # Per tiny fixture (tiny-nemotron-h, then tiny-qwen3.5): the KL of every config against the FP32 reference,
 # 2 documents of the bundled text (batch 2), a 512-token prompt, TOKENS teacher-forced tokens, Triton kernels,
@@ -23,6 +24,8 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
 TOKENS=${1:-16384}
 BUDGET=${2:-450}
+shift 2 || shift $#
+MODELS=(${*:-tiny-nemotron-h tiny-qwen3.5})
 READS=(nvfp4 nvfp4:scale=row nvfp4:scale=tensor nvfp4:scale=rowcol mxfp4 int8 int8:rot=hadamard:32 fp8)
 CONFIGS=()
 for r in "${READS[@]}"; do CONFIGS+=("$r/fp16sr" "shared:$r"); done
@@ -42,11 +45,11 @@ PY
 
 args=()
 for c in "${CONFIGS[@]}"; do args+=(--config "$c"); done
-share=$((BUDGET * 45 / 100))  # tiny-nemotron-h first; tiny-qwen3.5 gets what is left
 start=$SECONDS
-for model in tiny-nemotron-h tiny-qwen3.5; do
-  limit=$share
-  [[ $model == tiny-qwen3.5 ]] && limit=$((BUDGET - (SECONDS - start)))
+for i in "${!MODELS[@]}"; do
+  model=${MODELS[$i]}
+  left=$((BUDGET - (SECONDS - start)))
+  limit=$((i + 1 == ${#MODELS[@]} ? left : left * 45 / 100))  # with two models the first gets 45%
   run=sweep-$model-$TOKENS
   rm -rf "/tmp/$run"
   t0=$SECONDS

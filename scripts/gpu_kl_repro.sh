@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 5's reproduction of the paper's qualitative result on the two tiny models, on the GPU machine.
+# The paper's qualitative result (docs/semantics.md, The paper's results) on the two tiny models, on one GPU.
 #
-#   scripts/gpu_kl_repro.sh TOKENS [MODEL ...]   # OUT set by the runner; default: 131072 tokens, both tiny models
+#   OUT=out scripts/gpu_kl_repro.sh [TOKENS [MODEL ...]]   # default: 131072 tokens, both tiny models; OUT: out/
 #
 # Two documents of the bundled text (concatenated plays, batch 2), a 512-token prompt, TOKENS
 # teacher-forced tokens, segments of 4096, Triton kernels, float32 weights and activations (in bf16
@@ -12,7 +12,9 @@
 # Each run directory is packed into $OUT/kl-<model>-<TOKENS>.tgz (kl.json, kl_buckets.csv, kl_vs_length.png, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the folder whose files come back}"
+OUT=${OUT:-out}
+work=$OUT/kl-repro-work
+mkdir -p "$work"
 TOKENS=${1:-131072}
 shift || true
 MODELS=${*:-tiny-nemotron-h tiny-qwen3.5}
@@ -24,10 +26,11 @@ for model in $MODELS; do
   for c in "${CONFIGS[@]}"; do args+=(--config "$c"); done
   if [[ $model == *qwen* ]]; then for c in "${GDN_ONLY[@]}"; do args+=(--config "$c"); done; fi
   run=kl-$model-$TOKENS
-  rm -rf "/tmp/$run"
+  rm -rf "${work:?}/$run"
   ( time python -m replayssm_eval kl --model "$model" --tokens "$TOKENS" --num-docs 2 --batch-size 2 \
-      --prompt-len 512 --segment-len 4096 --backend triton --dtype float32 --output "/tmp/$run" "${args[@]}" ) 2>&1 \
-    | tr '\r' '\n' | grep -v "^ *$" | awk 'NR % 20 == 1 || !/it\/s|tok\/s/' | tee "/tmp/$run.log" || true
-  cp "/tmp/$run.log" "/tmp/$run/" 2>/dev/null || true
-  tar czf "$OUT/$run.tgz" -C /tmp "$run"
+      --prompt-len 512 --segment-len 4096 --backend triton --dtype float32 --output "$work/$run" "${args[@]}" ) 2>&1 \
+    | tr '\r' '\n' | grep -v "^ *$" | awk 'NR % 20 == 1 || !/it\/s|tok\/s/' | tee "$work/$run.log" || true
+  cp "$work/$run.log" "$work/$run/" 2>/dev/null || true
+  tar czf "$OUT/$run.tgz" -C "$work" "$run"
 done
+rm -rf "$work"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Correctness of every Triton path on the GPU machine, before any timing: the Triton tests of the formats and
+# Correctness of every Triton path on a GPU, before any timing: the Triton tests of the formats and
 # both kernel families on the device (REPLAYSSM_TEST_DEVICE=cuda), then both families' check scripts (Triton
 # vs the step reference, bit-level agreement of the stored copies). Logs and JSON go to $OUT/validate/.
 #
-#   scripts/gpu_validate.sh        # on the H200: about 5 minutes
+#   OUT=out scripts/gpu_validate.sh     # on one GPU (H200: about 5 minutes); OUT defaults to out/
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the folder whose files come back}"
+OUT=${OUT:-out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 dir=$OUT/validate
 mkdir -p "$dir"
@@ -22,7 +22,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $dir/NAME.lo
 }
 step pytest_cuda 270 env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
   tests/quant/test_encode_triton.py tests/quant/test_triton.py tests/quant/test_philox.py \
-  tests/kernels/test_gdn_triton.py tests/kernels/test_mamba2_triton.py
+  tests/kernels/test_gdn_triton.py tests/kernels/test_mamba2_triton.py tests/kernels/test_kda_triton.py
 step gpu_check_mamba2 90 python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
 step gpu_check_gdn 90 python benchmarks/gpu_check_gdn.py --quick --out "$dir/gpu_check_gdn.json"
 exit $status

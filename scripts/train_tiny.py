@@ -7,8 +7,9 @@ Both are real Hugging Face classes at toy size, byte-level (vocab 258: 256 bytes
     tiny-qwen3.5     Qwen3_5ForCausalLM (text-only qwen3_5_text), 8 layers, 3 GDN : 1 attention;
                      hidden 256; GDN 4 key heads, 8 value heads, K = V = 32
 
-Data: every play in --data (one .txt file each) except the held-out ones,
-`replayssm_eval.data.bundled.HELD_OUT_PLAYS`, which are the package's bundled evaluation text.
+Data: every play in --data (default data/shakespeare/: Project Gutenberg texts, sources in its
+ATTRIBUTION.txt), one .txt file each; the held-out plays, `replayssm_eval.data.bundled.HELD_OUT_PLAYS`,
+are the package's bundled evaluation text and are read from the package.
 Each step trains on `batch_size` random windows of `seq_len` bytes (default 16 x 2048), with
 bf16 autocast on a GPU, on the models' plain torch paths (no mamba_ssm, causal_conv1d or fla:
 the script refuses to run where they are importable). Training stops at --time-budget seconds
@@ -22,7 +23,7 @@ per-token decay exp(-A dt) then runs from about 0.9998 to 0.2. Nemotron-H's time
 
 Long-memory heads (--long-heads F, default 0): trained freely, GDN heads learn to forget within a few
 hundred tokens (a 2048-byte training window rewards nothing longer), so a shared low-precision
-checkpoint cannot build up error there, unlike in real GDN models (REPLAYSSM.md section 2: Qwen3.5-4B's
+checkpoint cannot build up error there, unlike in real GDN models (docs/semantics.md, The paper's results: Qwen3.5-4B's
 shared NVFP4 KL grows 36x above split precision at 128K). The first round(F * heads) heads of every
 SSM layer then get a fixed, input-independent decay, log-spaced in 1 - decay over
 [--long-decay-min, --long-decay-max]: A = 1, dt_bias = softplus^-1(-log decay), and the decay input
@@ -37,11 +38,10 @@ per-token decay measured on held-out text).
 
 Run from the repository root (the package importable: `pip install -e .` or PYTHONPATH=.):
 
-    PYTHONUNBUFFERED=1 python scripts/train_tiny.py --model tiny-nemotron-h \
-        --data ../shared/data/shakespeare --out out/fixtures --time-budget 240
+    PYTHONUNBUFFERED=1 python scripts/train_tiny.py --model tiny-nemotron-h --out out/fixtures --time-budget 240
     # CPU smoke test:
-    python scripts/train_tiny.py --model tiny-qwen3.5 --data ../shared/data/shakespeare \
-        --out /tmp/fx --max-steps 3 --seq-len 256 --batch-size 2 --eval-bytes 1024
+    python scripts/train_tiny.py --model tiny-qwen3.5 --out out/fx --max-steps 3 --seq-len 256 --batch-size 2 \
+        --eval-bytes 1024
 """
 
 import argparse
@@ -71,7 +71,7 @@ from transformers import (
     Qwen3_5TextConfig,
 )
 
-from replayssm_eval.data.bundled import HELD_OUT_PLAYS, load_bundled_text
+from replayssm_eval.data.bundled import HELD_OUT_PLAYS, bundled_text_paths, load_bundled_text
 from replayssm_eval.models.tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID, VOCAB_SIZE, save_byte_tokenizer
 
 DT_INIT_RANGE = (2e-4, 0.1)
@@ -85,8 +85,8 @@ class TrainConfig:
     """One training run; the command line is generated from these fields."""
 
     model: str  # tiny-nemotron-h | tiny-qwen3.5
-    data: str  # folder of plays, one .txt each
     out: str  # the model is written to out/<model>/
+    data: str = "data/shakespeare"  # folder of training plays, one .txt each (relative to the working directory)
     time_budget: float = 240.0  # seconds of training, evaluation not included
     max_steps: int = 1_000_000
     seq_len: int = 2048
@@ -188,12 +188,16 @@ def parse_args() -> TrainConfig:
 
 
 def load_plays(data_dir: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """(training plays, held-out plays), each {file stem: bytes}."""
-    plays = {p.stem: p.read_bytes() for p in sorted(data_dir.glob("*.txt")) if p.stem != "metadata"}
-    missing = [stem for stem in HELD_OUT_PLAYS if stem not in plays]
-    if missing:
-        raise FileNotFoundError(f"held-out plays {missing} not in {data_dir}; it has {sorted(plays)}")
-    held_out = {stem: plays.pop(stem) for stem in HELD_OUT_PLAYS}
+    """(training plays, held-out plays), each {file stem: bytes}.
+
+    Training: every .txt in `data_dir` (but ATTRIBUTION.txt and any held-out play), in name order.
+    Held out: the package's bundled plays (`HELD_OUT_PLAYS`, `replayssm_eval/data/text/`).
+    """
+    skip = {"ATTRIBUTION", "metadata", *HELD_OUT_PLAYS}
+    plays = {p.stem: p.read_bytes() for p in sorted(data_dir.glob("*.txt")) if p.stem not in skip}
+    if not plays:
+        raise FileNotFoundError(f"no training plays (*.txt) in {str(data_dir)!r}; expected e.g. data/shakespeare")
+    held_out = {path.stem: path.read_bytes() for path in bundled_text_paths()}
     return plays, held_out
 
 
@@ -431,7 +435,10 @@ def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig, long_h
             )
             last_log_time, last_log_step = now, step
     wall = time.perf_counter() - start
-    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": round(ema_loss / math.log(2), 4),
+    if ema_loss is None and step:  # the time budget ended before the first log step
+        ema_loss = loss.item()
+    bpb = None if ema_loss is None else round(ema_loss / math.log(2), 4)
+    return {"steps": step, "train_seconds": round(wall, 1), "train_bits_per_byte_ema": bpb,
             "long_heads": long_heads, "long_head_beta_last": None if beta is None else round(beta.item(), 4)}
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 TEXT_DIR = Path(__file__).parent / "text"
 
-# file stems in ../shared/data/shakespeare/; the order is the order of `load_bundled_text()`
+# file stems of the plays in text/ (held out from the training plays in the repository's data/shakespeare/);
+# the order is the order of `load_bundled_text()`
 HELD_OUT_PLAYS = ("macbeth_gut", "tempest_gut", "twelfth_night_gut")
 
 PLAY_SEPARATOR = "\n\n\n"

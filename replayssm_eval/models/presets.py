@@ -84,7 +84,7 @@ class ModelGeometry:
 
 
 PRESETS: dict[str, ModelGeometry] = {
-    # REPLAYSSM.md section 1 (96 heads x 80 x 128, state 3.75 MiB/layer FP32) and section 2.
+    # docs/semantics.md, The method (96 heads x 80 x 128, state 3.75 MiB/layer FP32).
     # Layer counts 42 layers = 21 Mamba-2 + 4 attention + 17 MLP, hidden 3136, n_groups 8, conv 4,
     # vocab 131072: HF config.json at revision dfaf35de3e30f1867dd8dbc38a7fc9fb52d3914f as quoted
     # in a public architecture brief (search corpus: "Nemotron-3 architecture brief for the SmolBench
@@ -100,9 +100,9 @@ PRESETS: dict[str, ModelGeometry] = {
         name="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", family="mamba2", num_layers=88, num_ssm_layers=40,
         num_heads=128, head_dim=64, state_dim=128, n_groups=8, conv_kernel=4, vocab_size=131072, hidden_size=4096,
     ),
-    # REPLAYSSM.md (GDN: 32 value heads, 16 key heads, K = V = 128). 32 layers = 24 GDN + 8 full
+    # GDN: 32 value heads, 16 key heads, K = V = 128. 32 layers = 24 GDN + 8 full
     # attention (full_attention_interval 4), hidden 2560, conv 4, vocab 248320: the GGUF metadata
-    # of Qwen3.5-4B listed in github.com/quantumaikr/quant.cpp issue #94.
+    # of Qwen3.5-4B listed in github.com/quantumaikr/quant.cpp/issues/94.
     "qwen3.5-4b": ModelGeometry(
         name="Qwen/Qwen3.5-4B", family="gdn", num_layers=32, num_ssm_layers=24,
         num_heads=32, head_dim=128, state_dim=128, n_groups=16, conv_kernel=4, vocab_size=248320, hidden_size=2560,
@@ -161,7 +161,7 @@ def full_size_config(name: str) -> PretrainedConfig:
 
     nemotron-3-nano-4b: the preset's Mamba-2 geometry; attention 40 query / 8 KV heads x 128, MLP
     3136 -> 12544 (relu2), chunk 256 (same brief). qwen3.5-4b: the preset's GDN geometry; attention
-    16 / 4 heads x 256, partial rotary 0.25, rope theta 1e7 (quant.cpp issue #94); MLP 9216 is from
+    16 / 4 heads x 256, partial rotary 0.25, rope theta 1e7 (github.com/quantumaikr/quant.cpp/issues/94); MLP 9216 is from
     a derived checkpoint's config (huggingface.co/halen214/st01), not confirmed on Qwen's own.
     Weights built from these are random: good for speed and memory, not for accuracy.
     """

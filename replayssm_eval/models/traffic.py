@@ -1,7 +1,7 @@
 """Bytes of SSM state memory traffic per decode token: conventional decoding vs ReplaySSM.
 
 Counted per sequence, per SSM layer and per model, for one decode token (a fixed window of L;
-REPLAYSSM.md §3). `S(fmt)` is `get_format(fmt).storage_bytes((H, P, N))`: the packed copy with
+docs/semantics.md, Decode semantics). `S(fmt)` is `get_format(fmt).storage_bytes((H, P, N))`: the packed copy with
 its scales, as a kernel reads it. Conventional (eager) decoding stores one state and reads and
 writes it every token: 2 S(recur). ReplaySSM, per window of L tokens:
 

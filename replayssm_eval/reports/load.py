@@ -3,7 +3,10 @@
     results = load_results(["reports/kl-tiny-nemotron-h-...", "reports/acc-..."])
 
 A path may be one of those files, a run directory holding them, or a folder whose run
-directories (at any depth) hold them. Nothing else is read: reports render from the JSON only.
+directories (at any depth) hold them. Nothing else in a run directory is read. Where a result
+records no state traffic for a config (accuracy results never do), the report computes it from
+the model's SSM geometry (`tables._geometry`): a preset, or the model's `config.json` (a bundled
+fixture, a local directory or the hub).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from replayssm_eval.models.presets import PRESETS, full_size_config, geometry_fr
 def test_nemotron_nano_state_bytes():
     nano = PRESETS["nemotron-3-nano-4b"]
     assert nano.head_state_shape == (80, 128)
-    assert nano.state_bytes_per_layer() == 96 * 80 * 128 * 4 == 3.75 * 2**20  # REPLAYSSM.md section 1
+    assert nano.state_bytes_per_layer() == 96 * 80 * 128 * 4 == 3.75 * 2**20  # docs/semantics.md, The method
     assert nano.state_bytes_per_layer(bits=4.5) == 96 * 80 * 128 * 4.5 / 8
     assert nano.state_bytes_per_sequence() == 21 * 96 * 80 * 128 * 4
 

@@ -1,4 +1,4 @@
-"""Hand-built result directories in the kl.json (docs/kl_json_schema.md) and accuracy.json (issue 6) schemas."""
+"""Hand-built result directories in the kl.json (docs/kl_json_schema.md) and accuracy.json (docs/accuracy_json_schema.md) schemas."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Helpers of the tasks tests. The generation tests need no lm-eval (the GPU machine has none); the others skip without it."""
+"""Helpers of the tasks tests. The generation tests need no lm-eval (they run where it is not installed); the others skip without it."""
 
 import os
 
