@@ -4,8 +4,8 @@
     python benchmarks/kernels.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
     TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
-Geometries: Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128);
-FP32 recurrence state; batches 1, 32, 128, 256. What it measures (kernel time only, `triton.testing.do_bench`,
+Geometries: Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128),
+KDA of Kimi-Linear-48B-A3B (H=HV=32, K=V=128; `--families kda`); FP32 recurrence state; batches 1, 32, 128, 256. What it measures (kernel time only, `triton.testing.do_bench`,
 median, L2 flushed before every run; inputs, buffers and packed copies are prepared once outside the timing;
 the ReplaySSM kernels are timed by replaying the exact launch `decode_step_triton` makes, without its host work):
 
@@ -58,6 +58,9 @@ from replayssm_eval.kernels.gdn import chunked as gdn_chunked  # noqa: E402
 from replayssm_eval.kernels.gdn import decode_reference as gdn_reference  # noqa: E402
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
 from replayssm_eval.kernels.gdn._common import from_format_layout  # noqa: E402
+from replayssm_eval.kernels.kda import chunked as kda_chunked  # noqa: E402
+from replayssm_eval.kernels.kda import decode_reference as kda_reference  # noqa: E402
+from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import chunked as mamba2_chunked  # noqa: E402
 from replayssm_eval.kernels.mamba2 import decode_reference as mamba2_reference  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
@@ -67,6 +70,7 @@ from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed  #
 GEOMETRY = {  # full size and --tiny
     "mamba2": (dict(H=96, P=80, N=128, G=8), dict(H=4, P=20, N=32, G=2)),
     "gdn": (dict(HV=32, H=16, K=128, V=128), dict(HV=4, H=2, K=32, V=24)),
+    "kda": (dict(HV=32, H=32, K=128, V=128), dict(HV=4, H=2, K=32, V=24)),
 }
 WINDOW = 16
 MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
@@ -449,6 +453,74 @@ class GDN:
             _, state = gdn_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
 
 
+class KDA(GDN):
+    """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its step kernel takes BV, num_warps."""
+
+    name = "kda"
+    step_keys = ("BV", "num_warps")
+
+    def token_bytes(self, entries: int) -> int:
+        """As GDN's, with g of K values per value head (committed entries and the new token)."""
+        committed = (entries - 1) * (self.H * self.K + self.HV * self.V + self.HV * self.K)
+        return F32 * (committed + 2 * self.H * self.K + self.HV * self.V + self.HV * self.K + self.HV
+                      + 2 * self.HV * self.V)
+
+    def _decay(self, *shape):
+        """Per-channel log decay: softplus-shaped rates, some channels slow, some fast."""
+        return -torch.nn.functional.softplus(self.rand(*shape) - 3.0)
+
+    def token(self, batch: int, tokens: int | None = None):
+        q, k, v, _, beta = super().token(batch, tokens)
+        t = () if tokens is None else (tokens,)
+        return q, k, v, self._decay(batch, *t, self.HV, self.K), beta
+
+    def replay_state(self, s0: torch.Tensor, config: str, count: int) -> ReplayState:
+        batch, cap, r = s0.shape[0], ReplayConfig.parse(config).window, self.rand
+        k = torch.nn.functional.normalize(r(batch, cap, self.H, self.K), dim=-1)
+        buffer = {"k": _valid(k, count), "u": _valid(r(batch, cap, self.HV, self.V, scale=0.3), count),
+                  "g": _valid(self._decay(batch, cap, self.HV, self.K), count)}
+        return anchored_state(s0, config, buffer, count)
+
+    def step_launch(self, state: ReplayState, config: str):
+        q, k, v, g, beta = self.token(state.batch, 1)
+        return captured_launch(kda_triton, "_replay_step_kernel",
+                               lambda: kda_triton.decode_step_triton(q, k, v, g, beta, state, config))
+
+    def step_variants(self) -> list[dict]:
+        return [dict(BV=bv, num_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)]
+
+    def step_variant(self, launch, cfg: dict):
+        if getattr(launch, "kernel", None) != "_replay_step_kernel":
+            raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
+        grid, args, kwargs = launch.launch
+        new_grid = (grid[0], self.HV, triton.cdiv(self.V, cfg["BV"]))
+        return lambda: kda_triton._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
+
+    def conventional(self, batch: int, block: int):
+        s = self.fp32_state(batch)
+        q, k, v, g, beta = self.token(batch)
+        return lambda: kda_triton.conventional_step(q, k, v, g, beta, s, block_v=block)
+
+    def check_conventional(self, batch: int = 2) -> float:
+        s = self.fp32_state(batch)
+        q, k, v, g, beta = self.token(batch)
+        o_ref, st = kda_reference(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                  from_format_layout(s).contiguous(), CONVENTIONAL)
+        s_got = s.clone()
+        o = kda_triton.conventional_step(q, k, v, g, beta, s_got)
+        return max(relerr(o_ref[:, 0], o), relerr(st.hi, s_got))
+
+    def chunked(self, inputs, config: str, backend: str):
+        return kda_chunked(*inputs, config, backend=backend)
+
+    def public_steps(self, inputs, config: str, tokens: int):
+        q, k, v, g, beta, s0 = inputs
+        state = s0
+        for t in range(tokens):
+            sl = slice(t, t + 1)
+            _, state = kda_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+
+
 def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
     """The captured `_replay_step_kernel` launch of `module` with another launch config (grid recomputed).
 
@@ -460,7 +532,7 @@ def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
     return lambda: module._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
 
 
-BENCHES = {bench.name: bench for bench in (Mamba2, GDN)}  # kernel family name -> its benchmark driver
+BENCHES = {bench.name: bench for bench in (Mamba2, GDN, KDA)}  # kernel family name -> its benchmark driver
 
 
 def read_copy_bytes(fam, batch: int, config: str) -> int:
@@ -600,7 +672,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
     return best
 
 
-_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "num_warps": "w"}
+_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "BV": "bv", "num_warps": "w"}
 
 
 def _short(cfg: dict) -> str:
@@ -845,7 +917,7 @@ def environment(device: str) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="write the results as JSON here")
-    ap.add_argument("--families", default="mamba2,gdn", help="comma-separated: mamba2, gdn")
+    ap.add_argument("--families", default="mamba2,gdn", help="comma-separated: mamba2, gdn, kda")
     ap.add_argument("--batches", help="comma-separated decode batches (default 1,32,128,256)")
     ap.add_argument("--lengths", help="comma-separated chunked lengths (default 16384,32768,131072)")
     ap.add_argument("--quick", action="store_true", help="smoke run: batches 1,256, lengths 4096, no block sweep")

@@ -1,20 +1,22 @@
 """Teacher-forced throughput of one SSM layer, full-size geometries: our chunked form against HF's FP32 torch scan.
 
-    python benchmarks/layer_speed.py --out out/layer_speed.json         # H200: both families, about 2 minutes
+    python benchmarks/layer_speed.py --out out/layer_speed.json         # H200: Mamba-2 and GDN, about 2 minutes
+    python benchmarks/layer_speed.py --families kda --out out/layer_speed_kda.json   # KDA, about 1-2 minutes
     python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
     TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
 
 The KL driver feeds every SSM layer segments of `--segment` tokens and carries the state between
 them; this times exactly that per layer (batch 1, inputs prepared once, one warm-up segment first
 so that Triton compiles are not timed). Rows:
-  hf torch scan   the function a plain HF forward runs (`mamba2_chunk_scan` / `torch_chunk_gated_delta_rule`,
-                  FP32 state), the yardstick; the `fp32` reference of the KL driver runs exactly this
+  hf torch scan   the function a plain HF forward runs (`mamba2_chunk_scan` / `torch_chunk_gated_delta_rule` /
+                  `chunk_kimi_delta_attention`, FP32 state), the yardstick; the `fp32` reference of the KL driver
+                  runs exactly this
   chunked         `chunked(..., backend)` per config; triton configs fall back to torch where a format's
                   rounding needs a reduction the kernel cannot do (the note says so)
   sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
                   the first segment's output error and the share of stored checkpoint elements that differ
                   from the default launch (tf32x3 products are not bit-identical to FP32 FMAs)
-Geometries as benchmarks/kernels.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B.
+Geometries as benchmarks/kernels.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B, KDA of Kimi-Linear-48B-A3B.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch  # noqa: E402
 from kernels import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
 
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
+from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
 
 CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",
@@ -43,10 +46,12 @@ SWEEP = {  # launch configs tried per family (the whole-head ones only where a h
     "mamba2": [dict(BLOCK_P=p, num_warps=w, DOT=d) for p, w, d in itertools.product((16, 32), (2, 4), PRECISIONS)],
     "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, Chunked form)
             for v, w in itertools.product((16, 32, 64), (4, 8))],
+    "kda": [dict(BV=v, num_warps=w, DOT="tf32x3") for v, w in itertools.product((16, 32, 64), (4, 8))],
 }
 WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT=d) for w, d in itertools.product((8, 16), PRECISIONS)],
-              "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
-LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": gdn_triton}
+              "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)],
+              "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
+LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": gdn_triton, "kda": kda_triton}
 
 
 def hf_scan(family: str):
@@ -55,6 +60,10 @@ def hf_scan(family: str):
         from transformers.models.nemotron_h import modeling_nemotron_h as m
 
         return inspect.unwrap(m.mamba2_chunk_scan)
+    if family == "kda":
+        from transformers.models.kimi_linear import modeling_kimi_linear as m
+
+        return inspect.unwrap(m.chunk_kimi_delta_attention)
     from transformers.models.qwen3_next import modeling_qwen3_next as m
 
     return inspect.unwrap(m.torch_chunk_gated_delta_rule)
@@ -73,8 +82,12 @@ def hf_runner(fam, inputs):
         rep = fam.HV // fam.H  # transformers 5.17 repeats q, k to the value heads before the call; 5.24 takes either
         q, k = q.repeat_interleave(rep, 2) * fam.K ** 0.5, k.repeat_interleave(rep, 2)  # HF scales q itself
 
+        # the KDA layer asks its scan to L2-normalise q, k (a no-op on these unit vectors, timed as HF runs it)
+        norm = {"use_qk_l2norm_in_kernel": True} if fam.name == "kda" else {}
+
         def step(sl, state):
-            return scan(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=state, output_final_state=True)
+            return scan(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=state, output_final_state=True,
+                        **norm)
     return step, s0
 
 

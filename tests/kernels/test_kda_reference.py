@@ -327,3 +327,22 @@ def test_bad_options():
     with pytest.raises(ValueError, match="a closed fold needs k, u, g, v, beta"):
         decode_reference(q, k, v, g, beta, st, "nvfp4/fp32@4#closed", layer_idx=2)
     assert kda.checkpoint_kv(st)[0].shape == (2, 4, 20, 12)
+
+
+@pytest.mark.parametrize("fold", ["open", "closed"])
+def test_buffer_dtype_rounds_buffered_inputs(fold):
+    """#buf=bf16 == an FP32 buffer fed bf16-rounded k and beta (and v with the closed fold); chunked agrees."""
+    bf16 = lambda t: t.to(torch.bfloat16).to(t.dtype)  # noqa: E731
+    q, k, v, g, beta, s0 = make_inputs(batch=2, seqlen=9, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32)
+    cfg = ReplayConfig.parse("nvfp4/fp16sr@4").replace(gdn_fold=fold)
+    o, st = decode_reference(q, k, v, g, beta, s0, cfg.replace(buffer_dtype="bf16"))
+    o_want, _ = decode_reference(q, bf16(k), bf16(v) if fold == "closed" else v, g, bf16(beta), s0, cfg)
+    assert torch.equal(o, o_want)
+    assert torch.equal(st.buffer["k"], bf16(st.buffer["k"]))
+    o32, _ = decode_reference(q, k, v, g, beta, s0, cfg)
+    assert (o32 - o).abs().max() > 1e-4, "a bf16 buffer must change the outputs"
+    inputs = [t.double() for t in (q, k, v, g, beta, s0)]
+    o_ref, st_ref = decode_reference(*inputs, cfg.replace(buffer_dtype="bf16"), compute_dtype=torch.float64)
+    o_chunk, st_chunk = kda.chunked(*inputs, cfg.replace(buffer_dtype="bf16"), compute_dtype=torch.float64)
+    assert_close("chunked o", o_ref, o_chunk, 1e-10)
+    assert torch.equal(st_ref.hi, st_chunk.hi) and torch.equal(st_ref.lo, st_chunk.lo)

@@ -51,7 +51,7 @@ def test_chunked_triton_fp32(text, device):
 
 @pytest.mark.parametrize("text", ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6"])
 def test_chunked_triton_quantized(text, device):
-    """In-kernel rounding (row scales, fp16sr, fp8sr) and torch-rounded copies (nvfp4's tensor scale): == the torch
+    """In-kernel rounding (row scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale): == the torch
     chunked form; awkward sizes (V = 40 in two v-blocks) with one segment per launch."""
     inputs = make_inputs(batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD)
     o_ref, st_ref = chunked(*inputs, text)
@@ -84,6 +84,7 @@ def test_chunked_triton_refuses_fp64(device):
 @pytest.mark.parametrize("text, exact, phased", [
     ("fp32/fp32@3#closed", True, True), ("fp32/fp32@3#skip=0.7", True, True), ("nvfp4/fp16sr@4", False, True),
     ("nvfp4:scale=row/fp32@3#closed", True, False), ("shared:fp8sr@3#skip=0.8", False, False), ("fp8/fp32@4#spec=2:0.6", True, False),
+    ("fp32/fp32@3#closed#buf=bf16", True, True),
 ])
 def test_decode_step_triton(text, exact, phased, device):
     """Token by token through the single-token kernel (packed read copy on non-flush steps) == decode_reference,
@@ -144,3 +145,17 @@ def test_conventional_step(device):
         outs.append(kda_triton.conventional_step(q, k, v, g, beta, state))
     assert_close("o", want, torch.stack(outs, 1), 1e-5)
     assert_close("state", want_state, state.transpose(-1, -2), 1e-5)
+
+
+def test_verify_family_convention(device):
+    """`verify` (KernelFamily convention) from a state at a step boundary, every draft accepted: the drafts' outputs
+    are the committed outputs of decode_reference."""
+    cfg = "nvfp4/fp32@8#spec=4:1"
+    inputs = make_inputs(seqlen=8, dtype=torch.float32, device=device, **SMALL)
+    o_ref, _ = decode_reference(*inputs, cfg)
+    state = inputs[5]
+    for n in range(4):
+        _, state = kda_triton.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+    assert state.schedule.step_left.tolist() == [0, 0] and state.schedule.count.tolist() == [4, 4]
+    o = kda_triton.verify(*cut(inputs, 4, 8), state, cfg)
+    assert_close("o", o_ref[:, 4:8], o, 1e-5)

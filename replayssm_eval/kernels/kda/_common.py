@@ -154,9 +154,13 @@ def _prepare(q, k, v, g, beta, initial_state, config, *, layer_idx, seq_ids, com
     plan, after = plan_tokens(config, state.schedule, seqlen, seq_ids)
     groups = nv // nk
     cd = compute_dtype
+    # buffered inputs in the buffer dtype (`#buf=`), as for GDN: k and beta, and v with the closed fold
+    rounded = config.round_buffered
+    k = rounded(k.to(cd))
+    v = rounded(v.to(cd)) if config.gdn_fold == "closed" else v.to(cd)
     return Prepared(
-        q=expand_heads(q.to(cd), groups), k=expand_heads(k.to(cd), groups), k_heads=k.to(cd), v=v.to(cd),
-        g=g.to(cd), beta=beta.to(cd), config=config, layer=layer_idx, seq_ids=seq_ids, dtype=cd, groups=groups,
+        q=expand_heads(q.to(cd), groups), k=expand_heads(k, groups), k_heads=k, v=v,
+        g=g.to(cd), beta=rounded(beta.to(cd)), config=config, layer=layer_idx, seq_ids=seq_ids, dtype=cd, groups=groups,
         state=state, plan=plan, schedule_after=after,
     )
 

@@ -55,7 +55,8 @@ def padded_inputs(p: Prepared, seg: Segments) -> dict[str, torch.Tensor]:
         "v": _heads_first(_pad(seg, p.v, buf.get("v"))),
         "beta": _pad(seg, p.beta, buf.get("beta")).transpose(2, 3),
         "u_known": _heads_first(_pad(seg, torch.zeros_like(p.v), buf["u"])),
-        "pre": _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device), torch.ones_like(buf["u"][..., 0, 0], dtype=torch.bool)),
+        "pre": _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device),
+                    torch.ones_like(buf["u"][..., 0, 0], dtype=torch.bool)),
         "read_hi": _pad(seg, p.plan.read_hi, None),
     }
 
