@@ -58,5 +58,5 @@ for i in "${!MODELS[@]}"; do
     | tr '\r' '\n' | grep -v "^ *$" | awk 'NR % 20 == 1 || !/it\/s|tok\/s/' | tee "/tmp/$run.log" || true
   echo "$model: $((SECONDS - t0)) s (limit $limit s)" | tee -a "/tmp/$run.log"
   cp "/tmp/$run.log" "/tmp/$run/" 2>/dev/null || true
-  tar czf "$OUT/$run.tgz" -C /tmp "$run"
+  tar czf "$OUT/$run.tgz" --exclude='*.pt' -C /tmp "$run"  # a cut run's snapshots are too large to bring back
 done

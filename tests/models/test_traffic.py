@@ -9,7 +9,7 @@ from replayssm_eval.models.traffic import state_traffic
 # Nemotron-3-Nano-4B: 21 Mamba-2 layers of 96 heads x head_dim 80 x d_state 128, 8 groups
 NANO = get_preset("nemotron-3-nano-4b")
 FP32, FP16 = 96 * 80 * 128 * 4, 96 * 80 * 128 * 2  # 3 932 160 (3.75 MiB), 1 966 080
-NVFP4 = 96 * 80 * 128 // 2 + 96 * 80 * 128 // 16 + 4  # E2M1 nibbles + E4M3 block scales + FP32 global: 552 964
+NVFP4 = 96 * 80 * 128 // 2 + 96 * 80 * 128 // 16 + 96 * 4  # E2M1 nibbles + E4M3 block scales + FP32 per head: 553 344
 ENTRY = 2 * (96 * 80 + 8 * 128 + 96)  # bf16 x, B, dt: 17 600
 
 
@@ -26,14 +26,14 @@ def test_split_nvfp4_read_fp16sr_recur_window_16():
     t = state_traffic(NANO, "nvfp4/fp16sr@16")
     assert t["bytes_per_copy"] == {"read": NVFP4, "recur": FP16} and t["buffer_entry_bytes"] == ENTRY
     r = t["replay"]
-    assert r["state_read"] == (15 * 552_964 + 1_966_080) / 16 == 641_283.75
-    assert r["state_write"] == (1_966_080 + 552_964) / 16 == 157_440.25  # flush writes both copies
+    assert r["state_read"] == (15 * 553_344 + 1_966_080) / 16 == 641_640
+    assert r["state_write"] == (1_966_080 + 553_344) / 16 == 157_464  # flush writes both copies
     assert r["buffer_read"] == 15 * (7 * 17_600 + 17_600) / 16 == 132_000  # (L-1)/2 entries per token
     assert r["buffer_write"] == 15 * 17_600 / 16 == 16_500
-    assert r["total"] == 947_224
+    assert r["total"] == 947_604
     assert t["conventional"]["total"] == 2 * FP16
-    assert t["per_model"]["ratio_vs_fp32"] == pytest.approx(7_864_320 / 947_224)
-    assert t["per_model"]["replay"] == 21 * 947_224
+    assert t["per_model"]["ratio_vs_fp32"] == pytest.approx(7_864_320 / 947_604)
+    assert t["per_model"]["replay"] == 21 * 947_604
 
 
 def test_shared_checkpoint_writes_one_copy():
