@@ -28,8 +28,10 @@ class FormatsConfig:
     json: bool = field(default=False, metadata={"help": "print JSON instead of a table"})
 
 
-@command("formats", help="Bits, bytes per SSM state and round-trip error of each state format.")
+@command("formats")
 def run_formats(config: FormatsConfig) -> int:
+    if config.states < 1:
+        raise ValueError(f"--states {config.states} is out of range; accepted: an integer >= 1")
     h, p, n = parse_geometry(config.geometry)
     rows = format_error_table(list(config.formats) or None, config.geometry, config.distribution, config.seed,
                               config.states)

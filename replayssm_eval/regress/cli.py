@@ -46,8 +46,7 @@ class RegressConfig:
     device: str = option("cpu", "--kernel: device of the inputs handed to the adapter", ("cpu", "cuda"))
 
 
-@command("regress", help="deterministic numerics regression suite against a committed baseline; "
-                         "--kernel checks an external decode kernel against the reference")
+@command("regress")
 def regress_command(config: RegressConfig) -> int:
     if config.kernel:
         return _conformance(config)
@@ -70,6 +69,7 @@ def regress_command(config: RegressConfig) -> int:
     start = time.perf_counter()
     current = run_suite(tuple(parts), only=config.only, log=lambda line: print(f"  {line}", file=sys.stderr))
     elapsed = time.perf_counter() - start
+    _check_only_matches(config.only, {*current, *baseline_all})
     rows = compare.compare(current, baseline)
     print(compare.format_table(rows, show_all=config.show_all))
     failed = [r for r in rows if r.failed]
@@ -91,6 +91,15 @@ def regress_command(config: RegressConfig) -> int:
         print(f"{len(improved)} metric(s) improved or new: record them with --update-baseline")
     print(f"{len(rows)} metrics in {elapsed:.0f} s: " + (f"{len(failed)} REGRESSED" if failed else "no regression"))
     return 1 if failed else 0
+
+
+def _check_only_matches(patterns: tuple[str, ...], names: set[str]) -> None:
+    """ValueError naming the first --only pattern that matches no metric, with the known names' shapes."""
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            groups = sorted({"/".join(name.split("/")[:2]) + "/*" for name in names if "/" in name})
+            shown = ", ".join(groups[:12]) + (", ..." if len(groups) > 12 else "")
+            raise ValueError(f"--only {pattern!r} matches no metric; known: {shown}")
 
 
 def _conformance(config: RegressConfig) -> int:
