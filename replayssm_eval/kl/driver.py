@@ -61,6 +61,7 @@ from replayssm_eval.kl.store import (
     RUN_FILE,
     TOKENS_DIR,
     atomic_write_json,
+    check_snapshot,
     clear_inflight,
     load_documents,
     load_snapshot,
@@ -296,6 +297,8 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
     batches = batches_for_rank(len(docs), options.batch_size, ranks)
     done = load_documents(run_dir, [i for batch in batches for i in batch], names, options.tokens)
     pending = [batch for batch in batches if any(i not in done for i in batch)]
+    for batch in pending:
+        check_snapshot(run_dir, batch)
     bar = tqdm(total=sum(len(b) for b in pending) * options.tokens, unit="tok", unit_scale=True,
                desc=f"generated tokens x (fp32 + {len(plan.configs)} configs)", disable=not ranks.is_main)
     map_location = None if options.device_map else runner.device  # a device_map model keeps its devices

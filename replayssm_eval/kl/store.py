@@ -122,6 +122,21 @@ def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:
     return path
 
 
+def check_snapshot(run_dir: Path, batch: list[int]) -> None:
+    """ValueError naming the batch's snapshot if it is truncated (its zip directory, at the end, is unreadable)."""
+    path = inflight_path(run_dir, batch, "pt")
+    if path.exists():
+        try:
+            zipfile.ZipFile(path).close()
+        except (OSError, zipfile.BadZipFile) as err:
+            raise _unreadable_snapshot(path, batch, err) from err
+
+
+def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueError:
+    return ValueError(f"{path} cannot be read ({type(err).__name__}: {str(err).split('. ')[0]}); "
+                      f"delete it and --resume again to redo documents {batch} from their start")
+
+
 def load_snapshot(run_dir: Path, batch: list[int], map_location) -> dict | None:
     """The batch's snapshot, its tensors moved to `map_location` (None: where they were); None if there is none."""
     path = inflight_path(run_dir, batch, "pt")
@@ -131,8 +146,7 @@ def load_snapshot(run_dir: Path, batch: list[int], map_location) -> dict | None:
         # weights_only=False: the HF cache and ReplayState objects are pickled; the file is this run's own
         return torch.load(path, map_location=map_location, weights_only=False)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); delete it and --resume again "
-                         f"to redo documents {batch} from their start") from err
+        raise _unreadable_snapshot(path, batch, err) from err
 
 
 def clear_inflight(run_dir: Path, batch: list[int]) -> None:

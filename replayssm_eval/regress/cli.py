@@ -65,11 +65,13 @@ def regress_command(config: RegressConfig) -> int:
     in_parts = lambda name: name.split("/", 1)[0] in parts and (  # noqa: E731
         not config.only or any(fnmatch.fnmatchcase(name, p) for p in config.only))
     baseline = {k: v for k, v in baseline_all.items() if in_parts(k)}
+    if not config.update_baseline:  # the baseline names every metric of the suite
+        _check_only_matches(config.only, set(baseline_all))
 
     start = time.perf_counter()
     current = run_suite(tuple(parts), only=config.only, log=lambda line: print(f"  {line}", file=sys.stderr))
     elapsed = time.perf_counter() - start
-    _check_only_matches(config.only, {*current, *baseline_all})
+    _check_only_matches(config.only, {*current, *baseline_all})  # with --update-baseline: new metrics too
     rows = compare.compare(current, baseline)
     print(compare.format_table(rows, show_all=config.show_all))
     failed = [r for r in rows if r.failed]
@@ -94,12 +96,14 @@ def regress_command(config: RegressConfig) -> int:
 
 
 def _check_only_matches(patterns: tuple[str, ...], names: set[str]) -> None:
-    """ValueError naming the first --only pattern that matches no metric, with the known names' shapes."""
+    """ValueError naming the first --only pattern that matches no metric, with an example name of each part."""
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            groups = sorted({"/".join(name.split("/")[:2]) + "/*" for name in names if "/" in name})
-            shown = ", ".join(groups[:12]) + (", ..." if len(groups) > 12 else "")
-            raise ValueError(f"--only {pattern!r} matches no metric; known: {shown}")
+            examples = {}
+            for name in sorted(names):
+                parts = name.split("/")
+                examples.setdefault(parts[0], name if len(parts) <= 2 else "/".join(parts[:2]) + "/*")
+            raise ValueError(f"--only {pattern!r} matches no metric; known, e.g.: {', '.join(examples.values())}")
 
 
 def _conformance(config: RegressConfig) -> int:
