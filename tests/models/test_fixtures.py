@@ -66,6 +66,7 @@ def test_loads_by_name_and_path(bundled):
         assert torch.equal(a, b), key
 
 
+@pytest.mark.slow
 def test_bits_per_byte_matches_training_record(bundled):
     _, model, tokenizer, record = bundled
     text = load_bundled_text().encode("utf-8")[: record["check_bytes"]].decode("utf-8")

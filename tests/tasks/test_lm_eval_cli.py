@@ -50,6 +50,7 @@ def test_lm_eval_registers_replayssm_lazily(tmp_path):
 
 @pytest.mark.skipif(LM_EVAL is None, reason=f"no lm_eval console script in {sysconfig.get_path('scripts')} "
                                             "(pip install -e '.[eval]')")
+@pytest.mark.slow
 def test_lm_eval_script_runs_replayssm_on_our_tasks(tmp_path):
     gen_log, out = tmp_path / "gen.jsonl", tmp_path / "out"
     tasks = [spec.local for spec in TASKS.values()]
