@@ -2,8 +2,9 @@
 
 Each subcommand is one config dataclass plus one public function. The options are generated
 from the dataclass fields (type, default, and `metadata["help"]`), so they are spelled once.
-Subcommands register themselves with `@command` in their own module; `main` imports those
-modules lazily so `replayssm-eval --help` stays fast.
+Subcommands register themselves with `@command` in their own module; the parser imports only the
+module of the subcommand named on the command line, so `replayssm-eval --help` imports none and
+`replayssm-eval kl --help` only the light `kl.cli` (no torch).
 """
 
 from __future__ import annotations
@@ -16,24 +17,29 @@ import types
 import typing
 from typing import Any, Callable
 
-# subcommand name -> module that registers it with @command
-SUBCOMMAND_MODULES = {
-    "formats": "replayssm_eval.quant.summary",
-    "kl": "replayssm_eval.kl.cli",
-    "accuracy": "replayssm_eval.tasks.accuracy",
-    "regress": "replayssm_eval.regress.cli",
-    "report": "replayssm_eval.reports.cli",
+# subcommand name -> (module that registers it with @command, one-line help)
+SUBCOMMANDS = {
+    "formats": ("replayssm_eval.quant.summary", "bits, bytes per SSM state and round-trip error of each state format"),
+    "kl": ("replayssm_eval.kl.cli",
+           "teacher-forced KL of SSM state formats against the FP32-state reference, by generated length"),
+    "accuracy": ("replayssm_eval.tasks.accuracy",
+                 "downstream accuracy (GPQA-Diamond, MMLU-Pro, MATH L5) of state formats vs FP32, by FP32 length bucket"),
+    "regress": ("replayssm_eval.regress.cli",
+                "deterministic numerics regression suite against a committed baseline; "
+                "--kernel checks an external decode kernel against the reference"),
+    "report": ("replayssm_eval.reports.cli",
+               "render KL and accuracy results as a self-contained HTML page and a Markdown file"),
 }
 
-_REGISTRY: dict[str, tuple[type, Callable[[Any], int | None], str]] = {}
+_REGISTRY: dict[str, tuple[type, Callable[[Any], int | None]]] = {}
 
 
-def command(name: str, help: str):
+def command(name: str):
     """Register `fn(config) -> exit code` as subcommand `name`; its first parameter's dataclass gives the options."""
 
     def decorate(fn):
         config_cls = next(iter(typing.get_type_hints(fn).values()))
-        _REGISTRY[name] = (config_cls, fn, help)
+        _REGISTRY[name] = (config_cls, fn)
         return fn
 
     return decorate
@@ -75,14 +81,17 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, config_cls: type) -
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         if tp is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["action"] = argparse.BooleanOptionalAction  # its help shows the default
         elif typing.get_origin(tp) in (list, tuple):
             kwargs["type"] = typing.get_args(tp)[0]
             kwargs["action"] = "append"
-            kwargs["help"] += f" (repeatable; default: {', '.join(map(str, kwargs.get('default', ()))) or 'none'})"
+            default = kwargs.get("default") or ()
+            kwargs["help"] += f" (repeatable; default: {', '.join(map(str, default))})" if default else " (repeatable)"
             kwargs["default"] = None
         else:
             kwargs["type"] = tp
+            if kwargs.get("default") is not None:
+                kwargs["help"] += f" (default: {kwargs['default']})"
         parser.add_argument(flag, **kwargs)
 
 
@@ -98,24 +107,26 @@ def dataclass_from_namespace(config_cls: type, ns: argparse.Namespace):
     return config_cls(**values)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the subcommand it names (its first word) gets its options, and only
+    that subcommand's module is imported; with `argv` None, every subcommand gets its options."""
     parser = argparse.ArgumentParser(
         prog="replayssm-eval",
         description="Accuracy and numerics evaluation for ReplaySSM split-precision SSM state.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in SUBCOMMAND_MODULES.items():
-        importlib.import_module(module)
-        config_cls, _, help_text = _REGISTRY[name]
+    for name, (module, help_text) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
-        add_dataclass_arguments(sp, config_cls)
+        if argv is None or argv[:1] == [name]:
+            importlib.import_module(module)
+            add_dataclass_arguments(sp, _REGISTRY[name][0])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    config_cls, fn, _ = _REGISTRY[ns.command]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ns = build_parser(argv).parse_args(argv)
+    config_cls, fn = _REGISTRY[ns.command]
     try:
         config = dataclass_from_namespace(config_cls, ns)
         code = fn(config)

@@ -20,6 +20,7 @@ from typing import Iterator
 
 # --dataset name -> (hub repository, split)
 DATASETS = {"pg19": ("emozilla/pg19", "test")}
+PACK_MODES = ("concat", "filter")  # how data.tokens cuts documents into pieces
 # file extension -> datasets packaged builder, with its options
 FILE_BUILDERS = {
     ".txt": ("text", {"sample_by": "document", "keep_linebreaks": True}),

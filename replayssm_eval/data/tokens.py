@@ -18,9 +18,7 @@ from typing import Iterable
 
 import torch
 
-from replayssm_eval.data.sources import Document
-
-PACK_MODES = ("concat", "filter")
+from replayssm_eval.data.sources import PACK_MODES, Document
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,14 @@ kl.interrupt defers Ctrl-C to the end of a segment, where the driver saves the b
 """
 
 from replayssm_eval.kl.cli import KLConfig
-from replayssm_eval.kl.driver import run_kl
 
 __all__ = ["KLConfig", "run_kl"]
+
+
+def __getattr__(name: str):
+    """`run_kl` is imported on first use, so `kl.cli` (the options, for --help) loads without torch."""
+    if name == "run_kl":
+        from replayssm_eval.kl.driver import run_kl
+
+        return run_kl
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,8 +3,12 @@
     replayssm-eval kl                                        # tiny-nemotron-h, bundled text, default configs
     replayssm-eval kl --model nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16 --read nvfp4 --recur fp16sr
     replayssm-eval kl --dataset pg19 --tokens 131072 --config shared:nvfp4 --config nvfp4/fp32
-    torchrun --nproc-per-node 8 -m replayssm_eval.cli kl --dataset pg19 --num-docs 16 ...
+    torchrun --nproc-per-node 8 --shutdown-timeout 600 -m replayssm_eval.cli kl --dataset pg19 --num-docs 16 ...
     replayssm-eval kl --resume reports/kl-tiny-nemotron-h-20250101T000000Z
+
+On Ctrl-C, torchrun forwards the signal to the ranks and kills them after its `--shutdown-timeout`
+(default 30 s); each rank first finishes its segment (minutes at 128K tokens on a large model), so
+raise that torchrun option for the snapshot to be written.
 """
 
 from __future__ import annotations
@@ -12,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replayssm_eval.cli import command, option
-from replayssm_eval.data.sources import DATASETS
-from replayssm_eval.data.tokens import PACK_MODES
+from replayssm_eval.data.sources import DATASETS, PACK_MODES
 
 DEFAULT_CONFIGS = ("shared:nvfp4", "nvfp4/fp32", "nvfp4/fp16sr")
 MAX_TOKENS = 131072
@@ -32,7 +35,8 @@ class KLConfig:
     recur: str | None = option(None, "short form: recurrence-copy format (default fp32)")
     window: int | None = option(None, "short form: window L (default 16)")
     seed: int | None = option(None, "short form: stochastic-rounding seed (default 0)")
-    dataset: str | None = option(None, "hub dataset, streamed", tuple(DATASETS))
+    dataset: str | None = option(None, "hub dataset, streamed (default: --data-files, else the bundled text)",
+                                 tuple(DATASETS))
     data_files: tuple[str, ...] = option((), "local .txt/.jsonl/.parquet in the PG-19 schema (globs allowed)")
     pack: str = option(
         "concat", "concat: join documents with eos and cut; filter: one piece per long-enough document", PACK_MODES
@@ -43,7 +47,8 @@ class KLConfig:
     tokens: int = option(2048, f"generated (teacher-forced) tokens per document, at most {MAX_TOKENS}")
     segment_len: int = option(2048, "tokens per lockstep segment (rounded up to a multiple of every window)")
     buckets: str = option("pow2", "length buckets: pow2, log:N, or starts such as 1,64,1024")
-    batch_size: int = option(1, "documents run in parallel")
+    batch_size: int = option(1, "documents run in parallel; results differ at about 1e-6 relative between batch "
+                                "sizes (FP32 summation order), so compare runs made with the same batch size")
     device: str = option("auto", "auto: cuda if available", ("auto", "cuda", "cpu"))
     dtype: str = option(
         "auto", "weights and activations (auto: bfloat16 on cuda, float32 on cpu)",
@@ -56,7 +61,7 @@ class KLConfig:
     keep_token_metrics: bool = option(False, "keep the per-token metrics (tokens/*.npz) after the run completes")
 
 
-@command("kl", help="teacher-forced KL of SSM state formats against the FP32-state reference, by generated length")
+@command("kl")
 def kl_command(config: KLConfig) -> int:
     """Run `run_kl`; Ctrl-C exits with 130 after the driver has said how to resume."""
     from replayssm_eval.kl.driver import run_kl

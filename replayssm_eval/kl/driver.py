@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 import shutil
 import sys
@@ -60,6 +61,7 @@ from replayssm_eval.kl.store import (
     RUN_FILE,
     TOKENS_DIR,
     atomic_write_json,
+    check_snapshot,
     clear_inflight,
     load_documents,
     load_snapshot,
@@ -112,6 +114,9 @@ def make_plan(options: KLConfig) -> RunPlan:
         raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
     dtype = options.dtype if options.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     backend = options.backend if options.backend != "auto" else ("triton" if device == "cuda" else "torch")
+    if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("--backend triton needs a CUDA device and the device is cpu; accepted here: "
+                         "--backend torch, or TRITON_INTERPRET=1 in the environment for Triton's (slow) interpreter")
     return RunPlan(
         options=options,
         configs=configs,
@@ -158,6 +163,7 @@ def run_kl(options: KLConfig) -> Path:
             return Path(options.output)
     plan = make_plan(options)
     ranks = init_ranks(plan.device)
+    run_dir = Path(on_main(ranks, lambda: str(_output_dir(options))))  # checked before any loading
     tokenizer = runner_module.load_tokenizer(options.model)
     docs = tokenize_documents(
         iter_documents(plan.source),
@@ -168,7 +174,6 @@ def run_kl(options: KLConfig) -> Path:
         min_doc_tokens=options.min_doc_tokens,
         source_name=plan.source.name,
     )
-    run_dir = Path(on_main(ranks, lambda: str(_output_dir(options))))
     device = f"cuda:{ranks.local_rank}" if plan.device == "cuda" and ranks.world > 1 else plan.device
     runner = runner_module.load_runner(
         options.model, device=device, dtype=plan.dtype, backend=plan.backend, device_map=options.device_map
@@ -253,9 +258,13 @@ def _is_complete(run_dir: Path) -> bool:
 
 
 def _output_dir(options: KLConfig) -> Path:
-    """The run directory: --resume, --output, or reports/kl-<model>-<UTC time>; a new one must be empty."""
+    """The run directory: --resume, --output, or reports/kl-<model>-<UTC time>; a new one must be empty,
+    and creatable and writable (checked without creating it)."""
     if options.resume:
-        return Path(options.resume)
+        path = Path(options.resume)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"--resume {str(path)!r} is not writable; accepted: a run directory you can write to")
+        return path
     if options.output:
         path = Path(options.output)
     else:
@@ -265,7 +274,21 @@ def _output_dir(options: KLConfig) -> Path:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"--output {str(path)!r} exists and is not an empty directory; "
                          f"choose another, or continue it with --resume {path}")
+    _check_creatable(path)
     return path
+
+
+def _check_creatable(path: Path) -> None:
+    """ValueError unless `path` can be created: its nearest existing ancestor is a writable directory."""
+    ancestor = path.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"--output {str(path)!r} cannot be created: {ancestor} is a file; "
+                         f"accepted: a new or empty directory in a writable place")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {str(path)!r} cannot be created: {ancestor} is not writable (read-only "
+                         f"filesystem or permissions); accepted: a new or empty directory in a writable place")
 
 
 def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Ranks, on_document) -> dict:
@@ -275,6 +298,8 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
     batches = batches_for_rank(len(docs), options.batch_size, ranks)
     done = load_documents(run_dir, [i for batch in batches for i in batch], names, options.tokens)
     pending = [batch for batch in batches if any(i not in done for i in batch)]
+    for batch in pending:
+        check_snapshot(run_dir, batch)
     bar = tqdm(total=sum(len(b) for b in pending) * options.tokens, unit="tok", unit_scale=True,
                desc=f"generated tokens x (fp32 + {len(plan.configs)} configs)", disable=not ranks.is_main)
     map_location = None if options.device_map else runner.device  # a device_map model keeps its devices
@@ -284,9 +309,11 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
             start = load_snapshot(run_dir, batch, map_location)
             if start is not None:
                 bar.update(start["generated"] * len(batch))
+            progress = SegmentProgress(bar, len(batch))
             metrics, ref_nll = evaluate_batch(
                 runner, plan.configs, docs.tokens[batch], torch.tensor(batch), options.prompt_len,
-                plan.segment_len, _segment_hook(run_dir, batch, names, ranks, bar, interrupt), start=start,
+                plan.segment_len, _segment_hook(run_dir, batch, names, ranks, progress, interrupt), start=start,
+                on_progress=progress.within,
             )
             for row, index in enumerate(batch):
                 save_document(run_dir, index, metrics[row], ref_nll[row], names)
@@ -297,7 +324,30 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
     return done
 
 
-def _segment_hook(run_dir: Path, batch: list[int], names: list[str], ranks: Ranks, bar, interrupt):
+class SegmentProgress:
+    """Moves the bar (generated tokens x documents) within a segment, as each stream's forward goes through
+    its layers, and to the exact count at each boundary; only whole units, so the total comes out exact."""
+
+    def __init__(self, bar, width: int):
+        self.bar, self.width, self.moved = bar, width, 0
+
+    def within(self, tokens: float) -> None:
+        """`tokens` of the current segment are done (a fraction of each stream's forwards counts)."""
+        self._move_to(int(tokens * self.width))
+
+    def boundary(self, new_tokens: int) -> None:
+        """The segment of `new_tokens` tokens is done."""
+        self._move_to(new_tokens * self.width)
+        self.moved = 0
+
+    def _move_to(self, target: int) -> None:
+        if target > self.moved:
+            self.bar.update(target - self.moved)
+            self.moved = target
+
+
+def _segment_hook(run_dir: Path, batch: list[int], names: list[str], ranks: Ranks, progress: SegmentProgress,
+                  interrupt):
     """`evaluate_batch`'s on_segment: store the metrics so far; after a deferred Ctrl-C, snapshot and stop.
 
     At the batch's last boundary there is nothing to continue: the batch is stored instead, and the
@@ -305,7 +355,7 @@ def _segment_hook(run_dir: Path, batch: list[int], names: list[str], ranks: Rank
     """
 
     def on_segment(here: Boundary, new_tokens: int) -> None:
-        bar.update(new_tokens * len(batch))
+        progress.boundary(new_tokens)
         save_partial(run_dir, batch, here.metrics[..., :here.generated].numpy(),
                      here.ref_nll[:, :here.generated].numpy(), names)
         if ranks.is_main:
@@ -357,7 +407,8 @@ class Boundary:
 
 
 def evaluate_batch(runner, configs, tokens: torch.Tensor, seq_ids: torch.Tensor, prompt_len: int,
-                   segment_len: int, on_segment=None, start: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   segment_len: int, on_segment=None, start: dict | None = None,
+                   on_progress=None) -> tuple[np.ndarray, np.ndarray]:
     """Per-token metrics of one batch.
 
     tokens: [B, prompt_len + N] int64; seq_ids: [B] int64 (key the SR bits).
@@ -365,6 +416,8 @@ def evaluate_batch(runner, configs, tokens: torch.Tensor, seq_ids: torch.Tensor,
     `on_segment(boundary, new_tokens)` is called after the prefill and after each segment with the
     `Boundary` reached; it may save `boundary.snapshot()` and raise to stop there.
     start: a `Boundary.snapshot()` of this batch to continue from instead of the prefill.
+    `on_progress(tokens)` is called within a segment with how many of its tokens are done (fractional:
+    the streams' forwards so far, from `runner.on_layer`).
     """
     batch, total = tokens.shape
     length = total - prompt_len
@@ -393,8 +446,9 @@ def evaluate_batch(runner, configs, tokens: torch.Tensor, seq_ids: torch.Tensor,
             b = min(a + segment_len, length - 1)
             inputs = tokens[:, prompt_len + a : prompt_len + b]  # [B, S], decode steps a..b-1
             targets = tokens[:, prompt_len + a + 1 : prompt_len + b + 1]  # [B, S], generated tokens a+2..b+1
+            within = None if on_progress is None else (lambda done, s=b - a: on_progress(done * s))
             _lockstep([s.extend for s in here.streams], inputs, targets, here.metrics, here.ref_nll,
-                      slice(a + 1, b + 1))
+                      slice(a + 1, b + 1), runner, within)
             reached(b + 1, b - a)
     finally:
         for stream in here.streams:
@@ -409,12 +463,25 @@ def _open_streams(runner, configs, seq_ids: torch.Tensor, start: dict | None) ->
     return [runner.restore(c, seq_ids, saved) for c, saved in zip(configs, start["streams"], strict=True)]
 
 
-def _lockstep(feeds, inputs, targets, metrics, ref_nll, cols: slice) -> None:
-    """Feed one segment to the reference (feeds[0]), then to each config, reducing each config's logits at once."""
-    ref_logits = feeds[0](inputs)  # [B, S, V]
+def _lockstep(feeds, inputs, targets, metrics, ref_nll, cols: slice, runner=None, progress=None) -> None:
+    """Feed one segment to the reference (feeds[0]), then to each config, reducing each config's logits at once.
+
+    progress: None, or fn(fraction of the segment's forwards done), called through `runner.on_layer`.
+    """
+
+    def feed(k: int):
+        if progress is not None:
+            runner.on_layer = lambda done: progress((k + done) / len(feeds))
+        try:
+            return feeds[k](inputs)
+        finally:
+            if progress is not None:
+                runner.on_layer = None
+
+    ref_logits = feed(0)  # [B, S, V]
     ref_nll[:, cols] = token_nll(ref_logits, targets).cpu()
-    for i, feed in enumerate(feeds[1:]):
-        metrics[:, i, :, cols] = token_metrics(ref_logits, feed(inputs), targets).cpu()
+    for i in range(1, len(feeds)):
+        metrics[:, i - 1, :, cols] = token_metrics(ref_logits, feed(i), targets).cpu()
 
 
 def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, skips: dict, done: dict,

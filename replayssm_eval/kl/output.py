@@ -16,6 +16,8 @@ from replayssm_eval.kl.store import atomic_write_bytes, atomic_write_json
 
 SCHEMA_VERSION = 1
 CSV_FILE, JSON_FILE, PLOT_FILE = "kl_buckets.csv", "kl.json", "kl_vs_length.png"
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINE_STYLES = ("-", "--", "-.", ":")
 
 
 def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Bucket], traffic: dict | None,
@@ -139,16 +141,23 @@ def plot_png(report: dict) -> bytes:
     means = [b["kl_mean"] for c in report["configs"] for b in c["buckets"] if b["kl_mean"]]
     floor = min(means, default=1.0) / 10
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for config in report["configs"]:
+    for k, config in enumerate(report["configs"]):
         buckets = config["buckets"]
         x = [math.sqrt(b["start"] * b["end"]) for b in buckets]
         y = [b["kl_mean"] or np.nan for b in buckets]
         label = config["name"] if any(np.isfinite(y)) else f"{config['name']} (KL = 0)"
-        (line,) = ax.plot(x, y, marker="o", markersize=3, label=label)
+        # coinciding lines stay apart: each config its own marker, line style and marker size (largest first,
+        # hollow, so a smaller marker drawn later shows inside a larger one)
+        style = LINE_STYLES[k % len(LINE_STYLES)]
+        (line,) = ax.plot(x, y, marker=MARKERS[k % len(MARKERS)], markersize=8 - 4 * k / max(len(report["configs"]), 1),
+                          markerfacecolor="none", markeredgewidth=1.2, linestyle=style, linewidth=1.3, label=label)
         if all(b["kl_ci_high"] is not None for b in buckets):  # no interval with one document
             low = [max(b["kl_ci_low"], floor) for b in buckets]
             high = [max(b["kl_ci_high"], floor) for b in buckets]
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+            # a faint fill and outlined edges in the line's style: overlapping bands stay readable
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.04, linewidth=0)
+            for edge in (low, high):
+                ax.plot(x, edge, color=line.get_color(), linestyle=style, linewidth=0.7, alpha=0.7)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(bottom=floor)

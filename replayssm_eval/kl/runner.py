@@ -10,6 +10,9 @@ The driver needs:
     Runner.state_traffic(config) -> dict | None  SSM state bytes per decode token (models.traffic)
     Runner.skip_reads(config) -> dict | None     the checkpoint reads #skip dropped in the closed streams of
                                                  `config`, per layer and in total, and the bytes they save
+    Runner.on_layer                              None, or fn(fraction) called during a forward with the
+                                                 fraction of it done (after each decoder layer): the
+                                                 progress bar's steps within a segment
     Stream.prefill(tokens [B, P]) -> logits [B, 1, V] of the last prompt token (anchors the window)
     Stream.extend(tokens [B, S]) -> logits [B, S, V], continuing from the carried state
     Stream.save() -> object                      the carried state, for torch.save (Ctrl-C snapshots)
@@ -31,8 +34,9 @@ def load_tokenizer(model: str):
     """The tokenizer of `model` (bundled fixture name, local directory or hub id)."""
     from transformers import AutoTokenizer
 
+    path = _resolve(model)  # fails at once for a name that cannot load
     try:
-        return AutoTokenizer.from_pretrained(_resolve(model))
+        return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise ValueError(
             f"unknown model {model!r}: not a bundled fixture, a local model directory or a reachable hub id ({err})"
@@ -53,6 +57,14 @@ class ModelRunner:
         self.replay_model = replay_model
         self.device = replay_model.model.device
         self.skips: dict[str, dict[int, list[int]]] = {}  # config name -> layer -> session.skip_counts sums
+        self.on_layer = None
+        layers = replay_model.model.base_model.layers
+        for i, layer in enumerate(layers):  # observes only: the outputs are left as they are
+            layer.register_forward_hook(lambda module, args, output, done=(i + 1) / len(layers): self._layer_done(done))
+
+    def _layer_done(self, fraction: float) -> None:
+        if self.on_layer is not None:
+            self.on_layer(fraction)
 
     def open(self, config: ReplayConfig, seq_ids: torch.Tensor) -> "ModelStream":
         return ModelStream(self, self.replay_model.new_session(config, seq_ids=seq_ids))

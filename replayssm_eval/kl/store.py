@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +63,12 @@ def atomic_write_json(path: Path, obj) -> None:
 
 
 def read_json(path: Path) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """The JSON object in `path`; ValueError naming the file if it is not valid JSON (e.g. truncated)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); accepted: a JSON file as this tool writes it") from err
 
 
 def doc_path(run_dir: Path, index: int) -> Path:
@@ -81,8 +87,12 @@ def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int)
         path = doc_path(run_dir, index)
         if not path.exists():
             continue
-        with np.load(path) as data:
-            names, metrics, ref_nll = list(data["configs"]), data["metrics"], data["ref_nll"]
+        try:
+            with np.load(path) as data:
+                names, metrics, ref_nll = list(data["configs"]), data["metrics"], data["ref_nll"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); "
+                             f"delete it and --resume again to redo document {index}") from err
         if names != list(config_names) or metrics.shape[1:] != (4, tokens) or ref_nll.shape != (tokens,):
             raise ValueError(
                 f"{path} holds configs {names} with {metrics.shape[-1]} tokens, "
@@ -112,13 +122,31 @@ def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:
     return path
 
 
+def check_snapshot(run_dir: Path, batch: list[int]) -> None:
+    """ValueError naming the batch's snapshot if it is truncated (its zip directory, at the end, is unreadable)."""
+    path = inflight_path(run_dir, batch, "pt")
+    if path.exists():
+        try:
+            zipfile.ZipFile(path).close()
+        except (OSError, zipfile.BadZipFile) as err:
+            raise _unreadable_snapshot(path, batch, err) from err
+
+
+def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueError:
+    return ValueError(f"{path} cannot be read ({type(err).__name__}: {str(err).split('. ')[0]}); "
+                      f"delete it and --resume again to redo documents {batch} from their start")
+
+
 def load_snapshot(run_dir: Path, batch: list[int], map_location) -> dict | None:
     """The batch's snapshot, its tensors moved to `map_location` (None: where they were); None if there is none."""
     path = inflight_path(run_dir, batch, "pt")
     if not path.exists():
         return None
-    # weights_only=False: the HF cache and ReplayState objects are pickled; the file is this run's own
-    return torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        # weights_only=False: the HF cache and ReplayState objects are pickled; the file is this run's own
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        raise _unreadable_snapshot(path, batch, err) from err
 
 
 def clear_inflight(run_dir: Path, batch: list[int]) -> None:

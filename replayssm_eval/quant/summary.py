@@ -31,8 +31,10 @@ class FormatsConfig:
         "help": "list the engine presets (e.g. vllm:fp16sr) with the config each expands to and its source"})
 
 
-@command("formats", help="Bits, bytes per SSM state and round-trip error of each state format.")
+@command("formats")
 def run_formats(config: FormatsConfig) -> int:
+    if config.states < 1:
+        raise ValueError(f"--states {config.states} is out of range; accepted: an integer >= 1")
     if config.presets:
         return _print_presets(config.json)
     h, p, n = parse_geometry(config.geometry)

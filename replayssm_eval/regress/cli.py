@@ -46,8 +46,7 @@ class RegressConfig:
     device: str = option("cpu", "--kernel: device of the inputs handed to the adapter", ("cpu", "cuda"))
 
 
-@command("regress", help="deterministic numerics regression suite against a committed baseline; "
-                         "--kernel checks an external decode kernel against the reference")
+@command("regress")
 def regress_command(config: RegressConfig) -> int:
     if config.kernel:
         return _conformance(config)
@@ -66,10 +65,13 @@ def regress_command(config: RegressConfig) -> int:
     in_parts = lambda name: name.split("/", 1)[0] in parts and (  # noqa: E731
         not config.only or any(fnmatch.fnmatchcase(name, p) for p in config.only))
     baseline = {k: v for k, v in baseline_all.items() if in_parts(k)}
+    if not config.update_baseline:  # the baseline names every metric of the suite
+        _check_only_matches(config.only, set(baseline_all))
 
     start = time.perf_counter()
     current = run_suite(tuple(parts), only=config.only, log=lambda line: print(f"  {line}", file=sys.stderr))
     elapsed = time.perf_counter() - start
+    _check_only_matches(config.only, {*current, *baseline_all})  # with --update-baseline: new metrics too
     rows = compare.compare(current, baseline)
     print(compare.format_table(rows, show_all=config.show_all))
     failed = [r for r in rows if r.failed]
@@ -91,6 +93,17 @@ def regress_command(config: RegressConfig) -> int:
         print(f"{len(improved)} metric(s) improved or new: record them with --update-baseline")
     print(f"{len(rows)} metrics in {elapsed:.0f} s: " + (f"{len(failed)} REGRESSED" if failed else "no regression"))
     return 1 if failed else 0
+
+
+def _check_only_matches(patterns: tuple[str, ...], names: set[str]) -> None:
+    """ValueError naming the first --only pattern that matches no metric, with an example name of each part."""
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            examples = {}
+            for name in sorted(names):
+                parts = name.split("/")
+                examples.setdefault(parts[0], name if len(parts) <= 2 else "/".join(parts[:2]) + "/*")
+            raise ValueError(f"--only {pattern!r} matches no metric; known, e.g.: {', '.join(examples.values())}")
 
 
 def _conformance(config: RegressConfig) -> int:

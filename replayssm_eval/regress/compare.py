@@ -109,9 +109,14 @@ def read_baseline(path: Path) -> dict[str, dict]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"baseline {str(path)!r} does not exist; create it with --update-baseline")
-    data = json.loads(path.read_text())
-    if data.get("schema_version") != BASELINE_VERSION:
-        raise ValueError(f"baseline {path} has schema_version {data.get('schema_version')!r}, "
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"baseline {path} is not valid JSON ({err}); accepted: a baseline written by "
+                         f"--update-baseline") from err
+    if not isinstance(data, dict) or data.get("schema_version") != BASELINE_VERSION:
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        raise ValueError(f"baseline {path} has schema_version {version!r}, "
                          f"expected {BASELINE_VERSION}")
     return data["metrics"]
 

@@ -26,7 +26,7 @@ class ReportConfig:
     title: str = field(default="ReplaySSM state formats", metadata={"help": "the report's heading"})
 
 
-@command("report", help="render KL and accuracy results as a self-contained HTML page and a Markdown file")
+@command("report")
 def report_command(config: ReportConfig) -> int:
     from replayssm_eval.reports import render_report
 

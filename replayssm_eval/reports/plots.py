@@ -13,9 +13,14 @@ from replayssm_eval.reports.load import Result  # noqa: E402
 from replayssm_eval.reports.tables import KIB, ParetoPoint, TrafficRow  # noqa: E402
 
 
-def _png(fig) -> bytes:
+# label offsets tried in turn (points from the marker): beside it, then further above and below
+LABEL_OFFSETS = [(dx, dy) for dy in (4, -10, 14, -20, 24, -30, 34, -40, 44, -50) for dx in (6, -6)]
+
+
+def _png(fig, layout: bool = True) -> bytes:
     buffer = io.BytesIO()
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
@@ -66,8 +71,6 @@ def pareto_png(result: Result, points: list[ParetoPoint], bucket, fp32_traffic: 
         for p in mine:
             ax.scatter(getattr(p, cost) * unit, p.kl, s=60 if p in front else 30, zorder=3,
                        color="#c05621" if p in front else "#718096", edgecolor="black" if p in front else "none")
-            ax.annotate(p.config, (getattr(p, cost) * unit, p.kl), textcoords="offset points", xytext=(5, 4),
-                        fontsize=6)
         if len(front) > 1:
             ax.step([getattr(p, cost) * unit for p in front], [p.kl for p in front], where="post", color="#c05621",
                     linewidth=1.2, label="Pareto frontier")
@@ -84,7 +87,37 @@ def pareto_png(result: Result, points: list[ParetoPoint], bucket, fp32_traffic: 
     span = f"{bucket[0]}–{bucket[1]}" if bucket else "the longest bucket"
     axes[0].set_ylabel(f"mean KL at generated tokens {span}")
     fig.suptitle(f"{result.label}", fontsize=10)
-    return _png(fig)
+    fig.tight_layout()  # first: the labels are placed in the final layout's display coordinates
+    for ax, (cost, unit, _, _) in zip(axes, panels):
+        mine = [p for p in shown if getattr(p, cost) is not None]
+        annotate_apart(fig, ax, [(getattr(p, cost) * unit, p.kl) for p in mine], [p.config for p in mine], fontsize=6)
+    return _png(fig, layout=False)
+
+
+def annotate_apart(fig, ax, points: list[tuple[float, float]], labels: list[str], fontsize: int = 7) -> list:
+    """Label each point at the first of `LABEL_OFFSETS` whose text box overlaps no label placed before it and
+    stays inside the axes (else the first free one, else the first); returns the annotations. Call it after
+    the layout and the axes limits are final."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed, texts = [], []
+    for (x, y), label in zip(points, labels):
+        boxes = []
+        for dx, dy in LABEL_OFFSETS:
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                               ha="left" if dx > 0 else "right", va="bottom")
+            boxes.append(text.get_window_extent(renderer))
+            text.remove()
+        free = [i for i, box in enumerate(boxes) if not any(box.overlaps(b) for b in placed)]
+        inside = [i for i in free if frame.x0 <= boxes[i].x0 and boxes[i].x1 <= frame.x1
+                  and frame.y0 <= boxes[i].y0 and boxes[i].y1 <= frame.y1]
+        best = (inside or free or [0])[0]
+        dx, dy = LABEL_OFFSETS[best]
+        texts.append(ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                                 ha="left" if dx > 0 else "right", va="bottom"))
+        placed.append(boxes[best])
+    return texts
 
 
 def accuracy_gap_png(result: Result, task: str) -> bytes | None:

@@ -110,7 +110,11 @@ def config_dir(run_dir: Path, config: ReplayConfig) -> Path:
 
 def run_accuracy(options: AccuracyConfig) -> Path:
     """Run (or continue) an accuracy comparison; returns its directory (with --export-requests: that file)."""
-    from lm_eval.tasks import TaskManager
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError as err:
+        raise ValueError(f"accuracy needs lm-eval, which is not installed ({err}); "
+                         f'install it with: pip install -e ".[eval]"') from err
 
     from replayssm_eval.tasks.lm_model import ReplaySSMLM
     from replayssm_eval.tasks.recorded import RecordedLM
@@ -271,7 +275,7 @@ def command_line(options: AccuracyConfig) -> str:
     return shlex.join(words)
 
 
-@command("accuracy", help="downstream accuracy (GPQA-Diamond, MMLU-Pro, MATH L5) of state formats vs FP32, by FP32 length bucket")
+@command("accuracy")
 def accuracy_command(config: AccuracyConfig) -> int:
     path = run_accuracy(config)
     print(path if config.export_requests else path / "accuracy.md")

@@ -16,6 +16,7 @@ reference on cpu); loglikelihood: `generation.score_continuations`.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import lm_eval.models  # noqa: F401  registers lm-eval's own models first: `get_model` loads them only into an empty registry
 import torch
@@ -67,6 +68,8 @@ class ReplaySSMLM(TemplateLM):
         self.tokenizer = self.rm.tokenizer
         self._device = self.rm.model.device
         self.gen_log = gen_log
+        if gen_log:
+            Path(gen_log).parent.mkdir(parents=True, exist_ok=True)  # before the generation work, not after
         self.records: list[dict] = []  # one per generate_until request, in request order
 
     @property

@@ -7,7 +7,7 @@ document, while the `fp32` config runs exactly the reference's operations (KL ex
 Stochastic-rounding-like noise keyed by (config seed, sequence id) makes results depend on the
 sequence id as the real models' SR bits do. `install(fail_after=N, fault=f)` calls `f()` at the
 start of the N+1-th `extend` call: by default it raises KeyboardInterrupt (an interrupt the driver
-did not defer); `ctrl_c()` sends SIGINT as a terminal's Ctrl-C does; `crash` raises RuntimeError.
+did not defer); `ctrl_c()` sends SIGINT, as a terminal's Ctrl-C does; `crash` raises RuntimeError.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class FakeRunner:
         self.fail_after, self.fault = fail_after, fault or raise_keyboard_interrupt
         self.extends = 0
         self.opened = []
+        self.on_layer = None
 
     def open(self, config, seq_ids):
         stream = FakeStream(self, config, seq_ids)
@@ -87,6 +88,8 @@ class FakeStream:
             if self.steps % self.config.window == self.config.window - 1:
                 self.h = self._store(self.h)
             self.steps += 1
+            if self.runner.on_layer is not None:  # a real model reports per layer; the fake per token
+                self.runner.on_layer((t + 1) / tokens.shape[1])
         return torch.stack(states, dim=1) @ self.runner.out  # [B, S, V]
 
     def save(self):
@@ -105,11 +108,19 @@ def crash():
 
 
 def ctrl_c(times: int = 1):
-    """A fault that sends SIGINT to this process `times` times."""
+    """A fault that sends SIGINT to the calling thread `times` times.
+
+    `raise_signal` directs the signal at this (the main) thread, which runs its C handler before the
+    call returns, so the driver's Python handler runs at the next bytecode, within the current segment.
+    `os.kill(os.getpid(), ...)` would direct it at the process, and the kernel may hand a process-directed
+    signal to any thread that does not block it (tqdm's monitor, torch's or gloo's threads): on a loaded
+    machine that thread may run its C handler only after the main thread has passed the segment boundary,
+    and the snapshot then lands a segment later.
+    """
 
     def send():
         for _ in range(times):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
 
     return send
 

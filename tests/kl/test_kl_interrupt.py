@@ -121,6 +121,7 @@ def test_ctrl_c_in_the_last_segment_stores_the_batch_and_stops(fake, small, tmp_
     assert _results(resumed) == _results(straight)
 
 
+@pytest.mark.slow
 def test_each_rank_snapshots_its_own_batch(fake, small, tmp_path, straight):
     fake()
     options = small(output=str(tmp_path / "two"), keep_token_metrics=True)

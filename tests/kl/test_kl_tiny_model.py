@@ -22,6 +22,7 @@ MODEL = "tiny-nemotron-h"
 VOLATILE = ("date", "command", "options", "git")  # differ between two runs of the same numbers
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path):
     out = tmp_path / "run"
     code = main(["kl", "--model", MODEL, "--tokens", "128", "--prompt-len", "64", "--num-docs", "2",
@@ -48,7 +49,7 @@ def tiny_runner():
 
 # split configs: the low-precision read copy never feeds the recurrence, so float32 noise between the
 # chunked and the token-by-token paths (~1e-5 in logits) cannot flip an NVFP4 rounding that persists
-@pytest.mark.parametrize("config", ["nvfp4/fp16@4", "nvfp4/fp32@8"])
+@pytest.mark.parametrize("config", [pytest.param("nvfp4/fp16@4", marks=pytest.mark.slow), "nvfp4/fp32@8"])
 def test_driver_matches_token_by_token_decoding(tiny_runner, config):
     prompt_len, tokens = 16, 32
     ids = torch.tensor([list(b"When shall we three meet again? In thunder, lightning, or in rain?")])
@@ -68,7 +69,7 @@ def test_driver_matches_token_by_token_decoding(tiny_runner, config):
     torch.testing.assert_close(got[:, 3], expected[:, 3], rtol=0, atol=1e-4)  # NLL difference
 
 
-@pytest.mark.parametrize("model", [MODEL, "tiny-qwen3.5"])
+@pytest.mark.parametrize("model", [MODEL, pytest.param("tiny-qwen3.5", marks=pytest.mark.slow)])
 def test_ctrl_c_mid_segment_then_resume_equals_an_uninterrupted_run(model, tmp_path, monkeypatch):
     """SIGINT when the reference is through segment 1 and the config is not; the snapshot of the HF caches
     and ReplayStates at the end of segment 1 continues to the uninterrupted numbers."""

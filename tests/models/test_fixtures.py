@@ -9,17 +9,33 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from replayssm_eval.data.bundled import load_bundled_text
+from replayssm_eval.models import fixtures
 from replayssm_eval.models.fixtures import BUNDLED_MODELS, FIXTURES_DIR, resolve_model
 
 MAX_BYTES = 8_000_000
 EXPECTED_CLASSES = {"tiny-nemotron-h": "NemotronHForCausalLM", "tiny-qwen3.5": "Qwen3_5ForCausalLM"}
 
 
-def test_resolve_model(tmp_path):
+def test_resolve_model(tmp_path, monkeypatch):
     assert resolve_model("tiny-qwen3.5") == str(FIXTURES_DIR / "tiny-qwen3.5")
+    (tmp_path / "config.json").write_text("{}")
     assert resolve_model(tmp_path) == str(tmp_path)
+    monkeypatch.setattr(fixtures, "_hub_unavailable", lambda: None)  # a reachable hub: the id goes on unchanged
     assert resolve_model("Qwen/Qwen3.5-4B") == "Qwen/Qwen3.5-4B"
     assert set(BUNDLED_MODELS) == set(EXPECTED_CLASSES)
+
+
+def test_resolve_model_fails_at_once(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="is a directory without config.json"):
+        resolve_model(tmp_path)
+    with pytest.raises(ValueError, match="is not a model directory"):
+        resolve_model(tmp_path / "missing")
+    monkeypatch.setattr(fixtures, "_hub_unavailable", lambda: "HF_HUB_OFFLINE is set")
+    with pytest.raises(ValueError, match="not a bundled fixture, a local directory or in the local hub cache, and "
+                                         "HF_HUB_OFFLINE is set; accepted: a bundled fixture .tiny-nemotron-h"):
+        resolve_model("someone/no-such-model")
+    with pytest.raises(ValueError, match="is not a valid hub id"):
+        resolve_model("no such model")
 
 
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
@@ -50,6 +66,7 @@ def test_loads_by_name_and_path(bundled):
         assert torch.equal(a, b), key
 
 
+@pytest.mark.slow
 def test_bits_per_byte_matches_training_record(bundled):
     _, model, tokenizer, record = bundled
     text = load_bundled_text().encode("utf-8")[: record["check_bytes"]].decode("utf-8")

@@ -65,6 +65,7 @@ def test_nvfp4_scale_off_by_one_code_fails(monkeypatch, capsys):
     assert "format/fp8/" not in out and "bits/mxfp4 " not in out
 
 
+@pytest.mark.slow
 def test_kernel_dropping_d_fails(monkeypatch, capsys):
     from replayssm_eval.kernels.mamba2 import triton as mamba2_triton
 

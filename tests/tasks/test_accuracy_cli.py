@@ -33,7 +33,8 @@ def count_runs(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("model, limit", [("tiny-nemotron-h", 2), ("tiny-qwen3.5", 1)])  # CI time
+@pytest.mark.parametrize("model, limit", [pytest.param("tiny-nemotron-h", 2, marks=pytest.mark.slow),
+                                          ("tiny-qwen3.5", 1)])  # CI time
 def test_end_to_end_on_fixtures(tmp_path, model, limit, count_runs):
     out = tmp_path / "run"
     assert run("--model", model, "--configs", CONFIGS, "--output", str(out), "--limit", str(limit)) == 0

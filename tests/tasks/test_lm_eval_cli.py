@@ -50,6 +50,7 @@ def test_lm_eval_registers_replayssm_lazily(tmp_path):
 
 @pytest.mark.skipif(LM_EVAL is None, reason=f"no lm_eval console script in {sysconfig.get_path('scripts')} "
                                             "(pip install -e '.[eval]')")
+@pytest.mark.slow
 def test_lm_eval_script_runs_replayssm_on_our_tasks(tmp_path):
     gen_log, out = tmp_path / "gen.jsonl", tmp_path / "out"
     tasks = [spec.local for spec in TASKS.values()]
@@ -68,3 +69,11 @@ def test_lm_eval_script_runs_replayssm_on_our_tasks(tmp_path):
     assert samples == set(records) and len(samples) == 2 * len(tasks)
     for r in records.values():
         assert r["config"] == "nvfp4/fp16sr" and r["max_gen_toks"] == 6 and 1 <= r["gen_tokens"] <= 6
+
+
+def test_gen_log_folder_is_created_before_generating(tmp_path):
+    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+
+    log = tmp_path / "out" / "gen.jsonl"
+    ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu", gen_log=str(log))
+    assert log.parent.is_dir()
