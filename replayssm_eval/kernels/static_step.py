@@ -77,6 +77,9 @@ class StaticState:
             raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
         check_static_config(config)
         hi = state.hi.float().contiguous().clone()
+        if fold_out is not None and (fold_out.shape != hi.shape or not fold_out.is_contiguous()):
+            raise ValueError(f"fold_out must be a contiguous tensor of shape {list(hi.shape)}, got {list(fold_out.shape)} "
+                             f"(contiguous={fold_out.is_contiguous()})")
         lo = hi if config.shared else state.lo.float().contiguous().clone()
         own = lambda t: None if t is None else t.contiguous().clone()  # noqa: E731
         packed = PackedState(packed.format, packed.shape, own(packed.data), own(packed.scales), own(packed.global_scale))
