@@ -55,6 +55,8 @@ class KernelFamily:
     head_state: (head_dim, state_dim) of a geometry -> one head's state (rows, cols) in `state_layout`.
     entry_elements: (heads, head_dim, state_dim, groups, fold) -> elements of one buffer entry
         (read at a non-flush token, read at the flush, written).
+    replay_state: (tensors, state, config, layer_idx, seq_ids) -> the checked ReplayState the kernels start
+        from (checkpoint 0 written from an FP32 anchor in `state_layout`, or the carried ReplayState).
     log_decays: (tensors in `inputs` order, carried ReplayState or None) -> (log-decay per token and head
         [B, T, H], log-decay of the carried buffer entries [B, cap, H] or None): what `kernels.skip` reads.
     """
@@ -77,6 +79,7 @@ class KernelFamily:
     random_inputs: Callable
     head_state: Callable[[int, int], tuple[int, int]]
     entry_elements: Callable[..., tuple[int, int, int]]
+    replay_state: Callable[..., ReplayState]
     log_decays: Callable[[tuple, ReplayState | None], tuple[torch.Tensor, torch.Tensor | None]]
 
 

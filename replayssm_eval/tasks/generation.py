@@ -12,7 +12,13 @@ through the decode step of `step`:
 
 - "reference": `decode_reference`, the pure-torch step reference (CPU);
 - "triton": the Triton decode step of the layer's kernel family (the session engine "step"; GPU,
-  the Triton interpreter on CPU).
+  the Triton interpreter on CPU);
+- "static": the same step on preallocated state buffers without host syncs
+  (`models.static_session`), bit-identical to "triton"; fixed-window configs only;
+  on CUDA each SSM layer's step is captured as a CUDA graph and replayed (`models.layer_graph`);
+- "graph": the whole model's step on fixed buffers (Hugging Face's StaticCache for attention,
+  `models.model_graph.StaticDecoder`), captured as a CUDA graph on CUDA and replayed per token;
+  elsewhere the same step runs eagerly. Fixed-window configs only.
 
 A row stops at the eos token or once its text contains a stop string; the batch runs until every
 row stopped or `max_gen_toks` tokens. `gen_tokens` counts the tokens a row generated up to and
@@ -33,7 +39,7 @@ import torch
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession
 
-STEPS = ("reference", "triton")
+STEPS = ("reference", "triton", "static", "graph")
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,13 @@ def decode_session(rm: ReplayModel, config, seq_ids, step: str) -> ReplaySession
         raise ValueError(f"unknown decode step {step!r}; known: {', '.join(STEPS)}")
     if step == "reference":
         return rm.new_session(config, seq_ids=seq_ids, engine="reference")
+    if step == "graph":
+        raise ValueError("step 'graph' drives the whole model (models.model_graph.StaticDecoder), not a session; "
+                         "use greedy_generate")
+    if step == "static":
+        from replayssm_eval.models.static_session import StaticStepSession
+
+        return StaticStepSession(config, seq_ids=seq_ids, new_cache=rm._new_cache, graphs=rm.model.device.type == "cuda")
     return rm.new_session(config, seq_ids=seq_ids, engine="step", backend="triton")
 
 
@@ -94,8 +107,17 @@ def greedy_generate(
     until = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * len(prompts)
     tokenizer, device = rm.tokenizer, rm.model.device
     ids, mask = left_pad(prompts, tokenizer.pad_token_id or 0, device)
-    session = decode_session(rm, config, [sequence_id(p) for p in prompts] if seq_ids is None else seq_ids, step)
-    logits = rm.forward(ids, session, attention_mask=mask, logits_to_keep=1)[:, -1]  # [B, V]
+    seq_ids = [sequence_id(p) for p in prompts] if seq_ids is None else seq_ids
+    if step == "graph":
+        from replayssm_eval.models.model_graph import StaticDecoder
+
+        decoder = StaticDecoder(rm, config, ids, mask, seq_ids, max_len=ids.shape[1] + max_gen_toks,
+                                graphs=device.type == "cuda")
+        logits, advance = decoder.prefill(), decoder.step  # [B, V]
+    else:
+        session = decode_session(rm, config, seq_ids, step)
+        logits = rm.forward(ids, session, attention_mask=mask, logits_to_keep=1)[:, -1]  # [B, V]
+        advance = lambda chosen: rm.forward(chosen[:, None], session, logits_to_keep=1)[:, -1]  # noqa: E731
     # a stop string of n bytes spans at most n tokens; one more covers a token that straddles its start
     lookback = [max((len(s.encode()) for s in stops), default=0) + 1 for stops in until]
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -110,7 +132,7 @@ def greedy_generate(
             stopped[row] = token == tokenizer.eos_token_id or any(s in tail for s in until[row])
         if all(stopped) or n == max_gen_toks - 1:
             break
-        logits = rm.forward(chosen[:, None], session, logits_to_keep=1)[:, -1]
+        logits = advance(chosen)
     return [Generation(tuple(t), _cut(tokenizer, t, u), s, max_gen_toks) for t, s, u in zip(tokens, stopped, until)]
 
 

@@ -89,6 +89,8 @@ FAMILY = KernelFamily(
     random_inputs=_random_inputs,
     head_state=lambda head_dim, state_dim: (state_dim, head_dim),
     entry_elements=_entry_elements,
+    replay_state=lambda tensors, state, config, layer_idx, seq_ids: _prepare(
+        *tensors, state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32).state,
     log_decays=_log_decays,
 )
 

@@ -1,0 +1,209 @@
+"""Static one-token decode step: every stored tensor preallocated and updated in place, no host sync.
+
+`StaticState` holds one SSM layer's ReplayState in fixed buffers: the recurrence copy S_hi, the
+read copy S_lo and its packed encoding, the ring buffer, and per row the window phase (`count`),
+the checkpoint index and the Philox keys of both copies (computed on the device from the
+sequence ids, `kernels.device_keys`). `step(...)` decodes one token for every row with the
+family's single-token Triton kernel and leaves the state where `decode_step_triton` of that
+family would leave it, bit for bit (docs/semantics.md, decode semantics).
+
+Flush or not is decided per row on the device: row b folds after this token when
+count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
+encodes every row's fold buffer and keeps the new checkpoint only where the row folds
+(`torch.where`), so a flush step runs the same launches whatever rows fold. Steps where no row
+folds skip the rounding: `flush=False`. The caller knows which steps these are without reading
+the device, since every row's phase advances by one per token (`StaticState.host_count`).
+
+The tensors of a step never change address, so the step can be captured as a CUDA graph
+(`models.layer_graph`) and replayed; on CPU and in the Triton interpreter the same code runs eagerly.
+Fixed windows only: speculative schedules (host-side acceptance draws) and FP64 are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.device_keys import sr_keys_device
+from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY
+from replayssm_eval.kernels.schedule import ScheduleState
+from replayssm_eval.kernels.state import ReplayState, _encode_keyed
+from replayssm_eval.quant import PackedState
+
+FAMILIES = ("mamba2", "gdn")
+
+
+def check_static_config(config: ReplayConfig) -> None:
+    """Raise a one-line error for configs the static step does not cover (speculative schedules)."""
+    if config.speculative is not None:
+        raise ValueError(f"the static decode step covers fixed windows only, got speculative config {config.name!r}; "
+                         "use step='triton'")
+
+
+@dataclass
+class StaticState:
+    """One layer's stored state in fixed buffers (format layout [B, H, P, N]; GDN [B, HV, V, K]).
+
+    hi, lo: S_hi and S_lo, fp32 (the same tensor when shared); packed: the read copy's encoding
+    (the recurrence copy's when shared); buffer: the family's ring entries [B, L, ...];
+    count, checkpoint, seq_ids: [B] int64; keys: [2, B] int64 Philox keys (recurrence, read copy);
+    fold_out: [B, H, P, N] fp32, the FP32 fold the kernel writes for folding rows;
+    host_count: count as host ints, advanced arithmetically (never read from the device).
+    """
+
+    family: str
+    config: ReplayConfig
+    layer: int
+    hi: torch.Tensor
+    lo: torch.Tensor
+    packed: PackedState
+    buffer: dict[str, torch.Tensor]
+    count: torch.Tensor
+    checkpoint: torch.Tensor
+    seq_ids: torch.Tensor
+    keys: torch.Tensor
+    fold_out: torch.Tensor
+    host_count: list[int]
+
+    @classmethod
+    def from_replay_state(cls, family: str, state: ReplayState, packed: PackedState, config: ReplayConfig,
+                          host_count: list[int], fold_out: torch.Tensor | None = None) -> "StaticState":
+        """Own copies of `state` (and its packed read copy) in fresh buffers; host_count: its schedule's count.
+        fold_out: a scratch of hi's shape to use (layers of one shape may share one), else a new one."""
+        if family not in FAMILIES:
+            raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        check_static_config(config)
+        hi = state.hi.float().contiguous().clone()
+        if fold_out is not None and (fold_out.shape != hi.shape or not fold_out.is_contiguous()):
+            raise ValueError(f"fold_out must be a contiguous tensor of shape {list(hi.shape)}, got {list(fold_out.shape)} "
+                             f"(contiguous={fold_out.is_contiguous()})")
+        lo = hi if config.shared else state.lo.float().contiguous().clone()
+        own = lambda t: None if t is None else t.contiguous().clone()  # noqa: E731
+        packed = PackedState(packed.format, packed.shape, own(packed.data), own(packed.scales), own(packed.global_scale))
+        seq_ids = state.seq_ids.to(device=hi.device, dtype=torch.int64).clone()
+        keys = torch.stack([sr_keys_device(config.seed, state.layer, seq_ids, RECUR_COPY),
+                            sr_keys_device(config.seed, state.layer, seq_ids, READ_COPY)])
+        return cls(family, config, state.layer, hi, lo, packed, {k: v.contiguous().clone() for k, v in state.buffer.items()},
+                   state.schedule.count.clone(), state.checkpoint.clone(), seq_ids, keys,
+                   torch.zeros_like(hi) if fold_out is None else fold_out,
+                   list(host_count))
+
+    @property
+    def flushes_next(self) -> bool:
+        """Whether some row folds after the next token (from host_count: no device read)."""
+        return any(c == self.config.window - 1 for c in self.host_count)
+
+    def replay_state(self) -> ReplayState:
+        """A ReplayState over these buffers (views, not copies: it follows every later step)."""
+        zeros = torch.zeros_like(self.count)
+        schedule = ScheduleState(self.count, zeros, torch.zeros_like(self.count, dtype=torch.bool), zeros)
+        return ReplayState(self.hi, self.lo, self.buffer, schedule, self.checkpoint, self.seq_ids, self.layer, self.packed)
+
+    def step(self, inputs: tuple, flush: bool) -> torch.Tensor:
+        """`step_device`, then advance host_count: one decode token of every row."""
+        y = self.step_device(inputs, flush)
+        self.advance_host()
+        return y
+
+    def advance_host(self) -> None:
+        self.host_count = [(c + 1) % self.config.window for c in self.host_count]
+
+    def step_device(self, inputs: tuple, flush: bool) -> torch.Tensor:
+        """Decode one token of every row in place, device work only (what a CUDA graph captures). inputs: the family's one-token kernel inputs, fp32
+        (Mamba-2 x [B, 1, H, P], dt [B, 1, H], A [H], B, C [B, 1, G, N], D [H]; GDN q, k [B, 1, H, K],
+        v [B, 1, HV, V], g, beta [B, 1, HV]). flush: some row may fold (must be True whenever one does).
+        Returns y [B, 1, H, P] (Mamba-2) or o [B, 1, HV, V] (GDN), fp32."""
+        fold = self.count == self.config.window - 1  # [B] bool
+        if self.family == "mamba2":
+            y = _mamba2_step(self, inputs, fold, flush)
+        else:
+            y = _gdn_step(self, inputs, fold, flush)
+        if flush:
+            self._round_folds(fold)
+        self.count.copy_((self.count + 1) % self.config.window)
+        return y
+
+    def _round_folds(self, fold: torch.Tensor) -> None:
+        """Write the next checkpoint of the folding rows from fold_out (as `write_checkpoint_packed`); others keep theirs."""
+        cfg = self.config
+        checkpoint = self.checkpoint + fold.to(torch.int64)  # [B]
+        recur = cfg.recur_format
+        hi_packed = _encode_keyed(self.fold_out, recur, self.keys[RECUR_COPY] if recur.is_stochastic else None, checkpoint)
+        _select(self.hi, recur.decode(hi_packed), fold)
+        new_packed = hi_packed
+        if not cfg.shared:
+            read = cfg.read_format
+            new_packed = _encode_keyed(self.fold_out, read, self.keys[READ_COPY] if read.is_stochastic else None, checkpoint)
+            _select(self.lo, read.decode(new_packed), fold)
+        for name in ("data", "scales", "global_scale"):
+            old = getattr(self.packed, name)
+            if old is not None:
+                _select(old, getattr(new_packed, name), fold)
+        self.checkpoint.copy_(checkpoint)
+        if self.family == "gdn":  # GDN empties the folded rows' ring entries (kernels/gdn/_common.py)
+            for t in self.buffer.values():
+                _select(t, torch.zeros_like(t), fold)
+
+
+def _select(old: torch.Tensor, new: torch.Tensor, rows: torch.Tensor) -> None:
+    """old[b] = new[b] where rows[b], in place (every field leads with the batch dim)."""
+    old.copy_(torch.where(rows.view(-1, *[1] * (old.dim() - 1)), new.to(old.dtype).reshape(old.shape), old))
+
+
+def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
+    from replayssm_eval.kernels.mamba2.triton import _read_layout, _replay_step_kernel, step_grid, step_launch_config
+
+    x, dt, A, B, C, D = inputs
+    rows = torch.arange(x.shape[0], device=x.device)
+    for key, new in (("x", x), ("B", B), ("dt", dt)):
+        st.buffer[key].index_put_((rows, st.count), new[:, 0])
+    buf = st.buffer
+    batch, E, H, P = buf["x"].shape
+    G, N = buf["B"].shape[2], buf["B"].shape[3]
+    read, scope, (data, scales, gs), nb = _read_layout(st.replay_state(), st.config)
+    y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
+    fold8 = fold.to(torch.int8)
+    cfg = step_launch_config(batch, H, P, read)
+    skip = st.config.skip_read_below
+    _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
+        buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, fold8, fold8, st.hi, data,
+        data if scales is None else scales, data if gs is None else gs, A.contiguous(), y, st.fold_out if flush else y,
+        E, H, G, H // G, float(skip or 0.0),
+        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush,
+        BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_S=max(16, triton.next_power_of_2(nb)) // 16, **cfg,
+    )
+    return (y + D[:, None] * x[:, 0])[:, None]  # [B, 1, H, P]
+
+
+def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
+    from replayssm_eval.kernels.gdn.triton import (
+        _read_args, _read_format, _replay_step_kernel, step_grid, step_launch_config,
+    )
+
+    q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)  # q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
+    bsz, nv, dv = v.shape
+    dk = k.shape[-1]
+    cap = st.buffer["k"].shape[1]
+    kind, scale, data, scales, gs, kp = _read_args(st.packed, _read_format(st.config), st.hi)
+    u = torch.empty(bsz, nv, dv, device=v.device)
+    o = torch.empty_like(u)
+    fold8 = fold.to(torch.int8)
+    cfg = step_launch_config(bsz, nv, dk, dv)
+    entries = [st.buffer.get(name, st.buffer["g"]) for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
+    skip = st.config.skip_read_below
+    _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
+        q, k, v, g, beta, *entries, st.count, fold8, fold8,
+        st.hi, data, scales, gs, u, o, st.fold_out if flush else u,
+        nv, nv // k.shape[1], cap, float(skip or 0.0),
+        K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=skip is not None,
+        FOLD=flush, CLOSED=st.config.gdn_fold == "closed", BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+    )
+    rows = torch.arange(bsz, device=v.device)
+    entry = dict(k=k, u=u, g=g, v=v, beta=beta)
+    for name, t in st.buffer.items():
+        t.index_put_((rows, st.count), entry[name])
+    return o[:, None]  # [B, 1, HV, V]

@@ -1,0 +1,55 @@
+"""One SSM layer's static decode step captured as CUDA graphs and replayed per token.
+
+Two graphs per layer and batch size: the step where no row folds, and the flush step (the
+per-row fold mask is read on the device, `kernels.static_step`). The step's inputs are copied
+into fixed input buffers, the graph is replayed and its output copied out. Warm-up (Triton
+compilation, allocator) runs on a side stream, as the CUDA graph docs of torch ask, on a
+snapshot of the state that is restored afterwards, so capture changes no state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_eval.kernels.static_step import StaticState
+
+
+def _tensors(state: StaticState) -> list[torch.Tensor]:
+    """Every device tensor a step writes (S_lo is S_hi when shared)."""
+    packed = [t for t in (state.packed.data, state.packed.scales, state.packed.global_scale) if t is not None]
+    lo = [] if state.lo is state.hi else [state.lo]
+    return [state.hi, *lo, *packed, *state.buffer.values(), state.count, state.checkpoint, state.fold_out]
+
+
+class LayerGraph:
+    """CUDA graphs of `state.step_device` for inputs shaped like `inputs` (fp32, CUDA); `__call__` = `state.step`."""
+
+    def __init__(self, state: StaticState, inputs: tuple, pool=None):
+        self.state = state
+        self.inputs = tuple(t.clone() for t in inputs)
+        saved = [t.clone() for t in _tensors(state)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for flush in (False, True):
+                state.step_device(self.inputs, flush)
+        torch.cuda.current_stream().wait_stream(side)
+        self._restore(saved)
+        self.graphs, self.outputs = {}, {}
+        for flush in (False, True):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[flush] = state.step_device(self.inputs, flush)
+            self.graphs[flush] = graph
+        self._restore(saved)
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for t, s in zip(_tensors(self.state), saved):
+            t.copy_(s)
+
+    def __call__(self, inputs: tuple, flush: bool) -> torch.Tensor:
+        for static, new in zip(self.inputs, inputs):
+            static.copy_(new)
+        self.graphs[flush].replay()
+        self.state.advance_host()
+        return self.outputs[flush].clone()

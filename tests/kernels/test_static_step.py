@@ -1,0 +1,113 @@
+"""The static decode step equals `decode_step_triton` bit for bit: outputs, both stored copies, the packed
+read copy, the ring buffer, window phases and checkpoint indices, rows at different phases, across flushes.
+
+Runs in the Triton interpreter on CPU (tiny sizes). Device keys are checked against `sr_keys`.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.device_keys import sr_keys_device
+from replayssm_eval.kernels.keys import sr_keys
+from replayssm_eval.kernels.schedule import ScheduleState
+from replayssm_eval.kernels.static_step import StaticState, check_static_config
+
+CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4")
+STEPS = 7
+SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("seed", [0, 9, 2**63 - 1])
+def test_device_keys_equal_host_keys(seed):
+    seq = torch.tensor([0, 1, 2**62 + 12345, 2**63 - 1, 987654321], dtype=torch.int64)
+    for layer in (0, 3, 47):
+        for copy in (0, 1):
+            assert torch.equal(sr_keys_device(seed, layer, seq, copy), sr_keys(seed, layer, seq, copy))
+
+
+def test_speculative_config_is_refused():
+    with pytest.raises(ValueError, match="fixed windows only"):
+        check_static_config(ReplayConfig.parse("nvfp4/fp16sr#spec=4:0.5"))
+
+
+def _phased(state, window):
+    """state with rows at phases 0, 1, 2 (mod the window): rows flush at different steps."""
+    count = torch.arange(state.batch, dtype=torch.int64) % window
+    return dataclasses.replace(state, schedule=dataclasses.replace(state.schedule, count=count))
+
+
+def _assert_same(static: StaticState, ref, config):
+    assert torch.equal(static.hi, ref.hi)
+    assert torch.equal(static.lo, ref.lo)
+    assert torch.equal(static.count, ref.schedule.count)
+    assert torch.equal(static.checkpoint, ref.checkpoint)
+    for name in ref.buffer:
+        assert torch.equal(static.buffer[name], ref.buffer[name]), name
+    for name in ("data", "scales", "global_scale"):
+        a, b = getattr(static.packed, name), getattr(ref.lo_packed, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+
+
+def _run(family, config, make_inputs, decode, first_state):
+    """Eager steps from `first_state` vs the static step on a copy of it; compare after every step."""
+    cfg = ReplayConfig.parse(config)
+    ref = _phased(first_state, cfg.window)
+    static = StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
+    folds = 0
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        inputs = make_inputs(gen)
+        folds += int((ref.schedule.count == cfg.window - 1).sum())
+        y_ref, ref = decode(inputs, ref, cfg)
+        y = static.step(tuple(t.contiguous() for t in inputs), static.flushes_next)
+        assert torch.equal(y, y_ref)
+        _assert_same(static, ref, cfg)
+        assert static.host_count == ref.schedule.count.tolist()
+    assert folds >= (STEPS * 3 // cfg.window) - 1  # several flushes, at different steps per row
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_mamba2_static_step_equals_decode_step_triton(config):
+    from replayssm_eval.kernels.mamba2.triton import decode_step_triton
+
+    b, h, p, g, n = 3, 4, 8, 2, 16
+    gen = torch.Generator().manual_seed(0)
+    A = -torch.rand(h, generator=gen) - 0.5
+    D = torch.randn(h, generator=gen)
+
+    def make(gen):
+        return (torch.randn(b, 1, h, p, generator=gen), torch.rand(b, 1, h, generator=gen) * 0.5, A,
+                torch.randn(b, 1, g, n, generator=gen), torch.randn(b, 1, g, n, generator=gen), D)
+
+    def decode(inputs, state, cfg):
+        x, dt, A_, B, C, D_ = inputs
+        y, state = decode_step_triton(x[:, 0], dt[:, 0], A_, B[:, 0], C[:, 0], D_, state, cfg, layer_idx=3,
+                                      seq_ids=SEQ_IDS)
+        return y[:, None], state
+
+    x0 = make(gen)
+    _, first = decode(x0, torch.randn(b, h, p, n, generator=gen), ReplayConfig.parse(config))
+    _run("mamba2", config, make, decode, first)
+
+
+@pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed",))
+def test_gdn_static_step_equals_decode_step_triton(config):
+    from replayssm_eval.kernels.gdn.triton import decode_step_triton
+
+    b, h, hv, k, v = 3, 1, 2, 16, 8
+    gen = torch.Generator().manual_seed(0)
+
+    def make(gen):
+        q = torch.nn.functional.normalize(torch.randn(b, 1, h, k, generator=gen), dim=-1)
+        kk = torch.nn.functional.normalize(torch.randn(b, 1, h, k, generator=gen), dim=-1)
+        return (q, kk, torch.randn(b, 1, hv, v, generator=gen), -torch.rand(b, 1, hv, generator=gen),
+                torch.rand(b, 1, hv, generator=gen))
+
+    def decode(inputs, state, cfg):
+        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS)
+
+    _, first = decode(make(gen), torch.randn(b, hv, k, v, generator=gen) * 0.3, ReplayConfig.parse(config))
+    _run("gdn", config, make, decode, first)
