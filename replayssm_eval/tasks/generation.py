@@ -4,17 +4,18 @@
                            until=["Question:"], seq_ids=[...], step="reference")
     gens[0].text, gens[0].gen_tokens, gens[0].hit_max_gen_toks
 
-A batch of prompts is left-padded into one prefill call (Hugging Face's FP32 scan, the exact
-anchor state; the padding mask keeps pad tokens out of every SSM state, `models.adapter`), so all
-rows end their prompt on the same column and each row's window phase starts at its own prompt
-end. Then one token per call for every row, greedy (argmax, as HF's greedy search), each SSM layer
-through the decode step of `step`:
+Generation runs through `engine.Engine`: the prompt is prefilled in segments through the FP32
+scan (the exact anchor state; the padding mask keeps pad tokens out of every SSM state,
+`models.adapter`), each row's window phase starts at its own prompt end; then one token per call
+for every row, greedy (argmax, as HF's greedy search), each SSM layer through the decode step of
+`step`:
 
 - "reference": `decode_reference`, the pure-torch step reference (CPU);
 - "triton": `decode_step_triton` of the layer's family (GPU; the Triton interpreter on CPU).
 
-A row stops at the eos token or once its text contains a stop string; the batch runs until every
-row stopped or `max_gen_toks` tokens. `gen_tokens` counts the tokens a row generated up to and
+A row stops at the eos token or once its text contains a stop string, or at `max_gen_toks`; with
+a `max_batch` below the number of prompts, a stopped row leaves the batch and a waiting prompt
+takes its place (continuous batching). `gen_tokens` counts the tokens a row generated up to and
 including the one that stopped it; `hit_max_gen_toks` is true when it never stopped.
 
 `score_continuations` answers lm-eval's loglikelihood requests: the context is the prompt (one
@@ -31,6 +32,7 @@ import torch
 
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession, at_least_fp32
+from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 
 STEPS = ("reference", "triton")
 
@@ -102,41 +104,23 @@ def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
     return ids.to(device), (None if bool(mask.all()) else mask.to(device))
 
 
-@torch.no_grad()
 def greedy_generate(
-    rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks: int, until=(), seq_ids=None,
-    step: str = "reference",
+    rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks, until=(), seq_ids=None,
+    step: str = "reference", max_batch: int | None = None, prefill_segment: int = PREFILL_SEGMENT,
+    prefill_tokens: int = PREFILL_TOKENS, order=None,
 ) -> list[Generation]:
-    """Greedy generations of one batch of prompts (token id lists) under `config`; see the module docstring.
+    """Greedy generations of `prompts` (token id lists) under `config`, through `engine.Engine`.
 
-    until: stop strings of every row, or one list per row (`[[...], [...]]`).
+    max_gen_toks: one limit or one per prompt; until: stop strings of every row, or one list per
+    row (`[[...], [...]]`); max_batch: rows decoded at once (default: all, one static batch);
+    order: the order prompts enter the batch (default: input order). Results in input order.
     """
-    if max_gen_toks < 1:
-        raise ValueError(f"max_gen_toks must be >= 1, got {max_gen_toks}")
-    until = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * len(prompts)
-    tokenizer, device = rm.tokenizer, rm.model.device
-    ids, mask = left_pad(prompts, tokenizer.pad_token_id or 0, device)
-    session = decode_session(rm, config, [sequence_id(p) for p in prompts] if seq_ids is None else seq_ids, step)
-    logits = rm.forward(ids, session, attention_mask=mask, logits_to_keep=1)[:, -1]  # [B, V]
-    # a stop string of n bytes spans at most n tokens; one more covers a token that straddles its start
-    lookback = [max((len(s.encode()) for s in stops), default=0) + 1 for stops in until]
-    tokens: list[list[int]] = [[] for _ in prompts]
-    stopped = [False] * len(prompts)
-    for n in range(max_gen_toks):
-        chosen = logits.argmax(-1)  # [B]
-        for row, token in enumerate(chosen.tolist()):
-            if stopped[row]:
-                continue
-            tokens[row].append(token)
-            tail = tokenizer.decode(tokens[row][-lookback[row]:])
-            stopped[row] = token == tokenizer.eos_token_id or any(s in tail for s in until[row])
-        if all(stopped) or n == max_gen_toks - 1:
-            break
-        logits = rm.forward(chosen[:, None], session, logits_to_keep=1)[:, -1]
-    return [Generation(tuple(t), _cut(tokenizer, t, u), s, max_gen_toks) for t, s, u in zip(tokens, stopped, until)]
+    engine = Engine(rm, config, step=step, max_batch=max_batch or len(prompts), prefill_segment=prefill_segment,
+                    prefill_tokens=prefill_tokens)
+    return engine.generate(prompts, max_gen_toks=max_gen_toks, until=until, seq_ids=seq_ids, order=order)
 
 
-def _cut(tokenizer, tokens: list[int], until) -> str:
+def cut_text(tokenizer, tokens: list[int], until) -> str:
     """The generated text without the eos token, cut before the first stop string (as lm-eval's HF model)."""
     text = tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id])
     for stop in until:

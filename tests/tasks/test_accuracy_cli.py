@@ -11,7 +11,7 @@ import lm_eval
 from replayssm_eval import cli
 from replayssm_eval.tasks import TASKS
 
-FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--batch-size", "2"]
+FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--max-batch-size", "2"]
 CONFIGS = "fp32,nvfp4/fp16sr@4"
 
 
