@@ -109,9 +109,9 @@ def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_token
 
 def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_and_the_memory():
     cost = memory.RowCost(fixed=2**30, per_token=2**20, logits=2**20, prefill=4 * 2**30)
-    with pytest.raises(MemoryError, match=r"batch size 64 needs 1092\.00 GiB .* 80\.00 GiB free.* at most 3 rows fit"):
+    with pytest.raises(MemoryError, match=r"batch size 64 needs 1028\.00 GiB \(16\.00 GiB per row.* 80\.00 GiB free.* at most 4 rows fit"):
         memory.fit_batch(64, cost, 15 * 1024 - 1, 80 * 2**30, default=8)
-    assert memory.fit_batch("auto", cost, 15 * 1024 - 1, 80 * 2**30, default=8) == 3  # (0.85 * 80 - 4) // 16 GiB
+    assert memory.fit_batch("auto", cost, 15 * 1024 - 1, 80 * 2**30, default=8) == 4  # (0.85 * 80 - 4) // 16 GiB
     assert memory.fit_batch("auto", cost, 1000, None, default=8) == 8  # cpu: the default, nothing queried
     with pytest.raises(MemoryError, match="not even one row fits"):
         memory.fit_batch("auto", cost, 1000, 2**30, default=8)
