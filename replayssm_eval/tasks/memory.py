@@ -29,6 +29,10 @@ PROBE_TOKENS = 256
 GIB = 2**30
 
 
+class DoesNotFit(MemoryError, ValueError):
+    """A batch (or one row) that does not fit the free device memory: bad input, reported in one line by the CLI."""
+
+
 @dataclass(frozen=True)
 class RowCost:
     """Bytes of one row: `fixed` + `per_token` x tokens + `logits`; `prefill`: workspace of one prefill call."""
@@ -87,7 +91,7 @@ def plan_rows(rm, config, requested: int | str, length: int, *, step: str, prefi
 
 
 def fit_batch(requested: int | str, cost: RowCost, length: int, free: int | None, *, default: int) -> int:
-    """The batch size to run: `requested`, checked, or for "auto" the largest that fits; MemoryError if none fits.
+    """The batch size to run: `requested`, checked, or for "auto" the largest that fits; `DoesNotFit` otherwise.
 
     length: the longest row (prompt + max_gen_toks); free: free device bytes (None: not checked).
     """
@@ -100,12 +104,12 @@ def fit_batch(requested: int | str, cost: RowCost, length: int, free: int | None
             f"{free / GIB:.2f} GiB free ({MARGIN:.0%} kept back)")
     if requested == "auto":
         if largest < 1:
-            raise MemoryError(f"not even one row fits: {what}; lower --max-gen-toks or the prefill segment/tokens")
+            raise DoesNotFit(f"not even one row fits: {what}; lower --max-gen-toks or the prefill segment/tokens")
         return largest
     requested = int(requested)
     if requested > largest:
         needed = requested * row + cost.prefill
-        raise MemoryError(f"batch size {requested} needs {needed / GIB:.2f} GiB ({what}); at most {largest} rows fit: "
+        raise DoesNotFit(f"batch size {requested} needs {needed / GIB:.2f} GiB ({what}); at most {largest} rows fit: "
                           "use that batch size or --max-batch-size auto")
     return requested
 

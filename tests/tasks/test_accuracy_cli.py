@@ -69,6 +69,7 @@ def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs)
     (["--tasks", "gpqa_diamond,arc"], "unknown task 'arc'; known: gpqa_diamond, mmlu_pro, math_l5"),
     (["--configs", "fp32,nvfp5"], "unknown state format 'nvfp5'; known:"),
     (["--limit", "0"], "--limit must be >= 1, got 0"),
+    (["--max-batch-size", "0"], "--max-batch-size must be a positive integer or auto, got '0'"),
     (["--buckets", "pow2"], "accepted: quantile:K"),
     (["--data", "/nonexistent"], "accepted: hub, fixtures, or a directory"),
 ])
