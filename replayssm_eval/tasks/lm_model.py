@@ -110,6 +110,8 @@ class ReplaySSMLM(TemplateLM):
                                   "`replayssm-eval kl`'s job")
 
     def generate_until(self, requests, disable_tqdm=False) -> list[str]:
+        if not requests:
+            return []
         settings = [greedy_kwargs(r.args[1]) for r in requests]
         prompts = [self.tok_encode(r.args[0]) for r in requests]
         limits = [s["max_gen_toks"] for s in settings]

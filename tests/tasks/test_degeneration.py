@@ -64,3 +64,18 @@ def test_degeneration_is_reported_per_bucket_for_fp32_and_each_config():
     report = {"model": "m", "complete": True, "configs": ["c"], "ci_method": "95% paired", "tasks": {
         "gpqa_diamond": {**task, "lm_eval_task": "t"}}}
     assert "| 1-49 | 2 | 15 / 0 | 65 / 50 |" in markdown(report)
+
+
+def test_a_tiny_model_shakespeare_generation_is_not_a_loop():
+    """400 greedy tokens of tiny-nemotron-h: repetitive ("ROSALIND.\\nI will not be so ...") but no exact loop."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from replayssm_eval.models.fixtures import resolve_model
+
+    path = resolve_model("tiny-nemotron-h")
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor([tokenizer.encode("ROMEO:\nBut soft, what light through yonder")])
+    with torch.no_grad():
+        out = model.eval().generate(ids, max_new_tokens=400, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert len(out) == 400 and loop_span(out) is None
