@@ -69,16 +69,15 @@ def test_segmented_prefill_keeps_the_anchor_state(name):
     split, logits_split = Engine(rm, "fp32", step=STEP, max_batch=3, prefill_segment=4, prefill_tokens=8).prefill(rows, [0, 1, 2])
     compared = 0
     for a, b in zip(whole.cache.layers, split.cache.layers):
-        for attr in ("recurrent_states", "conv_states"):
+        for attr in ("recurrent_states", "conv_states"):  # conv inputs come from matmuls of other batch shapes: noise
             for k, t in (getattr(a, attr, None) or {}).items():
-                torch.testing.assert_close(getattr(b, attr)[k], t, rtol=1e-4, atol=1e-6)
+                torch.testing.assert_close(getattr(b, attr)[k], t, rtol=1e-3, atol=1e-5)
                 compared += 1
-        if getattr(a, "keys", None) is not None:  # KV: the split prefill pads every row to the same width here
-            width = int(whole.attention_mask.sum(1).max()) if whole.attention_mask is not None else whole.tokens
-            torch.testing.assert_close(b.keys[..., -width:, :][split.attention_mask[:, -width:].bool()],
-                                       a.keys[..., -width:, :][whole.attention_mask[:, -width:].bool()
-                                                               if whole.attention_mask is not None else ...],
-                                       rtol=1e-4, atol=1e-5)
+        if getattr(a, "keys", None) is not None:  # KV [B, H, T, D]: each row's real tokens (the paddings differ)
+            for i in range(len(rows)):
+                real_a, real_b = whole.attention_mask[i].bool(), split.attention_mask[i].bool()
+                torch.testing.assert_close(b.keys[i][:, real_b], a.keys[i][:, real_a], rtol=1e-3, atol=1e-5)
+                torch.testing.assert_close(b.values[i][:, real_b], a.values[i][:, real_a], rtol=1e-3, atol=1e-5)
     assert compared >= 4 and not split.states and not whole.states
     torch.testing.assert_close(logits_split, logits_whole, rtol=1e-4, atol=1e-4)
 
