@@ -54,7 +54,11 @@ class AccuracyConfig:
     data: str = option("hub", f"where the questions come from: {DATA_SOURCES}")
     max_gen_toks: int | None = option(None, "generation limit for every task and config (default: each task's YAML)")
     chat_template: bool = option(False, "wrap prompts in the tokenizer's chat template (instruction-tuned models)")
-    batch_size: int = option(16, "questions generated in parallel")
+    max_batch_size: str = option("16", "most questions decoded at once (continuous batching), or auto: the largest "
+                                       "batch that fits the GPU; a batch that does not fit is refused before any work")
+    prefill_segment: int = option(2048, "prompt tokens per row and prefill call (bounds the prefill workspace)")
+    prefill_tokens: int = option(4096, "prompt tokens per prefill call (rows x segment)")
+    device_map: str | None = option(None, "e.g. auto: spread a large model over the GPUs (accelerate)")
     device: str = option("auto", "auto: cuda if available", ("auto", "cuda", "cpu"))
     dtype: str = option("auto", "weights and activations (auto: bfloat16 on cuda, float32 on cpu)",
                          ("auto", "float32", "bfloat16", "float16"))
@@ -88,7 +92,9 @@ def make_plan(options: AccuracyConfig) -> Plan:
     tasks = tuple(dict.fromkeys(get_task(name) for name in names))
     configs = [ReplayConfig.parse(text) for text in split_configs(options.configs)]
     configs = [REFERENCE, *(c for c in dict.fromkeys(configs) if c != REFERENCE)]
-    for name in ("limit", "max_gen_toks", "batch_size", "bootstrap_iters"):
+    if options.max_batch_size != "auto" and (not options.max_batch_size.isdigit() or int(options.max_batch_size) < 1):
+        raise ValueError(f"--max-batch-size must be a positive integer or auto, got {options.max_batch_size!r}")
+    for name in ("limit", "max_gen_toks", "prefill_segment", "prefill_tokens", "bootstrap_iters"):
         value = getattr(options, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -134,7 +140,8 @@ def run_accuracy(options: AccuracyConfig) -> Path:
         lm = RecordedLM(options.generations)
     else:
         lm = ReplaySSMLM(pretrained=options.model, device=options.device, dtype=options.dtype,
-                         batch_size=options.batch_size)
+                         batch_size=options.max_batch_size, prefill_segment=options.prefill_segment,
+                         prefill_tokens=options.prefill_tokens, device_map=options.device_map)
     header = _header(plan, tasks)
     for config in plan.configs:
         lm.config = config
@@ -143,6 +150,8 @@ def run_accuracy(options: AccuracyConfig) -> Path:
             if (folder / f"results_{spec.name}.json").is_file():
                 continue
             doc_ids = None if config == REFERENCE else _doc_ids(config_dir(run_dir, REFERENCE), spec)
+            # after FP32, rows enter longest FP32 generation first: rows of a batch stop at about the same time
+            lm.length_hint = None if config == REFERENCE else _fp32_lengths(config_dir(run_dir, REFERENCE), spec, plan)
             _save(folder, spec, plan.task_name(spec), _evaluate(lm, plan, manager, spec, doc_ids), lm)
         render(run_dir, plan, header)
     return run_dir
@@ -190,6 +199,12 @@ def _doc_ids(fp32_dir: Path, spec: TaskSpec) -> list[int]:
         return sorted({json.loads(line)["doc_id"] for line in f})
 
 
+def _fp32_lengths(fp32_dir: Path, spec: TaskSpec, plan: Plan) -> dict:
+    """{(lm-eval task name, doc_id): FP32 gen_tokens} of a finished FP32 task."""
+    with open(fp32_dir / f"samples_{spec.name}.jsonl", encoding="utf-8") as f:
+        return {(plan.task_name(spec), s["doc_id"]): s["gen_tokens"] for s in map(json.loads, f)}
+
+
 def _save(folder: Path, spec: TaskSpec, task_name: str, results: dict, lm) -> None:
     """samples_<task>.jsonl with the generation records added, then results_<task>.json."""
     from lm_eval.utils import handle_non_serializable
@@ -202,6 +217,7 @@ def _save(folder: Path, spec: TaskSpec, task_name: str, results: dict, lm) -> No
     for sample in results.pop("samples")[task_name]:
         record = records[(task_name, sample["doc_id"])]
         sample.update({k: record[k] for k in ("gen_tokens", "hit_max_gen_toks", "max_gen_toks")})
+        sample["loop"] = record.get("loop")  # None in generations files written before loops were recorded
         lines.append(json.dumps(sample, default=handle_non_serializable, ensure_ascii=False) + "\n")
     atomic_write_bytes(folder / f"samples_{spec.name}.jsonl", "".join(lines).encode())
     results["replayssm"] = {"config": lm.config.name, "task": spec.name}

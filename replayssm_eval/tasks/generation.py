@@ -4,11 +4,11 @@
                            until=["Question:"], seq_ids=[...], step="reference")
     gens[0].text, gens[0].gen_tokens, gens[0].hit_max_gen_toks
 
-A batch of prompts is left-padded into one prefill call (Hugging Face's FP32 scan, the exact
-anchor state; the padding mask keeps pad tokens out of every SSM state, `models.adapter`), so all
-rows end their prompt on the same column and each row's window phase starts at its own prompt
-end. Then one token per call for every row, greedy (argmax, as HF's greedy search), each SSM layer
-through the decode step of `step`:
+Generation runs through `engine.Engine`: the prompt is prefilled in segments through the FP32
+scan (the exact anchor state; the padding mask keeps pad tokens out of every SSM state,
+`models.adapter`), each row's window phase starts at its own prompt end; then one token per call
+for every row, greedy (argmax, as HF's greedy search), each SSM layer through the decode step of
+`step`:
 
 - "reference": `decode_reference`, the pure-torch step reference (CPU);
 - "triton": the Triton decode step of the layer's kernel family (the session engine "step"; GPU,
@@ -20,8 +20,9 @@ through the decode step of `step`:
   `models.model_graph.StaticDecoder`), captured as a CUDA graph on CUDA and replayed per token;
   elsewhere the same step runs eagerly. Fixed-window configs only.
 
-A row stops at the eos token or once its text contains a stop string; the batch runs until every
-row stopped or `max_gen_toks` tokens. `gen_tokens` counts the tokens a row generated up to and
+A row stops at the eos token or once its text contains a stop string, or at `max_gen_toks`; with
+a `max_batch` below the number of prompts, a stopped row leaves the batch and a waiting prompt
+takes its place (continuous batching). `gen_tokens` counts the tokens a row generated up to and
 including the one that stopped it; `hit_max_gen_toks` is true when it never stopped.
 
 `score_continuations` answers lm-eval's loglikelihood requests: the context is the prompt (one
@@ -38,8 +39,10 @@ import torch
 
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 
 STEPS = ("reference", "triton", "static", "graph")
+FIXED_BATCH_STEPS = ("static", "graph")  # fixed buffers: one batch, no rows leaving or joining
 
 
 @dataclass(frozen=True)
@@ -93,15 +96,35 @@ def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
     return ids.to(device), (None if bool(mask.all()) else mask.to(device))
 
 
-@torch.no_grad()
 def greedy_generate(
-    rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks: int, until=(), seq_ids=None,
-    step: str = "reference",
+    rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks, until=(), seq_ids=None,
+    step: str = "reference", max_batch: int | None = None, prefill_segment: int = PREFILL_SEGMENT,
+    prefill_tokens: int = PREFILL_TOKENS, order=None,
 ) -> list[Generation]:
-    """Greedy generations of one batch of prompts (token id lists) under `config`; see the module docstring.
+    """Greedy generations of `prompts` (token id lists) under `config`, through `engine.Engine` (the fixed-buffer
+    steps "static" and "graph": one batch of all prompts, one prefill call).
 
-    until: stop strings of every row, or one list per row (`[[...], [...]]`).
+    max_gen_toks: one limit or one per prompt; until: stop strings of every row, or one list per
+    row (`[[...], [...]]`); max_batch: rows decoded at once (default: all, one static batch);
+    order: the order prompts enter the batch (default: input order). Results in input order.
     """
+    if step in FIXED_BATCH_STEPS:
+        if max_batch is not None and max_batch < len(prompts):
+            raise ValueError(f"step {step!r} decodes one fixed batch; got max_batch={max_batch} for {len(prompts)} "
+                             "prompts: pass max_batch=None or use step 'triton' for continuous batching")
+        if not isinstance(max_gen_toks, int):
+            raise ValueError(f"step {step!r} takes one max_gen_toks for every row, got {max_gen_toks!r}")
+        return _fixed_batch_generate(rm, prompts, config=config, max_gen_toks=max_gen_toks, until=until,
+                                     seq_ids=seq_ids, step=step)
+    engine = Engine(rm, config, step=step, max_batch=max_batch or len(prompts), prefill_segment=prefill_segment,
+                    prefill_tokens=prefill_tokens)
+    return engine.generate(prompts, max_gen_toks=max_gen_toks, until=until, seq_ids=seq_ids, order=order)
+
+
+@torch.no_grad()
+def _fixed_batch_generate(rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks: int, until, seq_ids,
+                          step: str) -> list[Generation]:
+    """One left-padded batch, one prefill call, every row stepped until all stopped: the fixed-buffer steps' loop."""
     if max_gen_toks < 1:
         raise ValueError(f"max_gen_toks must be >= 1, got {max_gen_toks}")
     until = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * len(prompts)
@@ -133,10 +156,10 @@ def greedy_generate(
         if all(stopped) or n == max_gen_toks - 1:
             break
         logits = advance(chosen)
-    return [Generation(tuple(t), _cut(tokenizer, t, u), s, max_gen_toks) for t, s, u in zip(tokens, stopped, until)]
+    return [Generation(tuple(t), cut_text(tokenizer, t, u), s, max_gen_toks) for t, s, u in zip(tokens, stopped, until)]
 
 
-def _cut(tokenizer, tokens: list[int], until) -> str:
+def cut_text(tokenizer, tokens: list[int], until) -> str:
     """The generated text without the eos token, cut before the first stop string (as lm-eval's HF model)."""
     text = tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id])
     for stop in until:

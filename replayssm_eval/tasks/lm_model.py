@@ -8,9 +8,14 @@ Model args: `pretrained` (bundled fixture name, folder or hub id); the state eit
 `config=<ReplayConfig string>` (`shared:nvfp4`, `nvfp4/fp8sr@8#seed=1`) or as `read`, `recur`,
 `window`, `seed` (a split config; `fp32` when none is given); `device` (auto, or lm-eval's
 `--device`; cpu when CUDA is absent), `dtype` (auto: bfloat16 on cuda, float32 on cpu); `gen_log=PATH` appends one JSON line
-per generation (task, doc_id, gen_tokens, hit_max_gen_toks, max_gen_toks), which lm-eval's own
-samples lack. Generation: `generation.greedy_generate` (Triton decode steps on cuda, the step
-reference on cpu); loglikelihood: `generation.score_continuations`.
+per generation (task, doc_id, gen_tokens, hit_max_gen_toks, max_gen_toks, loop), which lm-eval's own
+samples lack; `prefill_segment` (prompt tokens per row and prefill call), `prefill_tokens` (per
+call), `device_map` (e.g. auto: a large model over several GPUs, accelerate). lm-eval's `--batch_size`
+is the most rows decoded at once, or `auto`: the largest batch that fits the GPU (`memory`; 8 on
+cpu); a batch that does not fit is refused before any work. Generation: `engine.Engine`,
+continuous batching (Triton decode steps on cuda, the step reference on cpu); rows enter the batch
+longest first when `length_hint` ({(task, doc_id): FP32 gen_tokens}) is set, else in request
+order; loglikelihood: `generation.score_continuations`.
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ from tqdm import tqdm
 
 from replayssm_eval.kernels.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.models import load_model
-from replayssm_eval.tasks.generation import greedy_generate, score_continuations
+from replayssm_eval.tasks.degeneration import is_loop
+from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
+from replayssm_eval.tasks.generation import score_continuations
+from replayssm_eval.tasks.memory import plan_rows
 
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets none
+CPU_BATCH = 8  # --batch_size auto on cpu
 
 
 def replay_config(config=None, read=None, recur=None, window=None, seed=None) -> ReplayConfig:
@@ -51,20 +60,27 @@ class ReplaySSMLM(TemplateLM):
     """lm-eval model over a `ReplayModel`; `config` may be switched between runs (the driver does)."""
 
     def __init__(self, pretrained=None, config=None, read=None, recur=None, window=None, seed=None, batch_size=8,
-                 device="auto", dtype="auto", gen_log=None, **unknown):
+                 device="auto", dtype="auto", gen_log=None, prefill_segment=PREFILL_SEGMENT,
+                 prefill_tokens=PREFILL_TOKENS, device_map=None, **unknown):
         super().__init__()
         if unknown:
             raise ValueError(f"unknown model args {', '.join(unknown)}; known: pretrained, config, read, recur, window, "
-                             "seed, device, dtype, gen_log (batch size: lm-eval's --batch_size)")
-        if not str(batch_size).isdigit() or int(batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+                             "seed, device, dtype, gen_log, prefill_segment, prefill_tokens, device_map (batch size: lm-eval's --batch_size)")
+        if str(batch_size) != "auto" and (not str(batch_size).isdigit() or int(batch_size) < 1):
+            raise ValueError(f"batch_size must be a positive integer or auto, got {batch_size!r}")
+        for name, value in (("prefill_segment", prefill_segment), ("prefill_tokens", prefill_tokens)):
+            if not str(value).isdigit() or int(value) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.config = replay_config(config, read, recur, window, seed)
-        self.batch_size = int(batch_size)
+        self.batch_size = "auto" if str(batch_size) == "auto" else int(batch_size)
+        self.prefill_segment, self.prefill_tokens = int(prefill_segment), int(prefill_tokens)
+        self.length_hint: dict | None = None
         if device == "auto" or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's CLI asks for cuda:0 by default
         cuda = str(device).startswith("cuda")
         dtype = dtype if dtype != "auto" else ("bfloat16" if cuda else "float32")
-        self.rm = load_model(pretrained, dtype=dtype, device=device, backend="triton" if cuda else "torch")
+        self.rm = load_model(pretrained, dtype=dtype, device=device, device_map=device_map,
+                             backend="triton" if cuda else "torch")
         self.tokenizer = self.rm.tokenizer
         self._device = self.rm.model.device
         self.gen_log = gen_log
@@ -97,26 +113,32 @@ class ReplaySSMLM(TemplateLM):
                                   "`replayssm-eval kl`'s job")
 
     def generate_until(self, requests, disable_tqdm=False) -> list[str]:
+        if not requests:
+            return []
         settings = [greedy_kwargs(r.args[1]) for r in requests]
-        groups: dict[int, list[int]] = {}  # requests with the same max_gen_toks batch together
-        for i, s in enumerate(settings):
-            groups.setdefault(s["max_gen_toks"], []).append(i)
-        texts: list[str | None] = [None] * len(requests)
-        self.records = [{} for _ in requests]
-        for max_gen_toks, indices in groups.items():
-            rows = [(i, self.tok_encode(requests[i].args[0])) for i in indices]
-            gens = self._batched(rows, lambda batch, limit=max_gen_toks: greedy_generate(
-                self.rm, [p for _, p in batch], config=self.config, step=self.step, max_gen_toks=limit,
-                until=[settings[i]["until"] for i, _ in batch]), key=lambda row: -len(row[1]), disable_tqdm=disable_tqdm)
-            for (i, _), gen in zip(rows, gens):
-                texts[i] = gen.text
-                self.records[i] = {"task": requests[i].task_name, "doc_id": requests[i].doc_id,
-                                   "gen_tokens": gen.gen_tokens, "hit_max_gen_toks": gen.hit_max_gen_toks,
-                                   "max_gen_toks": gen.max_gen_toks}
+        prompts = [self.tok_encode(r.args[0]) for r in requests]
+        limits = [s["max_gen_toks"] for s in settings]
+        order = None
+        if self.length_hint:
+            hints = [self.length_hint.get((r.task_name, r.doc_id), 0) for r in requests]
+            order = sorted(range(len(requests)), key=lambda i: -hints[i])
+        engine = Engine(self.rm, self.config, step=self.step, max_batch=self.rows(prompts, limits),
+                        prefill_segment=self.prefill_segment, prefill_tokens=self.prefill_tokens)
+        gens = engine.generate(prompts, max_gen_toks=limits, until=[s["until"] for s in settings], order=order)
+        self.records = [{"task": r.task_name, "doc_id": r.doc_id, "gen_tokens": g.gen_tokens,
+                         "hit_max_gen_toks": g.hit_max_gen_toks, "max_gen_toks": g.max_gen_toks, "loop": is_loop(g.tokens)}
+                        for r, g in zip(requests, gens)]
         if self.gen_log:
             with open(self.gen_log, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps({"config": self.config.name, **r}) + "\n" for r in self.records)
-        return texts
+        return [g.text for g in gens]
+
+    def rows(self, prompts: list[list[int]], limits: list[int]) -> int:
+        """The batch size for these requests: --batch_size checked against the free memory, or `auto` (`memory`)."""
+        length = max(len(p) + m for p, m in zip(prompts, limits))
+        return min(len(prompts), plan_rows(self.rm, self.config, self.batch_size, length, step=self.step,
+                                           prefill_segment=self.prefill_segment, prefill_tokens=self.prefill_tokens,
+                                           default=CPU_BATCH))
 
     @property
     def step(self) -> str:
@@ -127,9 +149,10 @@ class ReplaySSMLM(TemplateLM):
         """run(batch) over batches of `items` sorted by `key` (similar lengths together); results in input order."""
         order = sorted(range(len(items)), key=lambda i: key(items[i]))
         results = [None] * len(items)
-        for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm or self.rank != 0,
+        size = self.batch_size if isinstance(self.batch_size, int) else CPU_BATCH
+        for start in tqdm(range(0, len(order), size), disable=disable_tqdm or self.rank != 0,
                           desc=f"replayssm {self.config.name}"):
-            chunk = order[start:start + self.batch_size]
+            chunk = order[start:start + size]
             for i, result in zip(chunk, run([items[i] for i in chunk])):
                 results[i] = result
         return results

@@ -7,8 +7,8 @@
 
 Step 1 runs lm-eval's request building (prompts, stop strings, max_gen_toks) with `RequestRecorder`
 (`recorded`) and writes one line per request; step 2 (this module: no lm-eval, datasets or
-math-verify needed) decodes every request under every config with `generation.greedy_generate`
-(the Triton decode step on cuda) in batches of similar length; step 3 is a normal accuracy run
+math-verify needed) decodes every request under every config with `engine.Engine` (continuous
+batching, the Triton decode step on cuda); step 3 is a normal accuracy run
 whose model (`recorded.RecordedLM`) answers from the file, so scoring, buckets, outputs and
 resumption are the same.
 """
@@ -19,40 +19,54 @@ import argparse
 import json
 from pathlib import Path
 
+from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS
 
-def generate_requests(requests_path, out_path, *, model: str, configs: list[str], batch_size: int,
-                      device: str = "auto") -> Path:
-    """Step 2: every request of `requests_path` under every config; appends to `out_path`, skipping configs already in it."""
+
+def generate_requests(requests_path, out_path, *, model: str, configs: list[str], batch_size: int | str,
+                      device: str = "auto", prefill_segment: int = PREFILL_SEGMENT, prefill_tokens: int = PREFILL_TOKENS) -> Path:
+    """Step 2: every request of `requests_path` under every config; appends to `out_path`, skipping configs already in it.
+
+    Every config decodes all requests with continuous batching (`engine.Engine`, at most
+    `batch_size` rows at once, or `auto`: `memory`); the first config (FP32) in request order, the
+    others longest FP32 generation first, so the rows of a batch stop at about the same time.
+    """
     import torch
 
     from replayssm_eval.models import load_model
-    from replayssm_eval.tasks.generation import greedy_generate
+    from replayssm_eval.tasks.degeneration import is_loop
+    from replayssm_eval.tasks.engine import Engine
+    from replayssm_eval.tasks.memory import plan_rows
 
     requests = _read_jsonl(requests_path)
     out_path = Path(out_path)
-    done = {line["config"] for line in _read_jsonl(out_path)} if out_path.exists() else set()
+    written = _read_jsonl(out_path) if out_path.exists() else []
+    done = {line["config"] for line in written}
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.startswith("cuda")
+    step = "triton" if cuda else "reference"
     rm = load_model(model, dtype="bfloat16" if cuda else "float32", device=device, backend="triton" if cuda else "torch")
-    rows = sorted(((r, rm.tokenizer.encode(r["prompt"])) for r in requests),
-                  key=lambda x: (x[0]["max_gen_toks"], -len(x[1])))
+    prompts = [rm.tokenizer.encode(r["prompt"]) for r in requests]
+    limits = [r["max_gen_toks"] for r in requests]
     for config in configs:
         if config in done:
             continue
-        lines = []
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start:start + batch_size]
-            for limit in sorted({r["max_gen_toks"] for r, _ in batch}):  # one max_gen_toks per call
-                part = [(r, p) for r, p in batch if r["max_gen_toks"] == limit]
-                gens = greedy_generate(rm, [p for _, p in part], config=config, max_gen_toks=limit,
-                                       until=[r["until"] for r, _ in part], step="triton" if cuda else "reference")
-                lines += [json.dumps({"config": config, "task": r["task"], "doc_id": r["doc_id"], "text": g.text,
-                                      "gen_tokens": g.gen_tokens, "hit_max_gen_toks": g.hit_max_gen_toks,
-                                      "max_gen_toks": g.max_gen_toks}) + "\n" for (r, _), g in zip(part, gens)]
+        fp32 = {(a["task"], a["doc_id"]): a["gen_tokens"] for a in written if a["config"] == configs[0]}
+        order = None
+        if config != configs[0] and fp32:
+            order = sorted(range(len(requests)), key=lambda i: -fp32.get((requests[i]["task"], requests[i]["doc_id"]), 0))
+        rows = plan_rows(rm, config, batch_size, max(len(p) + m for p, m in zip(prompts, limits)), step=step,
+                         prefill_segment=prefill_segment, prefill_tokens=prefill_tokens, default=32)
+        engine = Engine(rm, config, step=step, max_batch=min(rows, len(prompts)), prefill_segment=prefill_segment,
+                        prefill_tokens=prefill_tokens)
+        gens = engine.generate(prompts, max_gen_toks=limits, until=[r["until"] for r in requests], order=order)
+        lines = [{"config": config, "task": r["task"], "doc_id": r["doc_id"], "text": g.text, "gen_tokens": g.gen_tokens,
+                  "hit_max_gen_toks": g.hit_max_gen_toks, "max_gen_toks": g.max_gen_toks, "loop": is_loop(g.tokens)}
+                 for r, g in zip(requests, gens)]
         with open(out_path, "a", encoding="utf-8") as f:  # a config is appended whole: the unit of resumption
-            f.writelines(lines)
-        print(f"{config}: {len(lines)} generations, mean {sum(json.loads(x)['gen_tokens'] for x in lines) / len(lines):.0f} tokens",
-              flush=True)
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+        written += lines
+        print(f"{config}: {len(lines)} generations, mean {sum(x['gen_tokens'] for x in lines) / len(lines):.0f} tokens, "
+              f"batch {engine.max_batch}", flush=True)
     return out_path
 
 
@@ -67,15 +81,18 @@ def main(argv=None) -> None:
     parser.add_argument("generations")
     parser.add_argument("--model", required=True)
     parser.add_argument("--configs", required=True, help="comma-separated ReplayConfigs (fp32 first)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-size", default="32", help="most rows decoded at once, or auto (fits the GPU)")
+    parser.add_argument("--prefill-segment", type=int, default=PREFILL_SEGMENT)
+    parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
     from replayssm_eval.kernels.config import ReplayConfig
     from replayssm_eval.tasks import split_configs
 
     configs = [ReplayConfig.parse(c).name for c in split_configs(args.configs)]
-    generate_requests(args.requests, args.generations, model=args.model, configs=configs, batch_size=args.batch_size,
-                      device=args.device)
+    generate_requests(args.requests, args.generations, model=args.model, configs=configs,
+                      batch_size=args.max_batch_size if args.max_batch_size == "auto" else int(args.max_batch_size),
+                      device=args.device, prefill_segment=args.prefill_segment, prefill_tokens=args.prefill_tokens)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Per task: the FP32 samples give each question's correctness and generation lengt
 (`buckets.make_buckets`) and the bucket of every question; each finished config is compared with
 FP32 question by question (`stats.compare`) per bucket and over all questions. Schema:
 docs/accuracy_json_schema.md. The Markdown follows the paper's GPQA layout: FP32 accuracy, then
-each config's change in points, one row per bucket.
+each config's change in points, one row per bucket; then each one's degeneration (mean generated
+tokens, loop rate) in the same buckets.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ SCHEMA_VERSION = 1
 JSON_FILE, MARKDOWN_FILE = "accuracy.json", "accuracy.md"
 
 
-def load_samples(folder: Path, spec: TaskSpec) -> dict[int, tuple[bool, int, bool, int]] | None:
-    """doc_id -> (correct, gen_tokens, hit_max_gen_toks, max_gen_toks) of a finished (config, task); None if unfinished."""
+def load_samples(folder: Path, spec: TaskSpec) -> dict[int, tuple[bool, int, bool, int, bool | None]] | None:
+    """doc_id -> (correct, gen_tokens, hit_max_gen_toks, max_gen_toks, loop) of a finished (config, task); None if
+    unfinished. `loop` (`degeneration.is_loop`) is None in samples written before it was recorded."""
     if not (folder / f"results_{spec.name}.json").is_file():
         return None
     out = {}
@@ -33,7 +35,7 @@ def load_samples(folder: Path, spec: TaskSpec) -> dict[int, tuple[bool, int, boo
         for sample in map(json.loads, f):
             if sample["filter"] == spec.filter:
                 out[sample["doc_id"]] = (bool(sample[spec.metric]), sample["gen_tokens"], sample["hit_max_gen_toks"],
-                                         sample["max_gen_toks"])
+                                         sample["max_gen_toks"], sample.get("loop"))
     return out
 
 
@@ -41,6 +43,7 @@ def task_report(spec: TaskSpec, fp32: dict, configs: dict[str, dict], bucket_spe
     """One task of accuracy.json from the FP32 samples and each finished config's samples (`load_samples`)."""
     ids = sorted(fp32)
     base, lengths, truncated, limits = (np.array([fp32[i][k] for i in ids]) for k in range(4))
+    loops = _loops(fp32, ids)
     if len(set(limits.tolist())) != 1:
         raise ValueError(f"{spec.name}: the FP32 samples have several max_gen_toks: {sorted(set(limits.tolist()))}")
     max_gen_toks = int(limits[0])
@@ -50,7 +53,8 @@ def task_report(spec: TaskSpec, fp32: dict, configs: dict[str, dict], bucket_spe
             raise ValueError(f"{spec.name}: config {name} was scored on other questions than fp32")
         if {s[3] for s in samples.values()} != {max_gen_toks}:
             raise ValueError(f"{spec.name}: config {name} ran with another max_gen_toks than fp32 ({max_gen_toks})")
-        others[name] = (np.array([samples[i][0] for i in ids]), np.array([samples[i][2] for i in ids]))
+        others[name] = (np.array([samples[i][0] for i in ids]), np.array([samples[i][2] for i in ids]),
+                        np.array([samples[i][1] for i in ids]), _loops(samples, ids))
 
     def entry(mask: np.ndarray, start: int, end: int) -> dict:
         n = int(mask.sum())
@@ -58,9 +62,11 @@ def task_report(spec: TaskSpec, fp32: dict, configs: dict[str, dict], bucket_spe
             "start": start, "end": end, "n": n,
             "fp32_acc": float(base[mask].mean()) if n else None,
             "fp32_truncated": float(truncated[mask].mean()) if n else None,
+            **{f"fp32_{k}": v for k, v in _degeneration(lengths, loops, mask).items()},
             "configs": {
-                name: {**compare(base[mask], correct[mask], iters=iters), "truncated": float(hit[mask].mean()) if n else None}
-                for name, (correct, hit) in others.items()
+                name: {**compare(base[mask], correct[mask], iters=iters), "truncated": float(hit[mask].mean()) if n else None,
+                       **_degeneration(gen, loop, mask)}
+                for name, (correct, hit, gen, loop) in others.items()
             },
         }
 
@@ -75,6 +81,19 @@ def task_report(spec: TaskSpec, fp32: dict, configs: dict[str, dict], bucket_spe
         "all": entry(np.ones(len(ids), dtype=bool), 1, max_gen_toks),
         "buckets": [entry(index == k, b.start, b.end) for k, b in enumerate(buckets)],
     }
+
+
+def _loops(samples: dict, ids: list[int]) -> np.ndarray | None:
+    """[n] bool loop flags, or None when any sample lacks one."""
+    flags = [samples[i][4] for i in ids]
+    return None if any(f is None for f in flags) else np.array(flags, dtype=bool)
+
+
+def _degeneration(lengths: np.ndarray, loops: np.ndarray | None, mask: np.ndarray) -> dict:
+    """mean_gen_tokens and loop_rate of the questions in `mask` (None for an empty bucket or unrecorded loops)."""
+    n = int(mask.sum())
+    return {"mean_gen_tokens": float(lengths[mask].mean()) if n else None,
+            "loop_rate": float(loops[mask].mean()) if n and loops is not None else None}
 
 
 def render(run_dir: Path, plan, header: dict) -> dict:
@@ -133,8 +152,19 @@ def markdown(report: dict) -> str:
             cells += [_gap(row["configs"][c]) for c in shown]
             cells += [_pct(row["fp32_truncated"], 0)] + [_pct(row["configs"][c]["truncated"], 0) for c in shown]
             lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Degeneration: mean generated tokens / share of loops in % (`degeneration.is_loop`), per FP32 length bucket.",
+                  "", "| FP32 gen tokens | n | fp32 | " + " | ".join(shown) + " |", "|---|---:|---:|" + "---:|" * len(shown)]
+        for row in [*task["buckets"], task["all"]]:
+            label = "all" if row is task["all"] else f"{row['start']}-{row['end']}"
+            cells = [label, str(row["n"]), _degenerate(row["fp32_mean_gen_tokens"], row["fp32_loop_rate"])]
+            cells += [_degenerate(row["configs"][c]["mean_gen_tokens"], row["configs"][c]["loop_rate"]) for c in shown]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _degenerate(mean_tokens, loop_rate) -> str:
+    return f"{'-' if mean_tokens is None else f'{mean_tokens:.0f}'} / {_pct(loop_rate, 0)}"
 
 
 def _pct(value, digits: int = 1) -> str:

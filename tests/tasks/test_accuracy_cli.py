@@ -11,7 +11,7 @@ import lm_eval
 from replayssm_eval import cli
 from replayssm_eval.tasks import TASKS
 
-FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--batch-size", "2"]
+FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--max-batch-size", "2"]
 CONFIGS = "fp32,nvfp4/fp16sr@4"
 
 
@@ -46,14 +46,16 @@ def test_end_to_end_on_fixtures(tmp_path, model, limit, count_runs):
         assert task["n"] == limit and task["max_gen_toks"] == 6
         assert sum(b["n"] for b in task["buckets"]) == limit and task["buckets"][0]["start"] == 1
         stats = task["all"]["configs"]["nvfp4/fp16sr@4"]
-        assert set(stats) >= {"acc", "gap", "ci_low", "ci_high", "p_value", "flips_to_wrong", "flips_to_right", "truncated"}
+        assert set(stats) >= {"acc", "gap", "ci_low", "ci_high", "p_value", "flips_to_wrong", "flips_to_right", "truncated",
+                              "mean_gen_tokens", "loop_rate"}
+        assert 1 <= task["all"]["fp32_mean_gen_tokens"] <= 6 and task["all"]["fp32_loop_rate"] == 0.0  # 6 tokens: no loop
         for config_dir in ("fp32", "nvfp4+fp16sr@4"):
             samples = [json.loads(line) for line in (out / config_dir / f"samples_{name}.jsonl").open()]
             assert {s["doc_id"] for s in samples} == set(range(limit))
-            assert all(1 <= s["gen_tokens"] <= 6 and s["max_gen_toks"] == 6 for s in samples)
+            assert all(1 <= s["gen_tokens"] <= 6 and s["max_gen_toks"] == 6 and s["loop"] is False for s in samples)
             assert all(s["gen_tokens"] == 6 for s in samples if s["hit_max_gen_toks"])
             assert "results" in json.loads((out / config_dir / f"results_{name}.json").read_text())
-    assert "| FP32 gen tokens |" in (out / "accuracy.md").read_text()
+    assert "| FP32 gen tokens |" in (out / "accuracy.md").read_text() and "Degeneration" in (out / "accuracy.md").read_text()
 
 
 def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs):
@@ -68,6 +70,7 @@ def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs)
     (["--tasks", "gpqa_diamond,arc"], "unknown task 'arc'; known: gpqa_diamond, mmlu_pro, math_l5"),
     (["--configs", "fp32,nvfp5"], "unknown state format 'nvfp5'; known:"),
     (["--limit", "0"], "--limit must be >= 1, got 0"),
+    (["--max-batch-size", "0"], "--max-batch-size must be a positive integer or auto, got '0'"),
     (["--buckets", "pow2"], "accepted: quantile:K"),
     (["--data", "/nonexistent"], "accepted: hub, fixtures, or a directory"),
 ])

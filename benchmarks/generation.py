@@ -1,0 +1,251 @@
+"""Generation speed of the accuracy engine on full-size architectures with random weights.
+
+    python benchmarks/generation.py --out OUT                 # on a GPU: everything below, both 4B models
+    python benchmarks/generation.py --out OUT --scale 8       # GPQA workload with lengths / 8 (time x 8 estimated)
+    python benchmarks/generation.py --tiny --quick --device cpu --out OUT   # CPU smoke run on the tiny fixtures
+
+Models: Qwen3.5-4B and Nemotron-3-Nano-4B built from `presets.full_size_config` (random weights,
+bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
+
+- decode: `prompt_len`-token prompts, `new_tokens` new tokens per row (eos ignored), one batch of
+  `--batches` rows, configs `--configs` through `engine.Engine` (Triton step on cuda) and plain HF
+  `generate` (the unrouted model, `min_new_tokens` forcing the length); tokens/s over the whole
+  call (prefill included) after an untimed warm-up.
+- prefill: `--prefill-rows` x `--prefill-len` prompts through `Engine.prefill` (segments of
+  `--prefill-segment`, at most `--prefill-tokens` tokens per call): seconds and peak memory.
+- gpqa: 198 prompts of `prompt_len` tokens, generation lengths drawn log-normally (median 4096,
+  sigma GPQA_SIGMA, cap 32768, seed 0) and divided by `--scale`, every row forced to its length;
+  wall time per config with continuous and with static batching of `--gpqa-batch` rows. The
+  full-size time is estimated as the measured time x scale (decode dominates; attention's KV
+  grows with the length, so this is a lower bound).
+- profile: torch.profiler over `--profile-steps` one-token steps of a running batch of the first
+  config: the top ops by CUDA and by CPU time.
+
+Prints one table and writes OUT/generation.json (plus OUT/profile_<model>.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from replayssm_eval.models import ReplayModel, load_model
+from replayssm_eval.models.presets import full_size_config
+from replayssm_eval.tasks.engine import Engine
+
+FULL_SIZE = ("qwen3.5-4b", "nemotron-3-nano-4b")
+TINY = ("tiny-qwen3.5", "tiny-nemotron-h")
+CONFIGS = ("fp32", "nvfp4:scale=head/fp16sr")
+GPQA_PROMPTS, GPQA_MEDIAN, GPQA_SIGMA, GPQA_CAP = 198, 4096, 1.0, 32768
+PARTS = ("decode", "prefill", "gpqa", "profile")
+
+
+def build(name: str, device: str) -> ReplayModel:
+    if name not in FULL_SIZE:
+        return load_model(name, dtype="fp32", device=device, backend="triton" if device.startswith("cuda") else "torch")
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(full_size_config(name), dtype=torch.bfloat16)
+    return ReplayModel(model, backend="triton")
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def random_prompts(rm: ReplayModel, rows: int, length: int, seed: int) -> list[list[int]]:
+    vocab = rm.model.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (rows, length), generator=g).tolist()
+
+
+def gpqa_lengths(scale: float, count: int = GPQA_PROMPTS) -> list[int]:
+    """Forced generation lengths of the GPQA-shaped workload (see the module docstring), divided by `scale`."""
+    g = torch.Generator().manual_seed(0)
+    drawn = torch.exp(math.log(GPQA_MEDIAN) + GPQA_SIGMA * torch.randn(count, generator=g, dtype=torch.float64))
+    return [max(1, int(min(x, GPQA_CAP) / scale)) for x in drawn.tolist()]
+
+
+def timed_generate(engine: Engine, prompts, lengths, device: str) -> float:
+    sync(device)
+    start = time.perf_counter()
+    engine.generate(prompts, max_gen_toks=lengths, seq_ids=list(range(len(prompts))))
+    sync(device)
+    return time.perf_counter() - start
+
+
+def decode_rows(rm, name, args, step, emit) -> None:
+    for batch in args.batches:
+        prompts = random_prompts(rm, batch, args.prompt_len, 1)
+        for config in args.configs:
+            engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
+                            prefill_tokens=args.prefill_tokens, stop_at_eos=False)
+            timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
+            seconds = timed_generate(engine, prompts, args.new_tokens, args.device)
+            emit({"part": "decode", "model": name, "batch": batch, "config": config, "seconds": seconds,
+                  "tokens_per_s": batch * args.new_tokens / seconds, "peak_gib": peak(args.device)})
+
+
+def hf_rows(rm, name, args, emit) -> None:
+    """Plain HF generate on the unrouted model (the hooks are removed: run it last)."""
+    rm.remove()
+    for batch in args.batches:
+        ids = torch.tensor(random_prompts(rm, batch, args.prompt_len, 1), device=args.device)
+        with torch.no_grad():
+            rm.model.generate(ids[:2], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+            sync(args.device)
+            start = time.perf_counter()
+            rm.model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+            sync(args.device)
+        seconds = time.perf_counter() - start
+        emit({"part": "decode", "model": name, "batch": batch, "config": "HF generate", "seconds": seconds,
+              "tokens_per_s": batch * args.new_tokens / seconds, "peak_gib": peak(args.device)})
+
+
+def prefill_rows(rm, name, args, step, emit) -> None:
+    prompts = random_prompts(rm, args.prefill_rows, args.prefill_len, 2)
+    engine = Engine(rm, "fp32", step=step, max_batch=args.prefill_rows, prefill_segment=args.prefill_segment,
+                    prefill_tokens=args.prefill_tokens)
+    reset_peak(args.device)
+    sync(args.device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        engine.prefill(prompts, list(range(len(prompts))))
+    sync(args.device)
+    seconds = time.perf_counter() - start
+    emit({"part": "prefill", "model": name, "batch": args.prefill_rows, "config": f"{args.prefill_len}-token prompts",
+          "seconds": seconds, "tokens_per_s": args.prefill_rows * args.prefill_len / seconds, "peak_gib": peak(args.device)})
+
+
+def gpqa_rows(rm, name, args, step, emit) -> None:
+    lengths = gpqa_lengths(args.scale, args.gpqa_prompts)
+    prompts = random_prompts(rm, len(lengths), args.prompt_len, 3)
+    for config in args.configs:
+        for continuous in (True, False):
+            engine = Engine(rm, config, step=step, max_batch=args.gpqa_batch, prefill_segment=args.prefill_segment,
+                            prefill_tokens=args.prefill_tokens, continuous=continuous, stop_at_eos=False)
+            seconds = timed_generate(engine, prompts, lengths, args.device)
+            emit({"part": "gpqa", "model": name, "batch": args.gpqa_batch, "config": config,
+                  "batching": "continuous" if continuous else "static", "seconds": seconds,
+                  "tokens_per_s": sum(lengths) / seconds, "estimated_full_s": seconds * args.scale,
+                  "decode_steps": engine.decode_steps, "peak_gib": peak(args.device)})
+
+
+def profile(rm, name, args, step, out: Path) -> None:
+    """Top ops of `--profile-steps` one-token steps of a running batch of the first config."""
+    from torch.profiler import ProfilerActivity, profile as run_profile
+
+    from replayssm_eval.tasks.generation import decode_session
+
+    batch = args.batches[0]
+    engine = Engine(rm, args.configs[0], step=step, max_batch=batch, prefill_segment=args.prefill_segment,
+                    prefill_tokens=args.prefill_tokens)
+    with torch.no_grad():
+        prefill, logits = engine.prefill(random_prompts(rm, batch, args.prompt_len, 4), list(range(batch)))
+        session = decode_session(rm, args.configs[0], list(range(batch)), step)
+        session.continue_from(prefill.carried())
+        for _ in range(2):  # warm-up
+            logits = engine.step_tokens(session, logits.argmax(-1))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+        with run_profile(activities=activities) as prof:
+            for _ in range(args.profile_steps):
+                logits = engine.step_tokens(session, logits.argmax(-1))
+            sync(args.device)
+    averages = prof.key_averages()
+    text = [f"# {name}, {args.configs[0]}, batch {batch}, {args.profile_steps} one-token steps"]
+    if args.device.startswith("cuda"):
+        text += ["## by CUDA time", averages.table(sort_by="cuda_time_total", row_limit=15)]
+    text += ["## by CPU time", averages.table(sort_by="cpu_time_total", row_limit=15)]
+    (out / f"profile_{name}.txt").write_text("\n".join(text) + "\n")
+    print("\n".join(text), flush=True)
+
+
+def peak(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+
+
+def reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--models", default=None, help=f"comma-separated (default {','.join(FULL_SIZE)}; --tiny: {','.join(TINY)})")
+    parser.add_argument("--tiny", action="store_true", help="the bundled tiny fixtures (CPU smoke run)")
+    parser.add_argument("--quick", action="store_true", help="a small version of every part")
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=1024)
+    parser.add_argument("--prefill-rows", type=int, default=256)
+    parser.add_argument("--prefill-len", type=int, default=4096)
+    parser.add_argument("--prefill-segment", type=int, default=2048)
+    parser.add_argument("--prefill-tokens", type=int, default=4096)
+    parser.add_argument("--gpqa-prompts", type=int, default=GPQA_PROMPTS)
+    parser.add_argument("--gpqa-batch", type=int, default=64)
+    parser.add_argument("--scale", type=float, default=1.0, help="divide the GPQA generation lengths by this")
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--no-hf", action="store_true", help="skip HF generate")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.prompt_len, args.new_tokens = "4", 16, 8
+        args.prefill_rows, args.prefill_len, args.prefill_segment, args.prefill_tokens = 4, 32, 16, 32
+        args.gpqa_prompts, args.gpqa_batch, args.scale, args.profile_steps = 6, 3, max(args.scale, 1024.0), 2
+    args.configs = args.configs.split(",")
+    args.batches = [int(b) for b in str(args.batches).split(",")]
+    models = args.models.split(",") if args.models else list(TINY if args.tiny else FULL_SIZE)
+    parts = args.parts.split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"unknown parts {', '.join(unknown)}; known: {', '.join(PARTS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    step = "triton" if args.device.startswith("cuda") else "reference"
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "generation.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+
+    for name in models:
+        rm = build(name, args.device)
+        if "prefill" in parts:
+            prefill_rows(rm, name, args, step, emit)
+        if "decode" in parts:
+            decode_rows(rm, name, args, step, emit)
+        if "gpqa" in parts:
+            gpqa_rows(rm, name, args, step, emit)
+        if "profile" in parts:
+            profile(rm, name, args, step, out)
+        if "decode" in parts and not args.no_hf:
+            hf_rows(rm, name, args, emit)
+        del rm
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| part | model | batch | config | batching | seconds | tokens/s | est. full s | peak GiB |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        est, gib = r.get("estimated_full_s"), r.get("peak_gib")
+        lines.append(f"| {r['part']} | {r['model']} | {r['batch']} | {r['config']} | {r.get('batching', '')} | "
+                     f"{r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {'' if est is None else f'{est:.0f}'} | "
+                     f"{'' if gib is None else f'{gib:.1f}'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The generation engine: segmented FP32 prefill and continuous batching of greedy ReplaySSM generations.
+
+    engine = Engine(rm, "nvfp4/fp16sr", step="triton", max_batch=64, prefill_segment=2048)
+    gens = engine.generate(prompts, max_gen_toks=[4096, ...], until=[["</s>"], ...], seq_ids=[...],
+                           order=longest_first)
+
+Prefill (`prefill`). Prompts are fed in segments of at most `prefill_segment` tokens per row and
+`prefill_tokens` tokens per call (rows x segment), through an FP32 session (`fp32` under the
+chunked engine: Hugging Face's FP32 torch chunk scan from the carried FP32 state), so no call
+asks for more workspace than `prefill_tokens` tokens need, whatever the prompt length and batch.
+The final FP32 state of each SSM layer is put back into the HF cache as the anchor every config
+starts from (docs/semantics.md, decode semantics); segment boundaries change it only by the float
+noise of the chunk scan's summation order. Rows are prefilled in groups of equal segment count
+(ceil(length / segment)), left-padded inside the group, so every row's padding lies in its group's
+first segment (only the first call of a session may be padded) and holds at least one real token.
+
+Decoding (`generate`). At most `max_batch` rows run at once. Each step picks every row's token
+(greedy argmax) and feeds the batch one token per row through `step_tokens`, the engine's one
+place that runs a one-token step. A row stops at the eos token, at a stop string, or at its
+max_gen_toks; it leaves the batch (`batch_rows.keep_rows`) and, with `continuous`, waiting
+prompts take the free places: they are prefilled alone (a batch of the new rows), take their first
+token and one decode step there (their SSM states become ReplayStates like the running rows'),
+and are joined into the running batch (`batch_rows.join`). Each row keeps its own seq_id (its SR
+bits), its own positions and its own window phase, so its tokens do not depend on the batching.
+Without `continuous` (static batching) new prompts start only once the whole batch stopped.
+
+Out of memory in a step: the running batch is discarded, its rows go back to the front of the
+queue and `max_batch` halves (greedy decoding is deterministic: they regenerate the same tokens);
+at one row, the error says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from replayssm_eval.models.adapter import ReplayModel
+from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.tasks.batch_rows import join, keep_rows
+
+ENGINE_STEPS = ("reference", "triton")  # steps whose sessions `batch_rows` can cut and join
+
+PREFILL_SEGMENT = 2048
+PREFILL_TOKENS = 4096
+
+
+@dataclass
+class _Row:
+    """One request: its prompt, limits and what it generated so far."""
+
+    prompt: list[int]
+    max_gen_toks: int
+    until: list[str]
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    stopped: bool = False
+
+
+@dataclass
+class _Batch:
+    """The running batch: its session, the request index of each row, and the next logits [B, V]."""
+
+    session: ReplaySession
+    rows: list[int]
+    logits: torch.Tensor
+
+
+class Engine:
+    """Greedy generation of many prompts under one config; see the module docstring.
+
+    step: the decode step of `generation.decode_session` ("reference" | "triton").
+    max_batch: rows decoded at once; prefill_segment: prompt tokens per row and call;
+    prefill_tokens: tokens per prefill call (rows x segment; at least one row);
+    continuous: refill free places while others run (False: static batches);
+    refill: free places that trigger a refill (default max(1, max_batch // 8); fewer when fewer wait);
+    stop_at_eos: False runs every row to its max_gen_toks (benchmarks; also the case without a tokenizer).
+    """
+
+    def __init__(self, rm: ReplayModel, config, *, step: str, max_batch: int, prefill_segment: int = PREFILL_SEGMENT,
+                 prefill_tokens: int = PREFILL_TOKENS, continuous: bool = True, refill: int | None = None,
+                 stop_at_eos: bool = True):
+        for name, value in (("max_batch", max_batch), ("prefill_segment", prefill_segment),
+                            ("prefill_tokens", prefill_tokens)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if step not in ENGINE_STEPS:
+            raise ValueError(f"the engine's rows leave and join the batch, so it runs the steps {', '.join(ENGINE_STEPS)}, "
+                             f"got {step!r} (the fixed-buffer steps decode one batch: greedy_generate)")
+        self.rm, self.config, self.step = rm, config, step
+        self.max_batch, self.prefill_segment, self.prefill_tokens = max_batch, prefill_segment, prefill_tokens
+        self.continuous = continuous
+        tokenizer = rm.tokenizer
+        self.eos = tokenizer.eos_token_id if stop_at_eos and tokenizer is not None else None
+        self.pad = (tokenizer.pad_token_id or 0) if tokenizer is not None else 0
+        self.refill = refill or max(1, max_batch // 8)
+        self.decode_steps = 0  # one-token steps of the running batch (counted for benchmarks)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], *, max_gen_toks, until=(), seq_ids=None, order=None):
+        """Generations of `prompts` (token id lists), in input order.
+
+        max_gen_toks: one limit, or one per prompt; until: stop strings of every row, or one list
+        per row; seq_ids: SR keys per row (default `generation.sequence_id` of the prompt);
+        order: the order rows enter the batch (default: input order).
+        """
+        from replayssm_eval.tasks.generation import Generation, cut_text, sequence_id
+
+        n = len(prompts)
+        limits = [max_gen_toks] * n if isinstance(max_gen_toks, int) else list(max_gen_toks)
+        stops = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * n
+        ids = [sequence_id(p) for p in prompts] if seq_ids is None else list(seq_ids)
+        if not (len(limits) == len(stops) == len(ids) == n):
+            raise ValueError(f"{n} prompts but {len(limits)} max_gen_toks, {len(stops)} stop lists, {len(ids)} seq_ids")
+        if any(m < 1 for m in limits):
+            raise ValueError(f"max_gen_toks must be >= 1, got {min(limits)}")
+        if self.rm.tokenizer is None and any(stops):
+            raise ValueError("stop strings need a tokenizer; this model has none")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        self._rows = [_Row(list(p), m, s, i) for p, m, s, i in zip(prompts, limits, stops, ids)]
+        order = list(range(n)) if order is None else list(order)
+        if sorted(order) != list(range(n)):
+            raise ValueError(f"order must be a permutation of range({n})")
+        self._run(deque(order))
+        tok = self.rm.tokenizer
+        return [Generation(tuple(r.tokens), "" if tok is None else cut_text(tok, r.tokens, r.until), r.stopped,
+                           r.max_gen_toks) for r in self._rows]
+
+    def _run(self, waiting: deque) -> None:
+        run: _Batch | None = None
+        while waiting or run is not None:
+            free = self.max_batch - (0 if run is None else len(run.rows))
+            if waiting and (run is None or (self.continuous and free >= min(self.refill, len(waiting)))):
+                new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+                try:
+                    started = self._start(new)
+                except torch.OutOfMemoryError as err:
+                    run = self._shrink(run, new, waiting, err)
+                    continue
+                run = started if run is None else _join(run, started)
+            if run is None:
+                continue
+            try:
+                run = self._advance(run)
+            except torch.OutOfMemoryError as err:
+                run = self._shrink(run, [], waiting, err)
+
+    def _advance(self, run: _Batch) -> _Batch | None:
+        """Append each row's greedy token; drop the stopped rows; one step for the others."""
+        chosen = run.logits.argmax(-1)  # [B]
+        keep = [k for k, token in enumerate(chosen.tolist()) if not self._append(run.rows[k], token)]
+        if not keep:
+            return None
+        if len(keep) < len(run.rows):
+            keep_rows(run.session, keep)
+            run.rows = [run.rows[k] for k in keep]
+            chosen = chosen[torch.tensor(keep, device=chosen.device)]
+        run.logits = self.step_tokens(run.session, chosen)
+        self.decode_steps += 1
+        return run
+
+    def step_tokens(self, session: ReplaySession, tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row [B] through the model; returns the next logits [B, V]."""
+        return self.rm.forward(tokens[:, None], session, logits_to_keep=1)[:, -1]
+
+    def _append(self, index: int, token: int) -> bool:
+        """Add a token to request `index`; True when the request is finished."""
+        row = self._rows[index]
+        row.tokens.append(token)
+        lookback = max((len(s.encode()) for s in row.until), default=0) + 1  # a stop string of n bytes spans <= n tokens
+        tail = self.rm.tokenizer.decode(row.tokens[-lookback:]) if row.until else ""
+        row.stopped = token == self.eos or any(s in tail for s in row.until)
+        return row.stopped or len(row.tokens) >= row.max_gen_toks
+
+    def _start(self, new: list[int]) -> _Batch | None:
+        """Prefill requests `new`, take their first token and, for the unfinished, one decode step of their own."""
+        from replayssm_eval.tasks.generation import decode_session
+
+        prefill, logits = self.prefill([self._rows[i].prompt for i in new], [self._rows[i].seq_id for i in new])
+        session = decode_session(self.rm, self.config, [self._rows[i].seq_id for i in new], self.step)
+        session.continue_from(prefill.carried())
+        return self._advance(_Batch(session, list(new), logits))
+
+    def prefill(self, prompts: list[list[int]], seq_ids: list[int]) -> tuple[ReplaySession, torch.Tensor]:
+        """FP32 sessions of `prompts` (their states at the anchor) joined into one, and the last logits [B, V].
+
+        See the module docstring: groups of equal segment count, calls of at most `prefill_tokens` tokens.
+        """
+        from replayssm_eval.tasks.generation import left_pad
+
+        segment = self.prefill_segment
+        groups: dict[int, list[int]] = {}
+        for k, p in enumerate(prompts):
+            groups.setdefault(math.ceil(len(p) / segment), []).append(k)
+        parts, logits, placed = [], [], []
+        for count, members in sorted(groups.items()):
+            rows_per_call = max(1, self.prefill_tokens // min(segment, max(len(prompts[k]) for k in members)))
+            for start in range(0, len(members), rows_per_call):
+                chunk = members[start:start + rows_per_call]
+                session = self.rm.new_session("fp32", seq_ids=[seq_ids[k] for k in chunk], engine="chunked")
+                ids, mask = left_pad([prompts[k] for k in chunk], self.pad, self.rm.model.device)
+                first = ids.shape[1] - segment * (count - 1)  # holds every row's padding and >= 1 real token
+                bounds = [0, *range(first, ids.shape[1] + 1, segment)]
+                for a, b in zip(bounds, bounds[1:]):
+                    out = self.rm.forward(ids[:, a:b], session, attention_mask=None if (mask is None or a) else mask[:, :b],
+                                          logits_to_keep=1)
+                _anchor_into_cache(session)
+                parts.append(session)
+                logits.append(out[:, -1])
+                placed += chunk
+        session = join(parts) if len(parts) > 1 else parts[0]
+        back = torch.tensor([placed.index(k) for k in range(len(prompts))], dtype=torch.long)
+        if placed != sorted(placed):
+            keep_rows(session, back.tolist())
+        return session, torch.cat(logits)[back.to(logits[0].device)]
+
+    def _shrink(self, run: _Batch | None, new: list[int], waiting: deque, err: Exception) -> None:
+        """Out of memory: every started row goes back to the queue, max_batch halves (or the error says why not)."""
+        rows = ([] if run is None else run.rows) + new
+        if self.max_batch == 1:
+            raise MemoryError(f"out of memory generating one row (prompt of {max(len(self._rows[i].prompt) for i in rows)} "
+                              f"tokens) at prefill_tokens {self.prefill_tokens}: {err}") from err
+        for i in reversed(rows):
+            self._rows[i].tokens.clear()
+            self._rows[i].stopped = False
+            waiting.appendleft(i)
+        self.max_batch = max(1, self.max_batch // 2)
+        self.refill = max(1, min(self.refill, self.max_batch // 8))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+
+
+def _join(run: _Batch, started: _Batch | None) -> _Batch:
+    if started is None:
+        return run
+    session = join([run.session, started.session])
+    return _Batch(session, run.rows + started.rows, torch.cat([run.logits, started.logits]))
+
+
+def _anchor_into_cache(session: ReplaySession) -> None:
+    """Put the FP32 states a multi-segment prefill carried in the session into the HF cache (the anchor slot)."""
+    for layer_idx, state in session.states.items():
+        session.cache.layers[layer_idx].update_recurrent_state(state)
+    session.states = {}

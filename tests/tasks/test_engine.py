@@ -1,0 +1,133 @@
+"""The generation engine: segmented prefill keeps the anchor, continuous batching keeps every row's tokens.
+
+Each prompt generated alone (one row, one prefill call) is the ground truth; the engine runs the
+same prompts with two rows at once, prompts fed in 4-token segments, rows of different lengths
+leaving and joining the batch, and must give the same tokens per prompt (same seq_ids, so the
+same SR bits). Then: the order of entry changes nothing, an out-of-memory step is recovered by
+halving the batch, and a batch that does not fit is refused before any work.
+"""
+
+import functools
+
+import pytest
+import torch
+from task_helpers import TEST_DEVICE
+
+from replayssm_eval.models import load_model
+from replayssm_eval.models.fixtures import BUNDLED_MODELS
+from replayssm_eval.tasks import memory
+from replayssm_eval.tasks.engine import Engine
+from replayssm_eval.tasks.generation import greedy_generate
+
+TEXTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce more unto the breach, dear friends", "To be",
+         "JULIET:\nO Romeo, Romeo", "HAMLET:\nAlas, poor Yorick! I knew him")
+LIMITS = [5, 2, 7, 3, 4]  # rows stop at different steps: places free up and waiting prompts join
+STEP = "triton" if TEST_DEVICE == "cuda" else "reference"
+
+
+@functools.cache
+def model(name: str):
+    return load_model(name, dtype="fp32", device=TEST_DEVICE, backend="triton" if TEST_DEVICE == "cuda" else "torch")
+
+
+def prompts(rm, texts=TEXTS):
+    return [rm.tokenizer.encode(t) for t in texts]
+
+
+@functools.cache
+def alone(name: str, config: str, step: str, count: int = len(TEXTS)):
+    rm = model(name)
+    return [greedy_generate(rm, [p], config=config, max_gen_toks=m, step=step, prefill_segment=10**6)[0].tokens
+            for p, m in zip(prompts(rm)[:count], LIMITS)]
+
+
+@pytest.mark.parametrize("config", ["fp32", "nvfp4/fp16sr@4", "shared:fp16sr@2"])
+@pytest.mark.parametrize("name", BUNDLED_MODELS)
+def test_continuous_batching_gives_each_prompt_its_tokens_alone(name, config):
+    rm = model(name)
+    gens = greedy_generate(rm, prompts(rm), config=config, max_gen_toks=LIMITS, step=STEP, max_batch=2,
+                           prefill_segment=4, prefill_tokens=8)
+    assert [g.tokens for g in gens] == alone(name, config, STEP)
+    assert [g.gen_tokens for g in gens] == LIMITS  # no stop strings: every row runs to its own limit
+
+
+def test_continuous_batching_in_the_triton_interpreter():
+    rm = model("tiny-qwen3.5")
+    limits = [3, 1, 2]
+    gens = Engine(rm, "nvfp4/fp16sr@2", step="triton", max_batch=2, prefill_segment=4, refill=1).generate(
+        prompts(rm)[:3], max_gen_toks=limits)
+    ref = [greedy_generate(rm, [p], config="nvfp4/fp16sr@2", max_gen_toks=m, step="reference")[0].tokens
+           for p, m in zip(prompts(rm)[:3], limits)]
+    assert [g.tokens for g in gens] == ref
+
+
+@pytest.mark.parametrize("name", BUNDLED_MODELS)
+def test_segmented_prefill_keeps_the_anchor_state(name):
+    rm = model(name)
+    rows = prompts(rm)[:3]
+    whole, logits_whole = Engine(rm, "fp32", step=STEP, max_batch=3, prefill_segment=10**6).prefill(rows, [0, 1, 2])
+    split, logits_split = Engine(rm, "fp32", step=STEP, max_batch=3, prefill_segment=4, prefill_tokens=8).prefill(rows, [0, 1, 2])
+    compared = 0
+    for a, b in zip(whole.cache.layers, split.cache.layers):
+        for attr in ("recurrent_states", "conv_states"):  # conv inputs come from matmuls of other batch shapes: noise
+            for k, t in (getattr(a, attr, None) or {}).items():
+                torch.testing.assert_close(getattr(b, attr)[k], t, rtol=1e-3, atol=1e-5)
+                compared += 1
+        if getattr(a, "keys", None) is not None:  # KV [B, H, T, D]: each row's real tokens (the paddings differ)
+            for i in range(len(rows)):
+                real_a, real_b = whole.attention_mask[i].bool(), split.attention_mask[i].bool()
+                torch.testing.assert_close(b.keys[i][:, real_b], a.keys[i][:, real_a], rtol=1e-3, atol=1e-5)
+                torch.testing.assert_close(b.values[i][:, real_b], a.values[i][:, real_a], rtol=1e-3, atol=1e-5)
+    assert compared >= 4 and not split.states and not whole.states
+    torch.testing.assert_close(logits_split, logits_whole, rtol=1e-4, atol=1e-4)
+
+
+def test_entry_order_changes_no_tokens():
+    rm = model("tiny-nemotron-h")
+    gens = greedy_generate(rm, prompts(rm), config="nvfp4/fp16sr@4", max_gen_toks=LIMITS, step=STEP, max_batch=2,
+                           prefill_segment=4, order=[2, 0, 4, 1, 3])
+    assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
+
+
+def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_tokens(monkeypatch):
+    rm = model("tiny-nemotron-h")
+    engine = Engine(rm, "nvfp4/fp16sr@4", step=STEP, max_batch=4, prefill_segment=4)
+    step, calls = engine.step_tokens, []
+
+    def flaky(session, tokens):
+        calls.append(tokens.shape[0])
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
+        return step(session, tokens)
+
+    monkeypatch.setattr(engine, "step_tokens", flaky)
+    gens = engine.generate(prompts(rm), max_gen_toks=LIMITS)
+    assert engine.max_batch == 2 and max(calls[3:]) <= 2
+    assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
+
+
+def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_and_the_memory():
+    cost = memory.RowCost(fixed=2**30, per_token=2**20, logits=2**20, prefill=4 * 2**30)
+    with pytest.raises(MemoryError, match=r"batch size 64 needs 1028\.00 GiB \(16\.00 GiB per row.* 80\.00 GiB free.* at most 4 rows fit"):
+        memory.fit_batch(64, cost, 15 * 1024 - 1, 80 * 2**30, default=8)
+    assert memory.fit_batch("auto", cost, 15 * 1024 - 1, 80 * 2**30, default=8) == 4  # (0.85 * 80 - 4) // 16 GiB
+    assert memory.fit_batch("auto", cost, 1000, None, default=8) == 8  # cpu: the default, nothing queried
+    with pytest.raises(MemoryError, match="not even one row fits"):
+        memory.fit_batch("auto", cost, 1000, 2**30, default=8)
+
+
+def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):
+    pytest.importorskip("lm_eval")
+    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+
+    lm = ReplaySSMLM(pretrained="tiny-nemotron-h", batch_size=64, device="cpu")
+    rm_prompts = prompts(lm.rm)
+    cost = memory.measure(lm.rm, lm.config, step=lm.step, prefill_segment=lm.prefill_segment,
+                          prefill_tokens=lm.prefill_tokens)
+    assert cost.fixed > 0 and cost.per_token > 0 and cost.logits == 8 * lm.rm.model.config.vocab_size
+    row = cost.row(max(map(len, rm_prompts)) + 16)
+    monkeypatch.setattr("replayssm_eval.tasks.memory.free_memory", lambda device: int(3.5 * row / (1 - memory.MARGIN)))
+    with pytest.raises(MemoryError, match="batch size 64 needs"):
+        lm.rows(rm_prompts, [16] * len(rm_prompts))
+    lm.batch_size = "auto"
+    assert lm.rows(rm_prompts, [16] * len(rm_prompts)) == 3

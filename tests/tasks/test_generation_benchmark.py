@@ -1,0 +1,25 @@
+"""benchmarks/generation.py --quick runs on CPU with a tiny model and writes its table's rows."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "generation.py"
+
+
+def test_quick_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path):
+    spec = importlib.util.spec_from_file_location("generation_benchmark", BENCHMARK)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--tiny", "--quick", "--device", "cpu", "--models", "tiny-nemotron-h", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "generation.json").read_text())["rows"]
+    parts = [(r["part"], r["config"], r.get("batching")) for r in rows]
+    assert parts == [("prefill", "32-token prompts", None), ("decode", "fp32", None),
+                     ("decode", "nvfp4:scale=head/fp16sr", None),
+                     ("gpqa", "fp32", "continuous"), ("gpqa", "fp32", "static"),
+                     ("gpqa", "nvfp4:scale=head/fp16sr", "continuous"), ("gpqa", "nvfp4:scale=head/fp16sr", "static"),
+                     ("decode", "HF generate", None)]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    gpqa = [r for r in rows if r["part"] == "gpqa"]
+    assert all(r["estimated_full_s"] == r["seconds"] * 1024 for r in gpqa)
+    assert "by CPU time" in (tmp_path / "profile_tiny-nemotron-h.txt").read_text()
