@@ -112,7 +112,7 @@ def round_int(v: torch.Tensor, qmax: int) -> torch.Tensor:
 def sr_int(v: torch.Tensor, bits: torch.Tensor, qmax: int, k: int) -> torch.Tensor:
     """Integer codes (FP32) of v: sign(v) * floor(|v| + r / 2^k), saturating to +-qmax; NaN -> 0."""
     r = (bits.to(torch.int64) & ((1 << k) - 1)).double()
-    mag = torch.floor(v.double().abs() + torch.ldexp(r, torch.tensor(-k, dtype=torch.int32)))
+    mag = torch.floor(v.double().abs() + r * 2.0 ** -k)  # r * 2^-k is exact in FP64
     q = torch.clamp(torch.copysign(mag, v.double()), -qmax, qmax).float()
     return torch.where(torch.isnan(q), 0.0, q) + 0.0
 
@@ -143,8 +143,11 @@ def e2m1_to_bits(v: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_from_bits(codes: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    return table[codes.to(torch.int64) & 0xF]
+    """E2M1_VALUES[code & 0xF], computed on the codes' device (no host table: CUDA-graph capturable)."""
+    c = codes.to(torch.int32)
+    exp, man = ((c >> 1) & 3).float(), (c & 1).float()
+    mag = torch.where(exp == 0, man * 0.5, torch.exp2(exp - 1) * (1 + man * 0.5))
+    return torch.where((c & 8) != 0, -mag, mag)
 
 
 def e8m0_from_bits(codes: torch.Tensor) -> torch.Tensor:

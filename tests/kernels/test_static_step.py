@@ -35,7 +35,7 @@ def test_speculative_config_is_refused():
 
 def _phased(state, window):
     """state with rows at phases 0, 1, 2 (mod the window): rows flush at different steps."""
-    count = torch.arange(state.batch, dtype=torch.int64) % window
+    count = torch.arange(state.batch, dtype=torch.int64, device=state.hi.device) % window
     return dataclasses.replace(state, schedule=dataclasses.replace(state.schedule, count=count))
 
 
@@ -70,7 +70,7 @@ def _run(family, config, make_inputs, decode, first_state):
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_mamba2_static_step_equals_decode_step_triton(config):
+def test_mamba2_static_step_equals_decode_step_triton(config, device):
     from replayssm_eval.kernels.mamba2.triton import decode_step_triton
 
     b, h, p, g, n = 3, 4, 8, 2, 16
@@ -79,8 +79,9 @@ def test_mamba2_static_step_equals_decode_step_triton(config):
     D = torch.randn(h, generator=gen)
 
     def make(gen):
-        return (torch.randn(b, 1, h, p, generator=gen), torch.rand(b, 1, h, generator=gen) * 0.5, A,
+        made = (torch.randn(b, 1, h, p, generator=gen), torch.rand(b, 1, h, generator=gen) * 0.5, A,
                 torch.randn(b, 1, g, n, generator=gen), torch.randn(b, 1, g, n, generator=gen), D)
+        return tuple(t.to(device) for t in made)
 
     def decode(inputs, state, cfg):
         x, dt, A_, B, C, D_ = inputs
@@ -89,12 +90,12 @@ def test_mamba2_static_step_equals_decode_step_triton(config):
         return y[:, None], state
 
     x0 = make(gen)
-    _, first = decode(x0, torch.randn(b, h, p, n, generator=gen), ReplayConfig.parse(config))
+    _, first = decode(x0, torch.randn(b, h, p, n, generator=gen).to(device), ReplayConfig.parse(config))
     _run("mamba2", config, make, decode, first)
 
 
 @pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed",))
-def test_gdn_static_step_equals_decode_step_triton(config):
+def test_gdn_static_step_equals_decode_step_triton(config, device):
     from replayssm_eval.kernels.gdn.triton import decode_step_triton
 
     b, h, hv, k, v = 3, 1, 2, 16, 8
@@ -103,11 +104,12 @@ def test_gdn_static_step_equals_decode_step_triton(config):
     def make(gen):
         q = torch.nn.functional.normalize(torch.randn(b, 1, h, k, generator=gen), dim=-1)
         kk = torch.nn.functional.normalize(torch.randn(b, 1, h, k, generator=gen), dim=-1)
-        return (q, kk, torch.randn(b, 1, hv, v, generator=gen), -torch.rand(b, 1, hv, generator=gen),
+        made = (q, kk, torch.randn(b, 1, hv, v, generator=gen), -torch.rand(b, 1, hv, generator=gen),
                 torch.rand(b, 1, hv, generator=gen))
+        return tuple(t.to(device) for t in made)
 
     def decode(inputs, state, cfg):
         return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS)
 
-    _, first = decode(make(gen), torch.randn(b, hv, k, v, generator=gen) * 0.3, ReplayConfig.parse(config))
+    _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
     _run("gdn", config, make, decode, first)
