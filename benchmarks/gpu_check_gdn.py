@@ -58,7 +58,7 @@ GEOMETRIES = {
 }
 CONFIGS = [
     "fp32/fp32@16", "fp32/fp32@16#closed", "nvfp4:scale=row/fp16sr@16", "nvfp4:scale=head/fp8sr@16#closed",
-    "shared:nvfp4:scale=head@16", "fp16/fp32@16", "fp32/fp32@8#spec=3:0.7#closed", "nvfp4/fp32@16",
+    "shared:nvfp4:scale=head@16", "fp16/fp32@16", "fp32/fp32@8#spec=3:0.7#closed", "nvfp4:scale=tensor/fp32@16",
 ]
 
 

@@ -21,8 +21,8 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
    flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config)
    flush packing (torch)   write_checkpoint_packed of the fold (host-side torch pass of decode_step_triton)
    amortised L=16          (15 x non-flush + flush) / 16, and the speedup of conventional over it
-3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4:scale=head/fp16sr@16) and the
-   torch backend on the default nvfp4 (nvfp4/fp16sr@16, backend="torch"), tokens/s per layer at batch 1 over 16K, 32K and
+3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4/fp16sr@16, per-head scales) and the
+   torch backend on the tensor-scale nvfp4 (nvfp4:scale=tensor/fp16sr@16, backend="torch"), tokens/s per layer at batch 1 over 16K, 32K and
    128K tokens (a length is skipped, not extrapolated, when it would not fit the time budget), against
    step-by-step decoding through the decode-step kernels of the same config (512 tokens: an eager launch loop,
    and the same launches replayed from a CUDA graph) and through the public `decode_step_triton`.
@@ -75,7 +75,7 @@ GEOMETRY = {  # full size and --tiny
 WINDOW = 16
 MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
 FP32_READ, NVFP4_READ, CONVENTIONAL = "shared:fp32@16", "nvfp4/fp32@16", "fp32"
-CHUNK_TRITON, CHUNK_TORCH = "nvfp4:scale=head/fp16sr@16", "nvfp4/fp16sr@16"
+CHUNK_TRITON, CHUNK_TORCH = "nvfp4/fp16sr@16", "nvfp4:scale=tensor/fp16sr@16"
 GOALS = {"replay_vs_conv": 1.5, "conv_bw": 0.80, "nvfp4_vs_fp32": 3.0, "chunk_vs_step": 50.0}
 F32 = 4
 

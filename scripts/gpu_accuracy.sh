@@ -35,7 +35,7 @@ case "${1:-}" in
     for model in "${MODELS[@]}"; do
       # each config is appended whole: a rerun continues after the last finished one
       ( time timeout 100 python -m replayssm_eval.tasks.offline "$DIR/requests.jsonl" "$OUT/generations-$model.jsonl" \
-          --model "$model" --configs "$CONFIGS" --batch-size 32 ) 2>&1 | tee "$OUT/generate-$model.log" || true
+          --model "$model" --configs "$CONFIGS" --max-batch-size 32 ) 2>&1 | tee "$OUT/generate-$model.log" || true
     done
     ;;
   score)

@@ -6,9 +6,8 @@
 # Two documents of the bundled text (concatenated plays, batch 2), a 512-token prompt, TOKENS
 # teacher-forced tokens, segments of 4096, Triton kernels, float32 weights and activations (in bf16
 # any FP32-noise difference of an SSM output flips bf16 roundings downstream: the KL floor of a
-# bf16 run of these models is 4e-5 to 1e-4, above some formats' effect). NVFP4 uses per-head global scales
-# (`scale=head`), which the chunked Triton kernels round in the kernel; the default tensor-wide scale is
-# rounded by torch between one-window launches, 6-17x slower per layer.
+# bf16 run of these models is 4e-5 to 1e-4, above some formats' effect). NVFP4 has its default per-head
+# global scales, which the chunked Triton kernels round in the kernel.
 # Each run directory is packed into $OUT/kl-<model>-<TOKENS>.tgz (kl.json, kl_buckets.csv, kl_vs_length.png, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +17,8 @@ mkdir -p "$work"
 TOKENS=${1:-131072}
 shift || true
 MODELS=${*:-tiny-nemotron-h tiny-qwen3.5}
-CONFIGS=(shared:nvfp4:scale=head nvfp4:scale=head/fp32 nvfp4:scale=head/fp16sr shared:fp8 shared:fp8sr fp32@16)
-GDN_ONLY=(nvfp4:scale=head/fp32#closed nvfp4:scale=head/fp16sr#closed)
+CONFIGS=(shared:nvfp4 nvfp4/fp32 nvfp4/fp16sr shared:fp8 shared:fp8sr fp32@16)
+GDN_ONLY=(nvfp4/fp32#closed nvfp4/fp16sr#closed)
 
 for model in $MODELS; do
   args=()
