@@ -13,6 +13,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 SECONDS_EACH=${1:-240}
+# HF's torch KDA chunk rule keeps [B, H, chunks, 64, 64, K] fp32 decay masks for backward (about 2 GB each at
+# 16 x 2048): two variants at batch 16 would need about 100 GB, so each trains at batch 8
+BATCH=${BATCH:-8}
 VARIANTS=(
   "--long-heads 0.5 --beta-penalty 0.05"
   "--long-heads 0.5 --beta-penalty 0.3"
@@ -22,7 +25,7 @@ rm -rf "$work" && mkdir -p "$work"
 for i in "${!VARIANTS[@]}"; do
   # shellcheck disable=SC2086
   timeout $((SECONDS_EACH + 120)) python scripts/train_tiny.py --model tiny-kimi-linear \
-    --out $work/v$i --time-budget "$SECONDS_EACH" ${VARIANTS[$i]} > $work/train-v$i.log 2>&1 &
+    --out $work/v$i --time-budget "$SECONDS_EACH" --batch-size "$BATCH" ${VARIANTS[$i]} > $work/train-v$i.log 2>&1 &
 done
 wait
 for i in "${!VARIANTS[@]}"; do
