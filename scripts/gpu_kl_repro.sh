@@ -18,12 +18,12 @@ TOKENS=${1:-131072}
 shift || true
 MODELS=${*:-tiny-nemotron-h tiny-qwen3.5}
 CONFIGS=(shared:nvfp4 nvfp4/fp32 nvfp4/fp16sr shared:fp8 shared:fp8sr fp32@16)
-GDN_ONLY=(nvfp4/fp32#closed nvfp4/fp16sr#closed)
+CLOSED_FOLD=(nvfp4/fp32#closed nvfp4/fp16sr#closed)  # the delta-rule models (GDN, KDA)
 
 for model in $MODELS; do
   args=()
   for c in "${CONFIGS[@]}"; do args+=(--config "$c"); done
-  if [[ $model == *qwen* ]]; then for c in "${GDN_ONLY[@]}"; do args+=(--config "$c"); done; fi
+  if [[ $model == *qwen* || $model == *kimi* ]]; then for c in "${CLOSED_FOLD[@]}"; do args+=(--config "$c"); done; fi
   run=kl-$model-$TOKENS
   rm -rf "${work:?}/$run"
   ( time python -m replayssm_eval kl --model "$model" --tokens "$TOKENS" --num-docs 2 --batch-size 2 \

@@ -1,11 +1,13 @@
-"""Train the tiny fixture models `tiny-nemotron-h` and `tiny-qwen3.5` on Shakespeare bytes.
+"""Train the tiny fixture models `tiny-nemotron-h`, `tiny-qwen3.5` and `tiny-kimi-linear` on Shakespeare bytes.
 
-Both are real Hugging Face classes at toy size, byte-level (vocab 258: 256 bytes + eos + pad):
+All are real Hugging Face classes at toy size, byte-level (vocab 258: 256 bytes + eos + pad):
 
     tiny-nemotron-h  NemotronHForCausalLM, pattern "M-M-M*M-M-": 5 Mamba-2, 1 attention, 4 MLP
                      layers; hidden 256; Mamba-2 16 heads x 32 head_dim x 64 state, 2 groups
     tiny-qwen3.5     Qwen3_5ForCausalLM (text-only qwen3_5_text), 8 layers, 3 GDN : 1 attention;
                      hidden 256; GDN 4 key heads, 8 value heads, K = V = 32
+    tiny-kimi-linear KimiLinearForCausalLM, 8 layers, 3 KDA : 1 MLA, dense MLPs; hidden 256; KDA 4 heads,
+                     K = V = 64
 
 Data: every play in --data (default data/shakespeare/: Project Gutenberg texts, sources in its
 ATTRIBUTION.txt), one .txt file each; the held-out plays, `replayssm_eval.data.bundled.HELD_OUT_PLAYS`,
@@ -18,7 +20,9 @@ or --max-steps, whichever comes first; the learning rate follows whichever is ne
 The SSM heads start with a spread of decay rates so some have long memory: per layer, head h
 gets a quantile u_h (stratified, shuffled) and dt = exp(lerp(log 2e-4, log 0.1, u_h)),
 A = exp(lerp(log 1, log 16, u_h)), i.e. dt_bias = softplus^-1(dt), A_log = log A; the static
-per-token decay exp(-A dt) then runs from about 0.9998 to 0.2. Nemotron-H's time_step_min
+per-token decay exp(-A dt) then runs from about 0.9998 to 0.2. KDA's decay is per channel,
+exp(-A_h softplus(f + dt_bias[h, c])) with f from the forget gate's low-rank projection: every
+channel of head h starts at head h's dt. The decay tables list KDA per (head, channel). Nemotron-H's time_step_min
 (the lower clamp on dt in its forward) is 1e-4, so the slowest heads are not pinned at the clamp.
 
 Long-memory heads (--long-heads F, default 0): trained freely, GDN heads learn to forget within a few
@@ -27,9 +31,11 @@ checkpoint cannot build up error there, unlike in real GDN models (docs/semantic
 shared NVFP4 KL grows 36x above split precision at 128K). The first round(F * heads) heads of every
 SSM layer then get a fixed, input-independent decay, log-spaced in 1 - decay over
 [--long-decay-min, --long-decay-max]: A = 1, dt_bias = softplus^-1(-log decay), and the decay input
-rows (GDN `in_proj_a`, Mamba-2 the dt rows of `in_proj`) zero; gradient hooks keep all three fixed.
+rows (GDN `in_proj_a`, Mamba-2 the dt rows of `in_proj`, KDA the head's channel rows of the forget gate's
+`f_b_proj`) zero; gradient hooks keep all three fixed. KDA's long heads get one decay per channel,
+log-spaced over all their channels together.
 The delta rule also forgets: each token contracts the state along its key by beta. --beta-penalty
-adds that weight times the long heads' mean beta (GDN) to the loss, so they learn to write gently.
+adds that weight times the long heads' mean beta (GDN, KDA) to the loss, so they learn to write gently.
 
 Outputs, per model, in --out/<name>/: config.json, model.safetensors (bf16), the byte-level
 tokenizer files, and training.json (command, steps, wall time, held-out bits per byte computed
@@ -66,6 +72,8 @@ from transformers import (
     NemotronHConfig,
     NemotronHForCausalLM,
     PretrainedConfig,
+    KimiLinearConfig,
+    KimiLinearForCausalLM,
     PreTrainedModel,
     Qwen3_5ForCausalLM,
     Qwen3_5TextConfig,
@@ -84,7 +92,7 @@ KERNEL_PACKAGES = ("mamba_ssm", "causal_conv1d", "fla")
 class TrainConfig:
     """One training run; the command line is generated from these fields."""
 
-    model: str  # tiny-nemotron-h | tiny-qwen3.5
+    model: str  # tiny-nemotron-h | tiny-qwen3.5 | tiny-kimi-linear
     out: str  # the model is written to out/<model>/
     data: str = "data/shakespeare"  # folder of training plays, one .txt each (relative to the working directory)
     time_budget: float = 240.0  # seconds of training, evaluation not included
@@ -103,7 +111,7 @@ class TrainConfig:
     long_heads: float = 0.0  # share of each SSM layer's heads with a fixed slow decay (see the docstring)
     long_decay_min: float = 0.999
     long_decay_max: float = 0.9999
-    beta_penalty: float = 0.0  # GDN: loss weight of the long heads' mean beta
+    beta_penalty: float = 0.0  # GDN, KDA: loss weight of the long heads' mean beta
 
 
 def nemotron_h_config() -> NemotronHConfig:
@@ -159,9 +167,38 @@ def qwen3_5_config() -> Qwen3_5TextConfig:
     )
 
 
+def kimi_linear_config() -> KimiLinearConfig:
+    """tiny-kimi-linear: 3.94M parameters, 7.9 MB in bf16."""
+    layer_types = (["linear_attention"] * 3 + ["full_attention"]) * 2
+    return KimiLinearConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        mlp_layer_types=["dense"] * len(layer_types),
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=64,
+        q_lora_rank=None,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        linear_num_heads=4,
+        linear_head_dim=64,
+        linear_conv_kernel_dim=4,
+        model_max_length=8192,
+        tie_word_embeddings=False,
+        bos_token_id=EOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+
+
 MODELS: dict[str, tuple[Callable[[], PretrainedConfig], type[PreTrainedModel]]] = {
     "tiny-nemotron-h": (nemotron_h_config, NemotronHForCausalLM),
     "tiny-qwen3.5": (qwen3_5_config, Qwen3_5ForCausalLM),
+    "tiny-kimi-linear": (kimi_linear_config, KimiLinearForCausalLM),
 }
 
 
@@ -230,20 +267,31 @@ def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def init_slow_heads(model: PreTrainedModel, generator: torch.Generator) -> None:
     """Spread each SSM layer's heads from slow (decay ~0.9998) to fast; see the file docstring."""
-    for module in ssm_mixers(model):
-        heads = module.A_log.numel()
+    for mixer in ssm_mixers(model):
+        module, heads, per = decay_params(mixer)
         u = (torch.randperm(heads, generator=generator) + torch.rand(heads, generator=generator)) / heads
         dt = log_lerp(*DT_INIT_RANGE, u)
         a = log_lerp(*A_INIT_RANGE, u)
-        module.dt_bias.copy_(inverse_softplus(dt))
-        module.A_log.copy_(torch.log(a))
+        module.dt_bias.copy_(inverse_softplus(dt).repeat_interleave(per).view_as(module.dt_bias))
+        module.A_log.copy_(torch.log(a).view_as(module.A_log))
+
+
+def decay_params(mixer: torch.nn.Module) -> tuple[torch.nn.Module, int, int]:
+    """(module holding A_log and dt_bias, heads, decay channels per head): 1 for Mamba-2 and GDN, K for KDA
+    (its forget gate holds A_log [1, 1, H, 1] and dt_bias [H * K])."""
+    module = getattr(mixer, "forget_gate", mixer)
+    heads = module.A_log.numel()
+    return module, heads, module.dt_bias.numel() // heads
 
 
 def decay_input(mixer: torch.nn.Module) -> tuple[torch.Tensor, int]:
-    """(weight, first row) of the projection rows that feed the per-head decay: GDN `in_proj_a` [H, hidden],
-    Mamba-2 the last H rows of `in_proj` (its output is [z, xBC, dt])."""
+    """(weight, first row) of the projection rows that feed the decay: GDN `in_proj_a` [H, hidden],
+    KDA the forget gate's `f_b_proj` [H * K, rank], Mamba-2 the last H rows of `in_proj` (its output is
+    [z, xBC, dt])."""
     if hasattr(mixer, "in_proj_a"):
         return mixer.in_proj_a.weight, 0
+    if hasattr(mixer, "forget_gate"):
+        return mixer.forget_gate.f_b_proj.weight, 0
     if mixer.in_proj.bias is not None:
         raise ValueError("long-memory heads need an in_proj without bias (its dt entries would move the decay)")
     return mixer.in_proj.weight, mixer.in_proj.weight.shape[0] - mixer.A_log.numel()
@@ -260,33 +308,38 @@ def init_long_heads(model: PreTrainedModel, cfg: TrainConfig) -> list[list[int]]
     returns their indices per layer."""
     chosen = []
     for mixer in ssm_mixers(model):
-        heads = mixer.A_log.numel()
+        module, heads, per = decay_params(mixer)
         n = round(cfg.long_heads * heads)
         chosen.append(list(range(n)))
         if n == 0:
             continue
-        u = torch.linspace(0.0, 1.0, n, dtype=torch.float64)  # log-spaced 1 - decay, slowest first
+        u = torch.linspace(0.0, 1.0, n * per, dtype=torch.float64)  # log-spaced 1 - decay, slowest first
         dt = -torch.log1p(-log_lerp(1 - cfg.long_decay_max, 1 - cfg.long_decay_min, u))  # -log(decay)
-        mixer.A_log[:n] = 0.0  # A = 1: decay = exp(-softplus(dt_bias))
-        mixer.dt_bias[:n] = inverse_softplus(dt).float()
+        module.A_log.view(-1)[:n] = 0.0  # A = 1: decay = exp(-softplus(dt_bias))
+        module.dt_bias.view(-1)[:n * per] = inverse_softplus(dt).float()
         weight, first = decay_input(mixer)
-        weight[first:first + n] = 0.0
+        weight[first:first + n * per] = 0.0
         rows = torch.zeros(weight.shape[0], 1, dtype=torch.bool)
-        rows[first:first + n] = True
-        vec = torch.arange(heads) < n
+        rows[first:first + n * per] = True
         _freeze(weight, rows.expand_as(weight))
-        _freeze(mixer.A_log, vec)
-        _freeze(mixer.dt_bias, vec)
+        _freeze(module.A_log, (torch.arange(heads) < n).view_as(module.A_log))
+        _freeze(module.dt_bias, (torch.arange(heads * per) < n * per).view_as(module.dt_bias))
     return chosen
 
 
+def beta_projection(mixer: torch.nn.Module) -> torch.nn.Module | None:
+    """The projection whose sigmoid is beta: GDN `in_proj_b`, KDA `b_proj`; None for Mamba-2."""
+    return getattr(mixer, "in_proj_b", None) or getattr(mixer, "b_proj", None)
+
+
 class BetaPenalty:
-    """Mean write strength beta = sigmoid(in_proj_b(x)) of each GDN layer's long heads in the last forward."""
+    """Mean write strength beta = sigmoid(in_proj_b(x)) of each GDN or KDA layer's long heads in the last forward."""
 
     def __init__(self, model: torch.nn.Module, long_heads: list[list[int]]):
         self.values: list[torch.Tensor] = []
-        self.handles = [mixer.in_proj_b.register_forward_hook(self._hook(heads))
-                        for mixer, heads in zip(ssm_mixers(model), long_heads) if heads and hasattr(mixer, "in_proj_b")]
+        self.handles = [beta_projection(mixer).register_forward_hook(self._hook(heads))
+                        for mixer, heads in zip(ssm_mixers(model), long_heads)
+                        if heads and beta_projection(mixer) is not None]
 
     def _hook(self, heads: list[int]):
         def hook(_module, _inputs, output):
@@ -294,28 +347,39 @@ class BetaPenalty:
         return hook
 
     def pop(self) -> torch.Tensor | None:
-        """The mean over layers since the last call, or None when no layer has long GDN heads."""
+        """The mean over layers since the last call, or None when no layer has long GDN or KDA heads."""
         values, self.values = self.values, []
         return torch.stack(values).mean() if values else None
 
 
 def ssm_mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The Mamba-2 mixers (have `in_proj`) or GDN layers (have `in_proj_a`), in layer order."""
-    mixers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
+    """The Mamba-2 mixers (have `in_proj`), GDN layers (have `in_proj_a`) or KDA layers (A_log and dt_bias on
+    their `forget_gate`), in layer order."""
+    has_decay = lambda m: hasattr(m, "A_log") and hasattr(m, "dt_bias")  # noqa: E731
+    mixers = [m for m in model.modules() if has_decay(m) or has_decay(getattr(m, "forget_gate", None))]
+    gates = {id(m.forget_gate) for m in mixers if hasattr(m, "forget_gate")}
+    mixers = [m for m in mixers if id(m) not in gates]
     if not mixers:
         raise ValueError(f"no SSM layers (modules with A_log and dt_bias) in {type(model).__name__}")
     return mixers
 
 
-def static_decay(module: torch.nn.Module) -> torch.Tensor:
-    """Per-head decay for a zero dt input: exp(-exp(A_log) softplus(dt_bias)). [H]
+def _rates(mixer: torch.nn.Module) -> torch.Tensor:
+    """exp(A_log) per decay channel: [H] (Mamba-2, GDN) or [H * K] (KDA)."""
+    module, _, per = decay_params(mixer)
+    return torch.exp(module.A_log.float().reshape(-1)).repeat_interleave(per)
+
+
+def static_decay(mixer: torch.nn.Module) -> torch.Tensor:
+    """Per-channel decay for a zero dt input: exp(-exp(A_log) softplus(dt_bias)). [H] or, KDA, [H * K]
 
     Mamba-2 clamps dt below at time_step_min (`time_step_limit`); the clamp is applied here too.
     """
-    dt = F.softplus(module.dt_bias.float())
+    module = decay_params(mixer)[0]
+    dt = F.softplus(module.dt_bias.float().reshape(-1))
     if hasattr(module, "time_step_limit"):
         dt = dt.clamp(*module.time_step_limit)
-    return torch.exp(-torch.exp(module.A_log.float()) * dt)
+    return torch.exp(-_rates(mixer) * dt)
 
 
 class DecayMeter:
@@ -323,28 +387,33 @@ class DecayMeter:
 
     Mamba-2: dt is the last `num_heads` columns of `in_proj`'s output, decay exp(-A softplus(dt +
     dt_bias)) with dt clamped as in the forward. GDN: decay exp(-A softplus(a + dt_bias)), a the
-    output of `in_proj_a`.
+    output of `in_proj_a`. KDA: the same per channel, from the forget gate's `f_b_proj` output.
     """
 
     def __init__(self, model: torch.nn.Module):
         self.mixers = ssm_mixers(model)
-        self.sums = [torch.zeros(m.A_log.numel(), dtype=torch.float64) for m in self.mixers]
+        self.sums = [torch.zeros(_rates(m).numel(), dtype=torch.float64) for m in self.mixers]
         self.tokens = [0] * len(self.mixers)
         self.handles = []
         for i, mixer in enumerate(self.mixers):
-            proj = mixer.in_proj_a if hasattr(mixer, "in_proj_a") else mixer.in_proj
+            if hasattr(mixer, "forget_gate"):
+                proj = mixer.forget_gate.f_b_proj
+            else:
+                proj = mixer.in_proj_a if hasattr(mixer, "in_proj_a") else mixer.in_proj
             self.handles.append(proj.register_forward_hook(self._hook(i)))
 
     def _hook(self, index: int):
         mixer = self.mixers[index]
-        heads = mixer.A_log.numel()
+        module = decay_params(mixer)[0]
+        rates = _rates(mixer)
+        channels = rates.numel()
 
         def hook(_module, _inputs, output):
-            raw = output[..., -heads:].float().reshape(-1, heads)  # [tokens, H]
-            dt = F.softplus(raw + mixer.dt_bias.float())
-            if hasattr(mixer, "time_step_limit"):
-                dt = dt.clamp(*mixer.time_step_limit)
-            decay = torch.exp(-torch.exp(mixer.A_log.float()) * dt)
+            raw = output[..., -channels:].float().reshape(-1, channels)  # [tokens, H] or [tokens, H * K]
+            dt = F.softplus(raw + module.dt_bias.float().reshape(-1))
+            if hasattr(module, "time_step_limit"):
+                dt = dt.clamp(*module.time_step_limit)
+            decay = torch.exp(-rates.to(dt.device) * dt)
             self.sums[index] += decay.sum(0).double().cpu()
             self.tokens[index] += raw.shape[0]
 
@@ -360,7 +429,7 @@ class DecayMeter:
 
 
 def decay_table(per_layer: list[list[float]]) -> dict:
-    """Counts above 0.99 / 0.999 and quantiles of a per-layer, per-head decay list."""
+    """Counts above 0.99 / 0.999 and quantiles of a per-layer, per-head (KDA: per head and channel) decay list."""
     flat = torch.tensor([d for layer in per_layer for d in layer], dtype=torch.float64)
     return {
         "heads": flat.numel(),
@@ -385,8 +454,9 @@ def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW; no weight decay on vectors (A_log, dt_bias, D, norms, biases)."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    vector = lambda name, p: p.ndim < 2 or name.endswith("A_log")  # noqa: E731  KDA's A_log is [1, 1, H, 1]
+    decay = [p for name, p in model.named_parameters() if not vector(name, p)]
+    no_decay = [p for name, p in model.named_parameters() if vector(name, p)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
 

@@ -9,7 +9,9 @@ The six Mamba-2 families call the same two functions with the same arguments (ch
 transformers 5.17 and 5.24: falcon_h1's mup multipliers and its optional z gate sit outside the
 scan, zamba2's mixer is the same torch math as nemotron_h's), so one hook pair serves them all.
 A mixer is recognised by where its class is defined and by its parameters (A_log, dt_bias, an int
-layer_idx), not by class name, so a renamed class in a later transformers still matches.
+layer_idx), not by class name, so a renamed class in a later transformers still matches. The
+decay parameters sit on the mixer itself, or on a child module without a layer index of its own
+(kimi_linear's forget gate).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ FAMILIES = {model_type: Family(model_type, fam) for fam in all_families() for mo
 # text-only configs of the multimodal Qwen3.5 checkpoints use the same modeling module
 ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 NOT_SUPPORTED = {
-    "kimi_linear": "Kimi Delta Attention needs a KDA kernel family (not written yet)",
     "mamba": "Mamba-1 has a per-channel diagonal state, not the Mamba-2 scalar-decay heads our kernels take",
     "falcon_mamba": "Mamba-1 mixer (see mamba)",
     "jamba": "Mamba-1 mixer (see mamba)",
@@ -75,5 +76,7 @@ def find_ssm_layers(model: nn.Module, family: Family) -> dict[int, nn.Module]:
 
 
 def _is_mixer(module: nn.Module) -> bool:
-    params = dict(module.named_parameters(recurse=False))
-    return "A_log" in params and "dt_bias" in params and isinstance(getattr(module, "layer_idx", None), int)
+    if not isinstance(getattr(module, "layer_idx", None), int):
+        return False
+    holders = (module, *(child for child in module.children() if not hasattr(child, "layer_idx")))
+    return any({"A_log", "dt_bias"} <= dict(h.named_parameters(recurse=False)).keys() for h in holders)

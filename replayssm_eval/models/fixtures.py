@@ -2,8 +2,9 @@
 
     tiny-nemotron-h  NemotronHForCausalLM: 5 Mamba-2 + 1 attention + 4 MLP layers, 3.7M parameters
     tiny-qwen3.5     Qwen3_5ForCausalLM (qwen3_5_text): 6 GDN + 2 attention layers, 3.8M parameters
+    tiny-kimi-linear KimiLinearForCausalLM: 6 KDA + 2 MLA layers, 3.9M parameters
 
-Both are byte-level (replayssm_eval.models.tokenizer), stored in bf16, trained on Shakespeare by
+All are byte-level (replayssm_eval.models.tokenizer), stored in bf16, trained on Shakespeare by
 `scripts/train_tiny.py`; each folder's training.json records how, and the held-out bits per byte.
 """
 
@@ -14,7 +15,7 @@ from urllib.parse import urlparse
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
-BUNDLED_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5")
+BUNDLED_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
 ACCEPTED = f"a bundled fixture ({', '.join(BUNDLED_MODELS)}), a local model directory (with config.json) or a hub id"
 HUB_PROBE_TIMEOUT_S = 3.0
 

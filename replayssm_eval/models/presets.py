@@ -6,6 +6,7 @@ numbers reported beside every accuracy number are computed from it. Per head the
     mamba2:  head_dim x d_state   (P x N), heads = Mamba-2 heads, groups share B and C
     gdn:     key_dim x value_dim  (K x V, Hugging Face layout), heads = value heads,
              groups = key heads (each serves heads / groups value heads)
+    kda:     key_dim x value_dim  (K x V, as gdn), heads = groups = KDA heads (no grouping)
 
 Field values of the presets come from the sources cited beside them; None marks a value no
 source available here gave.
@@ -13,7 +14,7 @@ source available here gave.
 
 import dataclasses
 
-from transformers import NemotronHConfig, PretrainedConfig, Qwen3_5TextConfig
+from transformers import KimiLinearConfig, NemotronHConfig, PretrainedConfig, Qwen3_5TextConfig
 
 from replayssm_eval.kernels.family import family_names, get_family
 from replayssm_eval.models.families import family_of
@@ -30,7 +31,12 @@ _MAMBA2_FIELDS = {
 }
 # GDN layers: (value heads, value dim, key dim, key heads, conv kernel); the state is K x V
 _GDN_FIELDS = ("linear_num_value_heads", "linear_value_head_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_conv_kernel_dim")
-_CONFIG_FIELDS = {**_MAMBA2_FIELDS, **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"), _GDN_FIELDS)}
+# KDA layers: (heads, head dim = V, head dim = K, heads, conv kernel); one head dim for q, k and v
+_KDA_FIELDS = ("linear_num_heads", "linear_head_dim", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
+_CONFIG_FIELDS = {
+    **_MAMBA2_FIELDS, **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"), _GDN_FIELDS),
+    "kimi_linear": _KDA_FIELDS,
+}
 
 # layer_types entries whose layer holds an SSM state ("hybrid": zamba2/falcon_h1 layers with both mixers)
 _SSM_LAYER_TYPES = ("linear_attention", "mamba", "hybrid")
@@ -115,6 +121,13 @@ PRESETS: dict[str, ModelGeometry] = {
         name="Qwen/Qwen3.5-122B-A10B", family="gdn", num_layers=48, num_ssm_layers=36,
         num_heads=None, head_dim=None, state_dim=None, n_groups=None, conv_kernel=None, vocab_size=248320, hidden_size=None,
     ),
+    # KDA: 32 heads, K = V = 128. 27 layers = 20 KDA + 7 MLA (full_attn_layers 4, 8, ..., 24, 27, 1-based),
+    # hidden 2304, short conv 4, vocab 163840: config.json of Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 on the
+    # Hugging Face hub (an NVFP4 weight quantization of this model; its architecture fields are the original's).
+    "kimi-linear-48b-a3b": ModelGeometry(
+        name="moonshotai/Kimi-Linear-48B-A3B-Instruct", family="kda", num_layers=27, num_ssm_layers=20,
+        num_heads=32, head_dim=128, state_dim=128, n_groups=32, conv_kernel=4, vocab_size=163840, hidden_size=2304,
+    ),
 }
 
 
@@ -154,6 +167,8 @@ def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:
 # Nemotron-3-Nano-4B layer pattern (M Mamba-2, - MLP, * attention), from the brief cited above:
 # attention at layers 12, 17, 24, 32.
 _NEMOTRON_3_NANO_4B_PATTERN = "M-M-M-MM-M-M*-M-M*-M-M-M*-M-M-MM*-MMM-M-M-"
+# Kimi-Linear-48B-A3B MLA layers, 1-based as in its config.json (the source cited at its preset)
+_KIMI_LINEAR_48B_MLA_LAYERS = (4, 8, 12, 16, 20, 24, 27)
 
 
 def full_size_config(name: str) -> PretrainedConfig:
@@ -163,6 +178,9 @@ def full_size_config(name: str) -> PretrainedConfig:
     3136 -> 12544 (relu2), chunk 256 (same brief). qwen3.5-4b: the preset's GDN geometry; attention
     16 / 4 heads x 256, partial rotary 0.25, rope theta 1e7 (github.com/quantumaikr/quant.cpp/issues/94); MLP 9216 is from
     a derived checkpoint's config (huggingface.co/halen214/st01), not confirmed on Qwen's own.
+    kimi-linear-48b-a3b: the preset's KDA geometry; MLA 32 heads, kv_lora_rank 512, qk_nope 128, qk_rope
+    64, v 128, no q LoRA; MoE 256 experts, 8 per token, 1 shared, expert width 1024, first layer dense
+    (9216) (its preset's source).
     Weights built from these are random: good for speed and memory, not for accuracy.
     """
     if name == "nemotron-3-nano-4b":
@@ -181,4 +199,18 @@ def full_size_config(name: str) -> PretrainedConfig:
             max_position_embeddings=262144, tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
         )
-    raise ValueError(f"no full-size config for {name!r}; available: nemotron-3-nano-4b, qwen3.5-4b")
+    if name == "kimi-linear-48b-a3b":
+        layers = 27
+        return KimiLinearConfig(
+            vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024,
+            num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=32, kv_lora_rank=512,
+            q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_local_experts=256,
+            num_experts_per_tok=8, n_shared_experts=1, linear_num_heads=32, linear_head_dim=128,
+            linear_conv_kernel_dim=4, model_max_length=1048576, tie_word_embeddings=False,
+            layer_types=["full_attention" if i + 1 in _KIMI_LINEAR_48B_MLA_LAYERS else "linear_attention"
+                         for i in range(layers)],
+            mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
+        )
+    raise ValueError(
+        f"no full-size config for {name!r}; available: nemotron-3-nano-4b, qwen3.5-4b, kimi-linear-48b-a3b"
+    )

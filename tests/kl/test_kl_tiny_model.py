@@ -42,6 +42,19 @@ def test_cli_end_to_end(tmp_path):
     assert (out / "kl_vs_length.png").stat().st_size > 0
 
 
+def test_kda_fixture_smoke(tmp_path):
+    """tiny-kimi-linear through the KL CLI: a few tokens, open and closed fold, a shared checkpoint."""
+    out = tmp_path / "run"
+    code = main(["kl", "--model", "tiny-kimi-linear", "--tokens", "24", "--prompt-len", "16", "--num-docs", "1",
+                 "--config", "fp32", "--config", "nvfp4/fp16sr@8", "--config", "nvfp4/fp16sr@8#closed",
+                 "--config", "shared:nvfp4", "--segment-len", "8", "--device", "cpu", "--output", str(out)])
+    assert code == 0
+    configs = {c["name"]: c for c in json.loads((out / "kl.json").read_text())["configs"]}
+    assert configs["fp32"]["kl_mean"] == 0.0
+    assert all(configs[name]["kl_mean"] > 0 for name in ("nvfp4/fp16sr@8", "nvfp4/fp16sr@8#closed", "shared:nvfp4"))
+    assert configs["nvfp4/fp16sr@8"]["state_traffic"]["geometry"]["family"] == "kda"
+
+
 @pytest.fixture(scope="module")
 def tiny_runner():
     return runner_module.load_runner(MODEL, device="cpu", dtype="float32", backend="torch", device_map=None)

@@ -8,6 +8,9 @@ Quantized configs: a run in segments (chunked kernels) equals the slow path (HF'
 HF's own segment and one-token code paths (matmuls of different shapes) differ by float noise,
 which now and then flips a rounding decision of the quantized state (measured: up to 5e-2
 relative in the logits of a split NVFP4 run), so only a float64 run can show exact equality.
+kimi_linear is the exception: its RMS norms, gated output norm and MoE router cast to float32
+inside a float64 model, so its segment and one-token paths differ by float32 noise (measured:
+5e-9 relative in the logits), checked to 1e-7.
 """
 
 import copy
@@ -37,6 +40,10 @@ def check_fp32_matches_hf(name: str) -> None:
     assert rel_err(ours, full) <= 1e-4, (name, rel_err(ours, full))
 
 
+# families whose HF modules compute in float32 inside a float64 model: the float32 noise bound of the check
+_FLOAT32_INSIDE = {"kimi_linear": 1e-7}
+
+
 def check_quantized_matches_slow_path(name: str, config: str) -> None:
     rm = ReplayModel(build(name, torch.float64))
     ids = torch.randint(0, VOCAB, (2, QUANT_CALLS[-1][1]))
@@ -45,7 +52,7 @@ def check_quantized_matches_slow_path(name: str, config: str) -> None:
         rm, ids, prompt_len=QUANT_CALLS[0][1], config=config, seq_ids=[5, 9], compute_dtype=torch.float64
     )
     reference = run(rm, ids, QUANT_CALLS, rm.new_session("fp32", compute_dtype=torch.float64))
-    assert rel_err(fast, slow) <= 1e-10, (name, config, rel_err(fast, slow))
+    assert rel_err(fast, slow) <= _FLOAT32_INSIDE.get(name, 1e-10), (name, config, rel_err(fast, slow))
     assert rel_err(fast, reference) > 1e-4, "the state format must move the logits, or this test shows nothing"
 
 

@@ -1,7 +1,8 @@
 """Tiny random-initialised models of the real Hugging Face classes, one per supported family.
 
 `build(name)` returns the model in eval mode with its SSM layers set up so that the state matters:
-slow heads (per-token decay between about 0.6 and 0.999), no D skip, and larger mixer projections,
+slow heads (per-token decay between about 0.6 and 0.999; per channel for KDA), no D skip, and larger
+mixer projections,
 so that a state format visibly moves the logits and a routing bug cannot hide under the residual.
 """
 
@@ -11,6 +12,7 @@ import transformers as tf
 VOCAB = 64
 MAMBA2_FAMILIES = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "falcon_h1", "zamba2")
 GDN_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid")
+KDA_FAMILIES = ("kimi_linear",)
 _ATTN = {"num_attention_heads": 2, "num_key_value_heads": 1}
 _MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 16,
           "mamba_expand": 1}
@@ -55,6 +57,14 @@ def config(name: str):
             vocab_size=v, hidden_size=h, intermediate_size=48, num_hidden_layers=3, pad_token_id=0, eos_token_id=1,
             layer_types=["linear_attention", "full_attention", "linear_attention"], linear_allow_neg_eigval=True,
             **_ATTN, **_GDN),
+        # KDA heads of 8 channels, MLA attention, one MoE layer
+        "kimi_linear": lambda: tf.KimiLinearConfig(
+            vocab_size=v, hidden_size=h, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+            num_key_value_heads=2, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            mlp_layer_types=["dense", "sparse", "dense"], num_local_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=16, linear_num_heads=4, linear_head_dim=8, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2),
     }[name]()
 
 
@@ -67,8 +77,8 @@ def build(name: str, dtype=torch.float32, seed: int = 0):
         if not (hasattr(module, "A_log") and hasattr(module, "dt_bias")):
             continue
         heads = module.A_log.numel()
-        module.A_log.copy_(torch.log(torch.rand(heads) * 0.5 + 0.01))
-        dt = torch.exp(torch.rand(heads) * 3 - 3)  # softplus(dt_bias) in [0.05, 1]
+        module.A_log.copy_(torch.log(torch.rand(heads) * 0.5 + 0.01).view_as(module.A_log))
+        dt = torch.exp(torch.rand(module.dt_bias.shape) * 3 - 3)  # softplus(dt_bias) in [0.05, 1], per channel for KDA
         module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         if hasattr(module, "D"):
             module.D.zero_()

@@ -42,8 +42,8 @@ def test_unsupported_architecture_lists_the_supported_types():
     )
     with pytest.raises(ValueError, match="unsupported model type 'llama'.*supported: nemotron_h, mamba2, .*qwen3_next"):
         ReplayModel(model)
-    with pytest.raises(ValueError, match="Kimi Delta Attention"):
-        family_of(SimpleNamespace(model_type="kimi_linear"))
+    with pytest.raises(ValueError, match="Mamba-1 has a per-channel diagonal state"):
+        family_of(SimpleNamespace(model_type="mamba"))
 
 
 def test_a_model_without_ssm_layers_is_an_error():

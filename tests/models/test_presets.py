@@ -12,6 +12,7 @@ from transformers import (
     NemotronHConfig,
     Qwen3_5Config,
     Qwen3_5TextConfig,
+    KimiLinearConfig,
     Qwen3NextConfig,
 )
 
@@ -45,8 +46,15 @@ def test_get_preset_by_short_name_or_hub_id():
 
 
 def test_family_is_checked():
-    with pytest.raises(ValueError, match="known: mamba2, gdn"):
-        dataclasses.replace(PRESETS["qwen3.5-4b"], family="kda")
+    with pytest.raises(ValueError, match="known: mamba2, gdn, kda"):
+        dataclasses.replace(PRESETS["qwen3.5-4b"], family="mamba1")
+
+
+def test_kimi_linear_state_is_key_by_value_per_head():
+    kimi = get_preset("moonshotai/Kimi-Linear-48B-A3B-Instruct")
+    assert (kimi.family, kimi.num_layers, kimi.num_ssm_layers, kimi.num_heads, kimi.n_groups) == ("kda", 27, 20, 32, 32)
+    assert kimi.head_state_shape == (128, 128)
+    assert kimi.state_bytes_per_sequence() == 20 * 32 * 128 * 128 * 4 == 40 * 2**20
 
 
 MAMBA2_PATTERN = "M-M*M-"  # 3 Mamba-2, 2 MLP, 1 attention
@@ -86,8 +94,14 @@ MAMBA2_PATTERN = "M-M*M-"  # 3 Mamba-2, 2 MLP, 1 attention
                             linear_key_head_dim=8, linear_value_head_dim=16, vocab_size=99),
             ("gdn", 4, 3, 4, 16, 8, 2, 4),
         ),
+        (
+            KimiLinearConfig(hidden_size=64, num_hidden_layers=5, linear_num_heads=6, linear_head_dim=12,
+                             linear_conv_kernel_dim=3, vocab_size=99,
+                             linear_attn_config={"full_attn_layers": [2, 5], "kda_layers": [1, 3, 4]}),
+            ("kda", 5, 3, 6, 12, 12, 6, 3),
+        ),
     ],
-    ids=["nemotron_h", "mamba2", "bamba", "qwen3_5_text", "qwen3_5", "qwen3_next"],
+    ids=["nemotron_h", "mamba2", "bamba", "qwen3_5_text", "qwen3_5", "qwen3_next", "kimi_linear"],
 )
 def test_geometry_from_tiny_configs(config, expected):
     g = geometry_from_config(config)
@@ -112,17 +126,19 @@ def test_unsupported_model_type():
         geometry_from_config(LlamaConfig())
 
 
-@pytest.mark.parametrize("name, params", [("nemotron-3-nano-4b", 3.97e9), ("qwen3.5-4b", None)])
-def test_full_size_configs(name, params):
+# the model cards give 3.97 x 10^9 parameters (Nemotron) and 48B total (Kimi Linear; built: 49.1e9, of which
+# 0.75e9 are the untied embeddings, so the card's figure is rounded)
+@pytest.mark.parametrize("name, params, rel", [("nemotron-3-nano-4b", 3.97e9, 2e-3), ("qwen3.5-4b", None, None),
+                                               ("kimi-linear-48b-a3b", 48e9, 3e-2)])
+def test_full_size_configs(name, params, rel):
     config = full_size_config(name)
     assert dataclasses.replace(geometry_from_config(config), name=PRESETS[name].name) == PRESETS[name]
     if params is not None:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        # the model card gives 3.97 x 10^9 parameters
-        assert sum(p.numel() for p in model.parameters()) == pytest.approx(params, rel=2e-3)
+        assert sum(p.numel() for p in model.parameters()) == pytest.approx(params, rel=rel)
 
 
 def test_full_size_config_names():
-    with pytest.raises(ValueError, match="available: nemotron-3-nano-4b, qwen3.5-4b"):
+    with pytest.raises(ValueError, match="available: nemotron-3-nano-4b, qwen3.5-4b, kimi-linear-48b-a3b"):
         full_size_config("qwen3.5-122b-a10b")

@@ -54,6 +54,26 @@ def test_gdn_closed_fold_buffers_raw_inputs_too():
     assert open_["replay"]["state_write"] == (32 * 128 * 128 * 4 + open_["bytes_per_copy"]["read"]) / 4
 
 
+def test_kda_buffers_a_per_channel_decay():
+    # Kimi-Linear-48B-A3B: 20 KDA layers of 32 heads, K = V = 128, no head grouping
+    geo = get_preset("kimi-linear-48b-a3b")
+    t, closed = state_traffic(geo, "nvfp4/fp16sr@16"), state_traffic(geo, "nvfp4/fp16sr@16#closed")
+    state = 32 * 128 * 128
+    nvfp4 = state // 2 + state // 16 + 4 * 32  # E2M1 nibbles + E4M3 block scales + an FP32 scale per head: 295 040
+    assert t["bytes_per_copy"] == {"read": nvfp4, "recur": 2 * state}
+    k = u = g = 32 * 128  # g is per channel: [HV, K], not GDN's [HV]
+    assert t["buffer_entry_bytes"] == 2 * (k + u + g) == 24_576
+    assert closed["buffer_entry_bytes"] == 2 * (k + u + g + u + 32)
+    r = t["replay"]
+    assert r["state_read"] == (15 * nvfp4 + 2 * state) / 16
+    assert r["state_write"] == (2 * state + nvfp4) / 16
+    assert r["buffer_read"] == 15 * (7 * 24_576 + 24_576) / 16 == 184_320
+    assert r["buffer_write"] == 15 * 24_576 / 16 == 23_040
+    assert t["conventional_fp32"] == 2 * 4 * state
+    assert t["per_model"]["replay"] == 20 * r["total"]
+    assert t["per_model"]["ratio_vs_fp32"] == pytest.approx(8 * state / r["total"])
+
+
 def test_geometry_from_an_hf_config_or_a_preset_name():
     config = tf.NemotronHConfig(
         layers_block_type=["mamba", "attention", "mamba", "mlp", "mamba"], mamba_num_heads=96, mamba_head_dim=80,

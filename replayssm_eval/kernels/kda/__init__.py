@@ -78,9 +78,7 @@ FAMILY = KernelFamily(
             "v": "[B, T, HV, V]", "g": "[B, T, HV, K] (per-channel log decay <= 0)", "beta": "[B, T, HV]"},
     state_layout="[B, HV, K, V]",
     test_shapes={"small": dict(B=3, H=1, HV=2, K=16, V=20), "grouped": dict(B=2, H=2, HV=4, K=32, V=16)},
-    # no model routed yet: the kimi_linear hooks (which must L2-normalise and scale q, k before the kernels)
-    # add {"kimi_linear": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")}
-    hf_scans={},
+    hf_scans={"kimi_linear": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")},
     closed_fold=True,
     decode_reference=decode_reference,
     speculative_decode_reference=speculative_decode_reference,
