@@ -209,7 +209,7 @@ def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
 
     DOT "tf32x3" (three TF32 products per FP32 product, about FP32 accuracy): 1.87x the "ieee" FMAs on the H200 at
     K = V = 128, and it flips stored-copy roundings about as often as another FP32 summation order does (0.16% vs
-    0.11% of the fp16sr elements; BENCHMARKS.md, session 3). The interpreter computes every dot in FP32."""
+    0.11% of the fp16sr elements; BENCHMARKS.md, Chunked form). The interpreter computes every dot in FP32."""
     if whole_head:
         return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "tf32x3"}
     return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "tf32x3"}
