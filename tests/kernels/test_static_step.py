@@ -12,7 +12,6 @@ import torch
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import sr_keys
-from replayssm_eval.kernels.schedule import ScheduleState
 from replayssm_eval.kernels.static_step import StaticState, check_static_config
 
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4")
