@@ -85,7 +85,7 @@ def test_mamba2_static_step_equals_decode_step_triton(config, device):
     def decode(inputs, state, cfg):
         x, dt, A_, B, C, D_ = inputs
         y, state = decode_step_triton(x[:, 0], dt[:, 0], A_, B[:, 0], C[:, 0], D_, state, cfg, layer_idx=3,
-                                      seq_ids=SEQ_IDS)
+                                      seq_ids=SEQ_IDS.to(device))
         return y[:, None], state
 
     x0 = make(gen)
@@ -108,7 +108,7 @@ def test_gdn_static_step_equals_decode_step_triton(config, device):
         return tuple(t.to(device) for t in made)
 
     def decode(inputs, state, cfg):
-        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS)
+        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS.to(device))
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
     _run("gdn", config, make, decode, first)
