@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from replayssm_eval.kernels.buffer_round import buffer_kind
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY
@@ -158,7 +159,8 @@ def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool
 
     x, dt, A, B, C, D = inputs
     rows = torch.arange(x.shape[0], device=x.device)
-    for key, new in (("x", x), ("B", B), ("dt", dt)):
+    rounded = st.config.round_buffered  # x and B buffered in the buffer dtype, as `mamba2._common._prepare`
+    for key, new in (("x", rounded(x)), ("B", rounded(B)), ("dt", dt)):
         st.buffer[key].index_put_((rows, st.count), new[:, 0])
     buf = st.buffer
     batch, E, H, P = buf["x"].shape
@@ -172,7 +174,7 @@ def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool
         buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, fold8, fold8, st.hi, data,
         data if scales is None else scales, data if gs is None else gs, A.contiguous(), y, st.fold_out if flush else y,
         E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush,
+        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush, BUF=buffer_kind(st.config),
         BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N),
         BLOCK_S=max(16, triton.next_power_of_2(nb)) // 16, **cfg,
     )

@@ -19,6 +19,11 @@ recomputed from its raw (v, beta). Everything that does not depend on the checkp
 W = T R, M) is computed for a block of segments at once; the loop over segments only applies the
 checkpoint (a few batched matmuls) and `write_checkpoint`, all sequences together whatever
 their phase (sequences with fewer segments carry padding that changes nothing).
+
+With a buffer dtype (`#buf=bf16|fp16`) each u_i is rounded to it when buffered, before later entries use it,
+so the system has no joint solution: `forward_substitution` solves it one row at a time, per segment once its
+checkpoint is known, the rows of the sum using the rounded u_i. A token's own u_t enters its output as computed,
+the fold and the buffer take the rounded u's (`reference.py`).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
     closed = cfg.gdn_fold == "closed"
     seg = segment_layout(p)
     buf = st.buffer
+    substitute = cfg.buffer_dtype != "fp32"  # each u rounded before the later ones use it: no joint solve
     expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731  [B, cap, H, K] -> HV
     read_hi = _pad(seg, p.plan.read_hi, None)
     is_pre = _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device), torch.ones_like(buf["g"][..., 0], dtype=torch.bool))
@@ -121,12 +127,19 @@ def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
         blk = _precompute(
             _heads_first(k_pad[:, sl]), _heads_first(q_pad[:, sl]), _heads_first(v_pad[:, sl]),
             g_pad[:, sl].transpose(2, 3), beta_pad[:, sl].transpose(2, 3), _heads_first(u_known[:, sl]),
-            is_pre[:, sl], read_hi[:, sl], cfg.skip_read_below, closed,
+            is_pre[:, sl], read_hi[:, sl], cfg.skip_read_below, closed, substitute,
         )
         for j, s in enumerate(range(sl.start, sl.stop)):
             at = {name: t[:, j] for name, t in blk.items()}
-            u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
-            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo + at["m"] @ u
+            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo
+            if substitute:
+                r = at["r_v"] - at["r_hi"] @ s_hi - at["r_lo"] @ s_lo  # [B, HV, L, V]
+                u_raw, u = forward_substitution(at["a"], r, cfg.round_buffered)
+                # a token's own u enters its output as computed, the earlier entries' as buffered
+                o = o + at["m"] @ u + torch.diagonal(at["m"], dim1=-2, dim2=-1)[..., None] * (u_raw - u)
+            else:
+                u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
+                o = o + at["m"] @ u
             folded = seg.folds[:, s]
             if folded.any():
                 if closed:
@@ -181,11 +194,24 @@ def _state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplayS
     )
 
 
-def _precompute(k, q, v, g, beta, u_known, pre, read_hi, eps, closed) -> dict[str, torch.Tensor]:
+def forward_substitution(a, r, rounded):
+    """u_t = r_t - sum_{i<t} a[t, i] rounded(u_i), in order: the delta rule of a segment whose buffered u's are rounded.
+
+    a: [..., L, L] strictly lower; r: [..., L, V]. Returns (u, rounded(u)), each [..., L, V].
+    """
+    u, u_buf = torch.empty_like(r), torch.empty_like(r)
+    for t in range(r.shape[-2]):
+        u[..., t, :] = r[..., t, :] - (a[..., t:t + 1, :t] @ u_buf[..., :t, :])[..., 0, :]
+        u_buf[..., t, :] = rounded(u[..., t, :])
+    return u, u_buf
+
+
+def _precompute(k, q, v, g, beta, u_known, pre, read_hi, eps, closed, substitute) -> dict[str, torch.Tensor]:
     """Checkpoint-independent tensors of a block of segments.
 
     k, q: [B, S, HV, L, K]; v, u_known: [B, S, HV, L, V]; g, beta: [B, S, HV, L];
-    pre (carried entries, u known), read_hi: [B, S, L] bool.
+    pre (carried entries, u known), read_hi: [B, S, L] bool. substitute: give the open system (I + A) U = R
+    unsolved (a, r_v, r_hi, r_lo) for `forward_substitution` instead of T = (I + A)^-1 applied (u0, w_hi, w_lo).
     """
     length = g.shape[-1]
     gc = g.cumsum(-1)  # [B, S, HV, L]
@@ -200,17 +226,20 @@ def _precompute(k, q, v, g, beta, u_known, pre, read_hi, eps, closed) -> dict[st
     r_k = torch.where(pre_h, 0.0, beta * d)[..., None] * k
     rhs = torch.cat([r_v, r_k * hi_h[..., None], r_k * ~hi_h[..., None]], dim=-1)
     a_open = a * ~pre_h[..., None]
-    x = torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
+    x = rhs if substitute else torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
     dv, dk = v.shape[-1], k.shape[-1]
     qd = d[..., None] * q
     g_end = gc[..., -1]  # padding has g = 0, so the last position carries the segment's total
     out = {
-        "u0": x[..., :dv], "w_hi": x[..., dv:dv + dk], "w_lo": x[..., dv + dk:],
         "q_hi": qd * hi_h[..., None], "q_lo": qd * ~hi_h[..., None],
         "m": decay * (q @ k.transpose(-1, -2)),
         "d_end": _keep(g_end, eps) * torch.exp(g_end),
         "k_end": torch.exp(g_end[..., None] - gc)[..., None] * k,
     }
+    solved = ("r_v", "r_hi", "r_lo") if substitute else ("u0", "w_hi", "w_lo")
+    out.update(zip(solved, (x[..., :dv], x[..., dv:dv + dk], x[..., dv + dk:])))
+    if substitute:
+        out["a"] = a_open
     if closed:
         r_c = (beta * torch.exp(gc) * _keep(g_end, eps)[..., None])[..., None] * k
         xc = torch.linalg.solve_triangular(eye + a, torch.cat([beta[..., None] * v, r_c], dim=-1), upper=False, unitriangular=True)

@@ -83,7 +83,7 @@ def decode_reference(
         u = p.beta[:, n, :, None] * (p.v[:, n] - alpha * torch.einsum("bhkv,bhk->bhv", s_prev, k_n))
         s_new = alpha[..., None] * s_prev + k_n[..., None] * u[..., None, :]
         o[:, n] = torch.einsum("bhkv,bhk->bhv", s_new, q_n)
-        buf["u"][rows, pos] = u
+        buf["u"][rows, pos] = cfg.round_buffered(u)  # the output above uses u as computed; the buffer keeps it rounded
 
         fold = p.plan.fold_after[:, n]
         if not fold.any():
@@ -203,7 +203,7 @@ def speculative_decode_reference(
                 ring["beta"][h:h + width] = p.beta[b, drafted]
             src = from_format_layout(hi32[b] if step_hi else lo32[b]).to(cd)
             u_d, o_d = _verify(src, ring, h, width, p.q[b, drafted], p.v[b, drafted], p.beta[b, drafted], p.groups, cfg.skip_read_below)
-            ring["u"][h:h + width] = u_d
+            ring["u"][h:h + width] = cfg.round_buffered(u_d)
             o[b, n:n + commit] = o_d[:commit]
             h, n = h + commit, n + commit  # commit: move the pointer
             left[b] -= commit
