@@ -187,6 +187,11 @@ def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -
     )
 
     q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)  # q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
+    # buffered inputs in the buffer dtype, as `gdn._common._prepare`: k, beta, and v with the closed fold
+    rounded = st.config.round_buffered
+    k, beta = rounded(k), rounded(beta)
+    if st.config.gdn_fold == "closed":
+        v = rounded(v)
     bsz, nv, dv = v.shape
     dk = k.shape[-1]
     cap = st.buffer["k"].shape[1]
@@ -202,10 +207,11 @@ def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -
         st.hi, data, scales, gs, u, o, st.fold_out if flush else u,
         nv, nv // k.shape[1], cap, float(skip or 0.0),
         K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=skip is not None,
-        FOLD=flush, CLOSED=st.config.gdn_fold == "closed", BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+        FOLD=flush, CLOSED=st.config.gdn_fold == "closed", BUF=buffer_kind(st.config),
+        BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
     )
     rows = torch.arange(bsz, device=v.device)
-    entry = dict(k=k, u=u, g=g, v=v, beta=beta)
+    entry = dict(k=k, u=rounded(u), g=g, v=v, beta=beta)
     for name, t in st.buffer.items():
         t.index_put_((rows, st.count), entry[name])
     return o[:, None]  # [B, 1, HV, V]

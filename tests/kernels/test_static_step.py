@@ -14,7 +14,7 @@ from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import sr_keys
 from replayssm_eval.kernels.static_step import StaticState, check_static_config
 
-CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4")
+CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16")
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789], dtype=torch.int64)
 
@@ -93,7 +93,7 @@ def test_mamba2_static_step_equals_decode_step_triton(config, device):
     _run("mamba2", config, make, decode, first)
 
 
-@pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed",))
+@pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16"))
 def test_gdn_static_step_equals_decode_step_triton(config, device):
     from replayssm_eval.kernels.gdn.triton import decode_step_triton
 

@@ -21,14 +21,16 @@ recomputed from its raw (v, beta). The pairwise decays are formed per channel ([
 than factored as exp(gc_t) exp(-gc_i), which overflows for strongly decaying channels.
 Everything that does not depend on the checkpoint is computed for a block of segments at once
 (`precompute`, also the input of the Triton kernel); the loop over segments only applies the
-checkpoint and `write_checkpoint`, all sequences together whatever their phase.
+checkpoint and `write_checkpoint`, all sequences together whatever their phase. With a buffer dtype
+(`#buf=bf16|fp16`) the buffered u's are rounded before later entries use them, and U is found row by row
+(`gdn.chunked.forward_substitution`), as for Gated DeltaNet.
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.gdn.chunked import Segments, _pad, segment_layout
+from replayssm_eval.kernels.gdn.chunked import Segments, _pad, forward_substitution, segment_layout
 from replayssm_eval.kernels.kda._common import (
     Prepared, buffer_keys, empty_buffer, from_format_layout, keep_checkpoint, to_format_layout,
 )
@@ -73,6 +75,7 @@ def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
     bsz, seqlen, nv, dk = p.q.shape
     dv = p.v.shape[-1]
     closed = cfg.gdn_fold == "closed"
+    substitute = cfg.buffer_dtype != "fp32"  # each u rounded before the later ones use it: no joint solve
     seg = segment_layout(p)
     x = padded_inputs(p, seg)
     hi32, lo32 = st.hi, st.lo
@@ -85,11 +88,18 @@ def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
 
     for start in range(0, seg.num, block):
         sl = slice(start, min(start + block, seg.num))
-        blk = precompute({name: t[:, sl] for name, t in x.items()}, cfg.skip_read_below, closed)
+        blk = precompute({name: t[:, sl] for name, t in x.items()}, cfg.skip_read_below, closed, substitute)
         for j, s in enumerate(range(sl.start, sl.stop)):
             at = {name: t[:, j] for name, t in blk.items()}
-            u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
-            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo + at["m"] @ u
+            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo
+            if substitute:
+                r = at["r_v"] - at["r_hi"] @ s_hi - at["r_lo"] @ s_lo  # [B, HV, L, V]
+                u_raw, u = forward_substitution(at["a"], r, cfg.round_buffered)
+                # a token's own u enters its output as computed, the earlier entries' as buffered
+                o = o + at["m"] @ u + torch.diagonal(at["m"], dim1=-2, dim2=-1)[..., None] * (u_raw - u)
+            else:
+                u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
+                o = o + at["m"] @ u
             folded = seg.folds[:, s]
             if folded.any():
                 if closed:
@@ -144,12 +154,14 @@ def state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplaySt
     )
 
 
-def precompute(x: dict[str, torch.Tensor], eps, closed) -> dict[str, torch.Tensor]:
+def precompute(x: dict[str, torch.Tensor], eps, closed, substitute=False) -> dict[str, torch.Tensor]:
     """Checkpoint-independent tensors of a block of segments (`padded_inputs` sliced to S segments).
 
     Returns u0, w_hi, w_lo ([B, S, HV, L, V], [.., L, K] x 2): U = u0 - w_hi S_hi - w_lo S_lo; q_hi, q_lo
     [.., L, K] and m [.., L, L]: O = q_hi S_hi + q_lo S_lo + m U; d_end [B, S, HV, K], k_end [.., L, K]: the
-    open fold; closed: u0_c, w_c (every row from S_hi, u from the raw entries).
+    open fold; closed: u0_c, w_c (every row from S_hi, u from the raw entries). substitute (a buffer dtype):
+    the open system (I + A) U = R unsolved instead, r_v, r_hi, r_lo in place of u0, w_hi, w_lo and a [.., L, L]
+    (A, strictly lower), for `forward_substitution`.
     """
     k, q, g, v, beta = x["k"], x["q"], x["g"], x["v"], x["beta"]
     length = g.shape[-2]
@@ -165,18 +177,22 @@ def precompute(x: dict[str, torch.Tensor], eps, closed) -> dict[str, torch.Tenso
     r_v = torch.where(pre_h[..., None], x["u_known"], beta[..., None] * v)
     r_k = torch.where(pre_h, 0.0, beta)[..., None] * d * k
     rhs = torch.cat([r_v, r_k * hi_h[..., None], r_k * ~hi_h[..., None]], dim=-1)
-    sol = torch.linalg.solve_triangular(eye + a * ~pre_h[..., None], rhs, upper=False, unitriangular=True)
+    a_open = a * ~pre_h[..., None]  # carried entries keep their stored u
+    sol = rhs if substitute else torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
     dv, dk = v.shape[-1], k.shape[-1]
     qd = d * q
     g_end = gc[..., -1, :]  # [B, S, HV, K]; padding has g = 0, so the last position carries the segment's total
     keep_end = keep_checkpoint(g_end, eps)[..., None]
+    solved = ("r_v", "r_hi", "r_lo") if substitute else ("u0", "w_hi", "w_lo")
     out = {
-        "u0": sol[..., :dv], "w_hi": sol[..., dv:dv + dk], "w_lo": sol[..., dv + dk:],
+        **dict(zip(solved, (sol[..., :dv], sol[..., dv:dv + dk], sol[..., dv + dk:]))),
         "q_hi": qd * hi_h[..., None], "q_lo": qd * ~hi_h[..., None],
         "m": torch.einsum("...tk,...tik,...ik->...ti", q, pair, k),
         "d_end": keep_end * torch.exp(g_end),
         "k_end": torch.exp(g_end[..., None, :] - gc) * k,
     }
+    if substitute:
+        out["a"] = a_open
     if closed:
         r_c = beta[..., None] * keep_end[..., None] * torch.exp(gc) * k
         xc = torch.linalg.solve_triangular(eye + a, torch.cat([beta[..., None] * v, r_c], dim=-1), upper=False, unitriangular=True)

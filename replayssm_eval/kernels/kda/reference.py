@@ -15,7 +15,8 @@ through entry t, token n reads the copy src = S_hi if plan.read_hi[b, n] else S_
 
     A_n S_{n-1} = diag(exp(gc_n)) S_src + sum_{i<n} diag(exp(gc_n - gc_i)) k_i u_i^T,
 
-computes u_n from it, appends (k_n, u_n, g_n) and outputs o_n = S_n^T q_n. If
+computes u_n from it, outputs o_n = S_n^T q_n and appends (k_n, u_n, g_n), u_n rounded to the
+buffer dtype (`#buf`; the output used it as computed). If
 plan.fold_after[b, n] the buffer is folded:
 - open (vLLM): S = diag(exp(gc_n)) S_hi + sum_i diag(exp(gc_n - gc_i)) k_i u_i^T, each u_i as
   computed at its own step;
@@ -86,7 +87,7 @@ def decode_reference(
         u = p.beta[:, n, :, None] * (p.v[:, n] - torch.einsum("bhkv,bhk->bhv", s_dec, k_n))
         s_new = s_dec + k_n[..., None] * u[..., None, :]
         o[:, n] = torch.einsum("bhkv,bhk->bhv", s_new, q_n)
-        buf["u"][rows, pos] = u
+        buf["u"][rows, pos] = cfg.round_buffered(u)  # the output above uses u as computed; the buffer keeps it rounded
 
         fold = p.plan.fold_after[:, n]
         if not fold.any():
@@ -196,7 +197,7 @@ def speculative_decode_reference(
                 ring["beta"][h:h + width] = p.beta[b, drafted]
             src = from_format_layout(hi32[b] if step_hi else lo32[b]).to(cd)
             u_d, o_d = _verify(src, ring, h, width, p.q[b, drafted], p.v[b, drafted], p.beta[b, drafted], p.groups, cfg.skip_read_below)
-            ring["u"][h:h + width] = u_d
+            ring["u"][h:h + width] = cfg.round_buffered(u_d)
             o[b, n:n + commit] = o_d[:commit]
             h, n = h + commit, n + commit  # commit: move the pointer
             left[b] -= commit

@@ -34,9 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.kernels.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.kernels.gdn.chunked import segment_layout
 from replayssm_eval.kernels.gdn.triton import (
-    _HEAD, _IDENTITY, _MAX_HEAD_V, _load_packed, _read_args, _store_mode, _store_round,
+    _HEAD, _IDENTITY, _MAX_HEAD_V, _forward_substitution, _load_packed, _read_args, _store_mode, _store_round,
 )
 from replayssm_eval.kernels.kda._common import Prepared, _prepare, to_format_layout
 from replayssm_eval.kernels.kda.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, state_after
@@ -52,16 +53,17 @@ def _dot(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def _chunked_kernel(
-    u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr,
+    u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr, a_ptr,
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
     # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
-    # hi, lo [B, HV, V, K] read at the start and written at the end
+    # hi, lo [B, HV, V, K] read at the start and written at the end. With a buffer dtype (BUF) u0, whi, wlo hold the
+    # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `_forward_substitution` (else unused)
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -94,7 +96,14 @@ def _chunked_kernel(
             q_hi = tl.load(qhi_ptr + rk, mask=kmask[None, :], other=0.0)
             q_lo = tl.load(qlo_ptr + rk, mask=kmask[None, :], other=0.0)
             m = tl.load(m_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
-            o = _dot(q_hi, s_hi, DOT) + _dot(q_lo, s_lo, DOT) + _dot(m, u, DOT)
+            o = _dot(q_hi, s_hi, DOT) + _dot(q_lo, s_lo, DOT)
+            if BUF == BUF_FP32:
+                o = o + _dot(m, u, DOT)
+            else:  # u holds the buffered (rounded) u's; a token's own u enters its output as computed
+                a = tl.load(a_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
+                u_raw, u = _forward_substitution(a, u, ts, BUF, LP)
+                m_own = tl.sum(tl.where(ts[:, None] == ts[None, :], m, 0.0), axis=1)  # [LP] diagonal of m
+                o = o + _dot(m, u, DOT) + m_own[:, None] * (u_raw - u)
             if tl.load(fold_ptr + b * NS + s) != 0:
                 d_end = tl.load(dend_ptr + (bh * NS + s).to(tl.int64) * K + ks, mask=kmask, other=0.0)  # [BK]
                 k_end = tl.load(kend_ptr + rk, mask=kmask[None, :], other=0.0)  # [LP, BK]
@@ -158,17 +167,25 @@ def _segment_tensors(p: Prepared, seg, lp: int) -> dict[str, torch.Tensor]:
     dv = p.v.shape[-1]
     x = {name: _pad_length(t, 2 if name in ("pre", "read_hi") else 3, lp) for name, t in padded_inputs(p, seg).items()}
     closed = p.config.gdn_fold == "closed"
-    names = ["u0", "w_hi", "w_lo", "q_hi", "q_lo", "m", "k_end", "d_end"] + (["u0_c", "w_c"] if closed else [])
+    substitute = p.config.buffer_dtype != "fp32"
+    names = [*_solved_names(p.config), "q_hi", "q_lo", "m", "k_end", "d_end"] + (["a"] if substitute else []) \
+        + (["u0_c", "w_c"] if closed else [])
     parts = {name: [] for name in names}
     block = max(1, _BLOCK_ELEMENTS // max(bsz * nv * lp * (3 * dk + 4 * dv + 3 * lp + lp * dk), 1))
     for start in range(0, seg.num, block):
-        blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed)
+        blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed,
+                         substitute)
         for name in names:
             parts[name].append(blk[name])
     out = {name: torch.cat(ts, 1).transpose(1, 2).contiguous() for name, ts in parts.items()}  # [B, HV, NS, ...]
     out["q"] = x["q"].transpose(1, 2).contiguous()
     out["read_hi"] = x["read_hi"][:, None].expand(bsz, nv, seg.num, lp).to(torch.int32).contiguous()
     return out
+
+
+def _solved_names(config) -> tuple[str, str, str]:
+    """The `precompute` tensors the kernel's u0, whi, wlo pointers take: the unsolved ones with a buffer dtype."""
+    return ("u0", "w_hi", "w_lo") if config.buffer_dtype == "fp32" else ("r_v", "r_hi", "r_lo")
 
 
 def _pad_length(t: torch.Tensor, dim: int, lp: int) -> torch.Tensor:
@@ -210,17 +227,18 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
     fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
     hi_mode, lo_mode = hi_mode or _IDENTITY, lo_mode or _IDENTITY
-    unused = t["w_hi"]
+    solved = [t[name] for name in _solved_names(cfg)]
+    unused = solved[1]
     for start in range(0, seg.num, block):
         _chunked_kernel[grid](
-            t["u0"], t["w_hi"], t["w_lo"], t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
-            t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"],
+            *solved, t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
+            t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"], t.get("a", unused),
             fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
             HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
             LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
-            DOT=launch["DOT"], num_warps=launch["num_warps"],
+            DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:
             round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])
@@ -249,6 +267,7 @@ def _replay_step_kernel(
     HV, GROUPS, CAP, K, V, KP, eps,
     BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
     KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
+    BUF: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -316,7 +335,9 @@ def _replay_step_kernel(
             if read_hi:  # the fold token's output comes from the closed-fold state
                 o = tl.sum(s * qj[:, None], axis=0)
         else:
-            s = d[:, None] * s_hi + tl.dot(tl.trans(bk), bu, input_precision="ieee") + kj[:, None] * u[None, :]
+            # the fold takes the token's u as buffered (rounded to the buffer dtype)
+            s = d[:, None] * s_hi + tl.dot(tl.trans(bk), bu, input_precision="ieee") \
+                + kj[:, None] * round_buffered(u, BUF)[None, :]
         tl.store(out_ptr + state_idx, s, mask=smask)
     tl.store(u_ptr + bh * V + vs, u, mask=vmask)
     tl.store(o_ptr + bh * V + vs, o, mask=vmask)
@@ -327,11 +348,13 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
     return {"BV": min(32 if batch * heads >= 4096 else 16, max(16, triton.next_power_of_2(dv))), "num_warps": 4}
 
 
-def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps):
+def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
 
     hi: S_hi [B, HV, V, K] FP32; packed: the read copy; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV]
-    (FP32); fold [B]. Returns u, o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None if none folds).
+    (FP32); fold [B]; buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded
+    to it). Returns u (as computed), o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None if none
+    folds).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -350,7 +373,8 @@ def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, dk, dv, kp, float(eps or 0.0),
         BK=max(16, triton.next_power_of_2(dk)), BV=cfg["BV"], BLOCK_E=max(16, triton.next_power_of_2(cap)),
-        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=do_fold, CLOSED=closed, num_warps=cfg["num_warps"],
+        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=do_fold, CLOSED=closed, BUF=buf_kind,
+        num_warps=cfg["num_warps"],
     )
     return u, o, (out if do_fold else None)
 
@@ -386,10 +410,11 @@ def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, 
     new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
     fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
     closed = cfg.gdn_fold == "closed"
-    u, o, folded = _replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups, cfg.skip_read_below)
+    u, o, folded = _replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups,
+                                cfg.skip_read_below, buffer_kind(cfg))
     buf = {name: t.clone() for name, t in st.buffer.items()}
     rows = torch.arange(p.q.shape[0], device=p.q.device)
-    entry = dict(new, u=u)
+    entry = dict(new, u=cfg.round_buffered(u))
     for name, t in buf.items():
         t[rows, count] = entry[name]
     hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()

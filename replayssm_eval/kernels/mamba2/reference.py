@@ -69,7 +69,8 @@ class _Run:
         """Output S_src C and the folded state of entries 0..last[b], replayed newest first.
 
         y = G_{0..j} (S_src C) + sum_{i<=j} dt_i G_{i+1..j} (B_i . C) x_i, j = last[b];
-        folded = G_{0..j} S_hi + sum_i dt_i G_{i+1..j} x_i B_i^T (None unless `fold`).
+        folded = G_{0..j} S_hi + sum_i x_i (dt_i G_{i+1..j} B_i)^T (None unless `fold`), the scaled keys
+        rounded to the buffer dtype (`_fold_term`).
         """
         inp, buf = self.inp, self.buffer
         heads = inp.x.shape[2]
@@ -93,16 +94,6 @@ class _Run:
         return y, folded
 
 
-def _fold_term(x, B, coef, config) -> torch.Tensor:
-    """coef x B^T of one buffer entry per sequence: x [..., H, P], B [..., H, N], coef [..., H] -> [..., H, P, N].
-
-    With a buffer dtype the scaled key coef B (dt_i G_{i+1..j} B_i) is rounded to it before the product, as vLLM's
-    fold casts `B * dt * decay` to the activation dtype before its dot (docs/engine_numerics.md).
-    """
-    if config.buffer_dtype == "fp32":
-        return coef[..., None, None] * x[..., None] * B[..., None, :]
-    return x[..., None] * config.round_buffered(coef[..., None] * B)[..., None, :]
-
     def write(self, rows, folded):
         """Write the next checkpoint of sequences `rows` from their FP32/FP64 folded states."""
         inp = self.inp
@@ -116,6 +107,17 @@ def _fold_term(x, B, coef, config) -> torch.Tensor:
         state = self.inp.state
         return ReplayState(self.hi, self.lo if not self.inp.config.shared else self.hi, self.buffer, schedule,
                            self.checkpoint, state.seq_ids, state.layer, self.packed)
+
+
+def _fold_term(x, B, coef, config) -> torch.Tensor:
+    """coef x B^T of one buffer entry per sequence: x [..., H, P], B [..., H, N], coef [..., H] -> [..., H, P, N].
+
+    With a buffer dtype the scaled key coef B (dt_i G_{i+1..j} B_i) is rounded to it before the product, as vLLM's
+    fold casts `B * dt * decay` to the activation dtype before its dot (docs/engine_numerics.md).
+    """
+    if config.buffer_dtype == "fp32":
+        return coef[..., None, None] * x[..., None] * B[..., None, :]
+    return x[..., None] * config.round_buffered(coef[..., None] * B)[..., None, :]
 
 
 def speculative_decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None,
