@@ -73,9 +73,10 @@ def _mamba2_by_hand(inputs, window, buf, round_fold=True):
 
 
 def _delta_by_hand(inputs, window, buf, decay, round_u=True):
-    """o and the last checkpoint [B, HV, K, V] of the open-fold delta rule with FP32 checkpoints every `window` tokens: k and beta
-    rounded to `buf`, each u rounded before the state takes it (unless round_u=False), a token's output from its u as
-    computed. decay(g_t) multiplies the [B, HV, K, V] state (GDN: a scalar per head, KDA: one per key channel)."""
+    """o and the last checkpoint [B, HV, K, V] of the open-fold delta rule with FP32 checkpoints every `window`
+    tokens: k and beta rounded to `buf`, each u rounded before the state takes it (unless round_u=False), a token's
+    output from its u as computed. decay(g_t) multiplies the [B, HV, K, V] state (GDN: a scalar per head, KDA: one
+    per key channel)."""
     q, k, v, g, beta, s0 = (t.double() for t in inputs)
     r = _rounder(buf)
     groups = v.shape[2] // q.shape[2]

@@ -11,7 +11,8 @@ ReplaySSM (docs/semantics.md, "Decode semantics"; `kernels.schedule`): the buffe
 checkpoint. Token n reads the copy src = S_hi if plan.read_hi[b, n] else S_lo of that checkpoint,
 rebuilds S_{n-1} = G S_src + sum_{i<n} G k_i u_i^T from the buffer (G: decays since the
 checkpoint or since entry i), computes u_n from it, outputs o_n = (alpha_n S_{n-1} + k_n u_n^T)^T q_n
-and appends (k_n, u_n, g_n), u_n rounded to the buffer dtype (`#buf`; the output used it as computed). If plan.fold_after[b, n] the buffer is folded:
+and appends (k_n, u_n, g_n), u_n rounded to the buffer dtype (`#buf`; the output used it as computed).
+If plan.fold_after[b, n] the buffer is folded:
 - open (vLLM): S = G S_hi + sum_i G k_i u_i^T with each u_i as computed at its own step;
 - closed (SGLang): the exact recurrence re-run from S_hi over the buffered raw (k, v, beta, g);
   a fold token that reads S_hi takes its output from this closed-fold state;
