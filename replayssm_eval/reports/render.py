@@ -104,6 +104,7 @@ def _accuracy(acc: list[Result]) -> Section:
             if png:
                 section.blocks.append(Image(f"{r.slug}-{_safe(task)}-accuracy_gap.png", png,
                                             f"accuracy change per bucket, {r.label}, {task}"))
+        section.blocks += tables.degeneration_tables(r)
     return section
 
 

@@ -129,6 +129,39 @@ def accuracy_tables(result: Result) -> list[Table]:
     return tables
 
 
+def degeneration_tables(result: Result) -> list[Table]:
+    """Per task that records them: mean generated tokens / share cut at max_gen_toks / loop rate, per FP32
+    length bucket, for FP32 and each config (the loop detector: docs/accuracy_json_schema.md)."""
+    tables = []
+    for task, entry in result.data["tasks"].items():
+        if not isinstance(entry, dict):
+            continue
+        blocks = [*_task_buckets(entry), *([entry["all"]] if entry.get("all") else [])]
+        if not any("fp32_mean_gen_tokens" in b for b in blocks):
+            continue
+        configs = list(dict.fromkeys(name for b in blocks for name in b.get("configs", {})))
+        rows = []
+        for b in blocks:
+            cells = ["all" if b is entry.get("all") else _bucket(b), str(b.get("n", "–")),
+                     _degeneration(b.get("fp32_mean_gen_tokens"), _truncated(b), b.get("fp32_loop_rate"))]
+            for name in configs:
+                c = b.get("configs", {}).get(name, {})
+                cells.append(_degeneration(c.get("mean_gen_tokens"), c.get("truncated"), c.get("loop_rate")))
+            rows.append(cells)
+        tables.append(Table(
+            f"{result.label}: {task}, degeneration", ["generated tokens (fp32)", "n", "fp32", *configs], rows,
+            "Each cell: mean generated tokens / % cut at max_gen_toks / % of generations whose tail loops."))
+    return tables
+
+
+def _degeneration(mean_tokens, truncated, loop_rate) -> str:
+    if mean_tokens is None:
+        return "–"
+    parts = [f"{mean_tokens:.0f}", "–" if truncated is None else f"{100 * truncated:.0f}",
+             "–" if loop_rate is None else f"{100 * loop_rate:.0f}"]
+    return " / ".join(parts)
+
+
 def _task_buckets(entry):
     return entry["buckets"] if isinstance(entry, dict) else entry
 

@@ -62,7 +62,9 @@ def accuracy_report(model="nemotron-3-nano-4b"):
              "configs": {"shared:nvfp4": config(0.5, 0.62, -0.2, -0.04, 0.01, 10, 2),
                          "nvfp4/fp16sr": config(0.63, 0.62, -0.05, 0.07, 0.8, 3, 4)}},
             {"start": 901, "end": 4096, "n": 66, "fp32_acc": 0.3, "fp32_truncated": 0.2,
-             "configs": {"shared:nvfp4": config(0.2, 0.3, -0.18, -0.02, 0.03, 9, 2),
+             "fp32_mean_gen_tokens": 2500.4, "fp32_loop_rate": 0.05,
+             "configs": {"shared:nvfp4": {**config(0.2, 0.3, -0.18, -0.02, 0.03, 9, 2),
+                                          "mean_gen_tokens": 3900.0, "truncated": 0.75, "loop_rate": 0.5},
                          "nvfp4/fp16sr": config(0.29, 0.3, -0.06, 0.04, 1.0, 2, 1)}},
         ]}},
     }

@@ -20,6 +20,16 @@ def test_accuracy_table_in_the_gpqa_layout(results_dir):
     assert table.rows[2][:3] == ["all", "132", "46.0"]  # the pooled row last
 
 
+def test_degeneration_table_per_bucket(results_dir):
+    (acc,) = [r for r in load_results([results_dir]) if r.kind == "accuracy"]
+    (table,) = tables.degeneration_tables(acc)
+    assert table.title.endswith("gpqa_diamond, degeneration")
+    assert table.columns == ["generated tokens (fp32)", "n", "fp32", "shared:nvfp4", "nvfp4/fp16sr"]
+    assert table.rows == [["1–900", "66", "–", "–", "–"],
+                          ["901–4096", "66", "2500 / 20 / 5", "3900 / 75 / 50", "–"],
+                          ["all", "132", "–", "–", "–"]]
+
+
 def test_kl_bucket_table(results_dir):
     kl = {r.model: r for r in load_results([results_dir]) if r.kind == "kl"}
     table = tables.kl_bucket_table(kl["nemotron-3-nano-4b"])
