@@ -5,6 +5,19 @@
     token = logits.argmax(-1)
     logits = decoder.step(token)             # [B, V], one token for every row
 
+    kept = decoder.rows([0, 2])              # rows of a running batch, as a dynamic-cache session (copies)
+    decoder = StaticDecoder.from_session(rm, batch_rows.join([kept, new]), steps=..., graphs=True)
+
+The second form is how the engine's continuous batching (`tasks.engine`, step "graph") regroups
+rows: `rows` copies the chosen rows out (KV columns written so far, without the leading columns
+none of them uses; conv and recurrent states; every SSM layer's ReplayState: both stored copies,
+the packed read copy, the ring buffer, the window phase, the checkpoint index that counts the
+Philox draws, the seq_ids that key them); `from_session` copies a session's rows in, each row's
+tokens ending at the shared next column (the mask closes the columns left of a row's tokens), its
+positions continuing from its own token count. The ReplayStates move into the static step's
+buffers at the first step, bit for bit (`StaticStepSession`), so a row's numbers do not change
+when it moves to another decoder; only the batch it shares matmuls with does.
+
 Every tensor a step reads or writes has a fixed address:
 - attention layers: Hugging Face's `StaticCache` (keys and values [B, heads, max_len, d] written
   in place at the cache's device-side length; linear-attention layers keep their conv states

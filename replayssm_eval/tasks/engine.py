@@ -17,14 +17,27 @@ first segment (only the first call of a session may be padded) and holds at leas
 Decoding (`generate`). At most `max_batch` rows run at once. Each step picks every row's token
 (greedy argmax) and feeds the batch one token per row through `step_tokens`, the engine's one
 place that runs a one-token step. A row stops at the eos token, at a stop string, or at its
-max_gen_toks; it leaves the batch (`batch_rows.keep_rows`) and, with `continuous`, waiting
-prompts take the free places: they are prefilled alone (a batch of the new rows), take their first
+max_gen_toks; it leaves the batch and, with `continuous`, waiting prompts take the free places
+once `refill` are free: they are prefilled alone (a batch of the new rows), take their first
 token and one decode step there (their SSM states become ReplayStates like the running rows'),
-and are joined into the running batch (`batch_rows.join`). Each row keeps its own seq_id (its SR
-bits), its own positions and its own window phase, so its tokens do not depend on the batching.
-Without `continuous` (static batching) new prompts start only once the whole batch stopped.
+and are joined into the running batch. Each row keeps its own seq_id (its SR bits), its own
+positions and its own window phase, so its tokens do not depend on the batching. Without
+`continuous` (static batching) new prompts start only once the whole batch stopped.
 
-Out of memory in a step: the running batch is discarded, its rows go back to the front of the
+The steps "reference", "triton" and "static" run a session (`generation.decode_session`); rows
+leave it and join it through `batch_rows.keep_rows` and `batch_rows.join`. Step "graph" runs the
+whole model's one-token step on fixed buffers (`models.model_graph.StaticDecoder`, a CUDA graph
+per variant on CUDA): the new rows' first step is the eager Triton step (bit for bit the static
+step), and a join builds a new decoder (`StaticDecoder.rows` of the running rows, joined with the
+new rows, `StaticDecoder.from_session`) sized for the longest remaining budget, its KV columns
+right-aligned at the shared next column. A stopped row keeps its place in the decoder, masked and
+ignored, until the next join, or, when no refill is coming, until at most half the decoder's rows
+run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
+it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
+the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new graphs, so it waits for many
+free places rather than one. Fixed-window configs only for "static" and "graph".
+
+Out of memory in a step, a prefill or a regroup: the running batch is discarded, its rows go back to the front of the
 queue and `max_batch` halves (greedy decoding is deterministic: they regenerate the same tokens);
 at one row, the error says so.
 """
@@ -40,10 +53,8 @@ import torch
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.session import ReplaySession, as_config
+from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.tasks.batch_rows import join, keep_rows
-
-ENGINE_STEPS = ("reference", "triton", "static", "graph")
-FIXED_BUFFER_STEPS = ("static", "graph")  # fixed windows only (`kernels.static_step`)
 
 PREFILL_SEGMENT = 2048
 PREFILL_TOKENS = 4096
@@ -94,8 +105,8 @@ class Engine:
                             ("prefill_tokens", prefill_tokens)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if step not in ENGINE_STEPS:
-            raise ValueError(f"unknown decode step {step!r}; known: {', '.join(ENGINE_STEPS)}")
+        if step not in DECODE_STEPS:
+            raise ValueError(f"unknown decode step {step!r}; known: {', '.join(DECODE_STEPS)}")
         config = as_config(config)
         if step in FIXED_BUFFER_STEPS and config.speculative is not None:
             raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
@@ -144,7 +155,7 @@ class Engine:
     def _run(self, waiting: deque) -> None:
         run: _Batch | None = None
         while waiting or run is not None:
-            free = self.max_batch - (0 if run is None else len(run.rows))
+            free = self.max_batch - (0 if run is None else len(run.live))
             refills = waiting and self.continuous
             if waiting and (run is None or (refills and free >= min(self.refill, len(waiting)))):
                 new = [waiting.popleft() for _ in range(min(free, len(waiting)))]

@@ -18,7 +18,8 @@ for every row, greedy (argmax, as HF's greedy search), each SSM layer through th
   on CUDA each SSM layer's step is captured as a CUDA graph and replayed (`models.layer_graph`);
 - "graph": the whole model's step on fixed buffers (Hugging Face's StaticCache for attention,
   `models.model_graph.StaticDecoder`), captured as a CUDA graph on CUDA and replayed per token;
-  elsewhere the same step runs eagerly. Fixed-window configs only.
+  elsewhere the same step runs eagerly. Fixed-window configs only. Rows leave and join as under
+  the other steps: the engine regroups them into a new decoder (`engine`).
 
 A row stops at the eos token or once its text contains a stop string, or at `max_gen_toks`; with
 a `max_batch` below the number of prompts, a stopped row leaves the batch and a waiting prompt
