@@ -156,8 +156,7 @@ class Engine:
         run: _Batch | None = None
         while waiting or run is not None:
             free = self.max_batch - (0 if run is None else len(run.live))
-            refills = waiting and self.continuous
-            if waiting and (run is None or (refills and free >= min(self.refill, len(waiting)))):
+            if waiting and (run is None or (self.continuous and free >= min(self.refill, len(waiting)))):
                 new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
                 try:
                     run = self._join(run, self._start(new))
@@ -167,7 +166,7 @@ class Engine:
             if run is None:
                 continue
             try:
-                run = self._advance(run, compact=not refills)
+                run = self._advance(run, compact=not (waiting and self.continuous))  # no refill coming
             except torch.OutOfMemoryError as err:
                 run = self._shrink(run, [], waiting, err)
 
