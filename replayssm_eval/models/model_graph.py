@@ -63,7 +63,8 @@ class StaticDecoder:
         self._buffers(rm, config, seq_ids, self.prompt_mask, max_len, graphs)
 
     @classmethod
-    def from_session(cls, rm: ReplayModel, session: ReplaySession, *, steps: int, graphs: bool = False) -> "StaticDecoder":
+    def from_session(cls, rm: ReplayModel, session: ReplaySession, *, steps: int,
+                     graphs: bool = False) -> "StaticDecoder":
         """A decoder continuing the rows of `session` for at most `steps` more tokens (max_len = its width + steps).
 
         session: a session on Hugging Face's dynamic cache whose SSM layers hold ReplayStates (at least one
@@ -213,7 +214,8 @@ def _into_static(dynamic, static, width: int) -> None:
             dst.values[:, :, :width].copy_(src.values)
             dst.cumulative_length.fill_(width)
         elif not isinstance(dst, (LinearAttentionCacheLayerMixin, DummyLayer)):
-            raise ValueError(f"cache layer {type(dst).__name__} has no fixed-buffer continuation here; use step 'triton'")
+            raise ValueError(f"cache layer {type(dst).__name__} has no fixed-buffer continuation here; "
+                             "use step 'triton'")
 
 
 def _dynamic_rows(static, rm: ReplayModel, index: torch.Tensor, start: int, end: int) -> DynamicCache:

@@ -34,8 +34,8 @@ right-aligned at the shared next column. A stopped row keeps its place in the de
 ignored, until the next join, or, when no refill is coming, until at most half the decoder's rows
 run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
 it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
-the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new graphs, so it waits for many
-free places rather than one. Fixed-window configs only for "static" and "graph".
+the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new
+graphs, so it waits for many free places rather than one. Fixed-window configs only for "static" and "graph".
 
 Out of memory in a step, a prefill or a regroup: the running batch is discarded, its rows go back to the front of the
 queue and `max_batch` halves (greedy decoding is deterministic: they regenerate the same tokens);

@@ -141,8 +141,9 @@ def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
     joined = join([kept, new])
     decoder = StaticDecoder.from_session(rm, joined, steps=4)
     eager = ReplaySession(config, seq_ids=joined.seq_ids, engine="step", backend="triton")
-    eager.continue_from({"cache": copy.deepcopy(decoder.session.carried()["cache"]), "states": copy.deepcopy(joined.states),
-                         "tokens": joined.tokens, "attention_mask": joined.attention_mask})
+    cache = copy.deepcopy(decoder.session.carried()["cache"])  # the decoder's StaticCache, before any step
+    eager.continue_from({"cache": cache, "states": copy.deepcopy(joined.states), "tokens": joined.tokens,
+                         "attention_mask": joined.attention_mask})
     logits = torch.cat([old_logits[1:], new_logits])
     tokens, last = greedy(decoder.step, logits, 3)
     eager_tokens, eager_last = greedy(lambda t: rm.forward(t[:, None], eager, logits_to_keep=1)[:, -1], logits, 3)
