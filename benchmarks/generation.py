@@ -2,15 +2,18 @@
 
     python benchmarks/generation.py --out OUT                 # on a GPU: everything below, both 4B models
     python benchmarks/generation.py --out OUT --scale 8       # GPQA workload with lengths / 8 (time x 8 estimated)
+    python benchmarks/generation.py --out OUT --steps triton,graph   # both decode steps, one table
     python benchmarks/generation.py --tiny --quick --device cpu --out OUT   # CPU smoke run on the tiny fixtures
 
 Models: Qwen3.5-4B and Nemotron-3-Nano-4B built from `presets.full_size_config` (random weights,
 bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
 
 - decode: `prompt_len`-token prompts, `new_tokens` new tokens per row (eos ignored), one batch of
-  `--batches` rows, configs `--configs` through `engine.Engine` (Triton step on cuda) and plain HF
-  `generate` (the unrouted model, `min_new_tokens` forcing the length); tokens/s over the whole
-  call (prefill included) after an untimed warm-up.
+  `--batches` rows, configs `--configs` through `engine.Engine` with each decode step of `--steps`
+  (auto: triton on cuda, reference on cpu; graph: the whole model's step as a CUDA graph, its
+  first uses and captures inside the timed call) and plain HF `generate` (the unrouted model,
+  `min_new_tokens` forcing the length); tokens/s over the whole call (prefill included) after an
+  untimed warm-up.
 - prefill: `--prefill-rows` x `--prefill-len` prompts through `Engine.prefill` (segments of
   `--prefill-segment`, at most `--prefill-tokens` tokens per call): seconds and peak memory.
 - gpqa: 198 prompts of `prompt_len` tokens, generation lengths drawn log-normally (median 4096,
@@ -19,7 +22,7 @@ bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
   full-size time is estimated as the measured time x scale (decode dominates; attention's KV
   grows with the length, so this is a lower bound).
 - profile: torch.profiler over `--profile-steps` one-token steps of a running batch of the first
-  config: the top ops by CUDA and by CPU time.
+  config and first step: the top ops by CUDA and by CPU time.
 
 Prints one table and writes OUT/generation.json (plus OUT/profile_<model>.txt).
 """
@@ -35,7 +38,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.models import ReplayModel, load_model
+from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.presets import full_size_config
 from replayssm_eval.tasks.engine import Engine
 
@@ -80,16 +85,18 @@ def timed_generate(engine: Engine, prompts, lengths, device: str) -> float:
     return time.perf_counter() - start
 
 
-def decode_rows(rm, name, args, step, emit) -> None:
+def decode_rows(rm, name, args, emit) -> None:
     for batch in args.batches:
         prompts = random_prompts(rm, batch, args.prompt_len, 1)
         for config in args.configs:
-            engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
-                            prefill_tokens=args.prefill_tokens, stop_at_eos=False)
-            timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
-            seconds = timed_generate(engine, prompts, args.new_tokens, args.device)
-            emit({"part": "decode", "model": name, "batch": batch, "config": config, "seconds": seconds,
-                  "tokens_per_s": batch * args.new_tokens / seconds, "peak_gib": peak(args.device)})
+            for step in args.steps:
+                engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
+                                prefill_tokens=args.prefill_tokens, stop_at_eos=False)
+                timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
+                seconds = timed_generate(engine, prompts, args.new_tokens, args.device)
+                emit({"part": "decode", "model": name, "batch": batch, "config": config, "step": step,
+                      "seconds": seconds, "tokens_per_s": batch * args.new_tokens / seconds,
+                      "peak_gib": peak(args.device)})
 
 
 def hf_rows(rm, name, args, emit) -> None:
@@ -108,9 +115,9 @@ def hf_rows(rm, name, args, emit) -> None:
               "tokens_per_s": batch * args.new_tokens / seconds, "peak_gib": peak(args.device)})
 
 
-def prefill_rows(rm, name, args, step, emit) -> None:
+def prefill_rows(rm, name, args, emit) -> None:
     prompts = random_prompts(rm, args.prefill_rows, args.prefill_len, 2)
-    engine = Engine(rm, "fp32", step=step, max_batch=args.prefill_rows, prefill_segment=args.prefill_segment,
+    engine = Engine(rm, "fp32", step=args.steps[0], max_batch=args.prefill_rows, prefill_segment=args.prefill_segment,
                     prefill_tokens=args.prefill_tokens)
     reset_peak(args.device)
     sync(args.device)
@@ -123,34 +130,39 @@ def prefill_rows(rm, name, args, step, emit) -> None:
           "seconds": seconds, "tokens_per_s": args.prefill_rows * args.prefill_len / seconds, "peak_gib": peak(args.device)})
 
 
-def gpqa_rows(rm, name, args, step, emit) -> None:
+def gpqa_rows(rm, name, args, emit) -> None:
     lengths = gpqa_lengths(args.scale, args.gpqa_prompts)
     prompts = random_prompts(rm, len(lengths), args.prompt_len, 3)
     for config in args.configs:
-        for continuous in (True, False):
-            engine = Engine(rm, config, step=step, max_batch=args.gpqa_batch, prefill_segment=args.prefill_segment,
-                            prefill_tokens=args.prefill_tokens, continuous=continuous, stop_at_eos=False)
-            seconds = timed_generate(engine, prompts, lengths, args.device)
-            emit({"part": "gpqa", "model": name, "batch": args.gpqa_batch, "config": config,
-                  "batching": "continuous" if continuous else "static", "seconds": seconds,
-                  "tokens_per_s": sum(lengths) / seconds, "estimated_full_s": seconds * args.scale,
-                  "decode_steps": engine.decode_steps, "peak_gib": peak(args.device)})
+        for step in args.steps:
+            for continuous in (True, False):
+                engine = Engine(rm, config, step=step, max_batch=args.gpqa_batch, prefill_segment=args.prefill_segment,
+                                prefill_tokens=args.prefill_tokens, continuous=continuous, stop_at_eos=False)
+                seconds = timed_generate(engine, prompts, lengths, args.device)
+                emit({"part": "gpqa", "model": name, "batch": args.gpqa_batch, "config": config, "step": step,
+                      "batching": "continuous" if continuous else "static", "seconds": seconds,
+                      "tokens_per_s": sum(lengths) / seconds, "estimated_full_s": seconds * args.scale,
+                      "decode_steps": engine.decode_steps, "peak_gib": peak(args.device)})
 
 
-def profile(rm, name, args, step, out: Path) -> None:
-    """Top ops of `--profile-steps` one-token steps of a running batch of the first config."""
+def profile(rm, name, args, out: Path) -> None:
+    """Top ops of `--profile-steps` one-token steps of a running batch of the first config and step."""
     from torch.profiler import ProfilerActivity, profile as run_profile
 
     from replayssm_eval.tasks.generation import decode_session
 
-    batch = args.batches[0]
-    engine = Engine(rm, args.configs[0], step=step, max_batch=batch, prefill_segment=args.prefill_segment,
+    batch, config, step = args.batches[0], args.configs[0], args.steps[0]
+    engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
                     prefill_tokens=args.prefill_tokens)
+    warm = 2 * ReplayConfig.parse(config).window + 1  # every variant's first use (and, graph, capture)
     with torch.no_grad():
         prefill, logits = engine.prefill(random_prompts(rm, batch, args.prompt_len, 4), list(range(batch)))
-        session = decode_session(rm, args.configs[0], list(range(batch)), step)
+        session = decode_session(rm, config, list(range(batch)), "triton" if step == "graph" else step)
         session.continue_from(prefill.carried())
-        for _ in range(2):  # warm-up
+        logits = engine.step_tokens(session, logits.argmax(-1))
+        if step == "graph":  # the engine's running batch: a decoder continuing the rows
+            session = StaticDecoder.from_session(rm, session, steps=warm + args.profile_steps, graphs=engine.graphs)
+        for _ in range(warm):
             logits = engine.step_tokens(session, logits.argmax(-1))
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
         with run_profile(activities=activities) as prof:
@@ -158,7 +170,7 @@ def profile(rm, name, args, step, out: Path) -> None:
                 logits = engine.step_tokens(session, logits.argmax(-1))
             sync(args.device)
     averages = prof.key_averages()
-    text = [f"# {name}, {args.configs[0]}, batch {batch}, {args.profile_steps} one-token steps"]
+    text = [f"# {name}, {config}, step {step}, batch {batch}, {args.profile_steps} one-token steps"]
     if args.device.startswith("cuda"):
         text += ["## by CUDA time", averages.table(sort_by="cuda_time_total", row_limit=15)]
     text += ["## by CPU time", averages.table(sort_by="cpu_time_total", row_limit=15)]
@@ -183,6 +195,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="a small version of every part")
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--steps", default="auto", help="comma-separated decode steps of the engine: auto (triton on "
+                                                        "cuda, reference on cpu), reference, triton, static, graph")
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=1024)
@@ -210,7 +224,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"unknown parts {', '.join(unknown)}; known: {', '.join(PARTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    step = "triton" if args.device.startswith("cuda") else "reference"
+    auto = "triton" if args.device.startswith("cuda") else "reference"
+    args.steps = [auto if s == "auto" else s for s in args.steps.split(",")]
     rows: list[dict] = []
 
     def emit(row: dict) -> None:
@@ -221,13 +236,13 @@ def main(argv=None) -> None:
     for name in models:
         rm = build(name, args.device)
         if "prefill" in parts:
-            prefill_rows(rm, name, args, step, emit)
+            prefill_rows(rm, name, args, emit)
         if "decode" in parts:
-            decode_rows(rm, name, args, step, emit)
+            decode_rows(rm, name, args, emit)
         if "gpqa" in parts:
-            gpqa_rows(rm, name, args, step, emit)
+            gpqa_rows(rm, name, args, emit)
         if "profile" in parts:
-            profile(rm, name, args, step, out)
+            profile(rm, name, args, out)
         if "decode" in parts and not args.no_hf:
             hf_rows(rm, name, args, emit)
         del rm
@@ -237,11 +252,12 @@ def main(argv=None) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| part | model | batch | config | batching | seconds | tokens/s | est. full s | peak GiB |",
-             "|---|---|---:|---|---|---:|---:|---:|---:|"]
+    lines = ["| part | model | batch | config | step | batching | seconds | tokens/s | est. full s | peak GiB |",
+             "|---|---|---:|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         est, gib = r.get("estimated_full_s"), r.get("peak_gib")
-        lines.append(f"| {r['part']} | {r['model']} | {r['batch']} | {r['config']} | {r.get('batching', '')} | "
+        lines.append(f"| {r['part']} | {r['model']} | {r['batch']} | {r['config']} | {r.get('step', '')} | "
+                     f"{r.get('batching', '')} | "
                      f"{r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {'' if est is None else f'{est:.0f}'} | "
                      f"{'' if gib is None else f'{gib:.1f}'} |")
     return "\n".join(lines)

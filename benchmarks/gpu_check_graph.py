@@ -1,4 +1,4 @@
-"""GPU check and speed of the captured decode step (`greedy_generate(step="graph")`).
+"""GPU check and speed of the captured decode step (`engine.Engine(step="graph")`).
 
     python benchmarks/gpu_check_graph.py --out OUT_DIR                    # checks, then full-size timing
     python benchmarks/gpu_check_graph.py --out OUT_DIR --new-tokens 256   # shorter timing runs
@@ -11,10 +11,13 @@ tokens cross several flushes), each must hold bit for bit:
   the eager Triton step session on a Hugging Face StaticCache: tokens, last logits and every SSM
   layer's carried state (both stored copies, packed read copy, ring buffer, phases, checkpoints);
 - per layer: step="static" (each SSM layer's step a CUDA graph, HF's dynamic cache) equals
-  step="triton": tokens, logits, states.
+  step="triton": tokens, logits, states;
+- continuous batching: `Engine(step="graph")` with rows leaving and joining (ENGINE_LIMITS, two
+  rows at once: every regroup builds a decoder and captures its graphs) gives the same tokens with
+  its graphs replayed as with the same decoders run eagerly.
 Also reported, not judged: the graph path's tokens against step="triton" on HF's dynamic cache
 and their largest logit difference (SDPA over a static cache's masked columns need not sum in
-the dynamic cache's order).
+the dynamic cache's order), and the graph engine's tokens against `Engine(step="triton")`.
 
 Speed (random-weight full-size models from `models.presets`, bf16): decode tokens/s of the
 captured whole-model step at each batch, per config, against Hugging Face `generate` (greedy,
@@ -44,12 +47,14 @@ from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.presets import full_size_config
 from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.tasks.engine import Engine
 from replayssm_eval.tasks.generation import decode_session, left_pad, sequence_id
 
 CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5")
 CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4")
 CHECK_PROMPTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce", "To be")
 CHECK_TOKENS = 12
+ENGINE_LIMITS = (12, 1, 20, 6)  # per CHECK_PROMPTS row and one more: rows leave at different steps
 SPEED_MODELS = ("qwen3.5-4b", "nemotron-3-nano-4b")
 SPEED_CONFIGS = ("fp32", "nvfp4:scale=head/fp16sr")
 
@@ -117,8 +122,22 @@ def check(name: str, config: str) -> dict:
         "graph_vs_dynamic_max_logit_diff": float((graph[1] - triton[1]).abs().max()),
         "checkpoints": int(max(int(s.checkpoint.max()) for s in graph[2].values())),
     }
-    row["ok"] = row["graph_eq_eager_static"] and row["graph_eq_triton_static_cache"] and row["layer_graphs_eq_triton"]
+    row.update(engine_check(rm, config, prompts + [prompts[0][:5]]))
+    row["ok"] = (row["graph_eq_eager_static"] and row["graph_eq_triton_static_cache"] and row["layer_graphs_eq_triton"]
+                 and row["engine_graphs_eq_eager"])
     return row
+
+
+def engine_check(rm, config, prompts) -> dict:
+    """Engine(step="graph"), continuous batching of two rows: captured graphs against the same decoders run eagerly."""
+    def tokens(step, graphs):
+        engine = Engine(rm, config, step=step, max_batch=2, prefill_segment=8, refill=1, stop_at_eos=False)
+        engine.graphs = graphs and step == "graph"
+        return [g.tokens for g in engine.generate(prompts, max_gen_toks=list(ENGINE_LIMITS))]
+
+    graph = tokens("graph", True)
+    return {"engine_graphs_eq_eager": graph == tokens("graph", False),
+            "engine_graph_tokens_eq_triton": graph == tokens("triton", False)}
 
 
 def build(name: str) -> ReplayModel:
@@ -232,11 +251,12 @@ def main() -> None:
     (args.out / "gpu_check_graph.json").write_text(json.dumps(result, indent=1))
 
     print(f"\n{'model':18} {'config':18} {'graph=eager':>11} {'=triton(static)':>15} {'layer graphs':>12} "
-          f"{'tokens=dynamic':>14} {'logit diff':>10}")
+          f"{'tokens=dynamic':>14} {'logit diff':>10} {'engine=eager':>12} {'engine=triton':>13}")
     for r in result["checks"]:
         print(f"{r['model']:18} {r['config']:18} {r['graph_eq_eager_static']!s:>11} {r['graph_eq_triton_static_cache']!s:>15} "
               f"{r['layer_graphs_eq_triton']!s:>12} {r['graph_tokens_eq_triton_dynamic_cache']!s:>14} "
-              f"{r['graph_vs_dynamic_max_logit_diff']:>10.2e}")
+              f"{r['graph_vs_dynamic_max_logit_diff']:>10.2e} {r['engine_graphs_eq_eager']!s:>12} "
+              f"{r['engine_graph_tokens_eq_triton']!s:>13}")
     if result["speed"]:
         print(f"\ntokens/s, prompt {args.prompt_len} + {args.new_tokens} new tokens")
         print(f"{'model':20} {'batch':>5} " + " ".join(f"{c:>24}" for c in SPEED_CONFIGS) + f" {'HF generate':>12} {'x HF':>6}")

@@ -5,6 +5,19 @@
     token = logits.argmax(-1)
     logits = decoder.step(token)             # [B, V], one token for every row
 
+    kept = decoder.rows([0, 2])              # rows of a running batch, as a dynamic-cache session (copies)
+    decoder = StaticDecoder.from_session(rm, batch_rows.join([kept, new]), steps=..., graphs=True)
+
+The second form is how the engine's continuous batching (`tasks.engine`, step "graph") regroups
+rows: `rows` copies the chosen rows out (KV columns written so far, without the leading columns
+none of them uses; conv and recurrent states; every SSM layer's ReplayState: both stored copies,
+the packed read copy, the ring buffer, the window phase, the checkpoint index that counts the
+Philox draws, the seq_ids that key them); `from_session` copies a session's rows in, each row's
+tokens ending at the shared next column (the mask closes the columns left of a row's tokens), its
+positions continuing from its own token count. The ReplayStates move into the static step's
+buffers at the first step, bit for bit (`StaticStepSession`), so a row's numbers do not change
+when it moves to another decoder; only the batch it shares matmuls with does.
+
 Every tensor a step reads or writes has a fixed address:
 - attention layers: Hugging Face's `StaticCache` (keys and values [B, heads, max_len, d] written
   in place at the cache's device-side length; linear-attention layers keep their conv states
@@ -23,11 +36,17 @@ eagerly: the code that is captured.
 
 from __future__ import annotations
 
-import torch
-from transformers import StaticCache
+import dataclasses
 
+import torch
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin, StaticLayer
+
+from replayssm_eval.kernels.state import ReplayState
 from replayssm_eval.models.adapter import ReplayModel
+from replayssm_eval.models.session import ReplaySession
 from replayssm_eval.models.static_session import StaticStepSession
+from replayssm_eval.quant import PackedState
 
 
 class StaticDecoder:
@@ -39,21 +58,53 @@ class StaticDecoder:
 
     def __init__(self, rm: ReplayModel, config, ids: torch.Tensor, mask: torch.Tensor | None, seq_ids, *,
                  max_len: int, graphs: bool = False):
-        batch, width = ids.shape
+        self.ids = ids
+        self.prompt_mask = torch.ones_like(ids) if mask is None else mask  # [B, W]
+        self._buffers(rm, config, seq_ids, self.prompt_mask, max_len, graphs)
+
+    @classmethod
+    def from_session(cls, rm: ReplayModel, session: ReplaySession, *, steps: int,
+                     graphs: bool = False) -> "StaticDecoder":
+        """A decoder continuing the rows of `session` for at most `steps` more tokens (max_len = its width + steps).
+
+        session: a session on Hugging Face's dynamic cache whose SSM layers hold ReplayStates (at least one
+        decode step after the prompt: the eager Triton step's session, or `rows` of another decoder), each
+        row's tokens right-aligned in its KV columns (`attention_mask` [B, T], left side masked). Its KV,
+        conv and recurrent states are copied into a StaticCache of width + steps columns; its ReplayStates
+        move into the static step's fixed buffers at the first step, bit for bit (`StaticStepSession`).
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        if not session.states or not all(isinstance(s, ReplayState) for s in session.states.values()):
+            raise ValueError("a decoder continues rows whose SSM layers hold ReplayStates: run one decode step "
+                             "after the prompt first")
+        width, batch = session.tokens, session.seq_ids.shape[0]
+        device = rm.model.device
+        mask = session.attention_mask
+        mask = torch.ones(batch, width, dtype=torch.long, device=device) if mask is None else mask.to(device)
+        decoder = cls.__new__(cls)
+        decoder.ids, decoder.prompt_mask = None, None
+        decoder._buffers(rm, session.config, session.seq_ids, mask, width + steps, graphs)
+        _into_static(session.cache, decoder.session.cache, width)
+        decoder.session.states = dict(session.states)
+        return decoder
+
+    def _buffers(self, rm: ReplayModel, config, seq_ids, mask: torch.Tensor, max_len: int, graphs: bool) -> None:
+        """The fixed buffers of a batch whose first W columns hold `mask` [B, W] (1 = a real token there)."""
+        batch, width = mask.shape
         if max_len <= width:
             raise ValueError(f"max_len must exceed the prompt width {width}, got {max_len}")
-        if graphs and ids.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA model, got device {ids.device}")
-        self.rm, self.ids, self.graphs = rm, ids, graphs
+        if graphs and mask.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA model, got device {mask.device}")
+        self.rm, self.graphs = rm, graphs
         text_config = rm.model.config.get_text_config(decoder=True)
         self.session = StaticStepSession(config, seq_ids=seq_ids, graphs=False,
                                          new_cache=lambda: StaticCache(config=text_config, max_cache_len=max_len))
-        device = ids.device
-        self.prompt_mask = torch.ones_like(ids) if mask is None else mask
+        device = mask.device
         self.attend = torch.zeros(batch, 1, 1, max_len, dtype=torch.bool, device=device)  # [B, 1, 1, max_len]
-        self.attend[:, 0, 0, :width] = self.prompt_mask.bool()
+        self.attend[:, 0, 0, :width] = mask.bool()
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        self.position = self.prompt_mask.sum(-1, keepdim=True)  # [B, 1] position of the next token per row
+        self.position = mask.sum(-1, keepdim=True)  # [B, 1] position of the next token per row
         self.column = torch.full((1,), width, dtype=torch.long, device=device)  # [1] its cache column
         self.mask_arg = {"full_attention": self.attend, "linear_attention": None}
         self.max_len, self.written = max_len, width
@@ -61,8 +112,31 @@ class StaticDecoder:
         self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
+    @property
+    def batch(self) -> int:
+        return self.attend.shape[0]
+
+    def rows(self, keep: list[int]) -> ReplaySession:
+        """Rows `keep` of the batch, in that order, as a session on a dynamic cache (copies; `from_session` takes
+        it back): their KV columns written so far, conv and recurrent states, ReplayStates, seq_ids and mask,
+        without the leading columns none of them uses."""
+        index = torch.tensor(keep, dtype=torch.long)
+        on_device = index.to(self.attend.device)
+        mask = self.attend[on_device, 0, 0, :self.written].long()  # [b, written]
+        used = mask.any(0).nonzero()
+        start = int(used[0]) if len(used) else self.written
+        session = ReplaySession(self.session.config, seq_ids=self.session.seq_ids[index], engine="step",
+                                backend="triton", cache=_dynamic_rows(self.session.cache, self.rm, on_device, start,
+                                                                      self.written))
+        states = {layer: _state_rows(state, on_device) for layer, state in self.session.states.items()}
+        session.continue_from({"cache": session.cache, "states": states, "tokens": self.written - start,
+                               "attention_mask": mask[:, start:]})
+        return session
+
     def prefill(self) -> torch.Tensor:
         """Feed the prompt (eager); returns the last logits [B, V]."""
+        if self.ids is None:
+            raise ValueError("this decoder continues carried rows (from_session): it has no prompt to prefill")
         mask = None if bool(self.prompt_mask.all()) else self.prompt_mask
         return self.rm.forward(self.ids, self.session, attention_mask=mask, logits_to_keep=1)[:, -1]
 
@@ -102,7 +176,11 @@ class StaticDecoder:
         step, before the layers are loaded, follows the window from the prompt end)."""
         if self.session.static:
             return any(s.flushes_next for s in self.session.static.values())
-        return self.session.config.window == 1
+        window = self.session.config.window
+        carried = [s for s in self.session.states.values() if isinstance(s, ReplayState)]
+        if carried:  # rows continued from a session: their phases, read once
+            return any(c == window - 1 for s in carried for c in s.schedule.count.tolist())
+        return window == 1
 
     def _step_device(self, flush: bool) -> torch.Tensor:
         """One token through the model on the fixed buffers: the device work a graph captures."""
@@ -113,3 +191,61 @@ class StaticDecoder:
         self.position.add_(1)
         self.column.add_(1)
         return out.logits[:, -1]
+
+
+def _into_static(dynamic, static, width: int) -> None:
+    """Copy a dynamic cache's layers (KV [B, H, width, D], conv and recurrent states) into an empty StaticCache."""
+    for src, dst in zip(dynamic.layers, static.layers):
+        if getattr(dst, "is_sliding", False):
+            raise ValueError(f"cache layer {type(dst).__name__}: sliding-window attention has no fixed-buffer "
+                             "continuation here; use step 'triton'")
+        if isinstance(dst, LinearAttentionCacheLayerMixin):
+            for i in range(dst.number_of_states):
+                conv, recurrent = src.conv_states[i], src.recurrent_states[i]
+                dst.lazy_initialization(conv_states=conv, recurrent_states=recurrent, state_idx=i,
+                                        conv_kernel_size=src.conv_kernel_size[i])
+                for ours, theirs in ((dst.conv_states[i], conv), (dst.recurrent_states[i], recurrent)):
+                    if theirs is not None:
+                        ours.copy_(theirs)
+                dst.has_previous_state[i] = src.has_previous_state[i]
+        if isinstance(dst, StaticLayer):
+            dst.lazy_initialization(src.keys[:, :, :1], src.values[:, :, :1])
+            dst.keys[:, :, :width].copy_(src.keys)
+            dst.values[:, :, :width].copy_(src.values)
+            dst.cumulative_length.fill_(width)
+        elif not isinstance(dst, (LinearAttentionCacheLayerMixin, DummyLayer)):
+            raise ValueError(f"cache layer {type(dst).__name__} has no fixed-buffer continuation here; "
+                             "use step 'triton'")
+
+
+def _dynamic_rows(static, rm: ReplayModel, index: torch.Tensor, start: int, end: int) -> DynamicCache:
+    """Rows `index` of a StaticCache as a DynamicCache: KV columns [start, end), conv and recurrent states."""
+    dynamic = DynamicCache(config=rm.model.config.get_text_config(decoder=True))
+    for src, dst in zip(static.layers, dynamic.layers):
+        if isinstance(src, LinearAttentionCacheLayerMixin):
+            for i in range(src.number_of_states):
+                conv, recurrent = src.conv_states[i], src.recurrent_states[i]
+                dst.lazy_initialization(conv_states=None if conv is None else conv[index],
+                                        recurrent_states=None if recurrent is None else recurrent[index], state_idx=i,
+                                        conv_kernel_size=src.conv_kernel_size[i])
+                for ours, theirs in ((dst.conv_states[i], conv), (dst.recurrent_states[i], recurrent)):
+                    if theirs is not None:
+                        ours.copy_(theirs[index])
+                dst.has_previous_state[i] = src.has_previous_state[i]
+        if isinstance(src, StaticLayer) and src.is_initialized:
+            dst.lazy_initialization(src.keys, src.values)
+            dst.keys, dst.values = src.keys[index, :, start:end], src.values[index, :, start:end]  # [b, H, T, D]
+    return dynamic
+
+
+def _state_rows(state: ReplayState, index: torch.Tensor) -> ReplayState:
+    """Rows `index` of a ReplayState (copies; every tensor leads with the batch dim, the packed read copy too)."""
+    pick = lambda t: None if t is None else t[index]  # noqa: E731
+    packed = state.lo_packed
+    if packed is not None:
+        packed = PackedState(packed.format, (len(index), *packed.shape[1:]), pick(packed.data), pick(packed.scales),
+                             pick(packed.global_scale))
+    schedule = dataclasses.replace(state.schedule, **{f.name: pick(getattr(state.schedule, f.name))
+                                                      for f in dataclasses.fields(state.schedule)})
+    return ReplayState(pick(state.hi), pick(state.lo), {k: pick(v) for k, v in state.buffer.items()}, schedule,
+                       pick(state.checkpoint), pick(state.seq_ids), state.layer, packed)

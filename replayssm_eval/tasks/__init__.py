@@ -23,6 +23,9 @@ from pathlib import Path
 
 YAML_DIR = Path(__file__).parent / "yaml"
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
+# decode steps of the generation engine (`engine.Engine`); the fixed-buffer ones cover fixed windows only
+DECODE_STEPS = ("reference", "triton", "static", "graph")
+FIXED_BUFFER_STEPS = ("static", "graph")
 
 
 @dataclass(frozen=True)

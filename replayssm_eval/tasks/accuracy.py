@@ -30,7 +30,9 @@ from pathlib import Path
 
 from replayssm_eval.cli import command, option
 from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.tasks import FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs
+from replayssm_eval.tasks import (
+    DECODE_STEPS, FIXED_BUFFER_STEPS, FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs,
+)
 from replayssm_eval.tasks.buckets import DEFAULT_BUCKETS, parse_spec
 
 REFERENCE = ReplayConfig()
@@ -58,6 +60,8 @@ class AccuracyConfig:
                                        "batch that fits the GPU; a batch that does not fit is refused before any work")
     prefill_segment: int = option(2048, "prompt tokens per row and prefill call (bounds the prefill workspace)")
     prefill_tokens: int = option(4096, "prompt tokens per prefill call (rows x segment)")
+    step: str = option("auto", "decode step: auto (triton on cuda, reference on cpu), or graph: the whole model's step "
+                               "as a CUDA graph (fixed-window configs only)", ("auto", *DECODE_STEPS))
     device_map: str | None = option(None, "e.g. auto: spread a large model over the GPUs (accelerate)")
     device: str = option("auto", "auto: cuda if available", ("auto", "cuda", "cpu"))
     dtype: str = option("auto", "weights and activations (auto: bfloat16 on cuda, float32 on cpu)",
@@ -98,6 +102,11 @@ def make_plan(options: AccuracyConfig) -> Plan:
         value = getattr(options, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if options.step in FIXED_BUFFER_STEPS:
+        speculative = [c.name for c in configs if c.speculative is not None]
+        if speculative:
+            raise ValueError(f"--step {options.step} covers fixed windows only, got speculative configs "
+                             f"{', '.join(speculative)}; use --step triton")
     parse_spec(options.buckets)
     if options.data == "hub":
         data_dir = None
@@ -141,7 +150,7 @@ def run_accuracy(options: AccuracyConfig) -> Path:
     else:
         lm = ReplaySSMLM(pretrained=options.model, device=options.device, dtype=options.dtype,
                          batch_size=options.max_batch_size, prefill_segment=options.prefill_segment,
-                         prefill_tokens=options.prefill_tokens, device_map=options.device_map)
+                         prefill_tokens=options.prefill_tokens, device_map=options.device_map, step=options.step)
     header = _header(plan, tasks)
     for config in plan.configs:
         lm.config = config

@@ -17,14 +17,27 @@ first segment (only the first call of a session may be padded) and holds at leas
 Decoding (`generate`). At most `max_batch` rows run at once. Each step picks every row's token
 (greedy argmax) and feeds the batch one token per row through `step_tokens`, the engine's one
 place that runs a one-token step. A row stops at the eos token, at a stop string, or at its
-max_gen_toks; it leaves the batch (`batch_rows.keep_rows`) and, with `continuous`, waiting
-prompts take the free places: they are prefilled alone (a batch of the new rows), take their first
+max_gen_toks; it leaves the batch and, with `continuous`, waiting prompts take the free places
+once `refill` are free: they are prefilled alone (a batch of the new rows), take their first
 token and one decode step there (their SSM states become ReplayStates like the running rows'),
-and are joined into the running batch (`batch_rows.join`). Each row keeps its own seq_id (its SR
-bits), its own positions and its own window phase, so its tokens do not depend on the batching.
-Without `continuous` (static batching) new prompts start only once the whole batch stopped.
+and are joined into the running batch. Each row keeps its own seq_id (its SR bits), its own
+positions and its own window phase, so its tokens do not depend on the batching. Without
+`continuous` (static batching) new prompts start only once the whole batch stopped.
 
-Out of memory in a step: the running batch is discarded, its rows go back to the front of the
+The steps "reference", "triton" and "static" run a session (`generation.decode_session`); rows
+leave it and join it through `batch_rows.keep_rows` and `batch_rows.join`. Step "graph" runs the
+whole model's one-token step on fixed buffers (`models.model_graph.StaticDecoder`, a CUDA graph
+per variant on CUDA): the new rows' first step is the eager Triton step (bit for bit the static
+step), and a join builds a new decoder (`StaticDecoder.rows` of the running rows, joined with the
+new rows, `StaticDecoder.from_session`) sized for the longest remaining budget, its KV columns
+right-aligned at the shared next column. A stopped row keeps its place in the decoder, masked and
+ignored, until the next join, or, when no refill is coming, until at most half the decoder's rows
+run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
+it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
+the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new
+graphs, so it waits for many free places rather than one. Fixed-window configs only for "static" and "graph".
+
+Out of memory in a step, a prefill or a regroup: the running batch is discarded, its rows go back to the front of the
 queue and `max_batch` halves (greedy decoding is deterministic: they regenerate the same tokens);
 at one row, the error says so.
 """
@@ -38,10 +51,10 @@ from dataclasses import dataclass, field
 import torch
 
 from replayssm_eval.models.adapter import ReplayModel
-from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.models.model_graph import StaticDecoder
+from replayssm_eval.models.session import ReplaySession, as_config
+from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.tasks.batch_rows import join, keep_rows
-
-ENGINE_STEPS = ("reference", "triton")  # steps whose sessions `batch_rows` can cut and join
 
 PREFILL_SEGMENT = 2048
 PREFILL_TOKENS = 4096
@@ -61,17 +74,23 @@ class _Row:
 
 @dataclass
 class _Batch:
-    """The running batch: its session, the request index of each row, and the next logits [B, V]."""
+    """The running batch: its session (step "graph": its decoder), the request index of each row (None: a
+    stopped row still holding its place in a decoder), and the next logits [B, V]."""
 
-    session: ReplaySession
-    rows: list[int]
+    session: ReplaySession | StaticDecoder | None
+    rows: list[int | None]
     logits: torch.Tensor
+
+    @property
+    def live(self) -> list[int]:
+        return [k for k, row in enumerate(self.rows) if row is not None]
 
 
 class Engine:
     """Greedy generation of many prompts under one config; see the module docstring.
 
-    step: the decode step of `generation.decode_session` ("reference" | "triton").
+    step: "reference" | "triton" | "static" (the decode steps of `generation.decode_session`) | "graph"
+        (the whole model's step on fixed buffers, `models.model_graph.StaticDecoder`).
     max_batch: rows decoded at once; prefill_segment: prompt tokens per row and call;
     prefill_tokens: tokens per prefill call (rows x segment; at least one row);
     continuous: refill free places while others run (False: static batches);
@@ -86,10 +105,14 @@ class Engine:
                             ("prefill_tokens", prefill_tokens)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if step not in ENGINE_STEPS:
-            raise ValueError(f"the engine's rows leave and join the batch, so it runs the steps {', '.join(ENGINE_STEPS)}, "
-                             f"got {step!r} (the fixed-buffer steps decode one batch: greedy_generate)")
+        if step not in DECODE_STEPS:
+            raise ValueError(f"unknown decode step {step!r}; known: {', '.join(DECODE_STEPS)}")
+        config = as_config(config)
+        if step in FIXED_BUFFER_STEPS and config.speculative is not None:
+            raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
+                             "use step 'triton'")
         self.rm, self.config, self.step = rm, config, step
+        self.graphs = step == "graph" and rm.model.device.type == "cuda"  # CUDA graphs of each decoder's step
         self.max_batch, self.prefill_segment, self.prefill_tokens = max_batch, prefill_segment, prefill_tokens
         self.continuous = continuous
         tokenizer = rm.tokenizer
@@ -132,38 +155,52 @@ class Engine:
     def _run(self, waiting: deque) -> None:
         run: _Batch | None = None
         while waiting or run is not None:
-            free = self.max_batch - (0 if run is None else len(run.rows))
+            free = self.max_batch - (0 if run is None else len(run.live))
             if waiting and (run is None or (self.continuous and free >= min(self.refill, len(waiting)))):
                 new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
                 try:
-                    started = self._start(new)
+                    run = self._join(run, self._start(new))
                 except torch.OutOfMemoryError as err:
                     run = self._shrink(run, new, waiting, err)
                     continue
-                run = started if run is None else _join(run, started)
             if run is None:
                 continue
             try:
-                run = self._advance(run)
+                run = self._advance(run, compact=not (waiting and self.continuous))  # no refill coming
             except torch.OutOfMemoryError as err:
                 run = self._shrink(run, [], waiting, err)
 
-    def _advance(self, run: _Batch) -> _Batch | None:
-        """Append each row's greedy token; drop the stopped rows; one step for the others."""
+    def _advance(self, run: _Batch, compact: bool = True) -> _Batch | None:
+        """Append each row's greedy token; the stopped rows leave; one step for the others.
+
+        Step "graph": a stopped row keeps its place in the decoder, masked (its tokens are ignored; rows
+        share no values), until the next refill regroups the batch, or, with `compact` (no refill
+        coming), until at most half the decoder's rows run: then the running rows move to a smaller
+        decoder. Regrouping copies every state and captures new graphs: worth it only for many rows.
+        """
         chosen = run.logits.argmax(-1)  # [B]
-        keep = [k for k, token in enumerate(chosen.tolist()) if not self._append(run.rows[k], token)]
-        if not keep:
+        for k, token in enumerate(chosen.tolist()):
+            if run.rows[k] is not None and self._append(run.rows[k], token):
+                run.rows[k] = None
+        live = run.live
+        if not live:
             return None
-        if len(keep) < len(run.rows):
-            keep_rows(run.session, keep)
-            run.rows = [run.rows[k] for k in keep]
-            chosen = chosen[torch.tensor(keep, device=chosen.device)]
+        decoder = isinstance(run.session, StaticDecoder)
+        if not decoder and len(live) < len(run.rows):
+            keep_rows(run.session, live)
+            run.rows = [run.rows[k] for k in live]
+            chosen = chosen[torch.tensor(live, device=chosen.device)]
+        elif decoder and compact and len(live) <= len(run.rows) // 2:
+            run = self._regroup(run, None)
+            chosen = chosen[torch.tensor(live, device=chosen.device)]
         run.logits = self.step_tokens(run.session, chosen)
         self.decode_steps += 1
         return run
 
-    def step_tokens(self, session: ReplaySession, tokens: torch.Tensor) -> torch.Tensor:
+    def step_tokens(self, session: ReplaySession | StaticDecoder, tokens: torch.Tensor) -> torch.Tensor:
         """One token per row [B] through the model; returns the next logits [B, V]."""
+        if isinstance(session, StaticDecoder):
+            return session.step(tokens)
         return self.rm.forward(tokens[:, None], session, logits_to_keep=1)[:, -1]
 
     def _append(self, index: int, token: int) -> bool:
@@ -176,13 +213,43 @@ class Engine:
         return row.stopped or len(row.tokens) >= row.max_gen_toks
 
     def _start(self, new: list[int]) -> _Batch | None:
-        """Prefill requests `new`, take their first token and, for the unfinished, one decode step of their own."""
+        """Prefill requests `new`, take their first token and, for the unfinished, one decode step of their own
+        (step "graph": the eager Triton step, bit for bit the static step; the decoder takes its ReplayStates)."""
         from replayssm_eval.tasks.generation import decode_session
 
         prefill, logits = self.prefill([self._rows[i].prompt for i in new], [self._rows[i].seq_id for i in new])
-        session = decode_session(self.rm, self.config, [self._rows[i].seq_id for i in new], self.step)
+        step = "triton" if self.step == "graph" else self.step
+        session = decode_session(self.rm, self.config, [self._rows[i].seq_id for i in new], step)
         session.continue_from(prefill.carried())
         return self._advance(_Batch(session, list(new), logits))
+
+    def _join(self, run: _Batch | None, started: _Batch | None) -> _Batch | None:
+        """The running rows followed by the started ones (step "graph": in a new decoder)."""
+        if started is None or (run is None and self.step != "graph"):
+            return run if started is None else started
+        if self.step == "graph":
+            return self._regroup(run, started)
+        session = join([run.session, started.session])
+        return _Batch(session, run.rows + started.rows, torch.cat([run.logits, started.logits]))
+
+    def _regroup(self, run: _Batch | None, started: _Batch | None) -> _Batch:
+        """A new decoder of run's running rows then started's rows (`StaticDecoder.rows` / `from_session`), sized for
+        the longest remaining budget; run's decoder is released before the new one is allocated."""
+        parts, rows, logits = [], [], []
+        if run is not None:
+            live = run.live
+            parts.append(run.session.rows(live))
+            rows += [run.rows[k] for k in live]
+            logits.append(run.logits[torch.tensor(live, device=run.logits.device)])
+            run.session = None
+        if started is not None:
+            parts.append(started.session)
+            rows += started.rows
+            logits.append(started.logits)
+        session = join(parts) if len(parts) > 1 else parts[0]
+        steps = max(self._rows[i].max_gen_toks - len(self._rows[i].tokens) for i in rows)
+        decoder = StaticDecoder.from_session(self.rm, session, steps=max(1, steps), graphs=self.graphs)
+        return _Batch(decoder, rows, torch.cat(logits))
 
     def prefill(self, prompts: list[list[int]], seq_ids: list[int]) -> tuple[ReplaySession, torch.Tensor]:
         """FP32 sessions of `prompts` (their states at the anchor) joined into one, and the last logits [B, V].
@@ -219,7 +286,7 @@ class Engine:
 
     def _shrink(self, run: _Batch | None, new: list[int], waiting: deque, err: Exception) -> None:
         """Out of memory: every started row goes back to the queue, max_batch halves (or the error says why not)."""
-        rows = ([] if run is None else run.rows) + new
+        rows = ([] if run is None else [i for i in run.rows if i is not None]) + new
         if self.max_batch == 1:
             raise MemoryError(f"out of memory generating one row (prompt of {max(len(self._rows[i].prompt) for i in rows)} "
                               f"tokens) at prefill_tokens {self.prefill_tokens}: {err}") from err
@@ -232,13 +299,6 @@ class Engine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return None
-
-
-def _join(run: _Batch, started: _Batch | None) -> _Batch:
-    if started is None:
-        return run
-    session = join([run.session, started.session])
-    return _Batch(session, run.rows + started.rows, torch.cat([run.logits, started.logits]))
 
 
 def _anchor_into_cache(session: ReplaySession) -> None:

@@ -18,7 +18,8 @@ for every row, greedy (argmax, as HF's greedy search), each SSM layer through th
   on CUDA each SSM layer's step is captured as a CUDA graph and replayed (`models.layer_graph`);
 - "graph": the whole model's step on fixed buffers (Hugging Face's StaticCache for attention,
   `models.model_graph.StaticDecoder`), captured as a CUDA graph on CUDA and replayed per token;
-  elsewhere the same step runs eagerly. Fixed-window configs only.
+  elsewhere the same step runs eagerly. Fixed-window configs only. Rows leave and join as under
+  the other steps: the engine regroups them into a new decoder (`engine`).
 
 A row stops at the eos token or once its text contains a stop string, or at `max_gen_toks`; with
 a `max_batch` below the number of prompts, a stopped row leaves the batch and a waiting prompt
@@ -41,8 +42,7 @@ from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession
 from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 
-STEPS = ("reference", "triton", "static", "graph")
-FIXED_BATCH_STEPS = ("static", "graph")  # fixed buffers: one batch, no rows leaving or joining
+SESSION_STEPS = ("reference", "triton", "static")  # the steps of a session's one-token calls
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,13 @@ def sequence_id(tokens) -> int:
 
 def decode_session(rm: ReplayModel, config, seq_ids, step: str) -> ReplaySession:
     """A fresh session whose one-token calls run the decode step `step` (see the module docstring)."""
-    if step not in STEPS:
-        raise ValueError(f"unknown decode step {step!r}; known: {', '.join(STEPS)}")
-    if step == "reference":
-        return rm.new_session(config, seq_ids=seq_ids, engine="reference")
     if step == "graph":
         raise ValueError("step 'graph' drives the whole model (models.model_graph.StaticDecoder), not a session; "
-                         "use greedy_generate")
+                         "use engine.Engine or greedy_generate")
+    if step not in SESSION_STEPS:
+        raise ValueError(f"unknown decode step {step!r}; known: {', '.join(SESSION_STEPS)}, graph")
+    if step == "reference":
+        return rm.new_session(config, seq_ids=seq_ids, engine="reference")
     if step == "static":
         from replayssm_eval.models.static_session import StaticStepSession
 
@@ -101,62 +101,16 @@ def greedy_generate(
     step: str = "reference", max_batch: int | None = None, prefill_segment: int = PREFILL_SEGMENT,
     prefill_tokens: int = PREFILL_TOKENS, order=None,
 ) -> list[Generation]:
-    """Greedy generations of `prompts` (token id lists) under `config`, through `engine.Engine` (the fixed-buffer
-    steps "static" and "graph": one batch of all prompts, one prefill call).
+    """Greedy generations of `prompts` (token id lists) under `config`, through `engine.Engine`.
 
-    max_gen_toks: one limit or one per prompt; until: stop strings of every row, or one list per
-    row (`[[...], [...]]`); max_batch: rows decoded at once (default: all, one static batch);
-    order: the order prompts enter the batch (default: input order). Results in input order.
+    step: see the module docstring; max_gen_toks: one limit or one per prompt; until: stop strings
+    of every row, or one list per row (`[[...], [...]]`); max_batch: rows decoded at once (default:
+    all, one batch); order: the order prompts enter the batch (default: input order). Results in
+    input order.
     """
-    if step in FIXED_BATCH_STEPS:
-        if max_batch is not None and max_batch < len(prompts):
-            raise ValueError(f"step {step!r} decodes one fixed batch; got max_batch={max_batch} for {len(prompts)} "
-                             "prompts: pass max_batch=None or use step 'triton' for continuous batching")
-        if not isinstance(max_gen_toks, int):
-            raise ValueError(f"step {step!r} takes one max_gen_toks for every row, got {max_gen_toks!r}")
-        return _fixed_batch_generate(rm, prompts, config=config, max_gen_toks=max_gen_toks, until=until,
-                                     seq_ids=seq_ids, step=step)
     engine = Engine(rm, config, step=step, max_batch=max_batch or len(prompts), prefill_segment=prefill_segment,
                     prefill_tokens=prefill_tokens)
     return engine.generate(prompts, max_gen_toks=max_gen_toks, until=until, seq_ids=seq_ids, order=order)
-
-
-@torch.no_grad()
-def _fixed_batch_generate(rm: ReplayModel, prompts: list[list[int]], *, config, max_gen_toks: int, until, seq_ids,
-                          step: str) -> list[Generation]:
-    """One left-padded batch, one prefill call, every row stepped until all stopped: the fixed-buffer steps' loop."""
-    if max_gen_toks < 1:
-        raise ValueError(f"max_gen_toks must be >= 1, got {max_gen_toks}")
-    until = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * len(prompts)
-    tokenizer, device = rm.tokenizer, rm.model.device
-    ids, mask = left_pad(prompts, tokenizer.pad_token_id or 0, device)
-    seq_ids = [sequence_id(p) for p in prompts] if seq_ids is None else seq_ids
-    if step == "graph":
-        from replayssm_eval.models.model_graph import StaticDecoder
-
-        decoder = StaticDecoder(rm, config, ids, mask, seq_ids, max_len=ids.shape[1] + max_gen_toks,
-                                graphs=device.type == "cuda")
-        logits, advance = decoder.prefill(), decoder.step  # [B, V]
-    else:
-        session = decode_session(rm, config, seq_ids, step)
-        logits = rm.forward(ids, session, attention_mask=mask, logits_to_keep=1)[:, -1]  # [B, V]
-        advance = lambda chosen: rm.forward(chosen[:, None], session, logits_to_keep=1)[:, -1]  # noqa: E731
-    # a stop string of n bytes spans at most n tokens; one more covers a token that straddles its start
-    lookback = [max((len(s.encode()) for s in stops), default=0) + 1 for stops in until]
-    tokens: list[list[int]] = [[] for _ in prompts]
-    stopped = [False] * len(prompts)
-    for n in range(max_gen_toks):
-        chosen = logits.argmax(-1)  # [B]
-        for row, token in enumerate(chosen.tolist()):
-            if stopped[row]:
-                continue
-            tokens[row].append(token)
-            tail = tokenizer.decode(tokens[row][-lookback[row]:])
-            stopped[row] = token == tokenizer.eos_token_id or any(s in tail for s in until[row])
-        if all(stopped) or n == max_gen_toks - 1:
-            break
-        logits = advance(chosen)
-    return [Generation(tuple(t), cut_text(tokenizer, t, u), s, max_gen_toks) for t, s, u in zip(tokens, stopped, until)]
 
 
 def cut_text(tokenizer, tokens: list[int], until) -> str:

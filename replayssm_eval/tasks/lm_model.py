@@ -6,14 +6,16 @@
 
 Model args: `pretrained` (bundled fixture name, folder or hub id); the state either as
 `config=<ReplayConfig string>` (`shared:nvfp4`, `nvfp4/fp8sr@8#seed=1`) or as `read`, `recur`,
-`window`, `seed` (a split config; `fp32` when none is given); `device` (auto, or lm-eval's
+`window`, `seed` (a split config; `fp32` when none is given); `step` (the decode step of
+`engine.Engine`: auto = triton on cuda, reference elsewhere; or reference, triton, static, graph:
+the whole model's step captured as a CUDA graph, fixed-window configs only); `device` (auto, or lm-eval's
 `--device`; cpu when CUDA is absent), `dtype` (auto: bfloat16 on cuda, float32 on cpu); `gen_log=PATH` appends one JSON line
 per generation (task, doc_id, gen_tokens, hit_max_gen_toks, max_gen_toks, loop), which lm-eval's own
 samples lack; `prefill_segment` (prompt tokens per row and prefill call), `prefill_tokens` (per
 call), `device_map` (e.g. auto: a large model over several GPUs, accelerate). lm-eval's `--batch_size`
 is the most rows decoded at once, or `auto`: the largest batch that fits the GPU (`memory`; 8 on
 cpu); a batch that does not fit is refused before any work. Generation: `engine.Engine`,
-continuous batching (Triton decode steps on cuda, the step reference on cpu); rows enter the batch
+continuous batching through the decode step `step`; rows enter the batch
 longest first when `length_hint` ({(task, doc_id): FP32 gen_tokens}) is set, else in request
 order; loglikelihood: `generation.score_continuations`.
 """
@@ -32,6 +34,7 @@ from tqdm import tqdm
 from replayssm_eval.kernels.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.models import load_model
 from replayssm_eval.tasks.degeneration import is_loop
+from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 from replayssm_eval.tasks.generation import score_continuations
 from replayssm_eval.tasks.memory import plan_rows
@@ -61,17 +64,24 @@ class ReplaySSMLM(TemplateLM):
 
     def __init__(self, pretrained=None, config=None, read=None, recur=None, window=None, seed=None, batch_size=8,
                  device="auto", dtype="auto", gen_log=None, prefill_segment=PREFILL_SEGMENT,
-                 prefill_tokens=PREFILL_TOKENS, device_map=None, **unknown):
+                 prefill_tokens=PREFILL_TOKENS, device_map=None, step="auto", **unknown):
         super().__init__()
         if unknown:
             raise ValueError(f"unknown model args {', '.join(unknown)}; known: pretrained, config, read, recur, window, "
-                             "seed, device, dtype, gen_log, prefill_segment, prefill_tokens, device_map (batch size: lm-eval's --batch_size)")
+                             "seed, device, dtype, gen_log, prefill_segment, prefill_tokens, device_map, step "
+                             "(batch size: lm-eval's --batch_size)")
+        if step != "auto" and step not in DECODE_STEPS:
+            raise ValueError(f"step must be auto or one of {', '.join(DECODE_STEPS)}, got {step!r}")
         if str(batch_size) != "auto" and (not str(batch_size).isdigit() or int(batch_size) < 1):
             raise ValueError(f"batch_size must be a positive integer or auto, got {batch_size!r}")
         for name, value in (("prefill_segment", prefill_segment), ("prefill_tokens", prefill_tokens)):
             if not str(value).isdigit() or int(value) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.config = replay_config(config, read, recur, window, seed)
+        if step in FIXED_BUFFER_STEPS and self.config.speculative is not None:
+            raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {self.config.name!r}; "
+                             "use step triton")
+        self._step = step
         self.batch_size = "auto" if str(batch_size) == "auto" else int(batch_size)
         self.prefill_segment, self.prefill_tokens = int(prefill_segment), int(prefill_tokens)
         self.length_hint: dict | None = None
@@ -142,7 +152,9 @@ class ReplaySSMLM(TemplateLM):
 
     @property
     def step(self) -> str:
-        """The decode step: Triton kernels on a GPU, the pure-torch step reference elsewhere."""
+        """The decode step: as given, or for auto Triton kernels on a GPU, the pure-torch step reference elsewhere."""
+        if self._step != "auto":
+            return self._step
         return "triton" if self._device.type == "cuda" else "reference"
 
     def _batched(self, items: list, run, key, disable_tqdm: bool) -> list:

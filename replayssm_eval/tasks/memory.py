@@ -69,7 +69,7 @@ def measure(rm, config, *, step: str, prefill_segment: int, prefill_tokens: int)
         before = torch.cuda.memory_allocated(device)
     prefill, logits = engine.prefill([probe], [0])
     workspace = torch.cuda.max_memory_allocated(device) - before if cuda else 0
-    session = decode_session(rm, config, [0], step)
+    session = decode_session(rm, config, [0], "static" if step == "graph" else step)  # graph: the static step's buffers
     session.continue_from(prefill.carried())
     engine.step_tokens(session, logits.argmax(-1))
     kv = sum(_bytes(getattr(layer, name, None)) for layer in session.cache.layers for name in KV_ATTRS)

@@ -73,6 +73,8 @@ def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs)
     (["--max-batch-size", "0"], "--max-batch-size must be a positive integer or auto, got '0'"),
     (["--buckets", "pow2"], "accepted: quantile:K"),
     (["--data", "/nonexistent"], "accepted: hub, fixtures, or a directory"),
+    (["--step", "graph", "--configs", "fp32,nvfp4/fp16sr#spec=4:0.5"],
+     "--step graph covers fixed windows only, got speculative configs nvfp4/fp16sr#spec=4:0.5; use --step triton"),
 ])
 def test_bad_input_is_one_clear_error(args, message, capsys):
     assert cli.main(["accuracy", *args]) == 2

@@ -3,8 +3,10 @@
 Each prompt generated alone (one row, one prefill call) is the ground truth; the engine runs the
 same prompts with two rows at once, prompts fed in 4-token segments, rows of different lengths
 leaving and joining the batch, and must give the same tokens per prompt (same seq_ids, so the
-same SR bits). Then: the order of entry changes nothing, an out-of-memory step is recovered by
-halving the batch, and a batch that does not fit is refused before any work.
+same SR bits). Step "graph" (the whole model's step on fixed buffers, regrouped into a new decoder
+when rows join or most have left) gives the tokens of step "triton" under the same batching. Then:
+the order of entry changes nothing, an out-of-memory step is recovered by halving the batch (also
+under step "graph"), and a batch that does not fit is refused before any work.
 """
 
 import functools
@@ -15,6 +17,7 @@ from task_helpers import TEST_DEVICE
 
 from replayssm_eval.models import load_model
 from replayssm_eval.models.fixtures import BUNDLED_MODELS
+from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.tasks import memory
 from replayssm_eval.tasks.engine import Engine
 from replayssm_eval.tasks.generation import greedy_generate
@@ -59,6 +62,40 @@ def test_continuous_batching_in_the_triton_interpreter():
     ref = [greedy_generate(rm, [p], config="nvfp4/fp16sr@2", max_gen_toks=m, step="reference")[0].tokens
            for p, m in zip(prompts(rm)[:3], limits)]
     assert [g.tokens for g in gens] == ref
+
+
+GRAPH_TEXTS = ("To be", "O Romeo, Romeo", "Alas", "KING HENRY:\nOnce more")
+GRAPH_LIMITS = [3, 1, 4, 2]
+
+
+@pytest.mark.parametrize("name,config", [
+    ("tiny-qwen3.5", "nvfp4/fp16sr@2"),  # split, SR recurrence; GDN
+    pytest.param("tiny-nemotron-h", "shared:nvfp4@2", marks=pytest.mark.slow),  # shared; Mamba-2
+    pytest.param("tiny-nemotron-h", "nvfp4/fp8sr@2", marks=pytest.mark.slow),
+])
+def test_graph_step_with_continuous_batching_gives_the_triton_step_tokens(name, config, monkeypatch):
+    rm = model(name)
+    rows = prompts(rm, GRAPH_TEXTS)
+    decoders = []
+    from_session = StaticDecoder.from_session.__func__
+    monkeypatch.setattr(StaticDecoder, "from_session", classmethod(
+        lambda cls, *args, **kwargs: decoders.append(from_session(cls, *args, **kwargs)) or decoders[-1]))
+    graph = Engine(rm, config, step="graph", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False).generate(
+        rows, max_gen_toks=GRAPH_LIMITS)
+    # row 1 stops at its first token; row 2 joins row 0; row 0 stops (masked: row 3 waits), row 3 joins row 2;
+    # row 3 stops, nothing waits: row 2 moves alone to a smaller decoder
+    assert [d.batch for d in decoders] == [1, 2, 2, 1]
+    assert [g.tokens for g in graph] == triton_tokens(name, config)
+    assert [g.gen_tokens for g in graph] == GRAPH_LIMITS
+
+
+@functools.cache
+def triton_tokens(name: str, config: str):
+    """Step "triton"'s tokens of GRAPH_TEXTS under the batching of the graph tests."""
+    rm = model(name)
+    gens = Engine(rm, config, step="triton", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False).generate(
+        prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
+    return [g.tokens for g in gens]
 
 
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
@@ -106,6 +143,24 @@ def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_token
     assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
 
 
+@pytest.mark.slow
+def test_out_of_memory_under_the_graph_step_regenerates_the_same_tokens(monkeypatch):
+    rm = model("tiny-qwen3.5")
+    engine = Engine(rm, "nvfp4/fp16sr@2", step="graph", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False)
+    step, calls = engine.step_tokens, []
+
+    def flaky(session, tokens):
+        calls.append(tokens.shape[0])
+        if len(calls) == 4:  # the first step of a two-row decoder (rows 0 and 2)
+            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
+        return step(session, tokens)
+
+    monkeypatch.setattr(engine, "step_tokens", flaky)
+    gens = engine.generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
+    assert calls[3] == 2 and engine.max_batch == 1 and max(calls[4:]) == 1
+    assert [g.tokens for g in gens] == triton_tokens("tiny-qwen3.5", "nvfp4/fp16sr@2")
+
+
 def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_and_the_memory():
     cost = memory.RowCost(fixed=2**30, per_token=2**20, logits=2**20, prefill=4 * 2**30)
     with pytest.raises(MemoryError, match=r"batch size 64 needs 1028\.00 GiB \(16\.00 GiB per row.* 80\.00 GiB free.* at most 4 rows fit"):
@@ -114,6 +169,18 @@ def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_an
     assert memory.fit_batch("auto", cost, 1000, None, default=8) == 8  # cpu: the default, nothing queried
     with pytest.raises(MemoryError, match="not even one row fits"):
         memory.fit_batch("auto", cost, 1000, 2**30, default=8)
+
+
+def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_graph():
+    pytest.importorskip("lm_eval")
+    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+
+    assert ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph").step == "graph"
+    assert ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu").step == "reference"  # auto, on cpu
+    with pytest.raises(ValueError, match="step must be auto or one of reference, triton, static, graph, got 'fast'"):
+        ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="fast")
+    with pytest.raises(ValueError, match="step 'graph' covers fixed windows only"):
+        ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#spec=4:0.5")
 
 
 def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):
