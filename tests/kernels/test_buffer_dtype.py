@@ -5,12 +5,11 @@ Mamba-2 rounds x and B (the D x term uses x as given); GDN rounds k and beta, an
 
 import pytest
 import torch
-import test_gdn_reference as gdn_ref
+import test_delta_reference as gdn_ref
 import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, mamba2
 from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.gdn import triton as gdn_triton
 from replayssm_eval.kernels.mamba2 import triton as m2_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
@@ -113,7 +112,7 @@ def test_gdn_triton_matches_reference(fold, device):
     gdn_ref.assert_close("chunked triton", o_ref, o, 2e-3)
     state, outs = inputs[5], []
     for n in range(inputs[0].shape[1]):
-        o_n, state = gdn_triton.decode_step_triton(*gdn_ref.cut(inputs, n, n + 1), state, cfg)
+        o_n, state = gdn.decode_step_triton(*gdn_ref.cut(inputs, n, n + 1), state, cfg)
         outs.append(o_n)
     gdn_ref.assert_close("decode step", o_ref, torch.cat(outs, 1), 2e-3)
     assert torch.equal(state.buffer["k"], _bf16(state.buffer["k"]))

@@ -34,7 +34,7 @@ def assert_close(name, ref, got, rtol, atol=0.0):
     assert err <= bound, f"{name}: max abs err {err:.3e} > {bound:.3e} (RMS ratio {rms:.3e})"
 
 
-def make_inputs(fam, batch=3, seqlen=37, heads=2, value_heads=4, dk=20, dv=None, dtype=torch.float64, seed=0, device="cpu",
+def make_inputs(fam="gdn", batch=3, seqlen=37, heads=2, value_heads=4, dk=20, dv=None, dtype=torch.float64, seed=0, device="cpu",
                 decay=0.25):
     """q, k L2-normalised (q scaled by K^-0.5) as the HF layer passes them, g <= 0, beta in (0, 1), S0 on the FP32 grid.
 
