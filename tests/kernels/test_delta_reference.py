@@ -196,13 +196,16 @@ def test_reference_matches_naive(fam, text, window, fold):
         assert torch.equal(want_lo.float(), lo[b]), f"S_lo of sequence {b} differs"
 
 
+def _decode_both(fam, seqlen, config_a, config_b):
+    """decode_reference of make_inputs(fam, seqlen) under two configs (fp64): [(o, state)] * 2."""
+    inputs = make_inputs(fam, seqlen=seqlen)
+    return [FAMILIES[fam].decode_reference(*inputs, cfg, compute_dtype=torch.float64) for cfg in (config_a, config_b)]
+
+
 @FAM
 def test_skip_is_live(fam):
     """With a strong decay the skip drops the checkpoint term for some heads (and not for all)."""
-    inputs = make_inputs(fam, seqlen=12)
-    decode = FAMILIES[fam].decode_reference
-    o_ref, _ = decode(*inputs, "nvfp4/fp16sr@8", compute_dtype=torch.float64)
-    o_skip, _ = decode(*inputs, "nvfp4/fp16sr@8#skip=0.5", compute_dtype=torch.float64)
+    (o_ref, _), (o_skip, _) = _decode_both(fam, 12, "nvfp4/fp16sr@8", "nvfp4/fp16sr@8#skip=0.5")
     changed = ((o_ref - o_skip).abs() > 1e-12).any(-1)  # [B, T, HV]
     assert changed.any() and not changed.all()
 
@@ -283,10 +286,7 @@ def test_window_one_is_eager_decoding(fam, text):
 
 @FAM
 def test_window_one_folds_coincide(fam):
-    inputs = make_inputs(fam, seqlen=9)
-    decode = FAMILIES[fam].decode_reference
-    o_open, st_open = decode(*inputs, "nvfp4/fp16sr@1", compute_dtype=torch.float64)
-    o_closed, st_closed = decode(*inputs, "nvfp4/fp16sr@1#closed", compute_dtype=torch.float64)
+    (o_open, st_open), (o_closed, st_closed) = _decode_both(fam, 9, "nvfp4/fp16sr@1", "nvfp4/fp16sr@1#closed")
     assert_close("o", o_open, o_closed, 1e-14)
     assert torch.equal(st_open.hi, st_closed.hi) and torch.equal(st_open.lo, st_closed.lo)
 
@@ -294,10 +294,7 @@ def test_window_one_folds_coincide(fam):
 @FAM
 def test_read_copy_is_used(fam):
     """A quantized read copy changes non-flush outputs (the read path is live); a closed flush output is exact again."""
-    inputs = make_inputs(fam, seqlen=8)
-    decode = FAMILIES[fam].decode_reference
-    o_ref, _ = decode(*inputs, "fp32/fp32@4", compute_dtype=torch.float64)
-    o_q, _ = decode(*inputs, "nvfp4/fp32@4#closed", compute_dtype=torch.float64)
+    (o_ref, _), (o_q, _) = _decode_both(fam, 8, "fp32/fp32@4", "nvfp4/fp32@4#closed")
     assert (o_q - o_ref)[:, 0].abs().max() > 1e-4
     assert_close("closed flush output", o_ref[:, 3], o_q[:, 3], 1e-6)
 

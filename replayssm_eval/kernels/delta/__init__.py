@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 
 from replayssm_eval.kernels.delta import triton as _shared_triton
-from replayssm_eval.kernels.delta._common import _prepare, checkpoint_kv, to_format_layout
+from replayssm_eval.kernels.delta._common import _prepare, checkpoint_kv, to_format_layout  # noqa: F401 (checkpoint_kv: API)
 from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.reference import decode, speculative_decode
 from replayssm_eval.kernels.family import KernelFamily
@@ -120,14 +120,23 @@ class DeltaRule:
         v, beta = heads * head_dim, heads
         return k + u + decay, k + v + beta + decay, k + u + decay + v + beta
 
-    def family(self, name: str, shapes: dict, test_shapes: dict, hf_scans: dict) -> KernelFamily:
-        """The `KernelFamily` of these entry points (name, input shapes and HF scan functions from the family)."""
+    def entry_points(self) -> tuple:
+        """(decode_reference, speculative_decode_reference, chunked, decode_step_triton, verify), the family's API."""
+        return (self.decode_reference, self.speculative_decode_reference, self.chunked, self.decode_step_triton,
+                self.verify)
+
+    def family(self, name: str, hf_scans: dict, qk_normalised: str) -> KernelFamily:
+        """The `KernelFamily` of these entry points. hf_scans: {HF model_type: (chunk function, one-token function)};
+        qk_normalised: when q and k arrive L2-normalised (the shapes' note)."""
+        g = "[B, T, HV, K] (per-channel log decay <= 0)" if self.per_channel else "[B, T, HV] (log decay <= 0)"
         return KernelFamily(
             name=name,
             inputs=("q", "k", "v", "g", "beta"),
-            shapes=shapes,
+            shapes={"q": f"[B, T, H, K] (L2-normalised {qk_normalised}, scaled by K^-0.5)",
+                    "k": f"[B, T, H, K] (L2-normalised {qk_normalised})", "v": "[B, T, HV, V]", "g": g,
+                    "beta": "[B, T, HV]"},
             state_layout="[B, HV, K, V]",
-            test_shapes=test_shapes,
+            test_shapes={"small": dict(B=3, H=1, HV=2, K=16, V=20), "grouped": dict(B=2, H=2, HV=4, K=32, V=16)},
             hf_scans=hf_scans,
             closed_fold=True,
             decode_reference=self.decode_reference,

@@ -100,6 +100,7 @@ class Prepared:
     seq_ids: torch.Tensor  # [B] int64
     dtype: torch.dtype
     groups: int
+    per_channel: bool  # g is [B, T, HV, K]
     state: ReplayState  # at call start: fresh tensors, buffer in the compute dtype, hi / lo fp32
     plan: TokenPlan
     schedule_after: ScheduleState
@@ -107,10 +108,6 @@ class Prepared:
     @property
     def capacity(self) -> int:
         return buffer_capacity(self.config)
-
-    @property
-    def per_channel(self) -> bool:
-        return self.g.dim() == 4
 
 
 def _check_config(config) -> ReplayConfig:
@@ -179,7 +176,7 @@ def _prepare(q, k, v, g, beta, initial_state, config, *, layer_idx, seq_ids, com
     return Prepared(
         q=expand_heads(q.to(cd), groups), k=expand_heads(k, groups), k_heads=k, v=v,
         g=g.to(cd), beta=rounded(beta.to(cd)), config=config, layer=layer_idx, seq_ids=seq_ids, dtype=cd, groups=groups,
-        state=state, plan=plan, schedule_after=after,
+        per_channel=per_channel, state=state, plan=plan, schedule_after=after,
     )
 
 

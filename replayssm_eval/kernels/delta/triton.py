@@ -59,6 +59,36 @@ def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constex
     return tl.trans(y)
 
 
+@triton.jit
+def _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
+    """A chunked program's tile [BK, BV] (rows k, columns v) of both stored copies [B, HV, V, K] (S_lo is S_hi when
+    SHARED), with its index into them, its mask and its element index in [HV, V, K] (`_store_round`'s counter)."""
+    state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    smask = (ks < K)[:, None] & (vs < V)[None, :]
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
+    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    return state_idx, smask, elem, s_hi, s_lo
+
+
+@triton.jit
+def _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
+                  HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
+                  LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
+    s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
+    s_hi = tl.where(smask, s_hi, 0.0)
+    if SHARED:
+        s_lo = s_hi
+    else:
+        s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+        s_lo = tl.where(smask, s_lo, 0.0)
+    return s_hi, s_lo
+
+
 def _store_mode(fmt, whole_head: bool):
     """(kind, scale group, max) of the in-kernel store of `fmt`, or None when no program sees its scale group (blocks
     along V, MX blocks, a tensor-wide scale, a head scale with V > _MAX_HEAD_V, formats outside `triton_rounds`):

@@ -39,9 +39,6 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
 
 from __future__ import annotations
 
-
-from __future__ import annotations
-
 import torch
 import triton
 import triton.language as tl
@@ -50,7 +47,7 @@ from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
 from replayssm_eval.kernels.delta.chunked import _pad, segment_layout
 from replayssm_eval.kernels.delta.triton import (  # jit helpers and constexprs the kernels below read as globals
-    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _dot, _load_packed, _read_args, _store_round,
+    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _dot, _load_copies, _load_packed, _read_args, _round_copies,
 )
 from replayssm_eval.quant.triton import _E2M1_F16_SCALE, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast
 
@@ -75,14 +72,7 @@ def _chunked_kernel(
     vmask = vs < V
     kmask = ks < K
     bh = b * HV + hv
-    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
-    smask = kmask[:, None] & vmask[None, :]
-    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
-    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
@@ -124,13 +114,8 @@ def _chunked_kernel(
                 else:
                     folded = d_end * s_hi + _dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
-                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
-                s_hi = tl.where(smask, s_hi, 0.0)
-                if SHARED:
-                    s_lo = s_hi
-                else:
-                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-                    s_lo = tl.where(smask, s_lo, 0.0)
+                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
+                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
             tl.store(u_ptr + out, u, mask=vmask[None, :])

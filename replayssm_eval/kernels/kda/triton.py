@@ -28,7 +28,6 @@ the kernels here are KDA's own because the per-channel decay changes their math.
 4. `conventional_step`: the conventional FP32 eager step, the benchmarks' baseline.
 """
 
-
 from __future__ import annotations
 
 import torch
@@ -38,7 +37,9 @@ import triton.language as tl
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
-from replayssm_eval.kernels.delta.triton import _dot, _load_packed, _read_args, _store_round  # jit helpers read as globals
+from replayssm_eval.kernels.delta.triton import (  # jit helpers the kernels read as globals
+    _dot, _load_copies, _load_packed, _read_args, _round_copies,
+)
 
 
 @triton.jit
@@ -61,14 +62,7 @@ def _chunked_kernel(
     vmask = vs < V
     kmask = ks < K
     bh = b * HV + hv
-    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
-    smask = kmask[:, None] & vmask[None, :]
-    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
-    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
@@ -101,13 +95,8 @@ def _chunked_kernel(
                 else:
                     folded = d_end[:, None] * s_hi + _dot(tl.trans(k_end), u, DOT)
                 checkpoint += 1
-                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
-                s_hi = tl.where(smask, s_hi, 0.0)
-                if SHARED:
-                    s_lo = s_hi
-                else:
-                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-                    s_lo = tl.where(smask, s_lo, 0.0)
+                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
+                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
             tl.store(o_ptr + rv, o, mask=vmask[None, :])
             tl.store(u_ptr + rv, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
