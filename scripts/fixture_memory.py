@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-SHARED, SPLIT = "shared:nvfp4:scale=head", "nvfp4:scale=head/fp32"
+SHARED, SPLIT = "shared:nvfp4", "nvfp4/fp32"  # as the KL driver names them (NVFP4 with its default per-head scales)
 MAX_BPB_LOSS = 0.3
 
 

@@ -33,7 +33,7 @@ for i in "${!VARIANTS[@]}"; do
   [[ -f $model/training.json ]] || { echo "variant $i did not finish"; tail -5 $work/train-v$i.log; continue; }
   timeout 120 python -m replayssm_eval kl --model "$model" --tokens 32768 --num-docs 1 --prompt-len 512 \
     --segment-len 4096 --backend triton --dtype float32 --output $work/kl-v$i \
-    --config shared:nvfp4:scale=head --config nvfp4:scale=head/fp32 > $work/kl-v$i.log 2>&1 || tail -5 $work/kl-v$i.log
+    --config shared:nvfp4 --config nvfp4/fp32 > $work/kl-v$i.log 2>&1 || tail -5 $work/kl-v$i.log
   [[ -f $work/kl-v$i/kl.json ]] && pairs+=("$model:$work/kl-v$i")
 done
 python scripts/fixture_memory.py "${pairs[@]}" | tee $work/ranking.txt

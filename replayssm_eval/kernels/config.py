@@ -62,9 +62,9 @@ class ReplayConfig:
         with the buffered raw k, v, beta, g at flush. Ignored by Mamba-2.
     skip_read_below: if set, heads whose cumulative decay since the checkpoint is below this
         value skip the checkpoint read on non-flush steps (its contribution is taken as zero).
-    buffer_dtype: the dtype the buffered inputs are rounded to when appended (docs/semantics.md,
-        buffer dtype): Mamba-2 rounds x and B, GDN rounds k and beta (and v, closed fold). 'fp32'
-        keeps them as given.
+    buffer_dtype: the dtype the ring keeps (docs/semantics.md, buffered-input precision): Mamba-2
+        rounds x and B, and a fold's scaled keys dt G B; GDN and KDA round k, beta (and v, closed
+        fold) and each u when appended. 'fp32' rounds nothing.
     """
 
     read: str = "fp32"

@@ -33,8 +33,10 @@ PRESETS = {p.name: p for p in (
     EnginePreset("vllm:int16sr", "int16sr:scale=row", "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "INT16 state with per-row scales and stochastic rounding floor(x + U[0, 1))"),
     EnginePreset("vllm:replay-fp16sr", "shared:fp16sr#buf=bf16",
-                 "vllm-project/vllm#48018 and #48792 (selective_state_update_replayssm_output_only.py)",
-                 "ReplaySSM: one FP16+SR checkpoint, ring of inputs in the activation dtype (bf16)"),
+                 "vllm-project/vllm#48018 and #48792 (selective_state_update_replayssm_output_only.py, "
+                 "gdn_replayssm_spec_decode.py)",
+                 "ReplaySSM: one FP16+SR checkpoint, ring in the activation dtype (bf16): Mamba-2 x, B and the "
+                 "fold's B * dt * decay; GDN k, beta and u"),
     EnginePreset("vllm:replay-fp8sr", "shared:fp8sr:scale=row#buf=bf16", "vllm-project/vllm#52962",
                  "FlashInfer ReplaySSM with an FP8+SR checkpoint, one scale per (head, head_dim), bf16 ring"),
     EnginePreset("sglang:fp16sr", "fp16sr", "sgl-project/sglang#26929 (--enable-mamba-cache-stochastic-rounding)",
@@ -51,7 +53,8 @@ PRESETS = {p.name: p for p in (
     EnginePreset("trtllm:fp16sr", "fp16sr", "NVIDIA/TensorRT-LLM#11972 (mamba_ssm_stochastic_rounding, mamba_ssm_philox_rounds)",
                  "FP16 Mamba SSM cache with Philox stochastic rounding, 10 rounds by default"),
     EnginePreset("trtllm:replay-fp16sr", "shared:fp16sr#buf=bf16", "NVIDIA/TensorRT-LLM#14203 and #13725",
-                 "ReplaySSM with an FP16+SR checkpoint; x and B buffered in the activation dtype, dt in FP32"),
+                 "ReplaySSM with an FP16+SR checkpoint; x and B buffered in the activation dtype, dt in FP32, the "
+                 "fold's dt * decay * B cast to bf16 before its dot (replay_selective_state_update.py)"),
     EnginePreset("modelopt:int8-hadamard", "shared:int8:axis=headdim,scale=block:32,rot=hadamard:32@8",
                  "NVIDIA/Model-Optimizer docs/linear_attention_decode.md (decode.state_codec='int8_hadamard32')",
                  "INT8 replay anchor in a 32-point Hadamard basis along the value dim, one scale per key channel "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from replayssm_eval.kernels.buffer_round import buffer_kind
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY
@@ -158,7 +159,8 @@ def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool
 
     x, dt, A, B, C, D = inputs
     rows = torch.arange(x.shape[0], device=x.device)
-    for key, new in (("x", x), ("B", B), ("dt", dt)):
+    rounded = st.config.round_buffered  # x and B buffered in the buffer dtype, as `mamba2._common._prepare`
+    for key, new in (("x", rounded(x)), ("B", rounded(B)), ("dt", dt)):
         st.buffer[key].index_put_((rows, st.count), new[:, 0])
     buf = st.buffer
     batch, E, H, P = buf["x"].shape
@@ -172,7 +174,7 @@ def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool
         buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, fold8, fold8, st.hi, data,
         data if scales is None else scales, data if gs is None else gs, A.contiguous(), y, st.fold_out if flush else y,
         E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush,
+        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush, BUF=buffer_kind(st.config),
         BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N),
         BLOCK_S=max(16, triton.next_power_of_2(nb)) // 16, **cfg,
     )
@@ -184,6 +186,11 @@ def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -
     from replayssm_eval.kernels.gdn.triton import _replay_step_kernel, step_grid, step_launch_config
 
     q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)  # q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
+    # buffered inputs in the buffer dtype, as `delta._common._prepare`: k, beta, and v with the closed fold
+    rounded = st.config.round_buffered
+    k, beta = rounded(k), rounded(beta)
+    if st.config.gdn_fold == "closed":
+        v = rounded(v)
     bsz, nv, dv = v.shape
     dk = k.shape[-1]
     cap = st.buffer["k"].shape[1]
@@ -199,10 +206,11 @@ def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -
         st.hi, data, scales, gs, u, o, st.fold_out if flush else u,
         nv, nv // k.shape[1], cap, float(skip or 0.0),
         K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=skip is not None,
-        FOLD=flush, CLOSED=st.config.gdn_fold == "closed", BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+        FOLD=flush, CLOSED=st.config.gdn_fold == "closed", BUF=buffer_kind(st.config),
+        BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
     )
     rows = torch.arange(bsz, device=v.device)
-    entry = dict(k=k, u=u, g=g, v=v, beta=beta)
+    entry = dict(k=k, u=rounded(u), g=g, v=v, beta=beta)
     for name, t in st.buffer.items():
         t.index_put_((rows, st.count), entry[name])
     return o[:, None]  # [B, 1, HV, V]

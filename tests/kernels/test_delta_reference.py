@@ -367,14 +367,16 @@ def test_bad_options(fam):
 
 @pytest.mark.parametrize("fold", ["open", "closed"])
 def test_kda_buffer_dtype_rounds_buffered_inputs(fold):
-    """#buf=bf16 == an FP32 buffer fed bf16-rounded k and beta (and v with the closed fold); chunked agrees."""
+    """#buf=bf16 rounds k and beta (and v with the closed fold) as appended: pre-rounded inputs change nothing;
+    the buffer holds k and u in bf16 (tests/kernels/test_buffer_dtype.py checks u against a hand-built recurrence)."""
     bf16 = lambda t: t.to(torch.bfloat16).to(t.dtype)  # noqa: E731
     q, k, v, g, beta, s0 = make_inputs("kda", batch=2, seqlen=9, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32)
     cfg = ReplayConfig.parse("nvfp4/fp16sr@4").replace(gdn_fold=fold)
     o, st = kda.decode_reference(q, k, v, g, beta, s0, cfg.replace(buffer_dtype="bf16"))
-    o_want, _ = kda.decode_reference(q, bf16(k), bf16(v) if fold == "closed" else v, g, bf16(beta), s0, cfg)
+    o_want, _ = kda.decode_reference(q, bf16(k), bf16(v) if fold == "closed" else v, g, bf16(beta), s0,
+                                     cfg.replace(buffer_dtype="bf16"))
     assert torch.equal(o, o_want)
-    assert torch.equal(st.buffer["k"], bf16(st.buffer["k"]))
+    assert torch.equal(st.buffer["k"], bf16(st.buffer["k"])) and torch.equal(st.buffer["u"], bf16(st.buffer["u"]))
     o32, _ = kda.decode_reference(q, k, v, g, beta, s0, cfg)
     assert (o32 - o).abs().max() > 1e-4, "a bf16 buffer must change the outputs"
     inputs = [t.double() for t in (q, k, v, g, beta, s0)]

@@ -14,7 +14,7 @@ from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import sr_keys
 from replayssm_eval.kernels.static_step import StaticState, check_static_config
 
-CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4")
+CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16")
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789], dtype=torch.int64)
 
@@ -85,7 +85,7 @@ def test_mamba2_static_step_equals_decode_step_triton(config, device):
     def decode(inputs, state, cfg):
         x, dt, A_, B, C, D_ = inputs
         y, state = decode_step_triton(x[:, 0], dt[:, 0], A_, B[:, 0], C[:, 0], D_, state, cfg, layer_idx=3,
-                                      seq_ids=SEQ_IDS)
+                                      seq_ids=SEQ_IDS.to(device))
         return y[:, None], state
 
     x0 = make(gen)
@@ -93,9 +93,9 @@ def test_mamba2_static_step_equals_decode_step_triton(config, device):
     _run("mamba2", config, make, decode, first)
 
 
-@pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed",))
+@pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16"))
 def test_gdn_static_step_equals_decode_step_triton(config, device):
-    from replayssm_eval.kernels.gdn.triton import decode_step_triton
+    from replayssm_eval.kernels.gdn import decode_step_triton
 
     b, h, hv, k, v = 3, 1, 2, 16, 8
     gen = torch.Generator().manual_seed(0)
@@ -108,7 +108,7 @@ def test_gdn_static_step_equals_decode_step_triton(config, device):
         return tuple(t.to(device) for t in made)
 
     def decode(inputs, state, cfg):
-        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS)
+        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS.to(device))
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
     _run("gdn", config, make, decode, first)

@@ -19,10 +19,16 @@ recomputed from its raw (v, beta). With KDA's per-channel decay, gc_t [K] and th
 P_ti = exp(gc_t - gc_i) [K] (i <= t) replace the scalar ones: k_t . P_ti k_i in A, R_x rows
 beta_t (d_t k_t)^T, M_ti = q_t . P_ti k_i, S_fold = diag(d_end) S_hi + sum_i (P_end,i k_i) u_i^T.
 The pairwise decays are formed per channel ([L, L, K]) rather than factored as
-exp(gc_t) exp(-gc_i), which overflows for strongly decaying channels. Everything that does not depend on the checkpoint (T, the
-W = T R, M) is computed for a block of segments at once; the loop over segments only applies the
-checkpoint (a few batched matmuls) and `write_checkpoint`, all sequences together whatever
-their phase (sequences with fewer segments carry padding that changes nothing).
+exp(gc_t) exp(-gc_i), which overflows for strongly decaying channels. Everything that does not
+depend on the checkpoint (T, the W = T R, M; `precompute`, also the input of KDA's Triton kernel)
+is computed for a block of segments at once; the loop over segments only applies the checkpoint
+(a few batched matmuls) and `write_checkpoint`, all sequences together whatever their phase
+(sequences with fewer segments carry padding that changes nothing).
+
+With a buffer dtype (`#buf=bf16|fp16`) each u_i is rounded to it when buffered, before later entries use it,
+so the system has no joint solution: `forward_substitution` solves it one row at a time, per segment once its
+checkpoint is known, the rows of the sum using the rounded u_i. A token's own u_t enters its output as computed,
+the fold and the buffer take the rounded u's (`reference.py`).
 """
 
 from __future__ import annotations
@@ -127,6 +133,7 @@ def chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
     dv = p.v.shape[-1]
     closed = cfg.gdn_fold == "closed"
     seg = segment_layout(p)
+    substitute = cfg.buffer_dtype != "fp32"  # each u rounded before the later ones use it: no joint solve
     x = padded_inputs(p, seg)
     hi32, lo32 = st.hi, st.lo
     s_hi, s_lo = from_format_layout(hi32).to(cd), from_format_layout(lo32).to(cd)  # [B, HV, K, V]
@@ -138,11 +145,18 @@ def chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
 
     for start in range(0, seg.num, block):
         sl = slice(start, min(start + block, seg.num))
-        blk = precompute({name: t[:, sl] for name, t in x.items()}, cfg.skip_read_below, closed, p.per_channel)
+        blk = precompute({name: t[:, sl] for name, t in x.items()}, cfg.skip_read_below, closed, p.per_channel, substitute)
         for j, s in enumerate(range(sl.start, sl.stop)):
             at = {name: t[:, j] for name, t in blk.items()}
-            u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
-            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo + at["m"] @ u
+            o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo
+            if substitute:
+                r = at["r_v"] - at["r_hi"] @ s_hi - at["r_lo"] @ s_lo  # [B, HV, L, V]
+                u_raw, u = forward_substitution(at["a"], r, cfg.round_buffered)
+                # a token's own u enters its output as computed, the earlier entries' as buffered
+                o = o + at["m"] @ u + torch.diagonal(at["m"], dim1=-2, dim2=-1)[..., None] * (u_raw - u)
+            else:
+                u = at["u0"] - at["w_hi"] @ s_hi - at["w_lo"] @ s_lo  # [B, HV, L, V]
+                o = o + at["m"] @ u
             folded = seg.folds[:, s]
             if folded.any():
                 if closed:
@@ -198,12 +212,26 @@ def state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplaySt
     )
 
 
-def precompute(x: dict[str, torch.Tensor], eps, closed, per_channel) -> dict[str, torch.Tensor]:
+def forward_substitution(a, r, rounded):
+    """u_t = r_t - sum_{i<t} a[t, i] rounded(u_i), in order: the delta rule of a segment whose buffered u's are rounded.
+
+    a: [..., L, L] strictly lower; r: [..., L, V]. Returns (u, rounded(u)), each [..., L, V].
+    """
+    u, u_buf = torch.empty_like(r), torch.empty_like(r)
+    for t in range(r.shape[-2]):
+        u[..., t, :] = r[..., t, :] - (a[..., t:t + 1, :t] @ u_buf[..., :t, :])[..., 0, :]
+        u_buf[..., t, :] = rounded(u[..., t, :])
+    return u, u_buf
+
+
+def precompute(x: dict[str, torch.Tensor], eps, closed, per_channel, substitute=False) -> dict[str, torch.Tensor]:
     """Checkpoint-independent tensors of a block of segments (`padded_inputs` sliced to S segments).
 
     Returns u0, w_hi, w_lo ([B, S, HV, L, V], [.., L, K] x 2): U = u0 - w_hi S_hi - w_lo S_lo; q_hi, q_lo
     [.., L, K] and m [.., L, L]: O = q_hi S_hi + q_lo S_lo + m U; d_end [B, S, HV, K] (scalar decay: [B, S, HV, 1]),
     k_end [.., L, K]: the open fold; closed: u0_c, w_c (every row from S_hi, u from the raw entries).
+    substitute (a buffer dtype): the open system (I + A) U = R unsolved instead, r_v, r_hi, r_lo in place of u0,
+    w_hi, w_lo and a [.., L, L] (A, strictly lower), for `forward_substitution`.
     """
     k, q, g, v, beta = x["k"], x["q"], x["g"], x["v"], x["beta"]
     length = beta.shape[-1]
@@ -238,12 +266,16 @@ def precompute(x: dict[str, torch.Tensor], eps, closed, per_channel) -> dict[str
         k_end = torch.exp(g_end[..., None] - gc)[..., None] * k
         r_c = (beta * torch.exp(gc) * keep_checkpoint(g_end, eps, False)[..., None])[..., None] * k if closed else None
     rhs = torch.cat([r_v, r_k * hi_h[..., None], r_k * ~hi_h[..., None]], dim=-1)
-    sol = torch.linalg.solve_triangular(eye + a * ~pre_h[..., None], rhs, upper=False, unitriangular=True)
+    a_open = a * ~pre_h[..., None]  # carried entries keep their stored u
+    sol = rhs if substitute else torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
     dv, dk = v.shape[-1], k.shape[-1]
     out = {
-        "u0": sol[..., :dv], "w_hi": sol[..., dv:dv + dk], "w_lo": sol[..., dv + dk:],
         "q_hi": qd * hi_h[..., None], "q_lo": qd * ~hi_h[..., None], "m": m, "d_end": d_end, "k_end": k_end,
     }
+    solved = ("r_v", "r_hi", "r_lo") if substitute else ("u0", "w_hi", "w_lo")
+    out.update(zip(solved, (sol[..., :dv], sol[..., dv:dv + dk], sol[..., dv + dk:])))
+    if substitute:
+        out["a"] = a_open
     if closed:
         xc = torch.linalg.solve_triangular(eye + a, torch.cat([beta[..., None] * v, r_c], dim=-1), upper=False, unitriangular=True)
         out["u0_c"], out["w_c"] = xc[..., :dv], xc[..., dv:]

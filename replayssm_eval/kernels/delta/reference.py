@@ -13,8 +13,9 @@ operation order, so its numbers do not depend on the per-channel code.
 ReplaySSM (docs/semantics.md, "Decode semantics"; `kernels.schedule`): the buffer holds every entry since the newest
 checkpoint. Token n reads the copy src = S_hi if plan.read_hi[b, n] else S_lo of that checkpoint,
 rebuilds S_{n-1} = G S_src + sum_{i<n} G k_i u_i^T from the buffer (G: decays since the
-checkpoint or since entry i, per channel for KDA), computes u_n from it, appends (k_n, u_n, g_n)
-and outputs o_n = (A_n S_{n-1} + k_n u_n^T)^T q_n. If plan.fold_after[b, n] the buffer is folded:
+checkpoint or since entry i, per channel for KDA), computes u_n from it, outputs
+o_n = (A_n S_{n-1} + k_n u_n^T)^T q_n and appends (k_n, u_n, g_n), u_n rounded to the buffer dtype
+(`#buf`; the output used it as computed). If plan.fold_after[b, n] the buffer is folded:
 - open (vLLM): S = G S_hi + sum_i G k_i u_i^T with each u_i as computed at its own step;
 - closed (SGLang): the exact recurrence re-run from S_hi over the buffered raw (k, v, beta, g);
   a fold token that reads S_hi takes its output from this closed-fold state;
@@ -84,7 +85,7 @@ def decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
             u = p.beta[:, n, :, None] * (p.v[:, n] - alpha * torch.einsum("bhkv,bhk->bhv", s_prev, k_n))
             s_new = alpha[..., None] * s_prev + k_n[..., None] * u[..., None, :]
         o[:, n] = torch.einsum("bhkv,bhk->bhv", s_new, q_n)
-        buf["u"][rows, pos] = u
+        buf["u"][rows, pos] = cfg.round_buffered(u)  # the output above uses u as computed; the buffer keeps it rounded
 
         fold = p.plan.fold_after[:, n]
         if not fold.any():
@@ -205,7 +206,7 @@ def speculative_decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
                 ring["beta"][h:h + width] = p.beta[b, drafted]
             src = from_format_layout(hi32[b] if step_hi else lo32[b]).to(cd)
             u_d, o_d = _verify(src, ring, h, width, p.q[b, drafted], p.v[b, drafted], p.beta[b, drafted], p.groups, cfg.skip_read_below)
-            ring["u"][h:h + width] = u_d
+            ring["u"][h:h + width] = cfg.round_buffered(u_d)
             o[b, n:n + commit] = o_d[:commit]
             h, n = h + commit, n + commit  # commit: move the pointer
             left[b] -= commit

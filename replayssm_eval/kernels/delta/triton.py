@@ -12,7 +12,7 @@ are the same, so are
   launches of a copy no program can round (`run_segments`);
 - the single-token step and verification in the `KernelFamily` call convention (`decode_step`,
   `verify`), around each family's launcher, and the read-copy arguments of the step kernels
-  (`_read_args`).
+  (`_read_args`), and `_forward_substitution`, the chunked kernels' delta rule with rounded buffered u's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.kernels.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
 from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
@@ -57,6 +58,21 @@ def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constex
     xt = tl.trans(x)  # [BV, BK]: format rows are v columns, blocks run along K
     y = quantize_tile(xt, tl.trans(bits), tile_amax(xt, SCALE == _HEAD), KIND, SCALE != _NONE, FMT_MAX, 16, BV, BK)
     return tl.trans(y)
+
+
+@triton.jit
+def _forward_substitution(a, r, ts, BUF: tl.constexpr, LP: tl.constexpr):
+    """u_t = r_t - sum_{i<t} a[t, i] round(u_i) row by row (a [LP, LP] strictly lower, r [LP, BV]): the delta rule of
+    a segment whose buffered u's are rounded to the buffer dtype. Returns (u, round(u))."""
+    u = tl.zeros_like(r)
+    u_buf = tl.zeros_like(r)
+    for t in range(LP):
+        at_t = ts[:, None] == t
+        a_t = tl.sum(tl.where(at_t, a, 0.0), axis=0)  # [LP] row t of a
+        u_t = tl.sum(tl.where(at_t, r, 0.0), axis=0) - tl.sum(a_t[:, None] * u_buf, axis=0)  # [BV]
+        u = tl.where(at_t, u_t[None, :], u)
+        u_buf = tl.where(at_t, round_buffered(u_t, BUF)[None, :], u_buf)
+    return u, u_buf
 
 
 @triton.jit
@@ -182,7 +198,7 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_mode, lo_mode, launch: 
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
             HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
             LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
-            DOT=launch["DOT"], num_warps=launch["num_warps"],
+            DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:
             round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])
@@ -259,7 +275,7 @@ def _read_format(config):
 
 def decode_step(p: Prepared, q, initial_state, replay_step) -> tuple[torch.Tensor, ReplayState]:
     """One decode token (T = 1) for B sequences at their own phases: one launch of the family's single-token kernel
-    through `replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps)`.
+    through `replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind)`.
 
     Non-flush rows read the packed read copy (ReplayState.lo_packed, written here at every checkpoint; a state
     without one is packed from its decoded read copy, which must round-trip exactly) and the buffer; flush rows read
@@ -284,10 +300,11 @@ def decode_step(p: Prepared, q, initial_state, replay_step) -> tuple[torch.Tenso
     new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
     fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
     closed = cfg.gdn_fold == "closed"
-    u, o, folded = replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups, cfg.skip_read_below)
+    u, o, folded = replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups,
+                               cfg.skip_read_below, buffer_kind(cfg))
     buf = {name: t.clone() for name, t in st.buffer.items()}
     rows = torch.arange(p.q.shape[0], device=p.q.device)
-    entry = dict(new, u=u)
+    entry = dict(new, u=cfg.round_buffered(u))
     for name, t in buf.items():
         t[rows, count] = entry[name]
     hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()

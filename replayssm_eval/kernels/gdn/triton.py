@@ -43,11 +43,13 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.kernels.buffer_round import BUF_FP32, round_buffered
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
 from replayssm_eval.kernels.delta.chunked import _pad, segment_layout
 from replayssm_eval.kernels.delta.triton import (  # jit helpers and constexprs the kernels below read as globals
-    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _dot, _load_copies, _load_packed, _read_args, _round_copies,
+    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _dot, _forward_substitution, _load_copies, _load_packed,
+    _read_args, _round_copies,
 )
 from replayssm_eval.quant.triton import _E2M1_F16_SCALE, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast
 
@@ -59,11 +61,11 @@ def _chunked_kernel(
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
-    # tinv [NS, LP, LP]; dend [NS]; per b: fold, last [NS], checkpoint index at s_begin, keys;
-    # hi, lo [B, HV, V, K] read at the start and written at the end
+    # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `_forward_substitution`); dend [NS];
+    # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at the end
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -95,10 +97,15 @@ def _chunked_kernel(
             ks_hi = _dot(kt, s_hi, DOT)  # [LP, BV]
             ks_src = tl.where(rhi[:, None], ks_hi, _dot(kt, s_lo, DOT))
             rhs = tl.where(pre[:, None], uk, beta[:, None] * (vt - d[:, None] * ks_src))
-            u = _dot(tinv, rhs, DOT)
             qs = tl.where(rhi[:, None], _dot(qt, s_hi, DOT), _dot(qt, s_lo, DOT)) * d[:, None]
             m = tl.where(causal, _dot(qt, tl.trans(kt), DOT) * tl.exp(gc[:, None] - gc[None, :]), 0.0)
-            o = qs + _dot(m, u, DOT)
+            if BUF == BUF_FP32:
+                u = _dot(tinv, rhs, DOT)
+                o = qs + _dot(m, u, DOT)
+            else:  # u holds the buffered (rounded) u's; a token's own u enters its output as computed
+                u_raw, u = _forward_substitution(tinv, rhs, ts, BUF, LP)
+                m_own = tl.sum(tl.where(ts[:, None] == ts[None, :], m, 0.0), axis=1)  # [LP] diagonal of m
+                o = qs + _dot(m, u, DOT) + m_own[:, None] * (u_raw - u)
             if tl.load(fold_ptr + b * NS + s) != 0:
                 g_end = tl.load(gc_ptr + (bh * NS + s).to(tl.int64) * LP + LP - 1)
                 d_end = tl.load(dend_ptr + bh * NS + s)
@@ -166,8 +173,12 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
     eye = torch.eye(lp, device=device).expand_as(a)
     tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
-    tinv = torch.linalg.solve_triangular(eye + a * (pre == 0)[..., None], eye, upper=False, unitriangular=True).contiguous()
-    del decay, a
+    a_open = a * (pre == 0)[..., None]  # carried entries keep their stored u
+    if cfg.buffer_dtype == "fp32":
+        tinv = torch.linalg.solve_triangular(eye + a_open, eye, upper=False, unitriangular=True).contiguous()
+    else:  # rounded u's: the kernel substitutes forward on A itself
+        tinv = a_open.contiguous()
+    del decay, a, a_open
     inputs = (k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv, tinv_c if closed else tinv)
     return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
 
@@ -362,7 +373,7 @@ def _replay_step_kernel(
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
     KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
+    BUF: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -426,8 +437,9 @@ def _replay_step_kernel(
                 if read_hi:  # the fold token's output comes from the closed-fold state
                     o = tl.sum(s * qj[None, :], axis=1)
             else:
-                s = _fold_open(d * s_hi + u[:, None] * kj[None, :], a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H,
-                               HV, offs_v, mask_v, ks, kmask, K, V)
+                # the fold takes the token's u as buffered (rounded to the buffer dtype)
+                s = _fold_open(d * s_hi + round_buffered(u, BUF)[:, None] * kj[None, :], a, offs_e, row0, count, bk_ptr,
+                               bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask, K, V)
             tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
         else:
             sk = tl.zeros([BLOCK_V], dtype=tl.float32)
@@ -457,12 +469,13 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tupl
     return batch, heads, triton.cdiv(triton.cdiv(dv, block_v), tiles)
 
 
-def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps):
+def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy; new: q, k [B, H, K],
     v [B, HV, V], g, beta [B, HV] (FP32); fold [B]: fold after the token (closed: from the buffer's raw v, beta).
-    Returns u, o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None when no sequence folds).
+    buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
+    Returns u (as computed), o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None when none folds).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -480,7 +493,7 @@ def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, float(eps or 0.0),
         K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=eps is not None,
-        FOLD=do_fold, CLOSED=closed, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+        FOLD=do_fold, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
     )
     return u, o, (out if do_fold else None)
 

@@ -34,26 +34,28 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.kernels.buffer_round import BUF_FP32, round_buffered
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
 from replayssm_eval.kernels.delta.triton import (  # jit helpers the kernels read as globals
-    _dot, _load_copies, _load_packed, _read_args, _round_copies,
+    _dot, _forward_substitution, _load_copies, _load_packed, _read_args, _round_copies,
 )
 
 
 @triton.jit
 def _chunked_kernel(
-    u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr,
+    u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr, a_ptr,
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
     # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
-    # hi, lo [B, HV, V, K] read at the start and written at the end
+    # hi, lo [B, HV, V, K] read at the start and written at the end. With a buffer dtype (BUF) u0, whi, wlo hold the
+    # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `_forward_substitution` (else unused)
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -79,7 +81,14 @@ def _chunked_kernel(
             q_hi = tl.load(qhi_ptr + rk, mask=kmask[None, :], other=0.0)
             q_lo = tl.load(qlo_ptr + rk, mask=kmask[None, :], other=0.0)
             m = tl.load(m_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
-            o = _dot(q_hi, s_hi, DOT) + _dot(q_lo, s_lo, DOT) + _dot(m, u, DOT)
+            o = _dot(q_hi, s_hi, DOT) + _dot(q_lo, s_lo, DOT)
+            if BUF == BUF_FP32:
+                o = o + _dot(m, u, DOT)
+            else:  # u holds the buffered (rounded) u's; a token's own u enters its output as computed
+                a = tl.load(a_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
+                u_raw, u = _forward_substitution(a, u, ts, BUF, LP)
+                m_own = tl.sum(tl.where(ts[:, None] == ts[None, :], m, 0.0), axis=1)  # [LP] diagonal of m
+                o = o + _dot(m, u, DOT) + m_own[:, None] * (u_raw - u)
             if tl.load(fold_ptr + b * NS + s) != 0:
                 d_end = tl.load(dend_ptr + (bh * NS + s).to(tl.int64) * K + ks, mask=kmask, other=0.0)  # [BK]
                 k_end = tl.load(kend_ptr + rk, mask=kmask[None, :], other=0.0)  # [LP, BK]
@@ -116,17 +125,25 @@ def _segment_tensors(p: Prepared, seg, lp: int) -> dict[str, torch.Tensor]:
     dv = p.v.shape[-1]
     x = {name: _pad_length(t, 2 if name in ("pre", "read_hi") else 3, lp) for name, t in padded_inputs(p, seg).items()}
     closed = p.config.gdn_fold == "closed"
-    names = ["u0", "w_hi", "w_lo", "q_hi", "q_lo", "m", "k_end", "d_end"] + (["u0_c", "w_c"] if closed else [])
+    substitute = p.config.buffer_dtype != "fp32"
+    names = [*_solved_names(p.config), "q_hi", "q_lo", "m", "k_end", "d_end"] + (["a"] if substitute else []) \
+        + (["u0_c", "w_c"] if closed else [])
     parts = {name: [] for name in names}
     block = max(1, _BLOCK_ELEMENTS // max(bsz * nv * lp * (3 * dk + 4 * dv + 3 * lp + lp * dk), 1))
     for start in range(0, seg.num, block):
-        blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed, True)
+        blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed,
+                         True, substitute)
         for name in names:
             parts[name].append(blk[name])
     out = {name: torch.cat(ts, 1).transpose(1, 2).contiguous() for name, ts in parts.items()}  # [B, HV, NS, ...]
     out["q"] = x["q"].transpose(1, 2).contiguous()
     out["read_hi"] = x["read_hi"][:, None].expand(bsz, nv, seg.num, lp).to(torch.int32).contiguous()
     return out
+
+
+def _solved_names(config) -> tuple[str, str, str]:
+    """The `precompute` tensors the kernel's u0, whi, wlo pointers take: the unsolved ones with a buffer dtype."""
+    return ("u0", "w_hi", "w_lo") if config.buffer_dtype == "fp32" else ("r_v", "r_hi", "r_lo")
 
 
 def _pad_length(t: torch.Tensor, dim: int, lp: int) -> torch.Tensor:
@@ -142,9 +159,10 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     seg = segment_layout(p)
     lp = max(16, triton.next_power_of_2(seg.length))
     t = _segment_tensors(p, seg, lp)
-    unused = t["w_hi"]
-    inputs = (t["u0"], t["w_hi"], t["w_lo"], t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
-              t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"])
+    solved = [t[name] for name in _solved_names(p.config)]
+    unused = solved[1]
+    inputs = (*solved, t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
+              t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"], t.get("a", unused))
     return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
 
 
@@ -167,6 +185,7 @@ def _replay_step_kernel(
     HV, GROUPS, CAP, K, V, KP, eps,
     BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
     KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
+    BUF: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -234,7 +253,9 @@ def _replay_step_kernel(
             if read_hi:  # the fold token's output comes from the closed-fold state
                 o = tl.sum(s * qj[:, None], axis=0)
         else:
-            s = d[:, None] * s_hi + tl.dot(tl.trans(bk), bu, input_precision="ieee") + kj[:, None] * u[None, :]
+            # the fold takes the token's u as buffered (rounded to the buffer dtype)
+            s = d[:, None] * s_hi + tl.dot(tl.trans(bk), bu, input_precision="ieee") \
+                + kj[:, None] * round_buffered(u, BUF)[None, :]
         tl.store(out_ptr + state_idx, s, mask=smask)
     tl.store(u_ptr + bh * V + vs, u, mask=vmask)
     tl.store(o_ptr + bh * V + vs, o, mask=vmask)
@@ -245,11 +266,13 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
     return {"BV": min(32 if batch * heads >= 4096 else 16, max(16, triton.next_power_of_2(dv))), "num_warps": 4}
 
 
-def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps):
+def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
 
     hi: S_hi [B, HV, V, K] FP32; packed: the read copy; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV]
-    (FP32); fold [B]. Returns u, o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None if none folds).
+    (FP32); fold [B]; buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded
+    to it). Returns u (as computed), o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None if none
+    folds).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -268,7 +291,8 @@ def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, dk, dv, kp, float(eps or 0.0),
         BK=max(16, triton.next_power_of_2(dk)), BV=cfg["BV"], BLOCK_E=max(16, triton.next_power_of_2(cap)),
-        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=do_fold, CLOSED=closed, num_warps=cfg["num_warps"],
+        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=do_fold, CLOSED=closed, BUF=buf_kind,
+        num_warps=cfg["num_warps"],
     )
     return u, o, (out if do_fold else None)
 

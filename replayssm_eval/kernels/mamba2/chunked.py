@@ -108,7 +108,10 @@ def _chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, R
         Ch = group_heads(pC[:, blk], heads)
         # the states the block's segments add on top of their checkpoint: sum_i dt_i G_{i+1..L-1} x_i B_i^T
         weight = torch.exp(c[:, :, -1:] - c) * dtb  # [B, K, L, H]
-        chunk_states = torch.einsum("bklhp,bklhn->bkhpn", weight[..., None] * px[:, blk], Bh)
+        if config.buffer_dtype == "fp32":
+            chunk_states = torch.einsum("bklhp,bklhn->bkhpn", weight[..., None] * px[:, blk], Bh)
+        else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype, as the reference's fold
+            chunk_states = torch.einsum("bklhp,bklhn->bkhpn", px[:, blk], config.round_buffered(weight[..., None] * Bh))
         g_seg = torch.exp(c[:, :, -1])  # [B, K, H]
         if skip is not None:
             g_seg = torch.where(g_seg < skip, 0.0, g_seg)

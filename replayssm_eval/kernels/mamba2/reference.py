@@ -69,7 +69,8 @@ class _Run:
         """Output S_src C and the folded state of entries 0..last[b], replayed newest first.
 
         y = G_{0..j} (S_src C) + sum_{i<=j} dt_i G_{i+1..j} (B_i . C) x_i, j = last[b];
-        folded = G_{0..j} S_hi + sum_i dt_i G_{i+1..j} x_i B_i^T (None unless `fold`).
+        folded = G_{0..j} S_hi + sum_i x_i (dt_i G_{i+1..j} B_i)^T (None unless `fold`), the scaled keys
+        rounded to the buffer dtype (`_fold_term`).
         """
         inp, buf = self.inp, self.buffer
         heads = inp.x.shape[2]
@@ -83,7 +84,7 @@ class _Run:
             coef = torch.where(active, decay * buf["dt"][:, i], 0.0)  # [B, H]
             acc_y = acc_y + (coef * (Bi * Ch).sum(-1))[..., None] * buf["x"][:, i]
             if fold:
-                acc_s = acc_s + coef[..., None, None] * buf["x"][:, i, :, :, None] * Bi[:, :, None, :]
+                acc_s = acc_s + _fold_term(buf["x"][:, i], Bi, coef, inp.config)
             decay = torch.where(active, decay * torch.exp(buf["dt"][:, i] * inp.A), decay)
         if self.skip is not None:
             decay = torch.where(decay < self.skip, 0.0, decay)
@@ -91,6 +92,7 @@ class _Run:
         y = decay[..., None] * torch.einsum("bhpn,bhn->bhp", src, Ch) + acc_y
         folded = decay[..., None, None] * self.hi.to(Ch.dtype) + acc_s if fold else None
         return y, folded
+
 
     def write(self, rows, folded):
         """Write the next checkpoint of sequences `rows` from their FP32/FP64 folded states."""
@@ -105,6 +107,17 @@ class _Run:
         state = self.inp.state
         return ReplayState(self.hi, self.lo if not self.inp.config.shared else self.hi, self.buffer, schedule,
                            self.checkpoint, state.seq_ids, state.layer, self.packed)
+
+
+def _fold_term(x, B, coef, config) -> torch.Tensor:
+    """coef x B^T of one buffer entry per sequence: x [..., H, P], B [..., H, N], coef [..., H] -> [..., H, P, N].
+
+    With a buffer dtype the scaled key coef B (dt_i G_{i+1..j} B_i) is rounded to it before the product, as vLLM's
+    fold casts `B * dt * decay` to the activation dtype before its dot (docs/engine_numerics.md).
+    """
+    if config.buffer_dtype == "fp32":
+        return coef[..., None, None] * x[..., None] * B[..., None, :]
+    return x[..., None] * config.round_buffered(coef[..., None] * B)[..., None, :]
 
 
 def speculative_decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None,
@@ -208,5 +221,10 @@ def _flush(run: _Run, b: int, start: int, committed: int):
     if run.skip is not None:
         g_total = torch.where(g_total < run.skip, 0.0, g_total)
     weight = torch.exp(cum[-1][None] - cum) * dt  # [h, H]: dt_i G_{i+1..h-1}
-    folded = g_total[:, None, None] * run.hi[b].to(x.dtype) + torch.einsum("eh,ehp,ehn->hpn", weight, x, K)
+    config = run.inp.config
+    if config.buffer_dtype == "fp32":
+        update = torch.einsum("eh,ehp,ehn->hpn", weight, x, K)
+    else:  # the scaled keys rounded to the buffer dtype, as `_fold_term`
+        update = torch.einsum("ehp,ehn->hpn", x, config.round_buffered(weight[..., None] * K))
+    folded = g_total[:, None, None] * run.hi[b].to(x.dtype) + update
     run.write(torch.tensor([b], device=x.device), folded[None])

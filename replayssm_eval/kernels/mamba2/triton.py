@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.kernels.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
@@ -95,7 +96,7 @@ def _chunk_scan_kernel(
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
     READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
-    SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr,
+    SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -151,7 +152,10 @@ def _chunk_scan_kernel(
             if SKIP:
                 g_seg = tl.where(g_seg < skip, 0.0, g_seg)
             w = tl.exp(cs_last - cs) * dt
-            folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision=DOT)
+            if BUF == BUF_FP32:
+                folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision=DOT)
+            else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
+                folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
             if LO_OUTSIDE:
@@ -191,6 +195,7 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, 
         S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
         RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
         READ_MAX=read_max, SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None,
+        BUF=buffer_kind(config),
         BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
         DOT=launch["DOT"], num_warps=launch["num_warps"],
     )
@@ -487,7 +492,7 @@ def _replay_step_kernel(
     A_ptr, y_ptr, out_ptr,  # y [B, H, P] (without D x); out [B, H, P, N] the FP32 fold of the folding sequences
     E, H, G, HPG, skip,
     P: tl.constexpr, N: tl.constexpr, NB: tl.constexpr,
-    READ: tl.constexpr, GS_SCOPE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr,
+    READ: tl.constexpr, GS_SCOPE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -543,7 +548,10 @@ def _replay_step_kernel(
                 r = b.to(tl.int64) * E + e
                 x_e = tl.load(x_ptr + (r * H + h) * P + offs_p, mask=mask_p, other=0.0)
                 b_e = tl.load(b_ptr + (r * G + g) * N + offs_n, mask=mask_n, other=0.0)
-                upd += (w_e * x_e)[:, None] * b_e[None, :]
+                if BUF == BUF_FP32:
+                    upd += (w_e * x_e)[:, None] * b_e[None, :]
+                else:  # the scaled key w_e B_e in the buffer dtype, as the chunked fold
+                    upd += x_e[:, None] * round_buffered(w_e * b_e, BUF)[None, :]
                 e += 1
             tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], g_read * s_hi + upd, mask=m2)
             if read_hi:
@@ -588,7 +596,7 @@ def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fol
         x, B, dt, C, count, read_hi.to(torch.int8), fold.to(torch.int8), state.hi.contiguous(), data,
         data if scales is None else scales, data if gs is None else gs, A, y, out,
         E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=do_fold,
+        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=do_fold, BUF=buffer_kind(config),
         BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N), BLOCK_S=block_nb // 16, **cfg,
     )
     return y, (out if do_fold else None)
