@@ -54,10 +54,11 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from replayssm_eval.kernels.config import ReplayConfig  # noqa: E402
+from replayssm_eval.kernels import gdn, kda  # noqa: E402
+from replayssm_eval.kernels.delta._common import from_format_layout  # noqa: E402
 from replayssm_eval.kernels.gdn import chunked as gdn_chunked  # noqa: E402
 from replayssm_eval.kernels.gdn import decode_reference as gdn_reference  # noqa: E402
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
-from replayssm_eval.kernels.gdn._common import from_format_layout  # noqa: E402
 from replayssm_eval.kernels.kda import chunked as kda_chunked  # noqa: E402
 from replayssm_eval.kernels.kda import decode_reference as kda_reference  # noqa: E402
 from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
@@ -406,7 +407,7 @@ class GDN:
         flush sequences alike)."""
         q, k, v, g, beta = self.token(state.batch, 1)
         return captured_launch(gdn_triton, "_replay_step_kernel",
-                               lambda: gdn_triton.decode_step_triton(q, k, v, g, beta, state, config))
+                               lambda: gdn.decode_step_triton(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
         """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch)."""
@@ -450,7 +451,7 @@ class GDN:
         state = s0
         for t in range(tokens):
             sl = slice(t, t + 1)
-            _, state = gdn_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+            _, state = gdn.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
 
 
 class KDA(GDN):
@@ -484,7 +485,7 @@ class KDA(GDN):
     def step_launch(self, state: ReplayState, config: str):
         q, k, v, g, beta = self.token(state.batch, 1)
         return captured_launch(kda_triton, "_replay_step_kernel",
-                               lambda: kda_triton.decode_step_triton(q, k, v, g, beta, state, config))
+                               lambda: kda.decode_step_triton(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
         return [dict(BV=bv, num_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)]
@@ -518,7 +519,7 @@ class KDA(GDN):
         state = s0
         for t in range(tokens):
             sl = slice(t, t + 1)
-            _, state = kda_triton.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+            _, state = kda.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
 
 
 def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):

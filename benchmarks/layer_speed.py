@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from kernels import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
 
-from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
-from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
+from replayssm_eval.kernels.delta import triton as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
 
 CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",
@@ -51,7 +50,8 @@ SWEEP = {  # launch configs tried per family (the whole-head ones only where a h
 WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT=d) for w, d in itertools.product((8, 16), PRECISIONS)],
               "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)],
               "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
-LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": gdn_triton, "kda": kda_triton}
+# where each family's chunked launch reads `chunked_launch_config` (GDN and KDA share the delta rule's)
+LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": delta_triton, "kda": delta_triton}
 
 
 def hf_scan(family: str):

@@ -26,6 +26,7 @@ ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
 def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
     from replayssm_eval.kernels.gdn import triton as gdn
+    from replayssm_eval.kernels.kda import triton as kda
     from replayssm_eval.kernels.mamba2 import triton as mamba2
     from replayssm_eval.quant import triton as quant
     from replayssm_eval.quant.triton import KINDS
@@ -44,6 +45,7 @@ def cases() -> list:
         (gdn._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_SCALE": 2, "DOT": "tf32x3"}, GDN_FLAGS),
         # one segment per launch, S_hi kept in FP32 for the torch rounding
         (gdn._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
+        (kda._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=gdn._P_NVFP4.value, SCALE=3, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
         (gdn._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=gdn._P_NVFP4.value, SCALE=1, SKIP=False),

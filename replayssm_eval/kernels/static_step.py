@@ -144,7 +144,7 @@ class StaticState:
             if old is not None:
                 _select(old, getattr(new_packed, name), fold)
         self.checkpoint.copy_(checkpoint)
-        if self.family == "gdn":  # GDN empties the folded rows' ring entries (kernels/gdn/_common.py)
+        if self.family == "gdn":  # GDN empties the folded rows' ring entries (kernels/delta/_common.py)
             for t in self.buffer.values():
                 _select(t, torch.zeros_like(t), fold)
 
@@ -182,12 +182,11 @@ def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool
 
 
 def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
-    from replayssm_eval.kernels.gdn.triton import (
-        _read_args, _read_format, _replay_step_kernel, step_grid, step_launch_config,
-    )
+    from replayssm_eval.kernels.delta.triton import _read_args, _read_format
+    from replayssm_eval.kernels.gdn.triton import _replay_step_kernel, step_grid, step_launch_config
 
     q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)  # q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
-    # buffered inputs in the buffer dtype, as `gdn._common._prepare`: k, beta, and v with the closed fold
+    # buffered inputs in the buffer dtype, as `delta._common._prepare`: k, beta, and v with the closed fold
     rounded = st.config.round_buffered
     k, beta = rounded(k), rounded(beta)
     if st.config.gdn_fold == "closed":

@@ -5,21 +5,30 @@ dt_i G_{i+1..} B_i before the product with x; GDN and KDA buffer k and beta roun
 closed fold) and each u rounded when appended, while a token's own output uses its u as computed.
 """
 
+from functools import partial
+from types import SimpleNamespace
+
 import pytest
 import torch
-import test_gdn_reference as gdn_ref
-import test_kda_reference as kda_ref
+import test_delta_reference as delta_ref
 import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, kda, mamba2
 from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.gdn import triton as gdn_triton
-from replayssm_eval.kernels.gdn.reference import _verify as gdn_verify
-from replayssm_eval.kernels.kda import triton as kda_triton
+from replayssm_eval.kernels.delta.reference import _verify as gdn_verify
 from replayssm_eval.kernels.mamba2 import triton as m2_triton
 from replayssm_eval.kernels.state import write_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+
+
+def _helpers(family):
+    """test_delta_reference's helpers for one family (its make_inputs and phased_start take the family first)."""
+    return SimpleNamespace(make_inputs=partial(delta_ref.make_inputs, family), cut=delta_ref.cut,
+                           phased_start=partial(delta_ref.phased_start, family), assert_close=delta_ref.assert_close)
+
+
+gdn_ref, kda_ref = _helpers("gdn"), _helpers("kda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -255,7 +264,7 @@ def test_delta_rule_triton_matches_reference(family, text, fold, rtol, device):
     """Chunked Triton and the single-token step against the reference; the buffers hold rounded u's. With FP32
     checkpoints the engines differ by FP32 summation error (1e-7 of the max), far below what rounding u moves the
     outputs (3e-4 to 2e-3 of the max); quantized checkpoints flip roundings now and then (2e-3)."""
-    ref, fam, tri = (gdn_ref, gdn, gdn_triton) if family == "gdn" else (kda_ref, kda, kda_triton)
+    ref, fam = (gdn_ref, gdn) if family == "gdn" else (kda_ref, kda)
     cfg = ReplayConfig.parse(text).replace(gdn_fold=fold)
     inputs = ref.make_inputs(batch=2, seqlen=7, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32, device=device)
     o_ref, st_ref = fam.decode_reference(*inputs, cfg)
@@ -264,7 +273,7 @@ def test_delta_rule_triton_matches_reference(family, text, fold, rtol, device):
     ref.assert_close("chunked triton u", st_ref.buffer["u"], st.buffer["u"], rtol)
     state, outs = inputs[5], []
     for n in range(inputs[0].shape[1]):
-        o_n, state = tri.decode_step_triton(*ref.cut(inputs, n, n + 1), state, cfg)
+        o_n, state = fam.decode_step_triton(*ref.cut(inputs, n, n + 1), state, cfg)
         outs.append(o_n)
     ref.assert_close("decode step", o_ref, torch.cat(outs, 1), rtol)
     if rtol < 1e-4:
@@ -284,9 +293,9 @@ def test_gdn_verify_reads_the_rounded_buffer(device):
                                  device=device)
     st = inputs[5]
     for n in range(3):
-        _, st = gdn_triton.decode_step_triton(*gdn_ref.cut(inputs, n, n + 1), st, cfg)
+        _, st = gdn.decode_step_triton(*gdn_ref.cut(inputs, n, n + 1), st, cfg)
     assert torch.equal(st.buffer["u"], _rounder("bf16")(st.buffer["u"]))
-    o = gdn_triton.verify(*gdn_ref.cut(inputs, 3, 7), st, cfg)
+    o = gdn.verify(*gdn_ref.cut(inputs, 3, 7), st, cfg)
     r = _rounder("bf16")
     q, k, v, g, beta = gdn_ref.cut(inputs, 3, 7)
     for b in range(2):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-import test_gdn_reference as gdn_ref
+import test_delta_reference as gdn_ref
 import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, mamba2

@@ -95,7 +95,7 @@ def test_mamba2_static_step_equals_decode_step_triton(config, device):
 
 @pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16"))
 def test_gdn_static_step_equals_decode_step_triton(config, device):
-    from replayssm_eval.kernels.gdn.triton import decode_step_triton
+    from replayssm_eval.kernels.gdn import decode_step_triton
 
     b, h, hv, k, v = 3, 1, 2, 16, 8
     gen = torch.Generator().manual_seed(0)

@@ -9,8 +9,8 @@ from unittest import mock
 
 import torch
 
-from replayssm_eval.kernels.gdn.triton import decode_step_triton as gdn_step
-from replayssm_eval.kernels.kda.triton import decode_step_triton as kda_step
+from replayssm_eval.kernels.gdn import decode_step_triton as gdn_step
+from replayssm_eval.kernels.kda import decode_step_triton as kda_step
 from replayssm_eval.kernels.mamba2.triton import decode_step_triton as mamba2_step
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.formats import ElementwiseFormat

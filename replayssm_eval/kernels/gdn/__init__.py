@@ -4,94 +4,23 @@
     chunked(..., same arguments ..., backend="torch" | "triton")
     speculative_decode_reference(..., same arguments ...)
 
-All return (o [B, T, HV, V], ReplayState). Stored copies are [B, HV, V, K] (the formats' layout);
-`checkpoint_kv(state)` views them as the HF [B, HV, K, V]. See `_common` for the buffer layout.
-
-Layering, one way: `_common` <- `reference` <- `chunked` (torch) <- `triton`; `chunked` with its
-backend choice is defined here, above both.
+q, k: [B, T, H, K]; v: [B, T, HV, V]; g (log-decay <= 0), beta: [B, T, HV]. All return
+(o [B, T, HV, V], ReplayState). Stored copies are [B, HV, V, K] (the formats' layout);
+`checkpoint_kv(state)` views them as the HF [B, HV, K, V]. The reference, the chunked torch form
+and the host side are the delta rule's (`kernels.delta`, scalar decay); `triton` holds GDN's own
+kernels.
 """
 
-from __future__ import annotations
-
-import torch
-
-from replayssm_eval.kernels.family import KernelFamily
+from replayssm_eval.kernels.delta import DeltaRule, checkpoint_kv
 from replayssm_eval.kernels.gdn import triton as _triton
-from replayssm_eval.kernels.gdn._common import _prepare, checkpoint_kv, to_format_layout
-from replayssm_eval.kernels.gdn.chunked import _chunked_torch
-from replayssm_eval.kernels.gdn.reference import decode_reference, speculative_decode_reference
 
-BACKENDS = ("torch", "triton")
+RULE = DeltaRule(per_channel=False, kernels=_triton)
+decode_reference, speculative_decode_reference, chunked, decode_step_triton, verify = RULE.entry_points()
+# Qwen3.5 / Qwen3-Next layers, and OLMo-Hybrid's with allow_neg_eigval (beta in [0, 2])
+FAMILY = RULE.family("gdn", dict.fromkeys(
+    ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"),
+    ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+), qk_normalised="if the layer asks")
 
-
-def chunked(
-    q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32, backend="torch"
-):
-    """The teacher-forced form of `decode_reference`: same arguments, same outputs and states.
-
-    Any plan (per-sequence phases, speculative schedules), both fold modes. Returns o
-    [B, T, HV, V] in compute_dtype and the ReplayState after the call, interchangeable with
-    `decode_reference`'s. backend="triton" runs `gdn.triton.chunked_triton` (FP32 only).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=compute_dtype)
-    return _triton.chunked_triton(p) if backend == "triton" else _chunked_torch(p)
-
-
-def _random_inputs(dims, tokens, gen):
-    """Test inputs: dims {B, H, HV, K, V}; q, k L2-normalised (q scaled by K^-0.5), beta in (0, 1)."""
-    batch, heads, value_heads, dk, dv = (dims[d] for d in ("B", "H", "HV", "K", "V"))
-    rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    norm = lambda t: torch.nn.functional.normalize(t, dim=-1)  # noqa: E731
-    inputs = {"q": norm(rand(batch, tokens, heads, dk)) * dk ** -0.5, "k": norm(rand(batch, tokens, heads, dk)),
-              "v": rand(batch, tokens, value_heads, dv),
-              "g": -0.25 * torch.rand(batch, tokens, value_heads, generator=gen),
-              "beta": torch.sigmoid(rand(batch, tokens, value_heads))}
-    return inputs, rand(batch, value_heads, dk, dv)
-
-
-def _entry_elements(heads, head_dim, state_dim, groups, fold):
-    """k [Hk, K], u [HV, V], g [HV]; the closed fold also keeps v [HV, V] and beta [HV] and reads them at the flush."""
-    k, u, decay = groups * state_dim, heads * head_dim, heads
-    if fold == "open":
-        return k + u + decay, k + u + decay, k + u + decay
-    v, beta = heads * head_dim, heads
-    return k + u + decay, k + v + beta + decay, k + u + decay + v + beta
-
-
-def _log_decays(tensors, carried):
-    """g of the tokens [B, T, HV] and of the carried buffer entries [B, cap, HV] (None at the anchor)."""
-    g = tensors[3]
-    return g, (None if carried is None else carried.buffer["g"].to(g.dtype))
-
-
-FAMILY = KernelFamily(
-    name="gdn",
-    inputs=("q", "k", "v", "g", "beta"),
-    shapes={"q": "[B, T, H, K] (L2-normalised if the layer asks, scaled by K^-0.5)", "k": "[B, T, H, K]",
-            "v": "[B, T, HV, V]", "g": "[B, T, HV] (log decay <= 0)", "beta": "[B, T, HV]"},
-    state_layout="[B, HV, K, V]",
-    test_shapes={"small": dict(B=3, H=1, HV=2, K=16, V=20), "grouped": dict(B=2, H=2, HV=4, K=32, V=16)},
-    hf_scans=dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"),
-        ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-    ),
-    closed_fold=True,
-    decode_reference=decode_reference,
-    speculative_decode_reference=speculative_decode_reference,
-    chunked=chunked,
-    decode_step=_triton.decode_step_triton,
-    verify=_triton.verify,
-    conventional_step=_triton.conventional_step,
-    hf_state=lambda state: checkpoint_kv(state)[0],
-    stored_layout=to_format_layout,
-    random_inputs=_random_inputs,
-    head_state=lambda head_dim, state_dim: (state_dim, head_dim),
-    entry_elements=_entry_elements,
-    replay_state=lambda tensors, state, config, layer_idx, seq_ids: _prepare(
-        *tensors, state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32).state,
-    log_decays=_log_decays,
-)
-
-__all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "speculative_decode_reference"]
+__all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "decode_step_triton", "speculative_decode_reference",
+           "verify"]

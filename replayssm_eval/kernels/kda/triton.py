@@ -3,19 +3,19 @@
 Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
 autotuned (they update states). One program owns one (sequence, value head, block of value
 columns): every KDA quantity of a value column depends only on that column of S, so value blocks
-are independent. The stored copies are [B, HV, V, K] (the formats' layout, see `_common`). The
-in-kernel rounding of a stored copy (`_store_round`, `_store_mode`) and the packed read-copy
-decoder (`_load_packed`, `_read_args`) are Gated DeltaNet's: the state layout and formats are
-the same, only the decay differs.
+are independent. The stored copies are [B, HV, V, K] (the formats' layout, see `delta._common`). What
+both delta-rule families share (the in-kernel rounding of a stored copy, the packed read-copy
+decoder, the segment loop, the step and verification entry points) is in `kernels.delta.triton`;
+the kernels here are KDA's own because the per-channel decay changes their math.
 
 1. `chunked_triton` (backend="triton" of `kda.chunked`): every checkpoint-independent tensor of
    a segment (the solved WY rows u0, W_hi, W_lo, the decayed queries, the causal mixing M, the
-   fold's decayed keys; `chunked.precompute`, per channel) comes from torch; one launch then
+   fold's decayed keys; `delta.chunked.precompute`, per channel) comes from torch; one launch then
    walks the segments of each (sequence, head, v-block) in order: u's, outputs, the fold, and
    the rounding of both stored copies in-kernel (Philox bits as `kernels.keys`). A copy in a
    format whose scale group no single program sees is stored as the FP32 fold and rounded by
    torch (`round_folded`) between one-segment launches, as for GDN.
-2. `decode_step_triton`: one decode token for B sequences at their own phases, one launch of
+2. `_replay_step` (`kda.decode_step_triton`): one decode token for B sequences at their own phases, one launch of
    `_replay_step_kernel`: per (sequence, value head, v-block) the buffer weights
    (k_j . exp(gc_j - gc_i) k_i), (q_j . exp(gc_j - gc_i) k_i) once, the read copy's tile (packed,
    decoded in-kernel; S_hi where the token reads it) dotted with the decayed d k_j and d q_j, and
@@ -24,7 +24,7 @@ the same, only the decay differs.
    `write_checkpoint_packed`.
 3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
-   `verify` is it in the `KernelFamily` call convention.
+   `kda.verify` is it in the `KernelFamily` call convention.
 4. `conventional_step`: the conventional FP32 eager step, the benchmarks' baseline.
 """
 
@@ -34,21 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.buffer_round import BUF_FP32, buffer_kind, round_buffered
-from replayssm_eval.kernels.gdn.chunked import segment_layout
-from replayssm_eval.kernels.gdn.triton import (
-    _HEAD, _IDENTITY, _MAX_HEAD_V, _forward_substitution, _load_packed, _read_args, _store_mode, _store_round,
+from replayssm_eval.kernels.buffer_round import BUF_FP32, round_buffered
+from replayssm_eval.kernels.delta import triton as shared
+from replayssm_eval.kernels.delta._common import Prepared
+from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
+from replayssm_eval.kernels.delta.triton import (  # jit helpers the kernels read as globals
+    _dot, _forward_substitution, _load_copies, _load_packed, _read_args, _round_copies,
 )
-from replayssm_eval.kernels.kda._common import Prepared, _prepare, to_format_layout
-from replayssm_eval.kernels.kda.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, state_after
-from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.kernels.state import ReplayState, round_folded, write_checkpoint_packed
-
-
-@triton.jit
-def _dot(a, b, DOT: tl.constexpr):
-    """FP32 product: DOT = "ieee" (FMAs) or "tf32x3" (three TF32 tensor-core products, FP32-level error)."""
-    return tl.dot(a, b, input_precision=DOT)
 
 
 @triton.jit
@@ -72,14 +64,7 @@ def _chunked_kernel(
     vmask = vs < V
     kmask = ks < K
     bh = b * HV + hv
-    state_idx = (bh * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
-    smask = kmask[:, None] & vmask[None, :]
-    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
-    s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
-    if SHARED:
-        s_lo = s_hi
-    else:
-        s_lo = tl.load(lo_ptr + state_idx, mask=smask, other=0.0)
+    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
@@ -119,13 +104,8 @@ def _chunked_kernel(
                 else:
                     folded = d_end[:, None] * s_hi + _dot(tl.trans(k_end), u, DOT)
                 checkpoint += 1
-                s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
-                s_hi = tl.where(smask, s_hi, 0.0)
-                if SHARED:
-                    s_lo = s_hi
-                else:
-                    s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-                    s_lo = tl.where(smask, s_lo, 0.0)
+                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
+                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
             tl.store(o_ptr + rv, o, mask=vmask[None, :])
             tl.store(u_ptr + rv, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
@@ -133,35 +113,13 @@ def _chunked_kernel(
         tl.store(lo_ptr + state_idx, s_lo, mask=smask)
 
 
-def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
-    """BV (v columns per program; the whole head for head scales), num_warps and DOT of `_chunked_kernel`.
-    DOT "tf32x3": three TF32 products per FP32 product, about FP32 accuracy. The interpreter computes in FP32."""
-    if whole_head:
-        return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "tf32x3"}
-    return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "tf32x3"}
-
-
-def chunked_triton(p: Prepared, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
-    """backend="triton" of `kda.chunked` (FP32 only); a copy whose rounding needs a reduction no program can do is
-    rounded by torch between one-segment launches (see the module docstring).
-
-    rounded=False (for checks): the same launch but both stored copies are written in FP32, i.e. the returned state
-    holds the kernel's folds before rounding; rounding them with `write_checkpoint` gives what rounded=True stores.
-    """
-    if p.dtype != torch.float32:
-        raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
-    cfg = p.config
-    dv = p.v.shape[-1]
-    whole_head = dv <= _MAX_HEAD_V
-    modes = [_store_mode(cfg.recur_format, whole_head), _store_mode(cfg.read_format, whole_head)]
-    launch = chunked_launch_config(p.k.shape[-1], dv, any(m is not None and m[1] == _HEAD.value for m in modes))
-    if not rounded:
-        modes = [_IDENTITY] * 2
-    return _chunked(p, modes[0], modes[1], launch)
+def chunked_triton(p: Prepared, *, rounded: bool = True):
+    """backend="triton" of `kda.chunked` (FP32 only); `delta.triton.chunked_triton` with KDA's `_chunked`."""
+    return shared.chunked_triton(p, _chunked, rounded=rounded)
 
 
 def _segment_tensors(p: Prepared, seg, lp: int) -> dict[str, torch.Tensor]:
-    """`chunked.precompute` of every segment, padded to LP entries, as contiguous [B, HV, NS, LP, ...] (d_end
+    """`delta.chunked.precompute` of every segment, padded to LP entries, as contiguous [B, HV, NS, LP, ...] (d_end
     [B, HV, NS, K]); plus q and read_hi on the same grid."""
     bsz, _, nv, dk = p.q.shape
     dv = p.v.shape[-1]
@@ -174,7 +132,7 @@ def _segment_tensors(p: Prepared, seg, lp: int) -> dict[str, torch.Tensor]:
     block = max(1, _BLOCK_ELEMENTS // max(bsz * nv * lp * (3 * dk + 4 * dv + 3 * lp + lp * dk), 1))
     for start in range(0, seg.num, block):
         blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed,
-                         substitute)
+                         True, substitute)
         for name in names:
             parts[name].append(blk[name])
     out = {name: torch.cat(ts, 1).transpose(1, 2).contiguous() for name, ts in parts.items()}  # [B, HV, NS, ...]
@@ -196,56 +154,16 @@ def _pad_length(t: torch.Tensor, dim: int, lp: int) -> torch.Tensor:
 
 
 def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
-    """One `_chunked_kernel` launch per block of segments. A copy without an in-kernel store (mode None) makes every
-    launch one segment: the kernel keeps that copy's FP32 fold and `round_folded` rounds it for the sequences that
-    folded before the next launch."""
-    cfg, st = p.config, p.state
-    bsz, seqlen, nv, dk = p.q.shape
-    dv = p.v.shape[-1]
-    device = p.q.device
-    closed = cfg.gdn_fold == "closed"
+    """One `_chunked_kernel` launch per block of segments on `_segment_tensors`; the segment loop and the rounding of
+    copies no program can round: `delta.triton.run_segments`."""
     seg = segment_layout(p)
     lp = max(16, triton.next_power_of_2(seg.length))
     t = _segment_tensors(p, seg, lp)
-    hi = st.hi.float().clone().contiguous()
-    lo = hi if cfg.shared else st.lo.float().clone().contiguous()
-    keys_hi = sr_keys(cfg.seed, p.layer, p.seq_ids, RECUR_COPY)
-    keys_lo = sr_keys(cfg.seed, p.layer, p.seq_ids, READ_COPY)
-    outside = [(hi, cfg.recur_format, keys_hi)] if hi_mode is None else []  # (copy, format, keys) rounded by torch
-    if lo_mode is None and not cfg.shared:
-        outside.append((lo, cfg.read_format, keys_lo))
-    o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=device)
-    u_pad = torch.empty_like(o_pad)
-    bk = max(16, triton.next_power_of_2(dk))
-    bv = launch["BV"]
-    grid = (bsz, nv, triton.cdiv(dv, bv))
-    fold = seg.folds.to(torch.int32).contiguous()
-    last = seg.last.to(torch.int32).contiguous()
-    per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)
-    fits = max(1, _BLOCK_ELEMENTS // max(per_segment, 1))
-    block = 1 if outside else min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
-    ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
-    fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
-    hi_mode, lo_mode = hi_mode or _IDENTITY, lo_mode or _IDENTITY
-    solved = [t[name] for name in _solved_names(cfg)]
+    solved = [t[name] for name in _solved_names(p.config)]
     unused = solved[1]
-    for start in range(0, seg.num, block):
-        _chunked_kernel[grid](
-            *solved, t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
-            t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"], t.get("a", unused),
-            fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
-            seg.num, start, nv, dk, dv,
-            SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=closed, SHARED=cfg.shared,
-            HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
-            LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
-            DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
-        )
-        for copy, fmt, keys in outside:
-            round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])
-    o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
-    u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
-    o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)
-    return o_tok, state_after(p, seg, hi, lo, st.checkpoint + p.plan.num_folds, u_seg)
+    inputs = (*solved, t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
+              t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"], t.get("a", unused))
+    return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
 
 
 # ---------------------------------------------------------------------------------------------- single-token step
@@ -379,74 +297,6 @@ def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed
     return u, o, (out if do_fold else None)
 
 
-def _read_format(config):
-    return config.recur_format if config.shared else config.read_format
-
-
-def decode_step_triton(q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):
-    """One decode token (T = 1) for B sequences at their own phases: one launch of `_replay_step_kernel`.
-
-    Arguments as `decode_reference` with T = 1. Non-flush rows read the packed read copy
-    (ReplayState.lo_packed, written here at every checkpoint; a state without one is packed from
-    its decoded read copy, which must round-trip exactly) and the buffer; flush rows read S_hi
-    and the buffer, and the folded FP32 state is rounded to both copies and the read copy packed
-    by `write_checkpoint_packed`. Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
-    """
-    p = _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids, compute_dtype=torch.float32)
-    cfg, st = p.config, p.state
-    if p.q.shape[1] != 1:
-        raise ValueError(f"decode_step_triton decodes one token: q has T={p.q.shape[1]}, expected 1")
-    fmt = _read_format(cfg)
-    packed = st.lo_packed
-    if isinstance(initial_state, torch.Tensor):
-        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)[2]
-    elif packed is None:
-        packed = fmt.encode(st.lo.contiguous())
-        if not torch.equal(fmt.decode(packed), st.lo):
-            raise ValueError("initial_state has no lo_packed and its read copy does not re-encode exactly; "
-                             "start from the FP32 state or a state written by decode_step_triton")
-    hi = st.hi.float().contiguous()
-    count = st.schedule.count
-    new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
-    fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
-    closed = cfg.gdn_fold == "closed"
-    u, o, folded = _replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups,
-                                cfg.skip_read_below, buffer_kind(cfg))
-    buf = {name: t.clone() for name, t in st.buffer.items()}
-    rows = torch.arange(p.q.shape[0], device=p.q.device)
-    entry = dict(new, u=cfg.round_buffered(u))
-    for name, t in buf.items():
-        t[rows, count] = entry[name]
-    hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
-    if fold.any():
-        idx = fold.nonzero().flatten()
-        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
-        hi_out = hi_out.clone()
-        hi_out[idx] = new_hi
-        lo_out = hi_out if cfg.shared else lo_out.clone()
-        if not cfg.shared:
-            lo_out[idx] = new_lo
-        packed = _assign_packed(packed, idx, new_packed)
-        ckpt[idx] += 1
-        for t in buf.values():
-            t[idx] = 0
-    state = ReplayState(hi=hi_out, lo=lo_out, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt,
-                        seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed)
-    return o[:, None], state
-
-
-def _assign_packed(packed, idx, new):
-    """packed with the sequences idx replaced by `new` (all fields lead with the batch dim)."""
-    fields = {}
-    for name in packed.FIELDS:
-        old, rep = getattr(packed, name), getattr(new, name)
-        if old is not None:
-            old = old.clone()
-            old[idx] = rep
-        fields[name] = old
-    return type(packed)(packed.format, packed.shape, **fields)
-
-
 @triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, count_ptr,
@@ -535,25 +385,6 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
     return u, o
 
 
-def verify(q, k, v, g, beta, state, config, *, layer_idx=0):
-    """Output-only verification of T drafts q, k [B, T, H, K], v [B, T, HV, V], g [B, T, HV, K], beta [B, T, HV]
-    appended after the committed entries of `state` (a ReplayState), each sequence reading S_hi if
-    `state.schedule.step_read_hi` else the read copy (as `speculative_decode_reference`). Returns o [B, T, HV, V]
-    FP32; the state is not changed.
-    """
-    if not isinstance(state, ReplayState):
-        raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
-    p = _prepare(q, k, v, g, beta, state, config, layer_idx=layer_idx, seq_ids=None, compute_dtype=torch.float32)
-    cfg, st = p.config, p.state
-    fmt = _read_format(cfg)
-    packed = st.lo_packed if st.lo_packed is not None else fmt.encode(st.lo.contiguous())
-    drafts = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
-    width = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64, device=q.device)
-    _, o = verify_triton(st.hi, packed, fmt, st.buffer, st.schedule.count, drafts, width, st.schedule.step_read_hi,
-                         p.groups, cfg.skip_read_below)
-    return o
-
-
 @triton.jit
 def _conventional_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr,  # q, k [B, H, K]; v, o [B, HV, V]; g [B, HV, K]; beta [B, HV]
@@ -587,13 +418,4 @@ def conventional_step(q, k, v, g, beta, state, *, block_v=16, num_warps=4):
     q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]; state [B, HV, V, K] (the stored layout, as
     ReplayState.hi); all FP32 and contiguous. Returns o [B, HV, V]; `state` holds S_t afterwards.
     """
-    batch, nv, dv, dk = state.shape
-    groups = nv // q.shape[1]
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
-        if t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 tensor, got {t.dtype} (contiguous={t.is_contiguous()})")
-    o = torch.empty_like(v)
-    grid = (batch, nv, triton.cdiv(dv, block_v))
-    _conventional_step_kernel[grid](q, k, v, g, beta, state, o, nv, groups, dk, dv,
-                                    BK=triton.next_power_of_2(dk), BV=block_v, num_warps=num_warps)
-    return o
+    return shared.conventional_launch(_conventional_step_kernel, q, k, v, g, beta, state, block_v, num_warps)

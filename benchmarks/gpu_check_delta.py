@@ -1,12 +1,15 @@
-"""GPU check of the GDN Triton kernels against the torch reference: a table of max errors and pass/fail.
+"""GPU check of the delta-rule Triton kernels (GDN, KDA) against the torch reference: max errors and pass/fail.
 
-    python benchmarks/gpu_check_gdn.py            # on a CUDA machine; writes gpu_check_gdn.json
-    python benchmarks/gpu_check_gdn.py --quick    # small shapes only
+    python benchmarks/gpu_check_delta.py --family gdn --out out/gpu_check_gdn.json            # on a CUDA machine
+    python benchmarks/gpu_check_delta.py --family kda --quick --out out/gpu_check_kda.json    # small shapes only
 
-Every kernel (chunked state passing with in-loop rounding, decode step reading the packed read
-copy, speculative verification) runs on CUDA and is compared with the torch path on the same
-inputs, for several configs including the Qwen3.5-4B geometry (HV=32, H=16, K=V=128).
-Errors are relative to max |reference|. FP32 formats must agree to 1e-4 over the whole input.
+Every kernel of the family (chunked state passing with in-loop rounding, decode step reading the
+packed read copy, speculative verification) runs on CUDA and is compared with the torch path on
+the same inputs, for several configs including a full-size geometry (GDN: Qwen3.5-4B, HV=32,
+H=16, K=V=128; KDA: Kimi-Linear-48B-A3B, H = HV = 32, K = V = 128). For KDA the FP32 chunked
+Triton form is also compared with transformers' `chunk_kimi_delta_attention` (`hf` rows; skipped
+when the installed transformers has no kimi_linear). Errors are relative to max |reference|.
+FP32 formats must agree to 1e-4 over the whole input.
 
 Quantized formats. The kernel and torch compute each fold in FP32 in different orders (~1e-7
 apart), so a few rounding decisions of a stored copy flip (an SR threshold or RNE midpoint lies
@@ -38,37 +41,46 @@ import argparse
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import torch
 
+from replayssm_eval.kernels import gdn, kda
 from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.gdn import chunked, decode_reference
-from replayssm_eval.kernels.gdn import triton as gdn_triton
-from replayssm_eval.kernels.gdn._common import _prepare
-from replayssm_eval.kernels.gdn.reference import _verify
+from replayssm_eval.kernels.delta.reference import _verify
+from replayssm_eval.kernels.delta.triton import _read_format
 from replayssm_eval.kernels.state import write_checkpoint
 
 FLIP_BUDGET = 1e-2  # fraction of a stored copy's elements a checkpoint may flip
 UNEXPLAINED_BUDGET = 1e-4  # fraction differing from write_checkpoint of the kernel's own pre-round fold
 FLIP_SIZE = 0.5  # the most a flipped element may differ, relative to the copy's max |element| (one grid step)
 
+FAMILIES = {"gdn": gdn, "kda": kda}
 GEOMETRIES = {
-    "small": dict(batch=3, heads=2, value_heads=4, dk=20, dv=24),
-    "qwen3.5-4b": dict(batch=4, heads=16, value_heads=32, dk=128, dv=128),
+    "gdn": {"small": dict(batch=3, heads=2, value_heads=4, dk=20, dv=24),
+            "qwen3.5-4b": dict(batch=4, heads=16, value_heads=32, dk=128, dv=128)},
+    "kda": {"small": dict(batch=3, heads=2, value_heads=4, dk=20, dv=24),
+            "kimi-linear-48b": dict(batch=4, heads=32, value_heads=32, dk=128, dv=128)},
 }
-CONFIGS = [
+COMMON_CONFIGS = [
     "fp32/fp32@16", "fp32/fp32@16#closed", "nvfp4:scale=row/fp16sr@16", "nvfp4:scale=head/fp8sr@16#closed",
-    "shared:nvfp4:scale=head@16", "fp16/fp32@16", "fp32/fp32@8#spec=3:0.7#closed", "nvfp4:scale=tensor/fp32@16",
+    "shared:nvfp4:scale=head@16", "fp16/fp32@16", "fp32/fp32@8#spec=3:0.7#closed",
 ]
+CONFIGS = {"gdn": COMMON_CONFIGS + ["nvfp4:scale=tensor/fp32@16"], "kda": COMMON_CONFIGS + ["nvfp4/fp32@16"]}
 
 
-def inputs(batch, heads, value_heads, dk, dv, seqlen, device, seed=0):
+def inputs(family, batch, heads, value_heads, dk, dv, seqlen, device, seed=0):
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     q = torch.nn.functional.normalize(rand(batch, seqlen, heads, dk), dim=-1) * dk**-0.5
     k = torch.nn.functional.normalize(rand(batch, seqlen, heads, dk), dim=-1)
     v = rand(batch, seqlen, value_heads, dv)
-    g = -torch.linspace(0.001, 0.3, value_heads) * torch.rand(batch, seqlen, value_heads, generator=gen) * 2
+    rate = torch.linspace(0.001, 0.3, value_heads)
+    if family == "kda":  # per-channel log decay
+        rate = rate[:, None] * (0.5 + 0.5 * torch.rand(value_heads, dk, generator=gen))
+        g = -rate * torch.rand(batch, seqlen, value_heads, dk, generator=gen) * 2
+    else:
+        g = -rate * torch.rand(batch, seqlen, value_heads, generator=gen) * 2
     beta = torch.rand(batch, seqlen, value_heads, generator=gen)
     s0 = rand(batch, value_heads, dk, dv) * 0.3
     return [t.to(device) for t in (q, k, v, g, beta, s0)]
@@ -92,23 +104,23 @@ def flipped(ref, got):
     return err > 1e-6 * (ref.abs() + ref.abs().max())
 
 
-def lockstep(cfg, data):
+def lockstep(mod, cfg, data):
     """Quantized chunked, window by window from identical stored copies (see the module docstring)."""
     config = ReplayConfig.parse(cfg)
     c32 = dataclasses.replace(config, read="fp32", recur="fp32")
     window, seqlen = config.window, data[0].shape[1]
-    prep = lambda x, st: _prepare(*x, st, config, layer_idx=0, seq_ids=None, compute_dtype=torch.float32)  # noqa: E731
+    prep = lambda x, st: mod.RULE.prepare(*x, st, config)  # noqa: E731
     state = prep([t[:, :1] for t in data[:5]], data[5]).state  # checkpoint 0 as a ReplayState
     worst = dict(win_o=0.0, fold=0.0, unexpl=0.0, flips=0.0)
     for w in range(0, seqlen, window):
         x = [t[:, w:w + window] for t in data[:5]]
-        o_t, st_t = chunked(*x, state, config)
-        o_k, st_k = chunked(*x, state, config, backend="triton")
+        o_t, st_t = mod.chunked(*x, state, config)
+        o_k, st_k = mod.chunked(*x, state, config, backend="triton")
         worst["win_o"] = max(worst["win_o"], rel(o_t, o_k))
         rows = (st_t.checkpoint != state.checkpoint).nonzero().flatten()
         if rows.numel():
-            _, f_t = chunked(*x, state, c32)
-            _, f_k = gdn_triton.chunked_triton(prep(x, state), rounded=False)
+            _, f_t = mod.chunked(*x, state, c32)
+            _, f_k = mod.RULE.kernels.chunked_triton(prep(x, state), rounded=False)
             worst["fold"] = max(worst["fold"], rel(f_t.hi[rows], f_k.hi[rows]))
             hk, lk = write_checkpoint(f_k.hi[rows], config, 0, st_k.seq_ids[rows], st_k.checkpoint[rows])
             for own, got, ref in ((hk, st_k.hi[rows], st_t.hi[rows]), (lk, st_k.lo[rows], st_t.lo[rows])):
@@ -119,30 +131,30 @@ def lockstep(cfg, data):
     return worst, ok
 
 
-def check_chunked(cfg, data):
+def check_chunked(mod, cfg, data):
     quantized = not ReplayConfig.parse(cfg).is_reference
-    o_ref, st_ref = chunked(*data, cfg)
+    o_ref, st_ref = mod.chunked(*data, cfg)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    o, st = chunked(*data, cfg, backend="triton")
+    o, st = mod.chunked(*data, cfg, backend="triton")
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     err_o, state_ok = rel(o_ref, o), agree(st_ref.hi, st.hi)
     if not quantized:
         return dict(kernel="chunked", err_o=err_o, state_agree=state_ok, seconds=seconds,
                     ok=err_o <= 1e-4 and rel(st_ref.hi, st.hi) <= 1e-4)
-    worst, ok = lockstep(cfg, data)
+    worst, ok = lockstep(mod, cfg, data)
     return dict(kernel="chunked", err_o=err_o, state_agree=state_ok, seconds=seconds, ok=ok, **worst)
 
 
-def check_step(cfg, data, steps):
+def check_step(mod, cfg, data, steps):
     quantized = not ReplayConfig.parse(cfg).is_reference
     cut = lambda a, b: [t[:, a:b] for t in data[:5]]  # noqa: E731
     ref, state, outs, refs = data[5], data[5], [], []
     compared, flips = steps, 0.0
     for n in range(steps):
-        o_r, ref = decode_reference(*cut(n, n + 1), ref, cfg)
-        o, state = gdn_triton.decode_step_triton(*cut(n, n + 1), state, cfg)
+        o_r, ref = mod.decode_reference(*cut(n, n + 1), ref, cfg)
+        o, state = mod.decode_step_triton(*cut(n, n + 1), state, cfg)
         outs.append(o)
         refs.append(o_r)
         if compared == steps:
@@ -158,19 +170,19 @@ def check_step(cfg, data, steps):
                 compared=compared, flips=flips, ok=err_pre <= 1e-4 and flips <= FLIP_BUDGET)
 
 
-def check_verify(cfg, data, drafts=4):
+def check_verify(mod, cfg, data, drafts=4):
     config = ReplayConfig.parse(cfg)
     cut = lambda a, b: [t[:, a:b] for t in data[:5]]  # noqa: E731
     state = data[5]
     for n in range(5):
-        _, state = gdn_triton.decode_step_triton(*cut(n, n + 1), state, config)
+        _, state = mod.decode_step_triton(*cut(n, n + 1), state, config)
     new = dict(zip(("q", "k", "v", "g", "beta"), cut(5, 5 + drafts)))
     bsz = data[0].shape[0]
     width = torch.full((bsz,), drafts, device=data[0].device)
     read_hi = torch.arange(bsz, device=data[0].device) % 2 == 1
     groups = data[2].shape[2] // data[0].shape[2]
-    u, o = gdn_triton.verify_triton(state.hi, state.lo_packed, gdn_triton._read_format(config), state.buffer,
-                                    state.schedule.count, new, width, read_hi, groups)
+    u, o = mod.RULE.kernels.verify_triton(state.hi, state.lo_packed, _read_format(config), state.buffer,
+                                          state.schedule.count, new, width, read_hi, groups)
     err = 0.0
     for b in range(bsz):
         ring = {name: t[b].clone() for name, t in state.buffer.items()}
@@ -184,35 +196,62 @@ def check_verify(cfg, data, drafts=4):
     return dict(kernel="verify", err_o=err, state_agree=None, seconds=None, ok=err <= 1e-4)
 
 
+def check_hf(data):
+    """KDA: FP32 chunked Triton == transformers' chunk_kimi_delta_attention on the raw q, k it normalises and scales
+    (HF has no head grouping: H = HV geometries only). The call ends on a checkpoint, so S_hi is the final state."""
+    try:
+        from transformers.models.kimi_linear import modeling_kimi_linear as hf
+    except ImportError:
+        return None
+    window = 16
+    seqlen = data[0].shape[1] // window * window
+    x = [t[:, :seqlen] for t in data[:5]]
+    chunk = getattr(hf.chunk_kimi_delta_attention, "__wrapped__", hf.chunk_kimi_delta_attention)
+    o_hf, s_hf = chunk(*x, initial_state=data[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    q, k = hf.l2norm(x[0]) * x[0].shape[-1] ** -0.5, hf.l2norm(x[1])
+    o, st = kda.chunked(q, k, *x[2:], data[5], f"fp32/fp32@{window}", backend="triton")
+    err_o, err_s = rel(o_hf, o), rel(s_hf, st.hi.transpose(-1, -2))
+    return dict(kernel="hf", err_o=err_o, state_agree=None, seconds=None, err_state=err_s,
+                ok=err_o <= 1e-4 and err_s <= 1e-4)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), required=True, help="the delta-rule family to check")
     parser.add_argument("--quick", action="store_true", help="small geometry only")
     parser.add_argument("--seqlen", type=int, default=257)
-    parser.add_argument("--out", default="gpu_check_gdn.json")
+    parser.add_argument("--out", help="JSON result file (its folder is created); default gpu_check_FAMILY.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("gpu_check_gdn.py needs a CUDA device")
+        raise SystemExit("gpu_check_delta.py needs a CUDA device")
+    mod, out = FAMILIES[args.family], args.out or f"gpu_check_{args.family}.json"
     rows = []
-    for geo, shape in GEOMETRIES.items():
+    for geo, shape in GEOMETRIES[args.family].items():
         if args.quick and geo != "small":
             continue
-        data = inputs(**shape, seqlen=args.seqlen, device="cuda")
-        for cfg in CONFIGS:
-            results = [check_chunked(cfg, data), check_step(cfg, data, steps=20)]
+        data = inputs(args.family, **shape, seqlen=args.seqlen, device="cuda")
+        hf_row = check_hf(data) if args.family == "kda" and shape["heads"] == shape["value_heads"] else None
+        if hf_row is not None:
+            rows.append(dict(geometry=geo, config="fp32 vs HF", **hf_row))
+            print(f"{geo:15s} {'fp32 vs HF chunk_kimi_delta_attention':36s} err_o {hf_row['err_o']:.2e}  "
+                  f"state {hf_row['err_state']:.2e}  {'PASS' if hf_row['ok'] else 'FAIL'}", flush=True)
+        for cfg in CONFIGS[args.family]:
+            results = [check_chunked(mod, cfg, data), check_step(mod, cfg, data, steps=20)]
             if "spec" in cfg:
-                results.append(check_verify(cfg, data))
+                results.append(check_verify(mod, cfg, data))
             for r in results:
                 rows.append(dict(geometry=geo, config=cfg, **r))
                 r_fmt = "-" if r["state_agree"] is None else f"{r['state_agree']:.4f}"
                 t_fmt = "-" if r["seconds"] is None else f"{r['seconds']:.3f}"
                 extra = "  ".join(f"{k} {r[k]:.2e}" if isinstance(r[k], float) else f"{k} {r[k]}"
                                   for k in ("win_o", "fold", "unexpl", "flips", "compared") if k in r)
-                print(f"{geo:11s} {cfg:36s} {r['kernel']:12s} err_o {r['err_o']:.2e}  state {r_fmt:7s} "
+                print(f"{geo:15s} {cfg:36s} {r['kernel']:12s} err_o {r['err_o']:.2e}  state {r_fmt:7s} "
                       f"time {t_fmt:7s} {extra}  {'PASS' if r['ok'] else 'FAIL'}", flush=True)
     failed = [r for r in rows if not r["ok"]]
     print(f"{len(rows) - len(failed)} / {len(rows)} passed")
-    with open(args.out, "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(), seqlen=args.seqlen, rows=rows), fh, indent=1)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(), family=args.family, seqlen=args.seqlen, rows=rows), fh, indent=1)
     raise SystemExit(1 if failed else 0)
 
 

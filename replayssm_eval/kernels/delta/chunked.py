@@ -1,4 +1,4 @@
-"""Teacher-forced ReplaySSM Gated DeltaNet: parallel inside each segment, sequential between checkpoints.
+"""Teacher-forced ReplaySSM delta rule (GDN, KDA): parallel inside each segment, sequential between checkpoints.
 
 A segment is the run of buffer entries between two checkpoints (the first segment of a call
 starts with the entries carried in the ReplayState's buffer; they keep their stored u). Inside a
@@ -15,10 +15,15 @@ differ in their right-hand side, so with T = (I + A)^-1 every u of the segment i
     S_fold = d_end S_hi + sum_i exp(gc_end - gc_i) k_i u_i^T                           (open fold)
 
 and a closed fold solves the same system with every row reading S_hi and every entry's u
-recomputed from its raw (v, beta). Everything that does not depend on the checkpoint (T, the
-W = T R, M) is computed for a block of segments at once; the loop over segments only applies the
-checkpoint (a few batched matmuls) and `write_checkpoint`, all sequences together whatever
-their phase (sequences with fewer segments carry padding that changes nothing).
+recomputed from its raw (v, beta). With KDA's per-channel decay, gc_t [K] and the pairwise decays
+P_ti = exp(gc_t - gc_i) [K] (i <= t) replace the scalar ones: k_t . P_ti k_i in A, R_x rows
+beta_t (d_t k_t)^T, M_ti = q_t . P_ti k_i, S_fold = diag(d_end) S_hi + sum_i (P_end,i k_i) u_i^T.
+The pairwise decays are formed per channel ([L, L, K]) rather than factored as
+exp(gc_t) exp(-gc_i), which overflows for strongly decaying channels. Everything that does not
+depend on the checkpoint (T, the W = T R, M; `precompute`, also the input of KDA's Triton kernel)
+is computed for a block of segments at once; the loop over segments only applies the checkpoint
+(a few batched matmuls) and `write_checkpoint`, all sequences together whatever their phase
+(sequences with fewer segments carry padding that changes nothing).
 
 With a buffer dtype (`#buf=bf16|fp16`) each u_i is rounded to it when buffered, before later entries use it,
 so the system has no joint solution: `forward_substitution` solves it one row at a time, per segment once its
@@ -32,8 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.kernels.gdn._common import Prepared, buffer_keys, empty_buffer, from_format_layout, to_format_layout
-from replayssm_eval.kernels.gdn.reference import _keep
+from replayssm_eval.kernels.delta._common import (
+    Prepared, buffer_keys, empty_buffer, from_format_layout, keep_checkpoint, to_format_layout,
+)
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint
 
 _BLOCK_ELEMENTS = 1 << 26  # budget for one block of precomputed segment tensors, in elements
@@ -95,40 +101,51 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(2, 3)
 
 
-def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
+def padded_inputs(p: Prepared, seg: Segments) -> dict[str, torch.Tensor]:
+    """Tokens and carried entries on the segment grid, heads first: k, q [B, NS, HV, L, K]; g [B, NS, HV, L(, K)];
+    v, u_known [B, NS, HV, L, V]; beta [B, NS, HV, L]; pre (carried entry, u known), read_hi [B, NS, L] bool."""
+    bsz, seqlen = p.q.shape[:2]
+    buf = p.state.buffer
+    expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731  [B, cap, H, K] -> HV
+    return {
+        "k": _heads_first(_pad(seg, p.k, expand(buf["k"]))),
+        "q": _heads_first(_pad(seg, p.q, None)),
+        "g": _heads_first(_pad(seg, p.g, buf["g"])),
+        "v": _heads_first(_pad(seg, p.v, buf.get("v"))),
+        "beta": _pad(seg, p.beta, buf.get("beta")).transpose(2, 3),
+        "u_known": _heads_first(_pad(seg, torch.zeros_like(p.v), buf["u"])),
+        "pre": _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device),
+                    torch.ones_like(buf["u"][..., 0, 0], dtype=torch.bool)),
+        "read_hi": _pad(seg, p.plan.read_hi, None),
+    }
+
+
+def block_size(seg: Segments, bsz: int, nv: int, dk: int, dv: int, per_channel: bool) -> int:
+    """Segments per precompute block (per channel, the [L, L, K] pairwise decays dominate)."""
+    per_segment = bsz * nv * seg.length * (3 * dk + 4 * dv + 3 * seg.length + (seg.length * dk if per_channel else 0))
+    return max(1, min(seg.num, _BLOCK_ELEMENTS // max(per_segment, 1)))
+
+
+def chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
+    """backend="torch" of `chunked`: o [B, T, HV, V] in the compute dtype and the ReplayState after the call."""
     cfg, st, cd = p.config, p.state, p.dtype
     bsz, seqlen, nv, dk = p.q.shape
     dv = p.v.shape[-1]
     closed = cfg.gdn_fold == "closed"
     seg = segment_layout(p)
-    buf = st.buffer
     substitute = cfg.buffer_dtype != "fp32"  # each u rounded before the later ones use it: no joint solve
-    expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731  [B, cap, H, K] -> HV
-    read_hi = _pad(seg, p.plan.read_hi, None)
-    is_pre = _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device), torch.ones_like(buf["g"][..., 0], dtype=torch.bool))
-    k_pad = _pad(seg, p.k, expand(buf["k"]))  # [B, NS, L, HV, K]
-    q_pad = _pad(seg, p.q, None)
-    g_pad = _pad(seg, p.g, buf["g"])  # [B, NS, L, HV]
-    v_pad = _pad(seg, p.v, buf.get("v"))
-    beta_pad = _pad(seg, p.beta, buf.get("beta"))
-    u_known = _pad(seg, torch.zeros_like(p.v), buf["u"])
-
+    x = padded_inputs(p, seg)
     hi32, lo32 = st.hi, st.lo
     s_hi, s_lo = from_format_layout(hi32).to(cd), from_format_layout(lo32).to(cd)  # [B, HV, K, V]
     ckpt = st.checkpoint.clone()
     u_all = torch.empty(bsz, seg.num, nv, seg.length, dv, dtype=cd, device=p.q.device)
     o_all = torch.empty_like(u_all)
-    per_segment = bsz * nv * seg.length * (3 * dk + 4 * dv + 3 * seg.length)
-    block = max(1, min(seg.num, _BLOCK_ELEMENTS // max(per_segment, 1)))
+    block = block_size(seg, bsz, nv, dk, dv, p.per_channel)
     rows = torch.arange(bsz, device=p.q.device)
 
     for start in range(0, seg.num, block):
         sl = slice(start, min(start + block, seg.num))
-        blk = _precompute(
-            _heads_first(k_pad[:, sl]), _heads_first(q_pad[:, sl]), _heads_first(v_pad[:, sl]),
-            g_pad[:, sl].transpose(2, 3), beta_pad[:, sl].transpose(2, 3), _heads_first(u_known[:, sl]),
-            is_pre[:, sl], read_hi[:, sl], cfg.skip_read_below, closed, substitute,
-        )
+        blk = precompute({name: t[:, sl] for name, t in x.items()}, cfg.skip_read_below, closed, p.per_channel, substitute)
         for j, s in enumerate(range(sl.start, sl.stop)):
             at = {name: t[:, j] for name, t in blk.items()}
             o = at["q_hi"] @ s_hi + at["q_lo"] @ s_lo
@@ -144,14 +161,14 @@ def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
             if folded.any():
                 if closed:
                     u_c = at["u0_c"] - at["w_c"] @ s_hi
-                    state = at["d_end"][..., None, None] * s_hi + at["k_end"].transpose(-1, -2) @ u_c
+                    state = at["d_end"][..., None] * s_hi + at["k_end"].transpose(-1, -2) @ u_c
                     last = seg.last[:, s].clamp(min=0)
-                    q_last = q_pad[rows, s, last]  # [B, HV, K]
+                    q_last = x["q"][rows, s, :, last]  # [B, HV, K]
                     o_fold = torch.einsum("bhkv,bhk->bhv", state, q_last)
-                    take = (folded & read_hi[rows, s, last]).nonzero().flatten()
+                    take = (folded & x["read_hi"][rows, s, last]).nonzero().flatten()
                     o[take, :, last[take]] = o_fold[take]
                 else:
-                    state = at["d_end"][..., None, None] * s_hi + at["k_end"].transpose(-1, -2) @ u
+                    state = at["d_end"][..., None] * s_hi + at["k_end"].transpose(-1, -2) @ u
                 idx = folded.nonzero().flatten()
                 new_hi, new_lo = write_checkpoint(to_format_layout(state[idx]).contiguous(), cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
                 hi32 = hi32.clone()
@@ -167,10 +184,10 @@ def _chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
             u_all[:, s], o_all[:, s] = u, o
 
     o_tok = o_all.transpose(2, 3).reshape(bsz * seg.num * seg.length, nv, dv)[seg.tok_index.flatten()]
-    return o_tok.view(bsz, seqlen, nv, dv), _state_after(p, seg, hi32, lo32, ckpt, u_all.transpose(2, 3))
+    return o_tok.view(bsz, seqlen, nv, dv), state_after(p, seg, hi32, lo32, ckpt, u_all.transpose(2, 3))
 
 
-def _state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplayState:
+def state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplayState:
     """The ReplayState after the call; its buffer holds the entries of each sequence's last (unfolded) segment.
 
     u_seg: [B, NS, L, HV, V] the u of every segment entry.
@@ -179,7 +196,8 @@ def _state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplayS
     bsz, nv, dk, dv = p.q.shape[0], p.q.shape[2], p.q.shape[3], p.v.shape[-1]
     rows = torch.arange(bsz, device=p.q.device)
     last_seg = p.plan.num_folds
-    new_buf = empty_buffer(buffer_keys(cfg), bsz, p.capacity, st.buffer["k"].shape[2], nv, dk, dv, p.q.device, p.dtype)
+    new_buf = empty_buffer(buffer_keys(cfg), bsz, p.capacity, st.buffer["k"].shape[2], nv, dk, dv, p.q.device, p.dtype,
+                           p.per_channel)
     sources = {
         "k": lambda: _pad(seg, p.k_heads, st.buffer["k"]), "u": lambda: u_seg, "g": lambda: _pad(seg, p.g, st.buffer["g"]),
         "v": lambda: _pad(seg, p.v, st.buffer.get("v")), "beta": lambda: _pad(seg, p.beta, st.buffer.get("beta")),
@@ -206,42 +224,59 @@ def forward_substitution(a, r, rounded):
     return u, u_buf
 
 
-def _precompute(k, q, v, g, beta, u_known, pre, read_hi, eps, closed, substitute) -> dict[str, torch.Tensor]:
-    """Checkpoint-independent tensors of a block of segments.
+def precompute(x: dict[str, torch.Tensor], eps, closed, per_channel, substitute=False) -> dict[str, torch.Tensor]:
+    """Checkpoint-independent tensors of a block of segments (`padded_inputs` sliced to S segments).
 
-    k, q: [B, S, HV, L, K]; v, u_known: [B, S, HV, L, V]; g, beta: [B, S, HV, L];
-    pre (carried entries, u known), read_hi: [B, S, L] bool. substitute: give the open system (I + A) U = R
-    unsolved (a, r_v, r_hi, r_lo) for `forward_substitution` instead of T = (I + A)^-1 applied (u0, w_hi, w_lo).
+    Returns u0, w_hi, w_lo ([B, S, HV, L, V], [.., L, K] x 2): U = u0 - w_hi S_hi - w_lo S_lo; q_hi, q_lo
+    [.., L, K] and m [.., L, L]: O = q_hi S_hi + q_lo S_lo + m U; d_end [B, S, HV, K] (scalar decay: [B, S, HV, 1]),
+    k_end [.., L, K]: the open fold; closed: u0_c, w_c (every row from S_hi, u from the raw entries).
+    substitute (a buffer dtype): the open system (I + A) U = R unsolved instead, r_v, r_hi, r_lo in place of u0,
+    w_hi, w_lo and a [.., L, L] (A, strictly lower), for `forward_substitution`.
     """
-    length = g.shape[-1]
-    gc = g.cumsum(-1)  # [B, S, HV, L]
+    k, q, g, v, beta = x["k"], x["q"], x["g"], x["v"], x["beta"]
+    length = beta.shape[-1]
     incl = torch.ones(length, length, dtype=torch.bool, device=g.device).tril()
-    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))  # [.., t, i]
-    a = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
-    pre_h = pre[:, :, None, :]  # [B, S, 1, L]
-    hi_h = read_hi[:, :, None, :]
-    d = _keep(gc, eps) * torch.exp(gc)  # [B, S, HV, L]
+    pre_h = x["pre"][:, :, None, :]  # [B, S, 1, L]
+    hi_h = x["read_hi"][:, :, None, :]
     eye = torch.eye(length, dtype=g.dtype, device=g.device)
-    r_v = torch.where(pre_h[..., None], u_known, beta[..., None] * v)
-    r_k = torch.where(pre_h, 0.0, beta * d)[..., None] * k
+    r_v = torch.where(pre_h[..., None], x["u_known"], beta[..., None] * v)
+    if per_channel:
+        gc = g.cumsum(-2)  # [B, S, HV, L, K]
+        pair = torch.exp((gc[..., :, None, :] - gc[..., None, :, :]).masked_fill(~incl[..., None], float("-inf")))  # [.., t, i, K]
+        a = (beta[..., None] * torch.einsum("...tk,...tik,...ik->...ti", k, pair, k)).tril(-1)
+        d = keep_checkpoint(gc, eps, True)[..., None] * torch.exp(gc)  # [B, S, HV, L, K]
+        r_k = torch.where(pre_h, 0.0, beta)[..., None] * d * k
+        qd = d * q
+        g_end = gc[..., -1, :]  # [B, S, HV, K]; padding has g = 0, so the last position carries the segment's total
+        keep_end = keep_checkpoint(g_end, eps, True)[..., None]
+        m = torch.einsum("...tk,...tik,...ik->...ti", q, pair, k)
+        d_end = keep_end * torch.exp(g_end)
+        k_end = torch.exp(g_end[..., None, :] - gc) * k
+        r_c = beta[..., None] * keep_end[..., None] * torch.exp(gc) * k if closed else None
+    else:
+        gc = g.cumsum(-1)  # [B, S, HV, L]
+        decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))  # [.., t, i]
+        a = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
+        d = keep_checkpoint(gc, eps, False) * torch.exp(gc)  # [B, S, HV, L]
+        r_k = torch.where(pre_h, 0.0, beta * d)[..., None] * k
+        qd = d[..., None] * q
+        g_end = gc[..., -1]  # padding has g = 0, so the last position carries the segment's total
+        m = decay * (q @ k.transpose(-1, -2))
+        d_end = (keep_checkpoint(g_end, eps, False) * torch.exp(g_end))[..., None]
+        k_end = torch.exp(g_end[..., None] - gc)[..., None] * k
+        r_c = (beta * torch.exp(gc) * keep_checkpoint(g_end, eps, False)[..., None])[..., None] * k if closed else None
     rhs = torch.cat([r_v, r_k * hi_h[..., None], r_k * ~hi_h[..., None]], dim=-1)
-    a_open = a * ~pre_h[..., None]
-    x = rhs if substitute else torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
+    a_open = a * ~pre_h[..., None]  # carried entries keep their stored u
+    sol = rhs if substitute else torch.linalg.solve_triangular(eye + a_open, rhs, upper=False, unitriangular=True)
     dv, dk = v.shape[-1], k.shape[-1]
-    qd = d[..., None] * q
-    g_end = gc[..., -1]  # padding has g = 0, so the last position carries the segment's total
     out = {
-        "q_hi": qd * hi_h[..., None], "q_lo": qd * ~hi_h[..., None],
-        "m": decay * (q @ k.transpose(-1, -2)),
-        "d_end": _keep(g_end, eps) * torch.exp(g_end),
-        "k_end": torch.exp(g_end[..., None] - gc)[..., None] * k,
+        "q_hi": qd * hi_h[..., None], "q_lo": qd * ~hi_h[..., None], "m": m, "d_end": d_end, "k_end": k_end,
     }
     solved = ("r_v", "r_hi", "r_lo") if substitute else ("u0", "w_hi", "w_lo")
-    out.update(zip(solved, (x[..., :dv], x[..., dv:dv + dk], x[..., dv + dk:])))
+    out.update(zip(solved, (sol[..., :dv], sol[..., dv:dv + dk], sol[..., dv + dk:])))
     if substitute:
         out["a"] = a_open
     if closed:
-        r_c = (beta * torch.exp(gc) * _keep(g_end, eps)[..., None])[..., None] * k
         xc = torch.linalg.solve_triangular(eye + a, torch.cat([beta[..., None] * v, r_c], dim=-1), upper=False, unitriangular=True)
         out["u0_c"], out["w_c"] = xc[..., :dv], xc[..., dv:]
     return out

@@ -1,0 +1,259 @@
+"""Delta-rule Triton kernels (GDN and KDA) against the torch reference (TRITON_INTERPRET=1 on CPU; tests/conftest.py
+sets it), on the device under test (`REPLAYSSM_TEST_DEVICE=cuda` runs the compiled kernels).
+
+FP32 compute in two different orders can put a value on either side of a rounding midpoint, so
+with quantized formats the stored states are compared for (nearly all) identical elements and
+the outputs loosely; the in-kernel rounding itself (`delta.triton._store_round`, shared by both
+families) is checked bit for bit on its own. (The Philox key must reach `tl.randint` as a loaded
+int64, as the kernels do: a Python-int kernel argument gave different bits in the interpreter.)
+GDN's own kernel paths are tested further in test_gdn_triton.py.
+"""
+
+from unittest import mock
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from test_delta_reference import FAMILIES, assert_close, cut, make_inputs, phased_start, plain_recurrence
+from test_mamba2_reference import FLIP_SIZE
+
+from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.kernels.delta import triton as shared
+from replayssm_eval.kernels.delta._common import to_format_layout
+from replayssm_eval.kernels.delta.reference import _verify
+from replayssm_eval.kernels.keys import sr_keys
+from replayssm_eval.kernels.state import write_checkpoint
+
+SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
+# grouped heads (HV = 2H), K and V not powers of two
+AWKWARD = {"gdn": dict(heads=2, value_heads=4, dk=24, dv=40), "kda": dict(heads=1, value_heads=2, dk=24, dv=40)}
+FAM = pytest.mark.parametrize("fam", list(FAMILIES))
+
+
+def cases(per_family):
+    """pytest parameters (fam, *case) from {fam: [case, ...]}: the same property, each family's own cases."""
+    return [(fam, *(case if isinstance(case, tuple) else (case,))) for fam, cs in per_family.items() for case in cs]
+
+
+@triton.jit
+def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, SCALE: tl.constexpr,
+                       FMT_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    hv = tl.program_id(0)
+    ks = tl.arange(0, BK)
+    vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
+    mask = (ks[:, None] < K) & (vs[None, :] < V)
+    elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
+    x = tl.load(x_ptr + elem, mask=mask, other=0.0)
+    y = shared._store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, SCALE, FMT_MAX, BK, BV)
+    tl.store(y_ptr + elem, y, mask=mask)
+
+
+@pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
+                                  "nvfp4:scale=row", "nvfp4:scale=head"])
+def test_in_kernel_rounding_is_bit_exact(spec, device):
+    """`_store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `kernels.keys`)."""
+    cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
+    x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
+    x[0, 1, 3] = 0.0
+    kind, scale, top = shared._store_mode(cfg.recur_format, whole_head=True)
+    y = torch.empty_like(x, device=device)
+    key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
+    _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, KIND=kind, SCALE=scale,
+                               FMT_MAX=top, BK=64, BV=32)
+    want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
+    y = y.cpu()
+    assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
+
+
+@pytest.mark.parametrize("spec, bv", [("nvfp4:scale=row", 64), ("nvfp4:scale=head", 128), ("fp16sr", 64), ("fp8sr", 64),
+                                      ("fp8:scale=head", 128)])
+def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
+    """`_store_round` at K = V = 128 with the chunked kernels' tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
+    row scales, the whole head for head scales) == write_checkpoint, bit for bit."""
+    cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
+    x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
+    x[0, 1, 70] = 0.0  # a zero row in the second v-block
+    kind, scale, top = shared._store_mode(cfg.recur_format, whole_head=True)
+    y = torch.empty_like(x, device=device)
+    key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
+    _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128, KIND=kind,
+                                       SCALE=scale, FMT_MAX=top, BK=128, BV=bv)
+    want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
+    y = y.cpu()
+    assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
+
+
+def mostly_equal(name, ref, got, fraction=0.98, noise=None):
+    """All but a few elements equal to FP32 noise (a global scale's amax one ulp apart moves a whole row by an ulp);
+    the rest are rounding decisions that flipped, each within FLIP_SIZE * max|ref| (one grid step, not garbage).
+    noise: the per-element FP32 noise bound, 1e-5 max|ref| by default."""
+    err = (got - ref).abs()
+    close = (err <= (1e-5 * ref.abs().max() if noise is None else noise)).float().mean().item()
+    assert close >= fraction, f"{name}: only {close:.1%} of elements agree"
+    worst, bound = err.max().item(), FLIP_SIZE * ref.abs().max().item()
+    assert worst <= bound, f"{name}: an element is {worst:.3e} off (> {bound:.3e}), more than a flipped rounding"
+
+
+def test_mostly_equal_bounds_each_flip():
+    """A 1% flip budget admits 65 of 6,660 elements one grid step off, never 65 elements at 1e6."""
+    ref = torch.randn(6660, generator=torch.Generator().manual_seed(0))
+    stepped, wild = ref.clone(), ref.clone()
+    stepped[:65] += 0.1 * ref.abs().max()
+    wild[:65] = 1e6
+    mostly_equal("stepped", ref, stepped, 0.99)
+    with pytest.raises(AssertionError, match="more than a flipped rounding"):
+        mostly_equal("wild", ref, wild, 0.99)
+
+
+def one_segment_launches():
+    """Every `_chunked_kernel` launch runs one segment (SEGS=1), the launch of copies that torch rounds. On a GPU a
+    different SEGS is a different compiled kernel, whose FP32 folds (tf32x3 dots) may differ in the last bit."""
+    return mock.patch.object(shared, "_BLOCK_ELEMENTS", 1)
+
+
+def rounds_to(fold, rounded, cfg) -> bool:
+    """The stored copies of `rounded` are exactly write_checkpoint of the FP32 folds in `fold` (by the torch rounding on
+    CPU: on CUDA write_checkpoint would run the Triton encoder)."""
+    hi, lo = write_checkpoint(fold.hi.cpu(), cfg, 0, rounded.seq_ids.cpu(), rounded.checkpoint.cpu())
+    return torch.equal(hi, rounded.hi.cpu()) and torch.equal(lo, rounded.lo.cpu())
+
+
+@FAM
+@pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@4#closed#skip=0.7", "fp32/fp32@5#spec=3:0.6#closed"])
+def test_chunked_triton_fp32(fam, text, device):
+    """Per-sequence phases from carried buffers: == decode_reference to FP32 accuracy."""
+    mod = FAMILIES[fam]
+    inputs = make_inputs(fam, seqlen=13, dtype=torch.float32, device=device, **SMALL[fam])
+    start = phased_start(fam, inputs, text, warmup=(0, 3), dtype=torch.float32)
+    o_ref, st_ref = mod.decode_reference(*cut(inputs, 0), start, text)
+    o, st = mod.chunked(*cut(inputs, 0), start, text, backend="triton")
+    assert_close("o", o_ref, o, 1e-5)
+    assert_close("S_hi", st_ref.hi, st.hi, 1e-5)
+    for name in st_ref.buffer:
+        assert_close(f"buffer[{name!r}]", st_ref.buffer[name], st.buffer[name], 1e-5)
+    assert torch.equal(st_ref.checkpoint, st.checkpoint)
+
+
+@pytest.mark.parametrize("fam, text", cases({
+    "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4"],
+    "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6"],
+}))
+def test_chunked_triton_quantized(fam, text, device):
+    """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
+    == the torch chunked form; awkward sizes (V = 40: two v-blocks, or the whole head for head scales) with one
+    segment per launch."""
+    mod = FAMILIES[fam]
+    inputs = make_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
+    o_ref, st_ref = mod.chunked(*inputs, text)
+    with one_segment_launches():
+        o, st = mod.chunked(*inputs, text, backend="triton")
+    assert_close("o", o_ref, o, 2e-3)
+    mostly_equal("S_hi", st_ref.hi, st.hi)
+    mostly_equal("S_lo", st_ref.lo, st.lo)
+    assert torch.equal(st_ref.checkpoint, st.checkpoint)
+
+
+@FAM
+def test_chunked_triton_unrounded_folds_round_to_stored(fam, device):
+    """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores."""
+    mod = FAMILIES[fam]
+    cfg = ReplayConfig.parse("nvfp4:scale=row/fp16sr@4")
+    inputs = make_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **SMALL[fam])
+    _, rounded = mod.RULE.kernels.chunked_triton(mod.RULE.prepare(*inputs, cfg))
+    _, fold = mod.RULE.kernels.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
+    assert rounds_to(fold, rounded, cfg)
+
+
+@FAM
+def test_chunked_triton_refuses_fp64(fam, device):
+    inputs = make_inputs(fam, seqlen=3, dtype=torch.float32, device=device, **SMALL[fam])
+    with pytest.raises(ValueError, match="backend='triton' computes in FP32"):
+        FAMILIES[fam].chunked(*inputs, "fp32", backend="triton", compute_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fam, text, exact, phased", cases({
+    "gdn": [("fp32/fp32@3#closed", True, False), ("nvfp4/fp16sr@4", False, False), ("shared:fp8sr@3#skip=0.8", False, False)],
+    "kda": [("fp32/fp32@3#closed", True, True), ("fp32/fp32@3#skip=0.7", True, True), ("nvfp4/fp16sr@4", False, True),
+            ("nvfp4:scale=row/fp32@3#closed", True, False), ("shared:fp8sr@3#skip=0.8", False, False),
+            ("fp8/fp32@4#spec=2:0.6", True, False), ("fp32/fp32@3#closed#buf=bf16", True, True)],
+}))
+def test_decode_step_triton(fam, text, exact, phased, device):
+    """Token by token through the single-token kernel (packed read copy on non-flush steps) == decode_reference,
+    awkward sizes; phased: sequences at different phases (folding and reading sequences in one launch) from a state
+    whose read copy re-encodes exactly (row-scaled NVFP4 and SR copies do not: they start from the FP32 state)."""
+    mod = FAMILIES[fam]
+    cfg = ReplayConfig.parse(text)
+    inputs = make_inputs(fam, batch=2, seqlen=7, dtype=torch.float32, device=device, **AWKWARD[fam])
+    start = phased_start(fam, inputs, cfg, warmup=(0, 1), dtype=torch.float32) if phased else inputs[5]
+    o_ref, st_ref = mod.decode_reference(*cut(inputs, 0, 5), start, cfg)
+    state, outs = start, []
+    for n in range(5):
+        o, state = mod.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+        outs.append(o)
+    assert_close("o", o_ref, torch.cat(outs, 1), 1e-5 if exact else 2e-3)
+    if exact:
+        assert_close("S_hi", st_ref.hi, state.hi, 1e-5)
+    else:
+        mostly_equal("S_hi", st_ref.hi, state.hi)
+        mostly_equal("S_lo", st_ref.lo, state.lo)
+    assert torch.equal(st_ref.checkpoint, state.checkpoint) and int(state.checkpoint.min()) >= 1
+    assert_close("buffer u", st_ref.buffer["u"], state.buffer["u"], 1e-5 if exact else 2e-3)
+    fmt = shared._read_format(cfg)
+    assert torch.equal(fmt.decode(state.lo_packed), state.lo), "lo_packed must decode to the stored read copy"
+
+
+@FAM
+def test_verify_triton(fam, device):
+    """Speculative verification kernel == the reference's output-only verification, per sequence."""
+    mod = FAMILIES[fam]
+    cfg = ReplayConfig.parse("nvfp4/fp32@8#spec=4:0.5#skip=0.6")
+    inputs = make_inputs(fam, seqlen=7, dtype=torch.float32, device=device, **SMALL[fam])
+    st = inputs[5]
+    for n in range(3):  # committed entries and a packed read copy, from the step kernel
+        _, st = mod.decode_step_triton(*cut(inputs, n, n + 1), st, cfg)
+    drafts = dict(zip(("q", "k", "v", "g", "beta"), cut(inputs, 3, 7)))
+    width = torch.tensor([4, 3], device=device)
+    read_hi = torch.tensor([False, True], device=device)
+    u, o = mod.RULE.kernels.verify_triton(st.hi, st.lo_packed, cfg.read_format, st.buffer, st.schedule.count, drafts,
+                                          width, read_hi, groups=2, eps=0.6)
+    for b in range(2):
+        ring = {name: t[b].clone() for name, t in st.buffer.items()}
+        h, w = int(st.schedule.count[b]), int(width[b])
+        ring["k"][h:h + w] = drafts["k"][b, :w]
+        ring["g"][h:h + w] = drafts["g"][b, :w]
+        src = (st.hi if read_hi[b] else st.lo)[b].transpose(-1, -2)
+        q = drafts["q"][b, :w].repeat_interleave(2, 1)
+        u_ref, o_ref = _verify(src, ring, h, w, q, drafts["v"][b, :w], drafts["beta"][b, :w], 2, 0.6)
+        assert_close(f"u[{b}]", u_ref, u[b, :w], 1e-5)
+        assert_close(f"o[{b}]", o_ref, o[b, :w], 1e-5)
+
+
+@FAM
+def test_conventional_step(fam, device):
+    """The fused FP32 eager step == the plain recurrence, token by token, state updated in place."""
+    inputs = make_inputs(fam, batch=2, seqlen=3, dtype=torch.float32, device=device, **AWKWARD[fam])
+    want, want_state = plain_recurrence(inputs)
+    state = to_format_layout(inputs[5]).contiguous()
+    outs = []
+    for n in range(3):
+        q, k, v, g, beta = (t[:, n].contiguous() for t in inputs[:5])
+        outs.append(FAMILIES[fam].FAMILY.conventional_step(q, k, v, g, beta, state))
+    assert_close("o", want, torch.stack(outs, 1), 1e-5)
+    assert_close("state", want_state, state.transpose(-1, -2), 1e-5)
+
+
+@FAM
+def test_verify_family_convention(fam, device):
+    """`verify` (KernelFamily convention) from a state at a step boundary, every draft accepted: the drafts' outputs
+    are the committed outputs of decode_reference."""
+    mod = FAMILIES[fam]
+    cfg = "nvfp4/fp32@8#spec=4:1"
+    inputs = make_inputs(fam, seqlen=8, dtype=torch.float32, device=device, **SMALL[fam])
+    o_ref, _ = mod.decode_reference(*inputs, cfg)
+    state = inputs[5]
+    for n in range(4):
+        _, state = mod.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+    assert state.schedule.step_left.tolist() == [0, 0] and state.schedule.count.tolist() == [4, 4]
+    o = mod.verify(*cut(inputs, 4, 8), state, cfg)
+    assert_close("o", o_ref[:, 4:8], o, 1e-5)
