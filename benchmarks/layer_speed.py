@@ -16,7 +16,7 @@ so that Triton compiles are not timed). Rows:
   sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
                   the first segment's output error and the share of stored checkpoint elements that differ
                   from the default launch (tf32x3 products are not bit-identical to FP32 FMAs)
-Geometries as benchmarks/kernels.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B, KDA of Kimi-Linear-48B-A3B.
+Geometries as benchmarks/kernel_speed.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B, KDA of Kimi-Linear-48B-A3B.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from kernels import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
+from kernel_speed import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
 
 from replayssm_eval.kernels.delta import triton as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402

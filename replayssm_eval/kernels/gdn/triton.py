@@ -31,7 +31,7 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    state; flush rows read S_hi and the buffer and write the FP32 fold (open: rank-1 updates; closed:
    the delta rule re-run over the buffered raw entries), which the host rounds to both copies with
    `write_checkpoint_packed` (one rounding, the read copy also packed). `step_launch_config` gives
-   its block sizes (benchmarks/kernels.py sweeps them).
+   its block sizes (benchmarks/kernel_speed.py sweeps them).
 3. `verify_triton` (`gdn.verify`): output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write,
    on `_step_kernel` (the read copy tile and the buffer sum P as [K, BV] tiles).
@@ -455,7 +455,7 @@ def _replay_step_kernel(
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
     """BLOCK_V, BLOCK_K (a multiple of 16), TILES (v blocks per program) and num_warps of `_replay_step_kernel`
-    (tuned by benchmarks/kernels.py)."""
+    (tuned by benchmarks/kernel_speed.py)."""
     if batch * heads < 4096:
         block_v = min(16, triton.next_power_of_2(dv))
         return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}

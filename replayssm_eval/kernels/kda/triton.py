@@ -262,7 +262,7 @@ def _replay_step_kernel(
 
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
-    """BV (v columns per program) and num_warps of `_replay_step_kernel` (benchmarks/kernels.py times it)."""
+    """BV (v columns per program) and num_warps of `_replay_step_kernel` (benchmarks/kernel_speed.py times it)."""
     return {"BV": min(32 if batch * heads >= 4096 else 16, max(16, triton.next_power_of_2(dv))), "num_warps": 4}
 
 

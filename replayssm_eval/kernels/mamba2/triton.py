@@ -567,7 +567,7 @@ def _replay_step_kernel(
 
 
 def step_launch_config(batch: int, heads: int, head_dim: int, read: int) -> dict:
-    """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by benchmarks/kernels.py)."""
+    """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by benchmarks/kernel_speed.py)."""
     if batch * heads < 4096:
         return {"BLOCK_P": min(16, triton.next_power_of_2(head_dim)), "TILES": 1, "num_warps": 4}
     # many sequences: one single-warp program per head (the H200 sweep's best at P = 80, batch 128 and 256)

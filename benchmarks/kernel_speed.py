@@ -1,8 +1,8 @@
 """GPU benchmark of the ReplaySSM kernels: decode-step time and bandwidth, chunked teacher-forced throughput.
 
-    python benchmarks/kernels.py --out out/kernels.json               # H200: both families, about 3-4 minutes
-    python benchmarks/kernels.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
-    TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
+    python benchmarks/kernel_speed.py --out out/kernels.json               # H200: both families, about 3-4 minutes
+    python benchmarks/kernel_speed.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
+    TRITON_INTERPRET=1 python benchmarks/kernel_speed.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
 Geometries: Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128),
 KDA of Kimi-Linear-48B-A3B (H=HV=32, K=V=128; `--families kda`); FP32 recurrence state; batches 1, 32, 128, 256. What it measures (kernel time only, `triton.testing.do_bench`,
@@ -946,7 +946,7 @@ def main(argv=None):
         lengths = [int(n) for n in args.lengths.split(",")]
 
     env = environment(args.device)
-    log(f"benchmarks/kernels.py on {env.get('gpu', args.device)}; torch {env['torch']}, triton {env['triton']}; "
+    log(f"benchmarks/kernel_speed.py on {env.get('gpu', args.device)}; torch {env['torch']}, triton {env['triton']}; "
         f"families {families}, batches {batches}, lengths {lengths}, budget {args.budget:.0f} s")
     torch.backends.cuda.matmul.allow_tf32 = False
     res = Results(args.budget)
