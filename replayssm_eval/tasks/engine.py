@@ -44,6 +44,7 @@ at one row, the error says so.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -158,17 +159,16 @@ class Engine:
             free = self.max_batch - (0 if run is None else len(run.live))
             if waiting and (run is None or (self.continuous and free >= min(self.refill, len(waiting)))):
                 new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
-                try:
-                    run = self._join(run, self._start(new))
-                except torch.OutOfMemoryError as err:
-                    run = self._shrink(run, new, waiting, err)
+                joined, failure = _unless_out_of_memory(lambda: self._join(run, self._start(new)))
+                if failure is not None:
+                    run = self._shrink(run, new, waiting, failure)
                     continue
+                run = joined
             if run is None:
                 continue
-            try:
-                run = self._advance(run, compact=not (waiting and self.continuous))  # no refill coming
-            except torch.OutOfMemoryError as err:
-                run = self._shrink(run, [], waiting, err)
+            compact = not (waiting and self.continuous)  # no refill coming
+            advanced, failure = _unless_out_of_memory(lambda: self._advance(run, compact=compact))
+            run = advanced if failure is None else self._shrink(run, [], waiting, failure)
 
     def _advance(self, run: _Batch, compact: bool = True) -> _Batch | None:
         """Append each row's greedy token; the stopped rows leave; one step for the others.
@@ -184,6 +184,8 @@ class Engine:
                 run.rows[k] = None
         live = run.live
         if not live:
+            run.session = None
+            _collect()
             return None
         decoder = isinstance(run.session, StaticDecoder)
         if not decoder and len(live) < len(run.rows):
@@ -230,6 +232,8 @@ class Engine:
         if self.step == "graph":
             return self._regroup(run, started)
         session = join([run.session, started.session])
+        run.session = started.session = None
+        _collect()
         return _Batch(session, run.rows + started.rows, torch.cat([run.logits, started.logits]))
 
     def _regroup(self, run: _Batch | None, started: _Batch | None) -> _Batch:
@@ -242,6 +246,7 @@ class Engine:
             rows += [run.rows[k] for k in live]
             logits.append(run.logits[torch.tensor(live, device=run.logits.device)])
             run.session = None
+            _collect()
         if started is not None:
             parts.append(started.session)
             rows += started.rows
@@ -284,21 +289,40 @@ class Engine:
             keep_rows(session, back.tolist())
         return session, torch.cat(logits)[back.to(logits[0].device)]
 
-    def _shrink(self, run: _Batch | None, new: list[int], waiting: deque, err: Exception) -> None:
+    def _shrink(self, run: _Batch | None, new: list[int], waiting: deque, failure: str) -> None:
         """Out of memory: every started row goes back to the queue, max_batch halves (or the error says why not)."""
         rows = ([] if run is None else [i for i in run.rows if i is not None]) + new
         if self.max_batch == 1:
             raise MemoryError(f"out of memory generating one row (prompt of {max(len(self._rows[i].prompt) for i in rows)} "
-                              f"tokens) at prefill_tokens {self.prefill_tokens}: {err}") from err
+                              f"tokens) at prefill_tokens {self.prefill_tokens}: {failure}")
         for i in reversed(rows):
             self._rows[i].tokens.clear()
             self._rows[i].stopped = False
             waiting.appendleft(i)
         self.max_batch = max(1, self.max_batch // 2)
         self.refill = max(1, min(self.refill, self.max_batch // 8))
+        if run is not None:
+            run.session = None
+        _collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return None
+
+
+def _unless_out_of_memory(work):
+    """(work(), None), or (None, the message) when it ran out of GPU memory: the error's traceback, whose frames
+    hold the failed batch's tensors, is dropped here so that `Engine._shrink` can free them."""
+    try:
+        return work(), None
+    except torch.OutOfMemoryError as err:
+        return None, str(err)
+
+
+def _collect() -> None:
+    """Free the sessions a join or regroup let go of now: a session and its HF cache point at each other
+    (`models.session`), so only the cyclic GC frees their states and caches, and it may not run before the
+    next batch asks the GPU for the same memory."""
+    gc.collect()
 
 
 def _anchor_into_cache(session: ReplaySession) -> None:

@@ -10,6 +10,8 @@ under step "graph"), and a batch that does not fit is refused before any work.
 """
 
 import functools
+import gc
+import weakref
 
 import pytest
 import torch
@@ -140,6 +142,34 @@ def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_token
     monkeypatch.setattr(engine, "step_tokens", flaky)
     gens = engine.generate(prompts(rm), max_gen_toks=LIMITS)
     assert engine.max_batch == 2 and max(calls[3:]) <= 2
+    assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
+
+
+def test_sessions_let_go_are_freed_before_the_next_step(monkeypatch):
+    """A session and its HF cache point at each other, so only the cyclic GC frees them: the engine collects
+    after a join and after an out-of-memory error, before the next batch needs that memory (GC off here)."""
+    rm = model("tiny-nemotron-h")
+    engine = Engine(rm, "nvfp4/fp16sr@4", step=STEP, max_batch=2, prefill_segment=4, refill=1)
+    step, seen, alive, calls = engine.step_tokens, [], [], []
+
+    def tracked(session, tokens):
+        alive.append(sum(r() is not None and r() is not session for r in seen))
+        if not any(r() is session for r in seen):
+            seen.append(weakref.ref(session))
+        calls.append(tokens.shape[0])
+        if len(calls) == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
+        return step(session, tokens)
+
+    monkeypatch.setattr(engine, "step_tokens", tracked)
+    gc.collect()
+    gc.disable()
+    try:
+        gens = engine.generate(prompts(rm), max_gen_toks=LIMITS)
+    finally:
+        gc.enable()
+    # a new batch's first step runs beside the running batch: at most one other session is alive at a step
+    assert len(seen) > 4 and max(alive) == 1
     assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
 
 
