@@ -81,6 +81,7 @@ def compile_all() -> list[str]:
     return failures
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)

@@ -73,6 +73,7 @@ def assert_same_states(ours: dict, eager: dict, rows=None):
             assert (x is None) == (y is None) and (x is None or torch.equal(x, pick(y))), (layer, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,config", [("tiny-qwen3.5", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "shared:fp8sr@2")])
 def test_static_step_equals_the_triton_step(name, config):
     rm = model(name)
@@ -86,6 +87,7 @@ def test_static_step_equals_the_triton_step(name, config):
     assert int(next(iter(eager.states.values())).checkpoint.max()) == NEW_TOKENS // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,config", [
     ("tiny-qwen3.5", "shared:nvfp4@2"), ("tiny-qwen3.5", "nvfp4/fp8sr@2"),
     ("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "fp32"),
@@ -128,6 +130,7 @@ def greedy(step, logits, count):
     return torch.stack(tokens, 1), logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,config", [("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-qwen3.5", "shared:fp8sr@2")])
 def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
     rm = model(name)
@@ -152,6 +155,7 @@ def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
     assert decoder.max_len == joined.tokens + 4 and decoder.written == joined.tokens + 3
 
 
+@pytest.mark.slow
 def test_graph_step_generates_the_triton_step_tokens():
     rm = model("tiny-qwen3.5")
     prompts = [rm.tokenizer.encode(t) for t in PROMPTS]

@@ -15,6 +15,7 @@ def _kernel(name, *extra):
     return ["regress", "--kernel", f"{ADAPTERS}:{name}", "--kernel-grid", "quick", *extra]
 
 
+@pytest.mark.slow
 def test_sample_triton_adapter_conforms(capsys):
     code = main(_kernel("triton_step", "--kernel-configs", "nvfp4/fp16sr@{L}", "--kernel-configs", "shared:nvfp4@{L}"))
     out = capsys.readouterr().out
@@ -27,6 +28,7 @@ def test_reference_adapter_is_exact():
     assert all(r.status == "pass" and r.y_rel_rms == 0.0 for r in results)
 
 
+@pytest.mark.slow
 def test_kernel_dropping_d_fails_readably(capsys):
     code = main(_kernel("drops_d_term", "--kernel-configs", "nvfp4/fp16sr@{L}"))
     out = capsys.readouterr().out

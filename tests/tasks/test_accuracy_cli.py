@@ -58,6 +58,7 @@ def test_end_to_end_on_fixtures(tmp_path, model, limit, count_runs):
     assert "| FP32 gen tokens |" in (out / "accuracy.md").read_text() and "Degeneration" in (out / "accuracy.md").read_text()
 
 
+@pytest.mark.slow
 def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs):
     out = str(tmp_path / "run")
     assert run("--tasks", "gpqa_diamond", "--configs", CONFIGS, "--output", out) == 0

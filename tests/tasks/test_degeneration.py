@@ -66,6 +66,7 @@ def test_degeneration_is_reported_per_bucket_for_fp32_and_each_config():
     assert "| 1-49 | 2 | 15 / 0 | 65 / 50 |" in markdown(report)
 
 
+@pytest.mark.slow
 def test_a_tiny_model_shakespeare_generation_is_not_a_loop():
     """400 greedy tokens of tiny-nemotron-h: repetitive ("ROSALIND.\\nI will not be so ...") but no exact loop."""
     import torch

@@ -46,6 +46,7 @@ def alone(name: str, config: str, step: str, count: int = len(TEXTS)):
             for p, m in zip(prompts(rm)[:count], LIMITS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["fp32", "nvfp4/fp16sr@4", "shared:fp16sr@2"])
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
 def test_continuous_batching_gives_each_prompt_its_tokens_alone(name, config):
@@ -71,7 +72,7 @@ GRAPH_LIMITS = [3, 1, 4, 2]
 
 
 @pytest.mark.parametrize("name,config", [
-    ("tiny-qwen3.5", "nvfp4/fp16sr@2"),  # split, SR recurrence; GDN
+    pytest.param("tiny-qwen3.5", "nvfp4/fp16sr@2", marks=pytest.mark.slow),  # split, SR recurrence; GDN
     pytest.param("tiny-nemotron-h", "shared:nvfp4@2", marks=pytest.mark.slow),  # shared; Mamba-2
     pytest.param("tiny-nemotron-h", "nvfp4/fp8sr@2", marks=pytest.mark.slow),
 ])

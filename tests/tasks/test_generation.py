@@ -33,6 +33,7 @@ def encode(rm, texts=PROMPTS) -> list[list[int]]:
     return [rm.tokenizer.encode(t) for t in texts]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
 def test_fp32_batched_generation_equals_hf_greedy_generate(name):
     rm, plain = models(name)
@@ -70,6 +71,7 @@ def test_triton_decode_step_matches_the_step_reference(name, config, max_gen_tok
     assert [g.tokens for g in tri] == [g.tokens for g in ref]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
 def test_continuation_scores_equal_hf_full_forward_in_fp32_and_move_with_the_format(name):
     rm, plain = models(name)

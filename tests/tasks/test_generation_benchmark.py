@@ -4,9 +4,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "generation.py"
 
 
+@pytest.mark.slow
 def test_quick_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path):
     spec = importlib.util.spec_from_file_location("generation_benchmark", BENCHMARK)
     bench = importlib.util.module_from_spec(spec)
