@@ -102,13 +102,17 @@ def _triton_no_fallback(*args):
 
 # copies no program can round (tensor-wide scales, blocks along V); the sequences start 3 tokens apart, so @3 folds
 # both in the same segments and the other windows fold one without the other
-@pytest.mark.parametrize("text", ["shared:nvfp4:scale=tensor@4", "nvfp4:scale=tensor/fp16sr@4",
-                                  "nvfp4:scale=tensor/fp32@4#closed", "shared:fp8:scale=tensor@4",
-                                  "fp8sr:scale=tensor/fp32@5#skip=0.6", "nvfp4:axis=headdim/fp16sr@4",
-                                  "fp16/nvfp4:scale=tensor@3#closed", "nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6",
-                                  # formats outside the kernels' device functions (`quant.triton.triton_rounds`)
-                                  "int8:axis=headdim,scale=block:8/fp32@4", "nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed",
-                                  "shared:int16sr@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4"])
+SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another format or option
+
+
+@pytest.mark.parametrize("text", [
+    "shared:nvfp4:scale=tensor@4", "nvfp4:scale=tensor/fp16sr@4", pytest.param("nvfp4:scale=tensor/fp32@4#closed", marks=SLOW),
+    "shared:fp8:scale=tensor@4", pytest.param("fp8sr:scale=tensor/fp32@5#skip=0.6", marks=SLOW),
+    pytest.param("nvfp4:axis=headdim/fp16sr@4", marks=SLOW), pytest.param("fp16/nvfp4:scale=tensor@3#closed", marks=SLOW),
+    pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
+    # formats outside the kernels' device functions (`quant.triton.triton_rounds`)
+    "int8:axis=headdim,scale=block:8/fp32@4", pytest.param("nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed", marks=SLOW),
+    "shared:int16sr@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4"])
 def test_chunked_triton_torch_rounded_copies(text, device):
     """Copies in formats no program can round run on Triton, one segment per launch with that copy rounded by torch.
     Awkward sizes, sequences at different phases, three calls in a row, each from its own backend's state: == the
