@@ -94,12 +94,11 @@ def accuracy_tables(result: Result) -> list[Table]:
     """
     tables = []
     for task, entry in result.data["tasks"].items():
-        buckets = list(_task_buckets(entry))
-        pooled = entry.get("all") if isinstance(entry, dict) else None
-        configs = list(dict.fromkeys(name for b in buckets for name in b.get("configs", {})))
-        truncated = any(_truncated(b) is not None for b in buckets)
+        blocks, pooled = _task_rows(entry)
+        configs = _config_names(blocks)
+        truncated = any(_truncated(b) is not None for b in _task_buckets(entry))
         rows = []
-        for b in [*buckets, *([pooled] if pooled else [])]:
+        for b in blocks:
             cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
                      "–" if b.get("fp32_acc") is None else f"{100 * b['fp32_acc']:.1f}"]
             for name in configs:
@@ -134,15 +133,13 @@ def degeneration_tables(result: Result) -> list[Table]:
     length bucket, for FP32 and each config (the loop detector: docs/accuracy_json_schema.md)."""
     tables = []
     for task, entry in result.data["tasks"].items():
-        if not isinstance(entry, dict):
-            continue
-        blocks = [*_task_buckets(entry), *([entry["all"]] if entry.get("all") else [])]
+        blocks, pooled = _task_rows(entry)
         if not any("fp32_mean_gen_tokens" in b for b in blocks):
             continue
-        configs = list(dict.fromkeys(name for b in blocks for name in b.get("configs", {})))
+        configs = _config_names(blocks)
         rows = []
         for b in blocks:
-            cells = ["all" if b is entry.get("all") else _bucket(b), str(b.get("n", "–")),
+            cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
                      _degeneration(b.get("fp32_mean_gen_tokens"), _truncated(b), b.get("fp32_loop_rate"))]
             for name in configs:
                 c = b.get("configs", {}).get(name, {})
@@ -160,6 +157,16 @@ def _degeneration(mean_tokens, truncated, loop_rate) -> str:
     parts = [f"{mean_tokens:.0f}", "–" if truncated is None else f"{100 * truncated:.0f}",
              "–" if loop_rate is None else f"{100 * loop_rate:.0f}"]
     return " / ".join(parts)
+
+
+def _task_rows(entry) -> tuple[list[dict], dict | None]:
+    """A task's buckets followed by its pooled entry ("all") when it records one, and that pooled entry."""
+    pooled = entry.get("all") if isinstance(entry, dict) else None
+    return [*_task_buckets(entry), *([pooled] if pooled else [])], pooled
+
+
+def _config_names(blocks: list[dict]) -> list[str]:
+    return list(dict.fromkeys(name for b in blocks for name in b.get("configs", {})))
 
 
 def _task_buckets(entry):
