@@ -21,15 +21,17 @@ bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
   wall time per config with continuous and with static batching of `--gpqa-batch` rows. The
   full-size time is estimated as the measured time x scale (decode dominates; attention's KV
   grows with the length, so this is a lower bound).
-- profile: torch.profiler over `--profile-steps` one-token steps of a running batch of the first
-  config and first step: the top ops by CUDA and by CPU time.
+- profile: per batch and config, a running batch of the first step: ms per one-token step (graph:
+  replays) and torch.profiler over `--profile-steps` steps (whole windows; graph: run eagerly, the
+  same kernels, since the profiler does not see inside a graph): the top ops by GPU and CPU time.
 
-Prints one table and writes OUT/generation.json (plus OUT/profile_<model>.txt).
+Prints one table and writes OUT/generation.json (plus OUT/profile_<model>_<config>_b<batch>.txt).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import time
@@ -93,10 +95,13 @@ def decode_rows(rm, name, args, emit) -> None:
                 engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, stop_at_eos=False)
                 timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
+                reset_peak(args.device)
                 seconds = timed_generate(engine, prompts, args.new_tokens, args.device)
                 emit({"part": "decode", "model": name, "batch": batch, "config": config, "step": step,
                       "seconds": seconds, "tokens_per_s": batch * args.new_tokens / seconds,
                       "peak_gib": peak(args.device)})
+                del engine
+                release(args.device)
 
 
 def hf_rows(rm, name, args, emit) -> None:
@@ -138,48 +143,86 @@ def gpqa_rows(rm, name, args, emit) -> None:
             for continuous in (True, False):
                 engine = Engine(rm, config, step=step, max_batch=args.gpqa_batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, continuous=continuous, stop_at_eos=False)
+                reset_peak(args.device)
                 seconds = timed_generate(engine, prompts, lengths, args.device)
                 emit({"part": "gpqa", "model": name, "batch": args.gpqa_batch, "config": config, "step": step,
                       "batching": "continuous" if continuous else "static", "seconds": seconds,
                       "tokens_per_s": sum(lengths) / seconds, "estimated_full_s": seconds * args.scale,
-                      "decode_steps": engine.decode_steps, "peak_gib": peak(args.device)})
+                      "decode_steps": engine.decode_steps, "regroups": engine.regroups, "peak_gib": peak(args.device)})
+                del engine
+                release(args.device)
 
 
-def profile(rm, name, args, out: Path) -> None:
-    """Top ops of `--profile-steps` one-token steps of a running batch of the first config and step."""
+def profile(rm, name, args, out: Path, emit) -> None:
+    """Per batch and config: ms per one-token step of a running batch (step graph: replays of its captured
+    graphs) and the top ops of `--profile-steps` steps by GPU and CPU time. Kernels inside a CUDA graph are
+    not seen by the profiler, so step graph is profiled with its decoder running eagerly: the same launches."""
+    for batch in args.batches:
+        for config in args.configs:
+            profile_one(rm, name, batch, config, args, out, emit)
+            release(args.device)
+
+
+def profile_one(rm, name, batch, config, args, out: Path, emit) -> None:
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile as run_profile
 
     from replayssm_eval.tasks.generation import decode_session
 
-    batch, config, step = args.batches[0], args.configs[0], args.steps[0]
+    step = args.steps[0]
+    reset_peak(args.device)
     engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
                     prefill_tokens=args.prefill_tokens)
-    warm = 2 * ReplayConfig.parse(config).window + 1  # every variant's first use (and, graph, capture)
+    window = ReplayConfig.parse(config).window
+    warm = 2 * window + 1  # every variant's first use (and, graph, capture)
+    timed = window * max(1, args.profile_steps // window)  # whole windows: the flush steps in their share
     with torch.no_grad():
         prefill, logits = engine.prefill(random_prompts(rm, batch, args.prompt_len, 4), list(range(batch)))
         session = decode_session(rm, config, list(range(batch)), "triton" if step == "graph" else step)
         session.continue_from(prefill.carried())
+        del prefill
         logits = engine.step_tokens(session, logits.argmax(-1))
         if step == "graph":  # the engine's running batch: a decoder continuing the rows
-            session = StaticDecoder.from_session(rm, session, steps=warm + args.profile_steps, graphs=engine.graphs)
+            session = StaticDecoder.from_session(rm, session, steps=warm + 2 * timed, graphs=engine.graphs)
         for _ in range(warm):
             logits = engine.step_tokens(session, logits.argmax(-1))
+        sync(args.device)
+        start = time.perf_counter()
+        for _ in range(timed):
+            logits = engine.step_tokens(session, logits.argmax(-1))
+        sync(args.device)
+        ms = (time.perf_counter() - start) * 1e3 / timed
+        if step == "graph":
+            session.graphs = False
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
         with run_profile(activities=activities) as prof:
-            for _ in range(args.profile_steps):
+            for _ in range(timed):
                 logits = engine.step_tokens(session, logits.argmax(-1))
             sync(args.device)
     averages = prof.key_averages()
-    text = [f"# {name}, {config}, step {step}, batch {batch}, {args.profile_steps} one-token steps"]
+    gpu_ms = sum(e.self_device_time_total for e in averages if e.device_type == DeviceType.CUDA) / 1e3 / timed
+    emit({"part": "profile", "model": name, "batch": batch, "config": config, "step": step, "seconds": ms / 1e3,
+          "tokens_per_s": batch * 1e3 / ms, "gpu_kernel_ms_per_step": gpu_ms, "peak_gib": peak(args.device)})
+    text = [f"# {name}, {config}, step {step}, batch {batch}: {ms:.2f} ms per step over {timed} steps; "
+            f"profiled {timed} steps" + (" eagerly" if step == "graph" else "")
+            + (f", GPU kernel time {gpu_ms:.2f} ms per step" if args.device.startswith("cuda") else "")]
     if args.device.startswith("cuda"):
-        text += ["## by CUDA time", averages.table(sort_by="cuda_time_total", row_limit=15)]
+        text += ["## by GPU time (self)", averages.table(sort_by="self_device_time_total", row_limit=25)]
     text += ["## by CPU time", averages.table(sort_by="cpu_time_total", row_limit=15)]
-    (out / f"profile_{name}.txt").write_text("\n".join(text) + "\n")
+    slug = config.replace("/", "_").replace(":", "_").replace("=", "")
+    (out / f"profile_{name}_{slug}_b{batch}.txt").write_text("\n".join(text) + "\n")
     print("\n".join(text), flush=True)
 
 
 def peak(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+
+
+def release(device: str) -> None:
+    """Free the last run's sessions and decoders (they hold reference cycles) before the next allocates."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def reset_peak(device: str) -> None:
@@ -207,7 +250,7 @@ def main(argv=None) -> None:
     parser.add_argument("--gpqa-prompts", type=int, default=GPQA_PROMPTS)
     parser.add_argument("--gpqa-batch", type=int, default=64)
     parser.add_argument("--scale", type=float, default=1.0, help="divide the GPQA generation lengths by this")
-    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--profile-steps", type=int, default=16)
     parser.add_argument("--no-hf", action="store_true", help="skip HF generate")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -242,7 +285,7 @@ def main(argv=None) -> None:
         if "gpqa" in parts:
             gpqa_rows(rm, name, args, emit)
         if "profile" in parts:
-            profile(rm, name, args, out)
+            profile(rm, name, args, out, emit)
         if "decode" in parts and not args.no_hf:
             hf_rows(rm, name, args, emit)
         del rm

@@ -9,10 +9,16 @@ family would leave it, bit for bit (docs/semantics.md, decode semantics).
 
 Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
-encodes every row's fold buffer and keeps the new checkpoint only where the row folds
-(`torch.where`), so a flush step runs the same launches whatever rows fold. Steps where no row
-folds skip the rounding: `flush=False`. The caller knows which steps these are without reading
-the device, since every row's phase advances by one per token (`StaticState.host_count`).
+writes the new checkpoint of those rows in place: one `encode_triton` launch per stored copy
+(`take=` the folding rows, `out=` the packed read copy, `decoded=` S_hi or S_lo), or, for formats
+it does not cover, torch's encode of every row and `torch.where` selects. So a flush step runs the
+same launches whatever rows fold. A step has three variants (`FOLDS`): no row folds ("none": no
+rounding), some rows fold ("some"), every row folds ("all": no selection; every step of an L = 1
+config, every flush of rows that started together). The caller knows the variant without reading
+the device, since every row's phase advances by one per token (`StaticState.host_count`). With
+an FP32 recurrence copy the kernel writes the fold into S_hi itself (a folding row's tile is read
+before it is written, by the same program), and a shared FP32 read copy is S_hi itself, so an
+L = 1 FP32 step moves the state once, as a conventional step does.
 
 The tensors of a step never change address, so the step can be captured as a CUDA graph
 (`models.layer_graph`) and replayed; on CPU and in the Triton interpreter the same code runs eagerly.
@@ -33,8 +39,23 @@ from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY
 from replayssm_eval.kernels.schedule import ScheduleState
 from replayssm_eval.kernels.state import ReplayState, _encode_keyed
 from replayssm_eval.quant import PackedState
+from replayssm_eval.quant.triton import encode_triton, encode_triton_supports
 
 FAMILIES = ("mamba2", "gdn")
+FOLDS = ("none", "some", "all")
+
+
+def folds_of(counts: list[int], window: int) -> str:
+    """The step variant of rows at window phases `counts` (host ints): "none", "some" or "all" fold after it."""
+    folding = sum(c == window - 1 for c in counts)
+    return "none" if folding == 0 else "all" if folding == len(counts) else "some"
+
+
+def check_static_family(family: str) -> None:
+    """Raise a one-line error for SSM families the static step has no kernel for."""
+    if family not in FAMILIES:
+        raise ValueError(f"the static decode step covers {' and '.join(FAMILIES)} layers, got {family!r} layers; "
+                         "use step='triton'")
 
 
 def check_static_config(config: ReplayConfig) -> None:
@@ -49,9 +70,11 @@ class StaticState:
     """One layer's stored state in fixed buffers (format layout [B, H, P, N]; GDN [B, HV, V, K]).
 
     hi, lo: S_hi and S_lo, fp32 (the same tensor when shared); packed: the read copy's encoding
-    (the recurrence copy's when shared); buffer: the family's ring entries [B, L, ...];
+    (the recurrence copy's when shared; its data is hi when that is FP32);
+    buffer: the family's ring entries [B, L, ...];
     count, checkpoint, seq_ids: [B] int64; keys: [2, B] int64 Philox keys (recurrence, read copy);
-    fold_out: [B, H, P, N] fp32, the FP32 fold the kernel writes for folding rows;
+    fold_out: [B, H, P, N] fp32, the FP32 fold the kernel writes for folding rows (hi itself with an
+    FP32 recurrence copy);
     host_count: count as host ints, advanced arithmetically (never read from the device).
     """
 
@@ -74,8 +97,7 @@ class StaticState:
                           host_count: list[int], fold_out: torch.Tensor | None = None) -> "StaticState":
         """Own copies of `state` (and its packed read copy) in fresh buffers; host_count: its schedule's count.
         fold_out: a scratch of hi's shape to use (layers of one shape may share one), else a new one."""
-        if family not in FAMILIES:
-            raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        check_static_family(family)
         check_static_config(config)
         hi = state.hi.float().contiguous().clone()
         if fold_out is not None and (fold_out.shape != hi.shape or not fold_out.is_contiguous()):
@@ -83,19 +105,20 @@ class StaticState:
                              f"(contiguous={fold_out.is_contiguous()})")
         lo = hi if config.shared else state.lo.float().contiguous().clone()
         own = lambda t: None if t is None else t.contiguous().clone()  # noqa: E731
-        packed = PackedState(packed.format, packed.shape, own(packed.data), own(packed.scales), own(packed.global_scale))
+        data = hi if config.shared and _fp32(config.recur_format) else own(packed.data)  # FP32 encodes as itself
+        packed = PackedState(packed.format, packed.shape, data, own(packed.scales), own(packed.global_scale))
         seq_ids = state.seq_ids.to(device=hi.device, dtype=torch.int64).clone()
         keys = torch.stack([sr_keys_device(config.seed, state.layer, seq_ids, RECUR_COPY),
                             sr_keys_device(config.seed, state.layer, seq_ids, READ_COPY)])
         return cls(family, config, state.layer, hi, lo, packed, {k: v.contiguous().clone() for k, v in state.buffer.items()},
                    state.schedule.count.clone(), state.checkpoint.clone(), seq_ids, keys,
-                   torch.zeros_like(hi) if fold_out is None else fold_out,
+                   hi if _fp32(config.recur_format) else torch.zeros_like(hi) if fold_out is None else fold_out,
                    list(host_count))
 
     @property
-    def flushes_next(self) -> bool:
-        """Whether some row folds after the next token (from host_count: no device read)."""
-        return any(c == self.config.window - 1 for c in self.host_count)
+    def folds_next(self) -> str:
+        """The next step's variant, "none", "some" or "all" rows fold after it (from host_count: no device read)."""
+        return folds_of(self.host_count, self.config.window)
 
     def replay_state(self) -> ReplayState:
         """A ReplayState over these buffers (views, not copies: it follows every later step)."""
@@ -103,55 +126,75 @@ class StaticState:
         schedule = ScheduleState(self.count, zeros, torch.zeros_like(self.count, dtype=torch.bool), zeros)
         return ReplayState(self.hi, self.lo, self.buffer, schedule, self.checkpoint, self.seq_ids, self.layer, self.packed)
 
-    def step(self, inputs: tuple, flush: bool) -> torch.Tensor:
+    def step(self, inputs: tuple, folds: str) -> torch.Tensor:
         """`step_device`, then advance host_count: one decode token of every row."""
-        y = self.step_device(inputs, flush)
+        y = self.step_device(inputs, folds)
         self.advance_host()
         return y
 
     def advance_host(self) -> None:
         self.host_count = [(c + 1) % self.config.window for c in self.host_count]
 
-    def step_device(self, inputs: tuple, flush: bool) -> torch.Tensor:
+    def step_device(self, inputs: tuple, folds: str) -> torch.Tensor:
         """Decode one token of every row in place, device work only (what a CUDA graph captures). inputs: the family's one-token kernel inputs, fp32
         (Mamba-2 x [B, 1, H, P], dt [B, 1, H], A [H], B, C [B, 1, G, N], D [H]; GDN q, k [B, 1, H, K],
-        v [B, 1, HV, V], g, beta [B, 1, HV]). flush: some row may fold (must be True whenever one does).
+        v [B, 1, HV, V], g, beta [B, 1, HV]). folds: the variant, `folds_next` (must cover the rows that fold).
         Returns y [B, 1, H, P] (Mamba-2) or o [B, 1, HV, V] (GDN), fp32."""
+        if folds not in FOLDS:
+            raise ValueError(f"unknown step variant {folds!r}; known: {', '.join(FOLDS)}")
         fold = self.count == self.config.window - 1  # [B] bool
+        flush = folds != "none"
         if self.family == "mamba2":
             y = _mamba2_step(self, inputs, fold, flush)
         else:
             y = _gdn_step(self, inputs, fold, flush)
         if flush:
-            self._round_folds(fold)
+            self._round_folds(fold, None if folds == "all" else fold)
         self.count.copy_((self.count + 1) % self.config.window)
         return y
 
-    def _round_folds(self, fold: torch.Tensor) -> None:
-        """Write the next checkpoint of the folding rows from fold_out (as `write_checkpoint_packed`); others keep theirs."""
+    def _round_folds(self, fold: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Write the next checkpoint of the folding rows from fold_out (as `write_checkpoint_packed`); others keep theirs.
+        rows: fold [B] bool, or None when every row folds."""
         cfg = self.config
         checkpoint = self.checkpoint + fold.to(torch.int64)  # [B]
-        recur = cfg.recur_format
-        hi_packed = _encode_keyed(self.fold_out, recur, self.keys[RECUR_COPY] if recur.is_stochastic else None, checkpoint)
-        _select(self.hi, recur.decode(hi_packed), fold)
-        new_packed = hi_packed
+        if self.fold_out is not self.hi:  # an FP32 recurrence copy holds its folds already
+            self._round(cfg.recur_format, RECUR_COPY, checkpoint, rows, self.hi, self.packed if cfg.shared else None)
         if not cfg.shared:
-            read = cfg.read_format
-            new_packed = _encode_keyed(self.fold_out, read, self.keys[READ_COPY] if read.is_stochastic else None, checkpoint)
-            _select(self.lo, read.decode(new_packed), fold)
-        for name in ("data", "scales", "global_scale"):
-            old = getattr(self.packed, name)
-            if old is not None:
-                _select(old, getattr(new_packed, name), fold)
+            self._round(cfg.read_format, READ_COPY, checkpoint, rows, self.lo, self.packed)
         self.checkpoint.copy_(checkpoint)
         if self.family == "gdn":  # GDN empties the folded rows' ring entries (kernels/delta/_common.py)
             for t in self.buffer.values():
-                _select(t, torch.zeros_like(t), fold)
+                _put(t, torch.zeros((), dtype=t.dtype, device=t.device), rows)
+
+    def _round(self, fmt, copy: int, checkpoint: torch.Tensor, rows: torch.Tensor | None, decoded: torch.Tensor,
+               packed: PackedState | None) -> None:
+        """Encode fold_out's rows `rows` (None: all) in `fmt` with copy `copy`'s Philox keys into `packed`'s fields
+        (None: the encoding is not kept) and its decoding into `decoded`, in place: one Triton launch where
+        `encode_triton` covers the format, else torch's encode, decode and selects."""
+        keys = self.keys[copy] if fmt.is_stochastic else None
+        if encode_triton_supports(fmt) and (rows is None or getattr(fmt, "scale", None) != "tensor"):
+            encode_triton(self.fold_out, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
+            return
+        new = _encode_keyed(self.fold_out, fmt, keys, checkpoint)
+        _put(decoded, fmt.decode(new), rows)
+        for name in ("data", "scales", "global_scale") if packed is not None else ():
+            old = getattr(packed, name)
+            if old is not None:
+                _put(old, getattr(new, name), rows)
 
 
-def _select(old: torch.Tensor, new: torch.Tensor, rows: torch.Tensor) -> None:
-    """old[b] = new[b] where rows[b], in place (every field leads with the batch dim)."""
-    old.copy_(torch.where(rows.view(-1, *[1] * (old.dim() - 1)), new.to(old.dtype).reshape(old.shape), old))
+def _fp32(fmt) -> bool:
+    return fmt.name == "fp32"
+
+
+def _put(old: torch.Tensor, new: torch.Tensor, rows: torch.Tensor | None) -> None:
+    """old[b] = new[b] where rows[b] (every row when rows is None), in place; every field leads with the batch dim."""
+    new = new.reshape(old.shape) if new.dim() else new
+    if rows is None:
+        old.copy_(new)
+    else:
+        torch.where(rows.view(-1, *[1] * (old.dim() - 1)), new.to(old.dtype), old, out=old)
 
 
 def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:

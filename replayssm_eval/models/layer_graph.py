@@ -1,17 +1,17 @@
 """One SSM layer's static decode step captured as CUDA graphs and replayed per token.
 
-Two graphs per layer and batch size: the step where no row folds, and the flush step (the
-per-row fold mask is read on the device, `kernels.static_step`). The step's inputs are copied
-into fixed input buffers, the graph is replayed and its output copied out. Warm-up (Triton
-compilation, allocator) runs on a side stream, as the CUDA graph docs of torch ask, on a
-snapshot of the state that is restored afterwards, so capture changes no state.
+Three graphs per layer and batch size, one per step variant (`kernels.static_step.FOLDS`): no
+row folds, some rows fold (the per-row fold mask is read on the device), every row folds. The
+step's inputs are copied into fixed input buffers, the graph is replayed and its output copied
+out. Warm-up (Triton compilation, allocator) runs on a side stream, as the CUDA graph docs of
+torch ask, on a snapshot of the state that is restored afterwards, so capture changes no state.
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.static_step import StaticState
+from replayssm_eval.kernels.static_step import FOLDS, StaticState
 
 
 def _tensors(state: StaticState) -> list[torch.Tensor]:
@@ -31,25 +31,25 @@ class LayerGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for flush in (False, True):
-                state.step_device(self.inputs, flush)
+            for folds in FOLDS:
+                state.step_device(self.inputs, folds)
         torch.cuda.current_stream().wait_stream(side)
         self._restore(saved)
         self.graphs, self.outputs = {}, {}
-        for flush in (False, True):
+        for folds in FOLDS:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[flush] = state.step_device(self.inputs, flush)
-            self.graphs[flush] = graph
+                self.outputs[folds] = state.step_device(self.inputs, folds)
+            self.graphs[folds] = graph
         self._restore(saved)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
         for t, s in zip(_tensors(self.state), saved):
             t.copy_(s)
 
-    def __call__(self, inputs: tuple, flush: bool) -> torch.Tensor:
+    def __call__(self, inputs: tuple, folds: str) -> torch.Tensor:
         for static, new in zip(self.inputs, inputs):
             static.copy_(new)
-        self.graphs[flush].replay()
+        self.graphs[folds].replay()
         self.state.advance_host()
-        return self.outputs[flush].clone()
+        return self.outputs[folds].clone()

@@ -27,10 +27,10 @@ Every tensor a step reads or writes has a fixed address:
   checkpoint indices and Philox keys on the device);
 - the token [B, 1], positions [B, 1] and the next column [1], advanced on the device.
 
-A step has two variants: some row folds after this token, or none does (known on the host from
-the window phase, `StaticState.host_count`). With graphs=True (CUDA) a variant's first use runs
-eagerly on a side stream (Triton compiles, the allocator warms up), its second use captures it
-and every use replays it. With graphs=False (CPU, the Triton interpreter) every step runs
+A step has three variants: no row, some rows or every row folds after this token
+(`kernels.static_step.FOLDS`, known on the host from the window phases, `StaticState.host_count`).
+With graphs=True (CUDA) a variant's first use runs eagerly on a side stream (Triton compiles, the
+allocator warms up), its second use captures it and every use replays it. With graphs=False (CPU, the Triton interpreter) every step runs
 eagerly: the code that is captured.
 """
 
@@ -43,6 +43,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
 from replayssm_eval.kernels.state import ReplayState
+from replayssm_eval.kernels.static_step import folds_of
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession
 from replayssm_eval.models.static_session import StaticStepSession
@@ -108,8 +109,8 @@ class StaticDecoder:
         self.column = torch.full((1,), width, dtype=torch.long, device=device)  # [1] its cache column
         self.mask_arg = {"full_attention": self.attend, "linear_attention": None}
         self.max_len, self.written = max_len, width
-        self._warm: set[bool] = set()
-        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._warm: set[str] = set()
+        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
     @property
@@ -145,25 +146,25 @@ class StaticDecoder:
         if self.written >= self.max_len:
             raise ValueError(f"the attention caches hold max_len={self.max_len} tokens, all written")
         self.token.copy_(token[:, None])
-        flush = self._flush_next()
+        folds = self._folds_next()
         if not self.graphs:
-            logits = self._step_device(flush)
-        elif flush not in self._warm:
+            logits = self._step_device(folds)
+        elif folds not in self._warm:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                logits = self._step_device(flush)
+                logits = self._step_device(folds)
             torch.cuda.current_stream().wait_stream(side)
-            self._warm.add(flush)
+            self._warm.add(folds)
         else:
-            if flush not in self._graphs:
+            if folds not in self._graphs:
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    out = self._step_device(flush)
-                self._graphs[flush] = (graph, out)
-            graph, out = self._graphs[flush]
+                    out = self._step_device(folds)
+                self._graphs[folds] = (graph, out)
+            graph, out = self._graphs[folds]
             graph.replay()
             logits = out.clone()
         self.written += 1
@@ -171,20 +172,21 @@ class StaticDecoder:
             state.advance_host()
         return logits
 
-    def _flush_next(self) -> bool:
-        """Whether some row of some SSM layer folds after the next token (host-side phases; the first
-        step, before the layers are loaded, follows the window from the prompt end)."""
-        if self.session.static:
-            return any(s.flushes_next for s in self.session.static.values())
+    def _folds_next(self) -> str:
+        """The next step's variant (`kernels.static_step.FOLDS`) from the host-side phases, which every SSM layer
+        shares; the first step, before the layers are loaded, reads a carried state's phases once, or starts a
+        window at the prompt's end."""
         window = self.session.config.window
-        carried = [s for s in self.session.states.values() if isinstance(s, ReplayState)]
-        if carried:  # rows continued from a session: their phases, read once
-            return any(c == window - 1 for s in carried for c in s.schedule.count.tolist())
-        return window == 1
+        for state in self.session.static.values():
+            return state.folds_next
+        for state in self.session.states.values():
+            if isinstance(state, ReplayState):  # rows continued from a session
+                return folds_of(state.schedule.count.tolist(), window)
+        return folds_of([0] * self.batch, window)
 
-    def _step_device(self, flush: bool) -> torch.Tensor:
+    def _step_device(self, folds: str) -> torch.Tensor:
         """One token through the model on the fixed buffers: the device work a graph captures."""
-        self.session.flush = flush
+        self.session.folds = folds
         self.attend.index_fill_(-1, self.column, True)
         out = self.rm.model(input_ids=self.token, use_cache=True, attention_mask=self.mask_arg, position_ids=self.position,
                             logits_to_keep=1, **{self.rm._cache_arg: self.session.cache})

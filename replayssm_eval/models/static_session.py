@@ -6,9 +6,9 @@ moved into fixed buffers (`kernels.static_step.StaticState`); every later one-to
 them in place. With `graphs=True` (CUDA only) each layer's step is a captured CUDA graph
 (`models.layer_graph`), captured at that first call; otherwise the same step runs eagerly (CPU,
 Triton interpreter), so tests run the code that is captured. A driver that captures the whole
-model (`models.model_graph`) sets `flush` and advances the layers' host-side phases itself.
-`states[layer]` is a ReplayState
-view of the buffers, equal bit for bit to what `decode_step_triton` would have carried.
+model (`models.model_graph`) sets `folds` (the step variant) and advances the layers' host-side
+phases itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
+`decode_step_triton` would have carried.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class StaticStepSession(ReplaySession):
                              "use the reference engine for FP64 checks")
         self.graphs = graphs
         self._pool = None
-        self.flush: bool | None = None  # set by a driver that steps every layer at once (`models.model_graph`)
+        self.folds: str | None = None  # the step variant, set by a driver stepping every layer (`models.model_graph`)
 
     def reset(self, *, config=None, seq_ids=None) -> None:
         super().reset(config=config, seq_ids=seq_ids)
@@ -61,9 +61,9 @@ class StaticStepSession(ReplaySession):
         state = self.static.get(layer_idx)
         if state is None:
             state = self._load(family, layer_idx, inputs, self.states.get(layer_idx, anchor))
-        if self.flush is not None:  # the driver chose the variant and advances the host-side phases
-            return state.step_device(inputs, self.flush)
-        flush = state.flushes_next
+        if self.folds is not None:  # the driver chose the variant and advances the host-side phases
+            return state.step_device(inputs, self.folds)
+        folds = state.folds_next
         if self.graphs:
             graph = self.layer_graphs.get(layer_idx)
             if graph is None:
@@ -72,8 +72,8 @@ class StaticStepSession(ReplaySession):
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 graph = self.layer_graphs[layer_idx] = LayerGraph(state, inputs, self._pool)
-            return graph(inputs, flush)
-        return state.step(inputs, flush)
+            return graph(inputs, folds)
+        return state.step(inputs, folds)
 
     def _load(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> StaticState:
         """The layer's state in fixed buffers: checkpoint 0 written from the FP32 anchor, or a ReplayState's copies."""

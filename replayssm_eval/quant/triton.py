@@ -396,15 +396,20 @@ _SCOPE_NONE, _SCOPE_ROW, _SCOPE_GIVEN = map(tl.constexpr, range(3))  # where an 
 
 @triton.jit
 def _encode_kernel(
-    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, n_rows, n_cols, group_rows,
+    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_rows, n_cols, group_rows,
     KIND: tl.constexpr, SCOPE: tl.constexpr, FMT_MAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    TAKE: tl.constexpr, DECODED: tl.constexpr,
 ):
     # x: [B, n_rows, n_cols] FP32 (n_rows = H * P), one program = BLOCK_R whole rows of sequence b;
-    # amax: [B * n_rows // group_rows] (SCOPE_GIVEN); key, ck: [B] Philox key and checkpoint (SR kinds)
+    # amax: [B * n_rows // group_rows] (SCOPE_GIVEN); key, ck: [B] Philox key and checkpoint (SR kinds);
+    # take: [B] int8, TAKE: only sequences with take[b] != 0 are read and written; dec: [B, n_rows, n_cols]
+    # FP32, DECODED: the decoded value is stored there too
     b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
+    if TAKE:
+        row_ok = row_ok & (tl.load(take_ptr + b) != 0)
     mask = row_ok[:, None] & (cols[None, :] < n_cols)
     elem = rows[:, None].to(tl.int64) * n_cols + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [H, P, N]
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
@@ -433,6 +438,9 @@ def _encode_kernel(
         tl.store(scales_ptr + row_g[:, None] * (n_bytes // 8) + k[None, :], e4m3_encode(s_b).to(tl.uint8),
                  mask=row_ok[:, None] & (k[None, :] < n_bytes // 8))
         tl.store(gs_ptr + group[:, None], s_dec, mask=first[:, None])
+        if DECODED:
+            y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
     else:
         v = x
         if SCOPE != _SCOPE_NONE:
@@ -440,6 +448,9 @@ def _encode_kernel(
             v = tl.math.div_rn(x, s + tl.zeros_like(x))
             tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
         q = round_kind(v, bits, KIND)
+        if DECODED:  # the decoded element is q, on the format's grid, times the scale
+            y = q * s if SCOPE != _SCOPE_NONE else q
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
         out = data_ptr + b.to(tl.int64) * n_rows * n_cols + elem
         if (KIND == FP8) | (KIND == FP8SR):
             tl.store(out, e4m3_encode(q).to(tl.uint8), mask=mask)
@@ -478,7 +489,8 @@ def encode_triton_supports(fmt: StateFormat) -> bool:
 
 
 def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None = None,
-                  checkpoint: torch.Tensor | None = None) -> PackedState:
+                  checkpoint: torch.Tensor | None = None, *, take: torch.Tensor | None = None,
+                  out: PackedState | None = None, decoded: torch.Tensor | None = None) -> PackedState:
     """`fmt.encode` of a state x `[..., H, P, N]` in one kernel launch; every field bit-identical.
 
     For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
@@ -486,6 +498,11 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     `fmt.encode(x, random_bits=kernels.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
     deterministic formats ignore them and equal `fmt.encode(x)`. Head- and tensor-wide scales take
     one torch amax reduction first; row scales are reduced in the kernel.
+
+    In place, for a flush that rounds some sequences only: out: a PackedState of this format and
+    shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
+    of x's shape that receives `fmt.decode` of the result; take: [B] bool, only those states are read
+    and written (not with scale=tensor, whose one scale spans every state).
     """
     if not encode_triton_supports(fmt):
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: fp32, bf16, fp16, "
@@ -496,17 +513,23 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     shape = tuple(x.shape)
     lead = layout.shape3(shape)[:-3]
     scale = getattr(fmt, "scale", "none")
-    scales = gs = None
+    if take is not None and scale == "tensor":
+        raise ValueError(f"take= rounds some states only; format '{fmt.name}' scales over all of them")
+    fields = {"data": None, "scales": None, "global_scale": None}  # name: (shape, dtype) of each packed field
     if isinstance(fmt, ElementwiseFormat):
-        data = torch.empty(shape, dtype=ElementwiseFormat._DTYPES[fmt.base], device=x.device)
+        fields["data"] = shape, ElementwiseFormat._DTYPES[fmt.base]
     elif isinstance(fmt, FP8Format):
-        data = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        fields["data"] = shape, torch.uint8
     else:
         n_blocks = -(-n // fmt.BLOCK)
-        data = torch.empty((*lead, h, p, n_blocks * fmt.BLOCK // 2), dtype=torch.uint8, device=x.device)
-        scales = torch.empty((*lead, h, p, n_blocks), dtype=torch.uint8, device=x.device)
+        fields["data"] = (*lead, h, p, n_blocks * fmt.BLOCK // 2), torch.uint8
+        fields["scales"] = (*lead, h, p, n_blocks), torch.uint8
     if scale != "none":
-        gs = torch.empty(layout.group_shape(shape, scale), dtype=torch.float32, device=x.device)
+        fields["global_scale"] = tuple(layout.group_shape(shape, scale)), torch.float32
+    data, scales, gs = (_field(name, spec, None if out is None else getattr(out, name), x.device)
+                        for name, spec in fields.items())
+    if decoded is not None:
+        decoded = _field("decoded", (shape, torch.float32), decoded, x.device)
     scope, amax = _SCOPE_NONE, None
     if scale == "row":
         scope = _SCOPE_ROW
@@ -529,11 +552,24 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         _encode_kernel[grid](
             x4, data.view(torch.int16) if fmt.base == "bf16" else data, x4 if scales is None else scales,
             x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
-            x4 if checkpoint is None else checkpoint, h * p, n, {"row": 1, "head": p, "tensor": h * p}.get(scale, 1),
+            x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
+            x4 if decoded is None else decoded, h * p, n, {"row": 1, "head": p, "tensor": h * p}.get(scale, 1),
             KIND=KINDS[fmt.base].value, SCOPE=scope.value,
             FMT_MAX=fmt.max_value if isinstance(fmt, FP8Format) else 1.0, BLOCK_R=block_r, BLOCK_C=block_c,
+            TAKE=take is not None, DECODED=decoded is not None,
         )
     return PackedState(fmt.name, shape, data, scales, gs)
+
+
+def _field(name: str, spec: tuple | None, given: torch.Tensor | None, device) -> torch.Tensor | None:
+    """A packed field of (shape, dtype) `spec` (None: the format has none): `given` (an in-place target, checked
+    to match and be contiguous) or a new tensor."""
+    if spec is None or given is None:
+        return None if spec is None else torch.empty(spec[0], dtype=spec[1], device=device)
+    if tuple(given.shape) != tuple(spec[0]) or given.dtype != spec[1] or not given.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous {spec[1]} {list(spec[0])} to be written in place, got "
+                         f"{given.dtype} {list(given.shape)}" + ("" if given.is_contiguous() else " (not contiguous)"))
+    return given
 
 
 __all__ = [

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from replayssm_eval.kernels.static_step import check_static_family
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.session import ReplaySession, as_config
@@ -112,6 +113,8 @@ class Engine:
         if step in FIXED_BUFFER_STEPS and config.speculative is not None:
             raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
                              "use step 'triton'")
+        if step in FIXED_BUFFER_STEPS:
+            check_static_family(rm.family.kernels.name)
         self.rm, self.config, self.step = rm, config, step
         self.graphs = step == "graph" and rm.model.device.type == "cuda"  # CUDA graphs of each decoder's step
         self.max_batch, self.prefill_segment, self.prefill_tokens = max_batch, prefill_segment, prefill_tokens
@@ -121,6 +124,7 @@ class Engine:
         self.pad = (tokenizer.pad_token_id or 0) if tokenizer is not None else 0
         self.refill = refill or max(1, max_batch // 8)
         self.decode_steps = 0  # one-token steps of the running batch (counted for benchmarks)
+        self.regroups = 0  # decoders built by step "graph" (each copies the rows' states and captures graphs)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_gen_toks, until=(), seq_ids=None, order=None):
@@ -254,6 +258,7 @@ class Engine:
         session = join(parts) if len(parts) > 1 else parts[0]
         steps = max(self._rows[i].max_gen_toks - len(self._rows[i].tokens) for i in rows)
         decoder = StaticDecoder.from_session(self.rm, session, steps=max(1, steps), graphs=self.graphs)
+        self.regroups += 1
         return _Batch(decoder, rows, torch.cat(logits))
 
     def prefill(self, prompts: list[list[int]], seq_ids: list[int]) -> tuple[ReplaySession, torch.Tensor]:

@@ -1,5 +1,6 @@
 """The static decode step equals `decode_step_triton` bit for bit: outputs, both stored copies, the packed
-read copy, the ring buffer, window phases and checkpoint indices, rows at different phases, across flushes.
+read copy, the ring buffer, window phases and checkpoint indices, across flushes, with rows at different
+phases (the "some rows fold" variant) and in phase (the "every row folds" variant).
 
 Runs in the Triton interpreter on CPU (tiny sizes). Device keys are checked against `sr_keys`.
 """
@@ -12,9 +13,10 @@ import torch
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import sr_keys
-from replayssm_eval.kernels.static_step import StaticState, check_static_config
+from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_of
 
-CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16")
+CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",
+           "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3")
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789], dtype=torch.int64)
 
@@ -32,10 +34,16 @@ def test_speculative_config_is_refused():
         check_static_config(ReplayConfig.parse("nvfp4/fp16sr#spec=4:0.5"))
 
 
-def _phased(state, window):
-    """state with rows at phases 0, 1, 2 (mod the window): rows flush at different steps."""
-    count = torch.arange(state.batch, dtype=torch.int64, device=state.hi.device) % window
-    return dataclasses.replace(state, schedule=dataclasses.replace(state.schedule, count=count))
+def _phased(state, window, phased):
+    """state with rows at phases 0, 1, 2 (mod the window): rows flush at different steps; or all at phase 1."""
+    count = torch.arange(state.batch, dtype=torch.int64, device=state.hi.device) if phased else torch.ones(
+        state.batch, dtype=torch.int64, device=state.hi.device)
+    return dataclasses.replace(state, schedule=dataclasses.replace(state.schedule, count=count % window))
+
+
+def test_step_variants_follow_the_rows_that_fold():
+    assert [folds_of(c, 4) for c in ([0, 1, 2], [3, 1], [3, 3], [])] == ["none", "some", "all", "none"]
+    assert folds_of([0, 0], 1) == "all"
 
 
 def _assert_same(static: StaticState, ref, config):
@@ -50,26 +58,40 @@ def _assert_same(static: StaticState, ref, config):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
 
 
-def _run(family, config, make_inputs, decode, first_state):
+def _cases(configs):
+    """Each config with rows out of phase, and in phase (every row folds together): slow but for a split and a
+    shared config (L = 1 configs are the same either way)."""
+    quick = ("nvfp4/fp16sr@4", "shared:fp8sr@4")
+    return [pytest.param(c, phased, id=f"{c}-{'phased' if phased else 'in-phase'}",
+                         marks=() if phased or c in quick else pytest.mark.slow)
+            for c in configs for phased in (True, False)]
+
+
+def _run(family, config, make_inputs, decode, first_state, phased=True):
     """Eager steps from `first_state` vs the static step on a copy of it; compare after every step."""
     cfg = ReplayConfig.parse(config)
-    ref = _phased(first_state, cfg.window)
+    ref = _phased(first_state, cfg.window, phased)
     static = StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
-    folds = 0
+    folds, variants = 0, set()
     gen = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         inputs = make_inputs(gen)
         folds += int((ref.schedule.count == cfg.window - 1).sum())
         y_ref, ref = decode(inputs, ref, cfg)
-        y = static.step(tuple(t.contiguous() for t in inputs), static.flushes_next)
+        variants.add(static.folds_next)
+        y = static.step(tuple(t.contiguous() for t in inputs), static.folds_next)
         assert torch.equal(y, y_ref)
         _assert_same(static, ref, cfg)
         assert static.host_count == ref.schedule.count.tolist()
     assert folds >= (STEPS * 3 // cfg.window) - 1  # several flushes, at different steps per row
+    if cfg.window == 1:
+        assert variants == {"all"}
+    else:  # rows at different phases never fold together; rows in phase always do
+        assert ("some" in variants, "all" in variants) == (phased, not phased)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_mamba2_static_step_equals_decode_step_triton(config, device):
+@pytest.mark.parametrize("config,phased", _cases(CONFIGS))
+def test_mamba2_static_step_equals_decode_step_triton(config, phased, device):
     from replayssm_eval.kernels.mamba2.triton import decode_step_triton
 
     b, h, p, g, n = 3, 4, 8, 2, 16
@@ -90,11 +112,11 @@ def test_mamba2_static_step_equals_decode_step_triton(config, device):
 
     x0 = make(gen)
     _, first = decode(x0, torch.randn(b, h, p, n, generator=gen).to(device), ReplayConfig.parse(config))
-    _run("mamba2", config, make, decode, first)
+    _run("mamba2", config, make, decode, first, phased)
 
 
-@pytest.mark.parametrize("config", CONFIGS + ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16"))
-def test_gdn_static_step_equals_decode_step_triton(config, device):
+@pytest.mark.parametrize("config,phased", _cases(CONFIGS + ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16")))
+def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
     from replayssm_eval.kernels.gdn import decode_step_triton
 
     b, h, hv, k, v = 3, 1, 2, 16, 8
@@ -111,4 +133,4 @@ def test_gdn_static_step_equals_decode_step_triton(config, device):
         return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS.to(device))
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
-    _run("gdn", config, make, decode, first)
+    _run("gdn", config, make, decode, first, phased)

@@ -6,7 +6,7 @@ import torch
 from replayssm_eval.kernels import state as state_mod
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.keys import READ_COPY, sr_keys, state_random_bits
-from replayssm_eval.quant import get_format
+from replayssm_eval.quant import PackedState, get_format
 from replayssm_eval.quant import triton as qt
 
 ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr"]
@@ -130,6 +130,47 @@ def test_encode_triton_transposed_input(spec, device):
     keys, (checkpoint, *_) = _keys(fmt, x.shape[0])
     want = _reference(fmt, x, keys, checkpoint)
     packed_equal(qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
+
+
+IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
+            "nvfp4:scale=row"]
+
+
+@pytest.mark.parametrize("spec", IN_PLACE)
+def test_encode_triton_in_place_rounds_the_taken_states_only(spec, device):
+    """take/out/decoded (a flush of some rows): taken states get `fmt.encode` and `fmt.decode` of it bit for bit,
+    the others keep every field and decoded value they had."""
+    fmt = get_format(spec)
+    x, old_x = _states((2, 3, 32), seed=8), _states((2, 3, 32), seed=9)
+    keys, (checkpoint, *_) = _keys(fmt, x.shape[0])
+    want, old = _reference(fmt, x, keys, checkpoint), _reference(fmt, old_x, keys, checkpoint)
+    take = torch.tensor([True, False, True, True, False, True])
+    for rows in (take, None):
+        out = PackedState(old.format, old.shape, *(None if t is None else t.clone().to(device) for t in
+                                                   (old.data, old.scales, old.global_scale)))
+        decoded = fmt.decode(old).to(device)
+        got = qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device),
+                               take=None if rows is None else rows.to(device), out=out, decoded=decoded)
+        assert got.data is out.data
+        sel = torch.ones(6, dtype=torch.bool) if rows is None else rows
+        for name in ("data", "scales", "global_scale"):
+            field = getattr(got, name)
+            if field is not None:
+                expected = torch.where(sel.view(-1, *[1] * (field.dim() - 1)), getattr(want, name), getattr(old, name))
+                _field_equal(name, field.cpu(), expected)
+        expected = torch.where(sel.view(-1, 1, 1, 1), fmt.decode(want), fmt.decode(old))
+        assert torch.equal(decoded.cpu().view(torch.int32), expected.view(torch.int32))
+
+
+def test_encode_triton_in_place_refuses_a_wrong_target_and_a_tensor_scale_with_take(device):
+    fmt = get_format("fp16")
+    x = torch.randn(2, 2, 3, 32, device=device)
+    with pytest.raises(ValueError, match=r"decoded must be a contiguous torch.float32 \[2, 2, 3, 32\].*float16"):
+        qt.encode_triton(x, fmt, decoded=torch.zeros(2, 2, 3, 32, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="data must be a contiguous torch.float16"):
+        qt.encode_triton(x, fmt, out=PackedState("fp16", (2, 2, 3, 32), torch.zeros(2, 2, 3, 31, device=device)))
+    with pytest.raises(ValueError, match="scales over all of them"):
+        qt.encode_triton(x, get_format("nvfp4:scale=tensor"), take=torch.ones(2, dtype=torch.bool, device=device))
 
 
 def _nan_canonical(packed):

@@ -202,6 +202,11 @@ def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_an
         memory.fit_batch("auto", cost, 1000, 2**30, default=8)
 
 
+def test_graph_step_refuses_a_family_without_a_static_kernel_before_any_work():
+    with pytest.raises(ValueError, match="covers mamba2 and gdn layers, got 'kda' layers; use step='triton'"):
+        Engine(model("tiny-kimi-linear"), "nvfp4/fp16sr@4", step="graph", max_batch=2)
+
+
 def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_graph():
     pytest.importorskip("lm_eval")
     from replayssm_eval.tasks.lm_model import ReplaySSMLM

@@ -21,8 +21,9 @@ def test_quick_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path):
                      ("decode", "nvfp4:scale=head/fp16sr", None),
                      ("gpqa", "fp32", "continuous"), ("gpqa", "fp32", "static"),
                      ("gpqa", "nvfp4:scale=head/fp16sr", "continuous"), ("gpqa", "nvfp4:scale=head/fp16sr", "static"),
+                     ("profile", "fp32", None), ("profile", "nvfp4:scale=head/fp16sr", None),
                      ("decode", "HF generate", None)]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     gpqa = [r for r in rows if r["part"] == "gpqa"]
     assert all(r["estimated_full_s"] == r["seconds"] * 1024 for r in gpqa)
-    assert "by CPU time" in (tmp_path / "profile_tiny-nemotron-h.txt").read_text()
+    assert "by CPU time" in (tmp_path / "profile_tiny-nemotron-h_nvfp4_scalehead_fp16sr_b4.txt").read_text()
