@@ -96,23 +96,25 @@ class StaticState:
     def from_replay_state(cls, family: str, state: ReplayState, packed: PackedState, config: ReplayConfig,
                           host_count: list[int], fold_out: torch.Tensor | None = None) -> "StaticState":
         """Own copies of `state` (and its packed read copy) in fresh buffers; host_count: its schedule's count.
-        fold_out: a scratch of hi's shape to use (layers of one shape may share one), else a new one."""
+        fold_out: a scratch of hi's shape to use (layers of one shape may share one), else a new one; unused with
+        an FP32 recurrence copy (`folds_in_place`)."""
         check_static_family(family)
         check_static_config(config)
         hi = state.hi.float().contiguous().clone()
+        in_place = folds_in_place(config)
         if fold_out is not None and (fold_out.shape != hi.shape or not fold_out.is_contiguous()):
             raise ValueError(f"fold_out must be a contiguous tensor of shape {list(hi.shape)}, got {list(fold_out.shape)} "
                              f"(contiguous={fold_out.is_contiguous()})")
         lo = hi if config.shared else state.lo.float().contiguous().clone()
         own = lambda t: None if t is None else t.contiguous().clone()  # noqa: E731
-        data = hi if config.shared and _fp32(config.recur_format) else own(packed.data)  # FP32 encodes as itself
+        data = hi if config.shared and in_place else own(packed.data)  # FP32 encodes as itself
         packed = PackedState(packed.format, packed.shape, data, own(packed.scales), own(packed.global_scale))
         seq_ids = state.seq_ids.to(device=hi.device, dtype=torch.int64).clone()
         keys = torch.stack([sr_keys_device(config.seed, state.layer, seq_ids, RECUR_COPY),
                             sr_keys_device(config.seed, state.layer, seq_ids, READ_COPY)])
         return cls(family, config, state.layer, hi, lo, packed, {k: v.contiguous().clone() for k, v in state.buffer.items()},
                    state.schedule.count.clone(), state.checkpoint.clone(), seq_ids, keys,
-                   hi if _fp32(config.recur_format) else torch.zeros_like(hi) if fold_out is None else fold_out,
+                   hi if in_place else torch.zeros_like(hi) if fold_out is None else fold_out,
                    list(host_count))
 
     @property
@@ -184,8 +186,9 @@ class StaticState:
                 _put(old, getattr(new, name), rows)
 
 
-def _fp32(fmt) -> bool:
-    return fmt.name == "fp32"
+def folds_in_place(config: ReplayConfig) -> bool:
+    """Whether the step kernel writes the folds into S_hi itself: an FP32 recurrence copy (no rounding)."""
+    return config.recur_format.name == "fp32"
 
 
 def _put(old: torch.Tensor, new: torch.Tensor, rows: torch.Tensor | None) -> None:

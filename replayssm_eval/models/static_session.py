@@ -17,7 +17,7 @@ import torch
 
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
-from replayssm_eval.kernels.static_step import StaticState, check_static_config
+from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_in_place
 from replayssm_eval.models.session import ReplaySession, at_least_fp32
 
 
@@ -88,7 +88,11 @@ class StaticStepSession(ReplaySession):
                              "the FP32 anchor or a state written by the decode step")
         count = [0] * state.batch if not isinstance(initial, ReplayState) else state.schedule.count.tolist()
         shape = (tuple(state.hi.shape), state.hi.device)
-        scratch = self._scratch.setdefault(shape, torch.zeros(shape[0], dtype=torch.float32, device=shape[1]))
+        scratch = None  # an FP32 recurrence copy takes its folds in place
+        if not folds_in_place(self.config):
+            if shape not in self._scratch:
+                self._scratch[shape] = torch.zeros(shape[0], dtype=torch.float32, device=shape[1])
+            scratch = self._scratch[shape]
         static = self.static[layer_idx] = StaticState.from_replay_state(family.name, state, packed, self.config, count,
                                                                         scratch)
         self.states[layer_idx] = static.replay_state()
