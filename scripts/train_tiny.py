@@ -202,14 +202,20 @@ MODELS: dict[str, tuple[Callable[[], PretrainedConfig], type[PreTrainedModel]]] 
 }
 
 
-def parse_args() -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for field in dataclasses.fields(TrainConfig):
+def config_parser(config_cls: type, description: str) -> argparse.ArgumentParser:
+    """A parser with one --flag per field of the dataclass `config_cls` (its default and type)."""
+    parser = argparse.ArgumentParser(description=description)
+    for field in dataclasses.fields(config_cls):
         flag = "--" + field.name.replace("_", "-")
         if field.default is dataclasses.MISSING:
             parser.add_argument(flag, required=True, type=field.type)
         else:
             parser.add_argument(flag, type=type(field.default), default=field.default)
+    return parser
+
+
+def parse_args() -> TrainConfig:
+    parser = config_parser(TrainConfig, __doc__.split("\n\n")[0])
     cfg = TrainConfig(**vars(parser.parse_args()))
     if cfg.model not in MODELS:
         parser.error(f"unknown model {cfg.model!r}; known: {', '.join(MODELS)}")

@@ -1,0 +1,272 @@
+"""Train the scoring fixtures on the synthetic tasks: models that answer questions, so accuracy gaps are real.
+
+    tiny-nemotron-h-solver   the tiny-nemotron-h architecture (Mamba-2)
+    tiny-qwen3.5-solver      the tiny-qwen3.5 architecture (GDN)
+    tiny-kimi-linear-solver  the tiny-kimi-linear architecture (KDA)
+
+Architectures, SSM head initialisation and long-memory heads are those of `scripts/train_tiny.py`
+(its docstring says how); only the data differs. Each row of a batch packs whole examples of
+`synth_sum` and `synth_swap` (`replayssm_eval.tasks.synthetic`, training split, half each), every
+example written `prompt + target + eos` exactly as the lm-eval tasks show the prompt, and the
+loss counts only the target and eos bytes. Examples never straddle rows; the rest of a row is
+padding, which no loss counts. A row is `--seq-len` bytes, which holds the longest example of
+both tasks whole, so long generations are trained at their real positions. Data comes from
+`--workers` DataLoader processes, each drawing its own training seeds.
+
+Training stops at --time-budget seconds or --max-steps. Then the stored (bf16) weights are scored
+on the first --eval-questions test questions of each task, greedy through the package's engine
+(FP32 state, Triton decode step on a GPU), with the tasks' own answer rules (the last boxed
+answer; "answer is (X)"): training.json records the command, time, the loss curve, this held-out
+accuracy overall and in the longest quarter of gold lengths, and the decay tables.
+
+Run from the repository root (the package importable):
+
+    PYTHONUNBUFFERED=1 python scripts/train_solvers.py --model tiny-qwen3.5-solver --out out/solvers --time-budget 420
+    # CPU smoke test:
+    python scripts/train_solvers.py --model tiny-nemotron-h-solver --out out/sx --max-steps 2 --seq-len 512 \
+        --batch-size 2 --workers 0 --eval-questions 2 --eval-max-gen-toks 16
+"""
+
+import dataclasses
+import datetime
+import hashlib
+import itertools
+import json
+import math
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from replayssm_eval.models.adapter import load_model
+from replayssm_eval.models.tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID
+from replayssm_eval.tasks.generation import greedy_generate
+from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target
+from train_tiny import (
+    MODELS, BetaPenalty, check_torch_paths, config_parser, decay_table, git_rev, init_long_heads, init_slow_heads,
+    lr_at, make_optimizer, save, ssm_mixers, static_decay,
+)
+
+SOLVERS = {f"{name}-solver": name for name in MODELS}  # solver name -> architecture in train_tiny.MODELS
+ROWS_PER_DRAW = 256  # examples drawn per generator call
+ANSWER_RULES = {  # the tasks' final-answer rules: the last boxed answer / MMLU-Pro's "answer is (X)"
+    "synth_sum": re.compile(r"\\boxed\{([^{}]*)\}"),
+    "synth_swap": re.compile(r"answer is \(?([A-J])\)?"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverConfig:
+    """One training run; the command line is generated from these fields."""
+
+    model: str  # a key of SOLVERS
+    out: str  # the model is written to out/<model>/
+    time_budget: float = 420.0  # seconds of training, evaluation not included
+    max_steps: int = 1_000_000
+    seq_len: int = 5120  # bytes per row: holds the longest example of either task
+    batch_size: int = 8
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    workers: int = 4  # DataLoader processes generating examples
+    log_every: int = 25
+    long_heads: float = 0.5  # share of each SSM layer's heads with a fixed slow decay (train_tiny.py)
+    long_decay_min: float = 0.999
+    long_decay_max: float = 0.9999
+    beta_penalty: float = 0.05  # GDN, KDA: loss weight of the long heads' mean beta
+    eval_questions: int = 128  # test questions per task scored after training
+    eval_max_gen_toks: int = 6144
+    eval_batch: int = 128
+
+
+# ---- data
+
+
+def encode_example(task: str, row: dict) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of `prompt + target + eos`; the mask marks the target and eos bytes."""
+    prompt, target = prompt_and_target(task, row)
+    p, t = list(prompt.encode()), list(target.encode())
+    return p + t + [EOS_TOKEN_ID], [0] * len(p) + [1] * (len(t) + 1)
+
+
+class PackedExamples(torch.utils.data.IterableDataset):
+    """Endless rows of seq_len + 1 ids (and their loss mask), packed with whole training examples.
+
+    Worker w of the DataLoader draws training seeds seed * 1e9 + w * 1e6 + 0, 1, 2, ...; tasks alternate.
+    """
+
+    def __init__(self, seq_len: int, seed: int):
+        self.width, self.seed = seq_len + 1, seed
+
+    def examples(self, worker: int):
+        for draw in itertools.count():
+            seed = self.seed * 10**9 + worker * 10**6 + draw
+            rows = {task: generate(task, "train", ROWS_PER_DRAW, seed=seed) for task in SYNTHETIC_TASKS}
+            for i in range(ROWS_PER_DRAW):
+                for task in SYNTHETIC_TASKS:
+                    yield encode_example(task, rows[task][i])
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        ids, mask = [], []
+        for example_ids, example_mask in self.examples(info.id if info else 0):
+            if len(example_ids) > self.width:
+                raise ValueError(f"an example of {len(example_ids)} bytes does not fit --seq-len {self.width - 1}")
+            if len(ids) + len(example_ids) > self.width:
+                pad = self.width - len(ids)
+                yield torch.tensor(ids + [PAD_TOKEN_ID] * pad), torch.tensor(mask + [0] * pad, dtype=torch.bool)
+                ids, mask = [], []
+            ids, mask = ids + example_ids, mask + example_mask
+
+
+def batches(cfg: SolverConfig):
+    """(ids [B, L+1], mask [B, L+1]) batches on the device."""
+    loader = torch.utils.data.DataLoader(PackedExamples(cfg.seq_len, cfg.seed), batch_size=cfg.batch_size,
+                                         num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
+    for ids, mask in loader:
+        yield ids.to(cfg.device, non_blocking=True), mask.to(cfg.device, non_blocking=True)
+
+
+# ---- train
+
+
+def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]) -> dict:
+    """Train in place until the time budget or max_steps; returns steps, wall time and the loss curve."""
+    device = torch.device(cfg.device)
+    optimizer = make_optimizer(model, cfg)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    penalty = BetaPenalty(model, long_heads)
+    curve, beta, step = [], None, 0
+    model.train()
+    data = batches(cfg)
+    start = last_time = time.perf_counter()
+    while step < cfg.max_steps and time.perf_counter() - start < cfg.time_budget:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step, time.perf_counter() - start)
+        ids, mask = next(data)
+        with autocast:
+            logits = model(input_ids=ids[:, :-1], use_cache=False).logits  # [B, L, V]
+        losses = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [B, L]
+        weight = mask[:, 1:].float()
+        loss = (losses * weight).sum() / weight.sum().clamp(min=1)
+        beta = penalty.pop()
+        objective = loss if beta is None else loss + cfg.beta_penalty * beta
+        optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        step += 1
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            now, value = time.perf_counter(), loss.item()
+            curve.append([step, round(now - start, 1), round(value, 5)])
+            print(f"[{cfg.model}] step {step:5d}  target loss {value:.5f}  "
+                  f"{1000 * (now - last_time) / cfg.log_every:.0f} ms/step  {now - start:.0f} s"
+                  + ("" if beta is None else f"  long-head beta {beta.item():.3f}"), flush=True)
+            last_time = now
+    return {"steps": step, "train_seconds": round(time.perf_counter() - start, 1), "loss_curve": curve,
+            "long_heads": long_heads, "long_head_beta_last": None if beta is None else round(beta.item(), 4)}
+
+
+# ---- evaluate
+
+
+def answer_of(task: str, text: str) -> str | None:
+    """The task's final answer in a generated text: the last match of its rule, or None."""
+    found = ANSWER_RULES[task].findall(text)
+    return found[-1].strip() if found else None
+
+
+def held_out_accuracy(model_dir: Path, cfg: SolverConfig) -> dict:
+    """Greedy FP32-state accuracy on the first eval_questions test questions of each task, overall and in the
+    longest quarter of gold target lengths, from the stored weights."""
+    rm = load_model(str(model_dir), dtype="float32", device=cfg.device)
+    step = "triton" if cfg.device.startswith("cuda") else "reference"
+    result = {}
+    for task in SYNTHETIC_TASKS:
+        rows = generate(task, "test", cfg.eval_questions)
+        pairs = [prompt_and_target(task, row) for row in rows]
+        start = time.perf_counter()
+        gens = greedy_generate(rm, [list(p.encode()) for p, _ in pairs], config="fp32", step=step,
+                               max_gen_toks=cfg.eval_max_gen_toks, max_batch=cfg.eval_batch,
+                               until=["\n\n"])
+        correct = [answer_of(task, g.text) == answer_of(task, target) for g, (_, target) in zip(gens, pairs)]
+        gold_len = torch.tensor([len(target.encode()) for _, target in pairs], dtype=torch.float64)
+        longest = gold_len >= gold_len.quantile(0.75)
+        flags = torch.tensor(correct)
+        result[task] = {
+            "questions": len(rows),
+            "accuracy": round(float(flags.float().mean()), 4),
+            "accuracy_longest_quarter": round(float(flags[longest].float().mean()), 4),
+            "longest_quarter_min_gold_bytes": int(gold_len[longest].min()),
+            "mean_gen_tokens": round(sum(g.gen_tokens for g in gens) / len(gens), 1),
+            "hit_max_gen_toks": sum(g.hit_max_gen_toks for g in gens),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+        print(f"[{cfg.model}] {task}: {result[task]}", flush=True)
+    return result
+
+
+# ---- main
+
+
+def parse_args() -> SolverConfig:
+    parser = config_parser(SolverConfig, __doc__.split("\n\n")[0])
+    cfg = SolverConfig(**vars(parser.parse_args()))
+    if cfg.model not in SOLVERS:
+        parser.error(f"unknown model {cfg.model!r}; known: {', '.join(SOLVERS)}")
+    if not 0.0 <= cfg.long_heads <= 1.0:
+        parser.error(f"--long-heads {cfg.long_heads}: expected a share of the heads in [0, 1]")
+    return cfg
+
+
+def main() -> None:
+    cfg = parse_args()
+    check_torch_paths()
+    torch.manual_seed(cfg.seed)
+    config_fn, model_cls = MODELS[SOLVERS[cfg.model]]
+    model = model_cls(config_fn())
+    init_slow_heads(model, torch.Generator().manual_seed(cfg.seed))
+    long_heads = init_long_heads(model, cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[{cfg.model}] {n_params:,} parameters ({SOLVERS[cfg.model]} architecture)", flush=True)
+
+    model.to(cfg.device)
+    result = train(model, cfg, long_heads)
+    record = {
+        "model": cfg.model,
+        "model_class": model_cls.__name__,
+        "parameters": n_params,
+        "stored_dtype": "bfloat16",
+        "command": "python " + shlex.join(sys.argv),
+        "train_config": dataclasses.asdict(cfg),
+        "tasks": list(SYNTHETIC_TASKS),
+        "tokens_per_step": cfg.batch_size * cfg.seq_len,
+        **result,
+        "decay_static": decay_table([static_decay(m).tolist() for m in ssm_mixers(model)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_rev": git_rev(),
+        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": sys.version.split()[0]},
+        "device": torch.cuda.get_device_name() if cfg.device.startswith("cuda") else "cpu",
+    }
+    out_dir = Path(cfg.out) / cfg.model
+    save(model, out_dir, record)
+    del model
+    if cfg.eval_questions:
+        record["held_out"] = held_out_accuracy(out_dir, cfg)
+        (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[{cfg.model}] wrote {out_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
