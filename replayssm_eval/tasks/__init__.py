@@ -12,7 +12,8 @@ McNemar), `accuracy` (the driver) and `report` (accuracy.json, accuracy.md), `of
 (generate on a machine without lm-eval, score here), `task_base` + `yaml/` (task configs built on
 lm-eval's own YAMLs), `lm_eval_plugin` + `lm_eval_plugin_build` (the .pth hook that registers the
 model with the plain `lm_eval` script), `fixtures/` (a handful of offline questions per task, in
-the hub datasets' schemas). This module imports neither torch nor lm-eval.
+the hub datasets' schemas), `synthetic` (generated MATH- and MMLU-Pro-shaped tasks that small
+byte-level models can be trained on: synth_sum, synth_swap). This module imports neither torch nor lm-eval.
 """
 
 from __future__ import annotations
@@ -56,8 +57,12 @@ TASKS = {
         TaskSpec("gpqa_diamond", "exact_match", "flexible-extract"),
         TaskSpec("mmlu_pro", "exact_match", "custom-extract"),
         TaskSpec("math_l5", "exact_match", "none"),  # math_verify's verdict (leaderboard_math_hard)
+        TaskSpec("synth_sum", "exact_match", "none"),  # scored as math_l5 (`synthetic`)
+        TaskSpec("synth_swap", "exact_match", "custom-extract"),  # scored as mmlu_pro (`synthetic`)
     )
 }
+# what `accuracy` runs without --tasks: the real benchmarks
+DEFAULT_TASKS = ("gpqa_diamond", "mmlu_pro", "math_l5")
 
 
 def get_task(name: str) -> TaskSpec:

@@ -31,13 +31,13 @@ from pathlib import Path
 from replayssm_eval.cli import command, option
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.tasks import (
-    DECODE_STEPS, FIXED_BUFFER_STEPS, FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs,
+    DECODE_STEPS, DEFAULT_TASKS, FIXED_BUFFER_STEPS, FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs,
 )
 from replayssm_eval.tasks.buckets import DEFAULT_BUCKETS, parse_spec
 
 REFERENCE = ReplayConfig()
 DEFAULT_CONFIGS = "fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr"
-DATA_SOURCES = "hub, fixtures, or a directory holding <task>/<the hub's files>"
+DATA_SOURCES = "hub, fixtures, or a directory holding <task>/<the hub's files> (synthetic tasks: <task>/test.jsonl)"
 RUN_FILE = "run.json"
 # options that must match when a run directory is continued (the others only say how to compute)
 # (configs and tasks may be added: finished ones are reused)
@@ -49,7 +49,7 @@ class AccuracyConfig:
     """Options of `replayssm-eval accuracy` (one field per option)."""
 
     model: str = option("tiny-nemotron-h", "bundled fixture name, local directory or hub id")
-    tasks: str = option(",".join(TASKS), f"comma-separated tasks; known: {', '.join(TASKS)}")
+    tasks: str = option(",".join(DEFAULT_TASKS), f"comma-separated tasks; known: {', '.join(TASKS)}")
     configs: str = option(DEFAULT_CONFIGS, "comma-separated ReplayConfigs; fp32 runs first (added if missing)")
     limit: int | None = option(None, "first N questions of each task (default: all)")
     buckets: str = option(DEFAULT_BUCKETS, "FP32 length buckets: quantile:K or fixed starts such as 1,512,2048")

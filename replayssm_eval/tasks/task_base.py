@@ -10,6 +10,12 @@ included file resolve next to it, as with `include:`). Nothing is copied.
 hub's own layout and schema from `<data_dir>/<folder>/`; `data_dir` comes from lm-eval's task
 metadata (`--metadata '{"data_dir": "..."}'` on lm-eval's CLI, `--data DIR` on ours) and defaults
 to the bundled offline fixtures.
+
+`synthetic_dataset` (the synthetic tasks' `custom_dataset:`) generates their test rows
+(`synthetic.generate`), or reads `<data_dir>/<task>/test.jsonl` as `python -m
+replayssm_eval.tasks.synthetic` writes it. The bundled fixtures of a synthetic task are its
+generator: without a data_dir (`--data hub`) or with the fixtures' (`--data fixtures`) the rows
+are generated, so both give the same 500 questions.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks._yaml_loader import load_yaml
 
 from replayssm_eval.tasks import FIXTURES_DIR
+from replayssm_eval.tasks.synthetic import generate
 
 LM_EVAL_TASKS = Path(lm_eval.tasks.__file__).parent
 _BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -56,3 +63,20 @@ def local_dataset(*, folder: str, files: str, split: str, data_dir: str | None =
         raise ValueError(f"{root / folder}/{files} mixes file types: {', '.join(p.name for p in paths)}")
     rows = datasets.load_dataset(suffixes.pop(), data_files=[str(p) for p in paths], split="train")
     return datasets.DatasetDict({split: rows})
+
+
+def synthetic_dataset(*, task: str, data_dir: str | None = None, synth_n: int = 500, synth_seed: int = 0,
+                      **_) -> datasets.DatasetDict:
+    """{"test": rows of synthetic `task`}: `generate(task, "test", synth_n, synth_seed)` without a data_dir or
+    with the bundled fixtures' one, else the rows of `<data_dir>/<task>/test.jsonl` (synth_n, synth_seed unused).
+
+    synth_n and synth_seed come from lm-eval's task metadata (`--metadata '{"synth_n": 1000}'`); lm-eval merges
+    the model args into it too, hence not a bare `seed` (the model's SR seed).
+    """
+    if data_dir is None or Path(data_dir).resolve() == FIXTURES_DIR.resolve():
+        return datasets.DatasetDict({"test": datasets.Dataset.from_list(generate(task, "test", int(synth_n), int(synth_seed)))})
+    path = Path(data_dir) / task / "test.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"missing dataset: no {path}; write it with "
+                                f"python -m replayssm_eval.tasks.synthetic --task {task} --split test --out {data_dir}")
+    return datasets.DatasetDict({"test": datasets.load_dataset("json", data_files=[str(path)], split="train")})

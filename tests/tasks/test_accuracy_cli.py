@@ -9,7 +9,7 @@ pytest.importorskip("lm_eval")
 import lm_eval
 
 from replayssm_eval import cli
-from replayssm_eval.tasks import TASKS
+from replayssm_eval.tasks import DEFAULT_TASKS
 
 FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--max-batch-size", "2"]
 CONFIGS = "fp32,nvfp4/fp16sr@4"
@@ -38,7 +38,7 @@ def count_runs(monkeypatch):
 def test_end_to_end_on_fixtures(tmp_path, model, limit, count_runs):
     out = tmp_path / "run"
     assert run("--model", model, "--configs", CONFIGS, "--output", str(out), "--limit", str(limit)) == 0
-    assert len(count_runs) == 2 * len(TASKS)
+    assert len(count_runs) == 2 * len(DEFAULT_TASKS)
     report = json.loads((out / "accuracy.json").read_text())
     assert report["complete"] and report["model"] == model and report["configs"] == ["nvfp4/fp16sr@4"]
     assert {"versions", "git", "seeds", "command", "date"} <= set(report)

@@ -1,4 +1,4 @@
-"""Scoring is right: an oracle scores 100% on every task's fixtures, a fixed wrong letter 0%.
+"""Scoring is right: an oracle scores 100% on every real task's fixtures, a fixed wrong letter 0%.
 
 The oracle reads the answer from the processed document lm-eval hands it (`Instance.doc`) and
 writes it the way the task's prompt asks for it; the scores come from the tasks' own filters and
@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from lm_eval.api.model import LM
+from scripted_lm import ScriptedLM
 from task_helpers import evaluate
 
-from replayssm_eval.tasks import TASKS
+from replayssm_eval.tasks import DEFAULT_TASKS, TASKS
 from replayssm_eval.tasks.yaml.gpqa_diamond.utils import shuffled_choices
 
 ANSWERS = {  # task -> the answer text for the processed doc
@@ -27,23 +27,6 @@ WRONG = {  # a letter (or answer) no fixture question has as its answer
 }
 
 
-class ScriptedLM(LM):
-    """Answers every generation request with `answer(doc)`; loglikelihood favours `choice(doc)`."""
-
-    def __init__(self, answer, choice=None):
-        super().__init__()
-        self.answer, self.choice = answer, choice
-
-    def generate_until(self, requests, disable_tqdm=False):
-        return [self.answer(r.doc) for r in requests]
-
-    def loglikelihood(self, requests, disable_tqdm=False):
-        return [(0.0 if r.args[1].strip() == self.choice(r.doc) else -10.0, False) for r in requests]
-
-    def loglikelihood_rolling(self, requests, disable_tqdm=False):
-        raise NotImplementedError
-
-
 def accuracy(results, name: str) -> float:
     spec = TASKS[name]
     return results["results"][spec.local][f"{spec.metric},{spec.filter}"]
@@ -53,7 +36,7 @@ def correct_letters(results, name) -> set[str]:
     return {s["target"].strip("()") for s in results["samples"][TASKS[name].local]}
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", DEFAULT_TASKS)  # the synthetic tasks: test_synthetic_scoring.py
 def test_oracle_scores_everything_right_and_a_fixed_wrong_letter_nothing(task_manager, name):
     right = evaluate(ScriptedLM(ANSWERS[name]), task_manager, [TASKS[name].local])
     assert accuracy(right, name) == 1.0

@@ -1,0 +1,20 @@
+"""`ScriptedLM`: an lm-eval model that answers from the processed document (needs lm-eval: import it after importorskip)."""
+
+from lm_eval.api.model import LM
+
+
+class ScriptedLM(LM):
+    """Answers every generation request with `answer(doc)`; loglikelihood favours `choice(doc)`."""
+
+    def __init__(self, answer, choice=None):
+        super().__init__()
+        self.answer, self.choice = answer, choice
+
+    def generate_until(self, requests, disable_tqdm=False):
+        return [self.answer(r.doc) for r in requests]
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        return [(0.0 if r.args[1].strip() == self.choice(r.doc) else -10.0, False) for r in requests]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        raise NotImplementedError
