@@ -13,7 +13,8 @@ padding, which no loss counts. A row is `--seq-len` bytes, which holds the longe
 both tasks whole, so long generations are trained at their real positions. Data comes from
 `--workers` DataLoader processes, each drawing its own training seeds.
 
-Training stops at --time-budget seconds or --max-steps. Then the stored (bf16) weights are scored
+Training stops at --time-budget seconds or --max-steps; --init-from continues from a solver trained before
+(a new --seed draws new examples). Then the stored (bf16) weights are scored
 on the first --eval-questions test questions of each task, greedy through the package's engine
 (FP32 state, Triton decode step on a GPU), with the tasks' own answer rules (the last boxed
 answer; "answer is (X)"): training.json records the command, time, the loss curve, this held-out
@@ -86,6 +87,7 @@ class SolverConfig:
     eval_questions: int = 128  # test questions per task scored after training
     eval_max_gen_toks: int = 6144
     eval_batch: int = 128
+    init_from: str = ""  # a model folder (a solver trained before) to continue from, instead of a fresh init
 
 
 # ---- data
@@ -233,9 +235,12 @@ def main() -> None:
     check_torch_paths()
     torch.manual_seed(cfg.seed)
     config_fn, model_cls = MODELS[SOLVERS[cfg.model]]
-    model = model_cls(config_fn())
-    init_slow_heads(model, torch.Generator().manual_seed(cfg.seed))
-    long_heads = init_long_heads(model, cfg)
+    if cfg.init_from:
+        model = model_cls.from_pretrained(cfg.init_from, dtype=torch.float32)
+    else:
+        model = model_cls(config_fn())
+        init_slow_heads(model, torch.Generator().manual_seed(cfg.seed))
+    long_heads = init_long_heads(model, cfg)  # (re)sets the long heads' fixed decay and keeps it fixed
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{cfg.model}] {n_params:,} parameters ({SOLVERS[cfg.model]} architecture)", flush=True)
 

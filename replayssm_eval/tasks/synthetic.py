@@ -38,8 +38,8 @@ SYNTHETIC_TASKS: tuple[str, ...] = ("synth_sum", "synth_swap")
 SPLITS = ("train", "test")
 LETTERS = "ABCDEFGHIJ"
 ITEMS = ("ant", "bee", "cat", "dog", "elk", "fox", "gnu", "hen", "jay", "owl", "pig", "ram", "yak", "cow", "emu", "bat")
-SUM_STEPS = (2, 320)  # bounds of the log-uniform number of additions
-SWAP_STEPS = (1, 130)  # bounds of the log-uniform number of swaps
+SUM_STEPS = (2, 220)  # bounds of the log-uniform number of additions
+SWAP_STEPS = (1, 75)  # bounds of the log-uniform number of swaps
 
 
 def generate(task: str, split: str, n: int, seed: int = 0) -> list[dict]:
@@ -98,12 +98,16 @@ def _sum_question(rng: random.Random) -> tuple[str, list[int], int]:
 
 
 def _sum_row(problem: str, digits: list[int], steps: int) -> dict:
-    """The row: add the digits in turn N times to a two-digit counter (mod 100), one trace line per addition."""
+    """The row: add the digits in turn N times to a two-digit counter (mod 100), one trace line per addition.
+
+    A line is `<additions left> : <the digits, the one added now first> <total>+<digit>=<new total>`: each line
+    is the line before with its count down by one, its digits rotated by one and one addition.
+    """
     lines, total = [], 0
     for k in range(1, steps + 1):
-        d = digits[(k - 1) % len(digits)]
-        new = (total + d) % 100
-        lines.append(f"{k:03d}: {total:02d}+{d}={new:02d}\n")
+        queue = digits[(k - 1) % len(digits):] + digits[:(k - 1) % len(digits)]
+        new = (total + queue[0]) % 100
+        lines.append(f"{steps - k:03d}: {''.join(map(str, queue))} {total:02d}+{queue[0]}={new:02d}\n")
         total = new
     solution = "".join(lines) + f"The final total is $\\boxed{{{total}}}$."
     return {"problem": problem, "solution": solution, "answer": str(total), "level": f"N={steps}",
@@ -126,12 +130,18 @@ def _swap_question(rng: random.Random) -> tuple[str, list[str], list[tuple[int, 
 
 def _swap_row(question: str, items: list[str], swaps: list[tuple[int, int]], steps: int, asked: int,
               options: list[str]) -> dict:
-    """The row: apply the swaps in turn N times, one trace line (all boxes) per swap."""
+    """The row: apply the swaps in turn N times, one trace line per swap.
+
+    A line is `<swaps left>: <the swaps, the one applied now first> | <box>=<item> ...` (the contents after the
+    swap): each line is the line before with its count down by one, its swaps rotated by one and two items swapped.
+    """
     lines, contents = [], list(items)
     for k in range(1, steps + 1):
-        i, j = swaps[(k - 1) % len(swaps)]
+        queue = swaps[(k - 1) % len(swaps):] + swaps[:(k - 1) % len(swaps)]
+        i, j = queue[0]
         contents[i - 1], contents[j - 1] = contents[j - 1], contents[i - 1]
-        lines.append(f"{k:03d} {i}-{j}: {' '.join(contents)}\n")
+        written = " ".join(f"{a}-{b}" for a, b in queue)
+        lines.append(f"{steps - k:03d}: {written} | {' '.join(f'{b}={x}' for b, x in enumerate(contents, 1))}\n")
     item = contents[asked - 1]
     index = options.index(item)
     target = "".join(lines) + f"Box {asked} holds {item}. The answer is ({LETTERS[index]})."
