@@ -4,9 +4,10 @@
     python benchmarks/gpu_check_graph.py --out OUT_DIR --new-tokens 256   # shorter timing runs
     python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-speed       # the checks only
     python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-checks --models qwen3.5-4b   # one model's timing
+    python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-speed --check-models tiny-kimi-linear   # one model's checks
 
-Checks (bundled tiny models, fp32 weights, prompts of different lengths, windows of 4 so twelve
-tokens cross several flushes), each must hold bit for bit:
+Checks (the bundled tiny models, one per SSM family: Mamba-2, GDN, KDA; fp32 weights, prompts of
+different lengths, windows of 4 so twelve tokens cross several flushes), each must hold bit for bit:
 - whole model: `StaticDecoder` replaying its CUDA graphs equals the same decoder run eagerly and
   the eager Triton step session on a Hugging Face StaticCache: tokens, last logits and every SSM
   layer's carried state (both stored copies, packed read copy, ring buffer, phases, checkpoints);
@@ -51,7 +52,7 @@ from replayssm_eval.models.session import ReplaySession
 from replayssm_eval.tasks.engine import Engine
 from replayssm_eval.tasks.generation import decode_session, left_pad, sequence_id
 
-CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5")
+CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
 CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4")
 CHECK_PROMPTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce", "To be")
 CHECK_TOKENS = 12
@@ -233,6 +234,7 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=64, help="prompt tokens actually fed (see the docstring)")
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--models", nargs="+", default=list(SPEED_MODELS), choices=SPEED_MODELS)
+    parser.add_argument("--check-models", nargs="+", default=list(CHECK_MODELS), choices=CHECK_MODELS)
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--no-hf", action="store_true", help="skip HF generate in the speed rows")
@@ -242,7 +244,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"checks": [], "speed": []}
     start = time.perf_counter()
-    for name in () if args.skip_checks else CHECK_MODELS:
+    for name in () if args.skip_checks else args.check_models:
         for config in CHECK_CONFIGS:
             row = check(name, config)
             result["checks"].append(row)

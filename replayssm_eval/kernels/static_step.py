@@ -4,8 +4,9 @@
 read copy S_lo and its packed encoding, the ring buffer, and per row the window phase (`count`),
 the checkpoint index and the Philox keys of both copies (computed on the device from the
 sequence ids, `kernels.device_keys`). `step(...)` decodes one token for every row with the
-family's single-token Triton kernel and leaves the state where `decode_step_triton` of that
-family would leave it, bit for bit (docs/semantics.md, decode semantics).
+family's single-token Triton kernel (Mamba-2; GDN and KDA through the launcher their eager step
+uses, `<family>.triton.launch_replay_step`) and leaves the state where `decode_step_triton` of
+that family would leave it, bit for bit (docs/semantics.md, decode semantics).
 
 Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
@@ -41,7 +42,6 @@ from replayssm_eval.kernels.state import ReplayState, _encode_keyed
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.triton import encode_triton, encode_triton_supports
 
-FAMILIES = ("mamba2", "gdn")
 FOLDS = ("none", "some", "all")
 
 
@@ -53,8 +53,8 @@ def folds_of(counts: list[int], window: int) -> str:
 
 def check_static_family(family: str) -> None:
     """Raise a one-line error for SSM families the static step has no kernel for."""
-    if family not in FAMILIES:
-        raise ValueError(f"the static decode step covers {' and '.join(FAMILIES)} layers, got {family!r} layers; "
+    if family not in _STEPS:
+        raise ValueError(f"the static decode step covers {', '.join(_STEPS)} layers, got {family!r} layers; "
                          "use step='triton'")
 
 
@@ -67,7 +67,7 @@ def check_static_config(config: ReplayConfig) -> None:
 
 @dataclass
 class StaticState:
-    """One layer's stored state in fixed buffers (format layout [B, H, P, N]; GDN [B, HV, V, K]).
+    """One layer's stored state in fixed buffers (format layout [B, H, P, N]; GDN and KDA [B, HV, V, K]).
 
     hi, lo: S_hi and S_lo, fp32 (the same tensor when shared); packed: the read copy's encoding
     (the recurrence copy's when shared; its data is hi when that is FP32);
@@ -139,17 +139,14 @@ class StaticState:
 
     def step_device(self, inputs: tuple, folds: str) -> torch.Tensor:
         """Decode one token of every row in place, device work only (what a CUDA graph captures). inputs: the family's one-token kernel inputs, fp32
-        (Mamba-2 x [B, 1, H, P], dt [B, 1, H], A [H], B, C [B, 1, G, N], D [H]; GDN q, k [B, 1, H, K],
-        v [B, 1, HV, V], g, beta [B, 1, HV]). folds: the variant, `folds_next` (must cover the rows that fold).
-        Returns y [B, 1, H, P] (Mamba-2) or o [B, 1, HV, V] (GDN), fp32."""
+        (Mamba-2 x [B, 1, H, P], dt [B, 1, H], A [H], B, C [B, 1, G, N], D [H]; GDN and KDA q, k [B, 1, H, K],
+        v [B, 1, HV, V], g [B, 1, HV] (KDA [B, 1, HV, K]), beta [B, 1, HV]). folds: the variant, `folds_next` (must
+        cover the rows that fold). Returns y [B, 1, H, P] (Mamba-2) or o [B, 1, HV, V] (GDN, KDA), fp32."""
         if folds not in FOLDS:
             raise ValueError(f"unknown step variant {folds!r}; known: {', '.join(FOLDS)}")
         fold = self.count == self.config.window - 1  # [B] bool
         flush = folds != "none"
-        if self.family == "mamba2":
-            y = _mamba2_step(self, inputs, fold, flush)
-        else:
-            y = _gdn_step(self, inputs, fold, flush)
+        y = _STEPS[self.family](self, inputs, fold, flush)
         if flush:
             self._round_folds(fold, None if folds == "all" else fold)
         self.count.copy_((self.count + 1) % self.config.window)
@@ -165,7 +162,7 @@ class StaticState:
         if not cfg.shared:
             self._round(cfg.read_format, READ_COPY, checkpoint, rows, self.lo, self.packed)
         self.checkpoint.copy_(checkpoint)
-        if self.family == "gdn":  # GDN empties the folded rows' ring entries (kernels/delta/_common.py)
+        if self.family != "mamba2":  # the delta rule empties the folded rows' ring entries (kernels/delta/_common.py)
             for t in self.buffer.values():
                 _put(t, torch.zeros((), dtype=t.dtype, device=t.device), rows)
 
@@ -227,36 +224,33 @@ def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool
     return (y + D[:, None] * x[:, 0])[:, None]  # [B, 1, H, P]
 
 
-def _gdn_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
-    from replayssm_eval.kernels.delta.triton import _read_args, _read_format
-    from replayssm_eval.kernels.gdn.triton import _replay_step_kernel, step_grid, step_launch_config
+def _delta_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
+    """GDN and KDA: one launch of the family's single-token kernel through the eager step's launcher
+    (`<family>.triton.launch_replay_step`), then the token's entries appended to the ring."""
+    from replayssm_eval.kernels import gdn, kda
+    from replayssm_eval.kernels.delta.triton import _read_format
 
-    q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)  # q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
+    # q, k [B, H, K]; v [B, HV, V]; g [B, HV] (GDN) or [B, HV, K] (KDA, per channel); beta [B, HV]
+    q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)
     # buffered inputs in the buffer dtype, as `delta._common._prepare`: k, beta, and v with the closed fold
     rounded = st.config.round_buffered
     k, beta = rounded(k), rounded(beta)
-    if st.config.gdn_fold == "closed":
+    closed = st.config.gdn_fold == "closed"
+    if closed:
         v = rounded(v)
-    bsz, nv, dv = v.shape
-    dk = k.shape[-1]
-    cap = st.buffer["k"].shape[1]
-    kind, scale, data, scales, gs, kp = _read_args(st.packed, _read_format(st.config), st.hi)
-    u = torch.empty(bsz, nv, dv, device=v.device)
+    u = torch.empty(v.shape, device=v.device)  # [B, HV, V]
     o = torch.empty_like(u)
     fold8 = fold.to(torch.int8)
-    cfg = step_launch_config(bsz, nv, dk, dv)
-    entries = [st.buffer.get(name, st.buffer["g"]) for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
-    skip = st.config.skip_read_below
-    _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
-        q, k, v, g, beta, *entries, st.count, fold8, fold8,
-        st.hi, data, scales, gs, u, o, st.fold_out if flush else u,
-        nv, nv // k.shape[1], cap, float(skip or 0.0),
-        K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=skip is not None,
-        FOLD=flush, CLOSED=st.config.gdn_fold == "closed", BUF=buffer_kind(st.config),
-        BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
-    )
-    rows = torch.arange(bsz, device=v.device)
-    entry = dict(k=k, u=rounded(u), g=g, v=v, beta=beta)
+    token = dict(q=q, k=k, v=v, g=g, beta=beta)
+    launch = {"gdn": gdn, "kda": kda}[st.family].RULE.kernels.launch_replay_step
+    launch(st.hi, st.packed, _read_format(st.config), st.buffer, st.count, token, fold8, fold8, u, o,
+           st.fold_out if flush else u, folds=flush, closed=closed, groups=v.shape[1] // k.shape[1],
+           eps=st.config.skip_read_below, buf_kind=buffer_kind(st.config))
+    rows = torch.arange(v.shape[0], device=v.device)
+    entry = dict(token, u=rounded(u))
     for name, t in st.buffer.items():
         t.index_put_((rows, st.count), entry[name])
     return o[:, None]  # [B, 1, HV, V]
+
+
+_STEPS = {"mamba2": _mamba2_step, "gdn": _delta_step, "kda": _delta_step}  # family -> its static step

@@ -61,7 +61,7 @@ class AccuracyConfig:
     prefill_segment: int = option(2048, "prompt tokens per row and prefill call (bounds the prefill workspace)")
     prefill_tokens: int = option(4096, "prompt tokens per prefill call (rows x segment)")
     step: str = option("auto", "decode step: auto (triton on cuda, reference on cpu), or graph: the whole model's step "
-                               "as a CUDA graph (fixed-window configs, Mamba-2 and GDN models)", ("auto", *DECODE_STEPS))
+                               "as a CUDA graph (fixed-window configs; Mamba-2, GDN and KDA models)", ("auto", *DECODE_STEPS))
     device_map: str | None = option(None, "e.g. auto: spread a large model over the GPUs (accelerate)")
     device: str = option("auto", "auto: cuda if available", ("auto", "cuda", "cpu"))
     dtype: str = option("auto", "weights and activations (auto: bfloat16 on cuda, float32 on cpu)",

@@ -13,7 +13,7 @@ import torch
 from replayssm_eval.kernels.config import ReplayConfig
 from replayssm_eval.kernels.device_keys import sr_keys_device
 from replayssm_eval.kernels.keys import sr_keys
-from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_of
+from replayssm_eval.kernels.static_step import StaticState, check_static_config, check_static_family, folds_of
 
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",
            "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3")
@@ -32,6 +32,12 @@ def test_device_keys_equal_host_keys(seed):
 def test_speculative_config_is_refused():
     with pytest.raises(ValueError, match="fixed windows only"):
         check_static_config(ReplayConfig.parse("nvfp4/fp16sr#spec=4:0.5"))
+
+
+def test_a_family_without_a_static_step_is_refused():
+    check_static_family("kda")
+    with pytest.raises(ValueError, match="covers mamba2, gdn, kda layers, got 'rwkv7' layers; use step='triton'"):
+        check_static_family("rwkv7")
 
 
 def _phased(state, window, phased):
@@ -115,7 +121,10 @@ def test_mamba2_static_step_equals_decode_step_triton(config, phased, device):
     _run("mamba2", config, make, decode, first, phased)
 
 
-@pytest.mark.parametrize("config,phased", _cases(CONFIGS + ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16")))
+CLOSED = ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16")
+
+
+@pytest.mark.parametrize("config,phased", _cases(CONFIGS + CLOSED))
 def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
     from replayssm_eval.kernels.gdn import decode_step_triton
 
@@ -134,3 +143,36 @@ def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
     _run("gdn", config, make, decode, first, phased)
+
+
+def _kda_cases():
+    """Every config at K != V and at K = V with grouped heads, out of phase and in phase; slow but for a split, a
+    shared and a closed-fold config at K != V and one split config at K = V."""
+    quick = {("nvfp4/fp16sr@4", "K16V8"), ("shared:fp8sr@4", "K16V8"), ("nvfp4/fp16sr@4#closed", "K16V8"),
+             ("nvfp4/fp16sr@4", "K16V16")}
+    shapes = {"K16V8": dict(h=1, hv=2, k=16, v=8), "K16V16": dict(h=2, hv=4, k=16, v=16)}
+    return [pytest.param(c, phased, dims, id=f"{c}-{'phased' if phased else 'in-phase'}-{name}",
+                         marks=() if (c, name) in quick and (phased or name == "K16V8") else pytest.mark.slow)
+            for name, dims in shapes.items() for c in CONFIGS + CLOSED for phased in (True, False)]
+
+
+@pytest.mark.parametrize("config,phased,dims", _kda_cases())
+def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device):
+    from replayssm_eval.kernels.kda import decode_step_triton
+
+    b, h, hv, k, v = 3, dims["h"], dims["hv"], dims["k"], dims["v"]
+    gen = torch.Generator().manual_seed(0)
+    rate = torch.logspace(-2, 0.5, hv * k)[torch.randperm(hv * k, generator=gen)].view(hv, k)  # [HV, K] shuffled rates
+
+    def make(gen):
+        q = torch.nn.functional.normalize(torch.randn(b, 1, h, k, generator=gen), dim=-1) * k ** -0.5
+        kk = torch.nn.functional.normalize(torch.randn(b, 1, h, k, generator=gen), dim=-1)
+        g = -rate * torch.rand(b, 1, hv, k, generator=gen)  # [B, 1, HV, K] log decays, channels 300x apart in rate
+        made = (q, kk, torch.randn(b, 1, hv, v, generator=gen), g, torch.rand(b, 1, hv, generator=gen))
+        return tuple(t.to(device) for t in made)
+
+    def decode(inputs, state, cfg):
+        return decode_step_triton(*inputs, state, cfg, layer_idx=4, seq_ids=SEQ_IDS.to(device))
+
+    _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
+    _run("kda", config, make, decode, first, phased)

@@ -4,7 +4,8 @@ Each prompt generated alone (one row, one prefill call) is the ground truth; the
 same prompts with two rows at once, prompts fed in 4-token segments, rows of different lengths
 leaving and joining the batch, and must give the same tokens per prompt (same seq_ids, so the
 same SR bits). Step "graph" (the whole model's step on fixed buffers, regrouped into a new decoder
-when rows join or most have left) gives the tokens of step "triton" under the same batching. Then:
+when rows join or most have left) gives the tokens of step "triton" under the same batching, on each SSM
+family, and so does step "static" on KDA. Then:
 the order of entry changes nothing, an out-of-memory step is recovered by halving the batch (also
 under step "graph"), and a batch that does not fit is refused before any work.
 """
@@ -75,6 +76,7 @@ GRAPH_LIMITS = [3, 1, 4, 2]
     pytest.param("tiny-qwen3.5", "nvfp4/fp16sr@2", marks=pytest.mark.slow),  # split, SR recurrence; GDN
     pytest.param("tiny-nemotron-h", "shared:nvfp4@2", marks=pytest.mark.slow),  # shared; Mamba-2
     pytest.param("tiny-nemotron-h", "nvfp4/fp8sr@2", marks=pytest.mark.slow),
+    pytest.param("tiny-kimi-linear", "nvfp4/fp16sr@2", marks=pytest.mark.slow),  # KDA
 ])
 def test_graph_step_with_continuous_batching_gives_the_triton_step_tokens(name, config, monkeypatch):
     rm = model(name)
@@ -202,9 +204,13 @@ def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_an
         memory.fit_batch("auto", cost, 1000, 2**30, default=8)
 
 
-def test_graph_step_refuses_a_family_without_a_static_kernel_before_any_work():
-    with pytest.raises(ValueError, match="covers mamba2 and gdn layers, got 'kda' layers; use step='triton'"):
-        Engine(model("tiny-kimi-linear"), "nvfp4/fp16sr@4", step="graph", max_batch=2)
+@pytest.mark.slow
+def test_static_step_on_kda_gives_the_triton_step_tokens():
+    rm = model("tiny-kimi-linear")
+    static = Engine(rm, "shared:fp8sr@2", step="static", max_batch=2, prefill_segment=4, refill=1,
+                    stop_at_eos=False).generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
+    assert [g.tokens for g in static] == triton_tokens("tiny-kimi-linear", "shared:fp8sr@2")
+    assert [g.gen_tokens for g in static] == GRAPH_LIMITS
 
 
 def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_graph():

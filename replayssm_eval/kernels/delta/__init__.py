@@ -30,7 +30,7 @@ BACKENDS = ("torch", "triton")
 @dataclass(frozen=True)
 class DeltaRule:
     """One delta-rule family's entry points. per_channel: g is [B, T, HV, K] rather than [B, T, HV]; kernels: the
-    family's Triton module (`chunked_triton(p)`, `_replay_step`, `verify_triton`, `conventional_step`)."""
+    family's Triton module (`chunked_triton(p)`, `launch_replay_step`, `verify_triton`, `conventional_step`)."""
 
     per_channel: bool
     kernels: ModuleType
@@ -83,7 +83,7 @@ class DeltaRule:
         kernel (`delta.triton.decode_step`). Arguments as `decode_reference` with T = 1; returns (o [B, 1, HV, V]
         FP32, ReplayState with lo_packed)."""
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids)
-        return _shared_triton.decode_step(p, q, initial_state, self.kernels._replay_step)
+        return _shared_triton.decode_step(p, q, initial_state, self.kernels.launch_replay_step)
 
     def verify(self, q, k, v, g, beta, state, config, *, layer_idx=0) -> torch.Tensor:
         """Output-only verification of T drafts (shapes as `decode_reference`) appended after the committed entries of

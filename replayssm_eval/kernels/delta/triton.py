@@ -273,9 +273,9 @@ def _read_format(config):
     return config.recur_format if config.shared else config.read_format
 
 
-def decode_step(p: Prepared, q, initial_state, replay_step) -> tuple[torch.Tensor, ReplayState]:
+def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tensor, ReplayState]:
     """One decode token (T = 1) for B sequences at their own phases: one launch of the family's single-token kernel
-    through `replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind)`.
+    through its `launch_replay_step` (`launch_step`).
 
     Non-flush rows read the packed read copy (ReplayState.lo_packed, written here at every checkpoint; a state
     without one is packed from its decoded read copy, which must round-trip exactly) and the buffer; flush rows read
@@ -299,16 +299,20 @@ def decode_step(p: Prepared, q, initial_state, replay_step) -> tuple[torch.Tenso
     count = st.schedule.count
     new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
     fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
-    closed = cfg.gdn_fold == "closed"
-    u, o, folded = replay_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold, closed, p.groups,
-                               cfg.skip_read_below, buffer_kind(cfg))
+    u = torch.empty(new["v"].shape, device=hi.device)  # [B, HV, V]
+    o = torch.empty_like(u)
+    folds = bool(fold.any())
+    folded = torch.empty_like(hi) if folds else u  # [B, HV, V, K] the FP32 fold of the folding rows
+    launch_step(hi, packed, fmt, st.buffer, count, new, read_hi.to(torch.int8), fold.to(torch.int8), u, o, folded,
+                folds=folds, closed=cfg.gdn_fold == "closed", groups=p.groups, eps=cfg.skip_read_below,
+                buf_kind=buffer_kind(cfg))
     buf = {name: t.clone() for name, t in st.buffer.items()}
     rows = torch.arange(p.q.shape[0], device=p.q.device)
     entry = dict(new, u=cfg.round_buffered(u))
     for name, t in buf.items():
         t[rows, count] = entry[name]
     hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
-    if fold.any():
+    if folds:
         idx = fold.nonzero().flatten()
         new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
         hi_out = hi_out.clone()

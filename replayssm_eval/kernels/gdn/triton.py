@@ -22,8 +22,9 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    fp8 scale=tensor, blocks along head_dim, MX) is stored as the FP32 fold and rounded by torch
    (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
    between launches of one segment each: both copies feed the next segment.
-2. `_replay_step` (`gdn.decode_step_triton`): one decode token for B sequences at their own phases, one launch of the
-   single-token kernel `_replay_step_kernel` (no [K, V] tile, no tl.dot: the buffer terms are
+2. `launch_replay_step` (`gdn.decode_step_triton`, and the static step of `kernels.static_step`):
+   one decode token for B sequences at their own phases, one launch of the single-token kernel
+   `_replay_step_kernel` (no [K, V] tile, no tl.dot: the buffer terms are
    weighted sums of buffered u rows, the state terms two row dots S_src^T k, S_src^T q per v row in
    one pass over K in FP32 FMAs; see "single-token step" below). Non-flush rows read the packed
    read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32 scales, or
@@ -469,33 +470,33 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tupl
     return batch, heads, triton.cdiv(triton.cdiv(dv, block_v), tiles)
 
 
-def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind):
-    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
+def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
+                       eps, buf_kind):
+    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
+    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton.decode_step`, and of
+    the static step, `kernels.static_step`).
 
-    hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy; new: q, k [B, H, K],
-    v [B, HV, V], g, beta [B, HV] (FP32); fold [B]: fold after the token (closed: from the buffer's raw v, beta).
-    buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
-    Returns u (as computed), o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None when none folds).
+    hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
+    [B, CAP, H, K], u (v) [B, CAP, HV, V], g (beta) [B, CAP, HV] (v, beta: closed only); count [B] int64; new: q, k
+    [B, H, K], v [B, HV, V], g, beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after the token; closed: from the
+    buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and where folds (False: no row folds) the FP32
+    fold of the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before
+    writing them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
     kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, hi)
-    u = torch.empty(bsz, nv, dv, device=hi.device)
-    o = torch.empty_like(u)
-    do_fold = bool(fold.any())
-    out = torch.empty_like(hi) if do_fold else u
     cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
     _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
-        *token, *entries, count.contiguous(), read_hi.to(torch.int8).contiguous(), fold.to(torch.int8).contiguous(),
+        *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, float(eps or 0.0),
         K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=eps is not None,
-        FOLD=do_fold, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+        FOLD=folds, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
     )
-    return u, o, (out if do_fold else None)
 
 
 def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_hi, groups, eps=None):

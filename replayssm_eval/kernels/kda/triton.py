@@ -15,13 +15,13 @@ the kernels here are KDA's own because the per-channel decay changes their math.
    the rounding of both stored copies in-kernel (Philox bits as `kernels.keys`). A copy in a
    format whose scale group no single program sees is stored as the FP32 fold and rounded by
    torch (`round_folded`) between one-segment launches, as for GDN.
-2. `_replay_step` (`kda.decode_step_triton`): one decode token for B sequences at their own phases, one launch of
-   `_replay_step_kernel`: per (sequence, value head, v-block) the buffer weights
-   (k_j . exp(gc_j - gc_i) k_i), (q_j . exp(gc_j - gc_i) k_i) once, the read copy's tile (packed,
-   decoded in-kernel; S_hi where the token reads it) dotted with the decayed d k_j and d q_j, and
-   for a folding sequence the FP32 fold (open: the decayed buffer sum as one product; closed: the
-   delta rule re-run over the buffered raw entries), which the host rounds to both copies with
-   `write_checkpoint_packed`.
+2. `launch_replay_step` (`kda.decode_step_triton`, and the static step of `kernels.static_step`):
+   one decode token for B sequences at their own phases, one launch of `_replay_step_kernel`: per
+   (sequence, value head, v-block) the buffer weights (k_j . exp(gc_j - gc_i) k_i),
+   (q_j . exp(gc_j - gc_i) k_i) once, the read copy's tile (packed, decoded in-kernel; S_hi where
+   the token reads it) dotted with the decayed d k_j and d q_j, and for a folding sequence the FP32
+   fold (open: the decayed buffer sum as one product; closed: the delta rule re-run over the
+   buffered raw entries), which the host rounds to both copies.
 3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
    `kda.verify` is it in the `KernelFamily` call convention.
@@ -266,35 +266,35 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
     return {"BV": min(32 if batch * heads >= 4096 else 16, max(16, triton.next_power_of_2(dv))), "num_warps": 4}
 
 
-def _replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, closed, groups, eps, buf_kind):
-    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries.
+def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
+                       eps, buf_kind):
+    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
+    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton.decode_step`, and of
+    the static step, `kernels.static_step`).
 
-    hi: S_hi [B, HV, V, K] FP32; packed: the read copy; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV]
-    (FP32); fold [B]; buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded
-    to it). Returns u (as computed), o [B, HV, V] and the FP32 fold [B, HV, V, K] (rows where fold; None if none
-    folds).
+    hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
+    [B, CAP, H, K], u (v) [B, CAP, HV, V], g [B, CAP, HV, K] (beta [B, CAP, HV]; v, beta: closed only); count [B]
+    int64; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after
+    the token). Writes u (as computed) and o [B, HV, V] FP32, and where folds (False: no row folds) the FP32 fold of
+    the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its tile of S_hi before writing
+    it). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
     kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, hi)
-    u = torch.empty(bsz, nv, dv, device=hi.device)
-    o = torch.empty_like(u)
-    do_fold = bool(fold.any())
-    out = torch.empty_like(hi) if do_fold else u
     cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
     grid = (bsz, nv, triton.cdiv(dv, cfg["BV"]))
     _replay_step_kernel[grid](
-        *token, *entries, count.contiguous(), read_hi.to(torch.int8).contiguous(), fold.to(torch.int8).contiguous(),
+        *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, dk, dv, kp, float(eps or 0.0),
         BK=max(16, triton.next_power_of_2(dk)), BV=cfg["BV"], BLOCK_E=max(16, triton.next_power_of_2(cap)),
-        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=do_fold, CLOSED=closed, BUF=buf_kind,
+        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=folds, CLOSED=closed, BUF=buf_kind,
         num_warps=cfg["num_warps"],
     )
-    return u, o, (out if do_fold else None)
 
 
 @triton.jit
