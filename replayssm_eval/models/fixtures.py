@@ -6,6 +6,12 @@
 
 All are byte-level (replayssm_eval.models.tokenizer), stored in bf16, trained on Shakespeare by
 `scripts/train_tiny.py`; each folder's training.json records how, and the held-out bits per byte.
+
+The scoring fixtures answer the synthetic tasks (`replayssm_eval.tasks.synthetic`), so their accuracy
+gaps are real; same architectures, trained on those tasks by `scripts/train_solvers.py`:
+
+    tiny-nemotron-h-solver  the tiny-nemotron-h architecture (Mamba-2)
+    tiny-qwen3.5-solver     the tiny-qwen3.5 architecture (GDN)
 """
 
 import os
@@ -16,7 +22,8 @@ from urllib.parse import urlparse
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 BUNDLED_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
-ACCEPTED = f"a bundled fixture ({', '.join(BUNDLED_MODELS)}), a local model directory (with config.json) or a hub id"
+SCORING_MODELS = ("tiny-nemotron-h-solver", "tiny-qwen3.5-solver")
+ACCEPTED = f"a bundled fixture ({', '.join(BUNDLED_MODELS + SCORING_MODELS)}), a local model directory (with config.json) or a hub id"
 HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -29,7 +36,7 @@ def resolve_model(name_or_path: str | Path) -> str:
     HF cache while the hub is off (HF_HUB_OFFLINE) or unreachable.
     """
     name = str(name_or_path)
-    if name in BUNDLED_MODELS:
+    if name in BUNDLED_MODELS + SCORING_MODELS:
         folder = FIXTURES_DIR / name
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"bundled model {name!r} is missing its files in {folder}")

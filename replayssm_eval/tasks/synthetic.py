@@ -149,13 +149,20 @@ def _swap_row(question: str, items: list[str], swaps: list[tuple[int, int]], ste
             "cot_content": target, "category": "synthetic swaps", "src": f"N={steps}"}
 
 
-def write_split(task: str, split: str, n: int, seed: int, out: str | Path) -> Path:
-    """Write `generate(task, split, n, seed)` to `<out>/<task>/<split>.jsonl` atomically; returns the path."""
+def write_split(task: str, split: str, n: int, seed: int, out: str | Path, as_text: bool = False) -> Path:
+    """Write `generate(task, split, n, seed)` to `<out>/<task>/<split>.jsonl` atomically; returns the path.
+
+    as_text: write each question whole instead (prompt and gold target, PG-19's schema: `short_book_title`,
+    `text`) to `<out>/<task>/<split>.text.jsonl`, the text a teacher-forced `replayssm-eval kl` run reads.
+    """
     rows = generate(task, split, n, seed)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is not a directory; accepted: a directory (created if missing)")
-    path = out / task / f"{split}.jsonl"
+    path = out / task / (f"{split}.text.jsonl" if as_text else f"{split}.jsonl")
+    if as_text:
+        rows = [{"short_book_title": f"{task} {split} {seed} row {i}", "text": "".join(prompt_and_target(task, row))}
+                for i, row in enumerate(rows)]
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -199,9 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=_positive_int, default=500, help="number of rows (default: 500)")
     parser.add_argument("--seed", type=_int, default=0, help="generator seed (default: 0)")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--as-text", action="store_true",
+                        help="write whole questions (prompt + gold target) in PG-19's schema, for `kl --data-files`")
     args = parser.parse_args(argv)
     try:
-        path = write_split(args.task, args.split, args.n, args.seed, args.out)
+        path = write_split(args.task, args.split, args.n, args.seed, args.out, as_text=args.as_text)
     except ValueError as err:
         parser.error(str(err))
     print(path)

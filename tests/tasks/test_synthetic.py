@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from replayssm_eval.data.sources import TextSource, iter_documents
 from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, main, prompt_and_target
 
 SUM_PROMPT = re.compile(
@@ -139,6 +140,15 @@ def test_cli_writes_the_split(tmp_path, capsys):
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert rows == generate("synth_swap", "train", 37, seed=5)
     assert [p.name for p in path.parent.iterdir()] == ["train.jsonl"]  # no temporary file left
+
+
+def test_cli_writes_whole_questions_as_text_that_kl_reads(tmp_path):
+    assert main(["--task", "synth_sum", "--n", "4", "--seed", "2", "--out", str(tmp_path), "--as-text"]) == 0
+    path = tmp_path / "synth_sum" / "test.text.jsonl"
+    documents = list(iter_documents(TextSource(data_files=(str(path),))))
+    rows = generate("synth_sum", "test", 4, seed=2)
+    assert [d.text for d in documents] == ["".join(prompt_and_target("synth_sum", row)) for row in rows]
+    assert documents[3].text.endswith(f"$\\boxed{{{rows[3]['answer']}}}$.")
 
 
 @pytest.mark.parametrize("args, message", [
