@@ -18,7 +18,7 @@ call), `device_map` (e.g. auto: a large model over several GPUs, accelerate). lm
 is the most rows decoded at once, or `auto`: the largest batch that fits the GPU (`memory`; 8 on
 cpu); a batch that does not fit is refused before any work. Generation: `engine.Engine`,
 continuous batching through the decode step `step`; rows enter the batch
-longest first when `length_hint` ({(task, doc_id): FP32 gen_tokens}) is set, else in request
+longest first when `length_hint` ({(task, doc_id, sample): FP32 gen_tokens}) is set, else in request
 order; loglikelihood: `generation.score_continuations`. Generation kwargs: until, max_gen_toks, and
 do_sample, temperature, top_p, top_k (`sampling.Sampling.from_gen_kwargs`: do_sample false is greedy).
 The accuracy driver sets `samples` = n: each request's samples `sample`..`sample + n - 1` are generated in
@@ -154,7 +154,13 @@ class ReplaySSMLM(TemplateLM):
 
     def _generate(self, requests, settings: list[dict], indices: list[int]) -> None:
         """Generate samples j..j + samples - 1 of each request (j: its index) in one engine run, into `_ahead`."""
-        rows = [(i, j + m) for i, j in enumerate(indices) for m in range(self.samples)]  # (request, sample)
+        rows, seen = [], set()  # (request, sample), each once: lm-eval's repeats may ask for a sample twice
+        for i, j in enumerate(indices):
+            for m in range(self.samples):
+                key = (requests[i].task_name, requests[i].doc_id, j + m)
+                if key not in seen:
+                    seen.add(key)
+                    rows.append((i, j + m))
         prompts = [self.tok_encode(requests[i].args[0]) for i, _ in rows]
         limits = [settings[i]["max_gen_toks"] for i, _ in rows]
         order = None

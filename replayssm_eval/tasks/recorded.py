@@ -58,17 +58,18 @@ class RecordedLM(_GenerationOnly):
 
     def generate_until(self, requests, disable_tqdm=False):
         from replayssm_eval.tasks.lm_model import request_kwargs
+        from replayssm_eval.tasks.sampling import Sampling
 
         keys = [(self.config.name, r.task_name, r.doc_id, j) for r, j in zip(requests, sample_indices(requests, self.sample))]
         missing = [k for k in keys if k not in self._answers]
         if missing:
             raise ValueError(f"the generations file has no answer for {len(missing)} requests, e.g. {missing[0]} "
                              "(config, task, doc_id, sample); generate them with `python -m replayssm_eval.tasks.offline`")
-        for r, k in zip(requests, keys):
-            answer, asked = self._answers[k], request_kwargs(r.args[1])["sampling"]
-            made = (answer.get("sampling", {"temperature": 0.0, "top_p": 1.0, "top_k": 0}), answer.get("sampling_seed", 0))
-            if made != (asked.as_dict(), self.sampling_seed if not asked.greedy else made[1]):
-                raise ValueError(f"the generations file answers {k} with sampling {made[0]}, seed {made[1]}; this run asks "
+        for r, k in zip(requests, keys):  # a line without sampling settings is greedy
+            asked, answer = request_kwargs(r.args[1])["sampling"], self._answers[k]
+            made, seed = answer.get("sampling", Sampling().as_dict()), answer.get("sampling_seed", 0)
+            if made != asked.as_dict() or (not asked.greedy and seed != self.sampling_seed):
+                raise ValueError(f"the generations file answers {k} with sampling {made}, seed {seed}; this run asks "
                                  f"for {asked.as_dict()}, seed {self.sampling_seed}: export and generate again")
         self.records = [self._answers[k] for k in keys]
         return [self._answers[k]["text"] for k in keys]

@@ -146,3 +146,13 @@ def test_bad_settings_are_one_clear_error(text, message):
     with pytest.raises(ValueError) as err:
         Sampling.from_text(text)
     assert message in str(err.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_gpu_draws_the_cpu_bits_and_tokens():
+    keys = (torch.tensor([3, 1 << 50, 77]), torch.tensor([0, 5, 1]), torch.tensor([0, 9, 1 << 20]))
+    assert torch.equal(uniforms(9, *(k.cuda() for k in keys)).cpu(), uniforms(9, *keys))
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(1))
+    rows = dict(seed=4, seq_ids=list(range(64)), samples=[1] * 64, positions=list(range(64)))
+    settings = [Sampling(0.6, 0.95, 20)] * 32 + [Sampling(1.0)] * 32
+    assert torch.equal(choose(logits.cuda(), settings, **rows).cpu(), choose(logits, settings, **rows))
