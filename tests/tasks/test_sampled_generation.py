@@ -46,7 +46,6 @@ def reference_tokens(name="tiny-nemotron-h", config="fp32", seed=0):
 
 def test_same_seed_gives_the_same_samples_under_any_batching_and_entry_order():
     ref = reference_tokens()
-    assert run() == ref  # a second run
     assert run(max_batch=2, prefill_segment=4, prefill_tokens=8, refill=1) == ref  # continuous batching, joins
     rm = model("tiny-nemotron-h")
     prompts = [rm.tokenizer.encode(TEXTS[p]) for p, _ in ROWS]
