@@ -68,6 +68,7 @@ class Sampling:
             if do_sample.lower() not in ("true", "false"):
                 raise ValueError(f"do_sample must be true or false, got {do_sample!r}")
             do_sample = do_sample.lower() == "true"
+        do_sample = None if do_sample is None else bool(do_sample)
         settings = cls(temperature, top_p, top_k)  # checked even when greedy wins
         if do_sample is False or (do_sample is None and temperature == 0.0):
             return cls()
