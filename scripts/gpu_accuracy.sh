@@ -8,7 +8,9 @@
 #                                           #   for every config (H200: under 5 minutes); OUT defaults to out/
 #   scripts/gpu_accuracy.sh score DIR       # CPU, DIR = the GPU run's OUT: reports/accuracy-gpu/<model>/accuracy.{json,md}
 #
-# The configs, tasks, data and max_gen_toks are the same in all three phases (set below).
+# The configs, tasks, data and max_gen_toks are the same in all three phases (set below). Sampled runs: set
+# SAMPLING="--gen-kwargs temperature=0.6,top_p=0.95,top_k=20 --samples 4" for prepare and score (the requests
+# file carries the settings to the gpu phase).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,8 @@ CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr
 MAX_GEN_TOKS=1024
 DIR=reports/accuracy-gpu
 COMMON=(--data fixtures --max-gen-toks "$MAX_GEN_TOKS" --configs "$CONFIGS")
+read -ra SAMPLED <<< "${SAMPLING:-}"
+COMMON+=("${SAMPLED[@]}")
 
 case "${1:-}" in
   prepare)

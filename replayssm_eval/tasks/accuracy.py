@@ -4,14 +4,19 @@
         --configs fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr --chat-template
     replayssm-eval accuracy --model tiny-qwen3.5 --data fixtures --limit 4 --max-gen-toks 64   # offline
     replayssm-eval accuracy ... --output reports/acc-run   # run again with the same options: resumes
+    replayssm-eval accuracy ... --gen-kwargs temperature=0.6,top_p=0.95,top_k=20 --samples 8   # sampled, avg@8
 
 FP32 runs first; its generation lengths define the buckets (`buckets`); every other config is
 scored on the same questions (lm-eval's `samples=`, the FP32 run's doc ids) and read inside the
-same buckets (`stats`). One (config, task) is the unit of work and of resumption:
+same buckets (`stats`). Sampled runs (`--gen-kwargs`, `--samples` n, `--sampling-seed`) draw sample j
+of a question with the same random numbers under every config (`sampling`); the model generates
+the n samples of every question in one engine run, and lm-eval scores sample j in its j-th
+evaluation. One (config, task) is the unit of work and of resumption:
 
     run.json                            the options (a rerun into this directory must give the same model,
-                                        limit, data, max_gen_toks, chat_template, dtype; tasks and configs may grow)
-    <config>/samples_<task>.jsonl       lm-eval's samples, plus gen_tokens, hit_max_gen_toks, max_gen_toks
+                                        limit, data, max_gen_toks, chat_template, dtype, gen_kwargs, samples,
+                                        sampling_seed; tasks and configs may grow)
+    <config>/samples_<task>.jsonl       lm-eval's samples, plus sample, gen_tokens, hit_max_gen_toks, max_gen_toks
     <config>/results_<task>.json        lm-eval's results for the task (written last: marks it finished)
     accuracy.json, accuracy.md          rendered from the finished files (schema: docs/accuracy_json_schema.md)
 
@@ -34,6 +39,7 @@ from replayssm_eval.tasks import (
     DECODE_STEPS, DEFAULT_TASKS, FIXED_BUFFER_STEPS, FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs,
 )
 from replayssm_eval.tasks.buckets import DEFAULT_BUCKETS, parse_spec
+from replayssm_eval.tasks.sampling import GEN_KWARGS, Sampling
 
 REFERENCE = ReplayConfig()
 DEFAULT_CONFIGS = "fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr"
@@ -41,7 +47,7 @@ DATA_SOURCES = "hub, fixtures, or a directory holding <task>/<the hub's files> (
 RUN_FILE = "run.json"
 # options that must match when a run directory is continued (the others only say how to compute)
 # (configs and tasks may be added: finished ones are reused)
-_RESUME_KEYS = ("model", "limit", "data", "max_gen_toks", "chat_template", "dtype")
+_RESUME_KEYS = ("model", "limit", "data", "max_gen_toks", "chat_template", "dtype", "gen_kwargs", "samples", "sampling_seed")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,10 @@ class AccuracyConfig:
     data: str = option("hub", f"where the questions come from: {DATA_SOURCES}")
     max_gen_toks: int | None = option(None, "generation limit for every task and config (default: each task's YAML)")
     chat_template: bool = option(False, "wrap prompts in the tokenizer's chat template (instruction-tuned models)")
+    gen_kwargs: str | None = option(None, f"sampling settings, e.g. temperature=0.6,top_p=0.95,top_k=20 (keys: "
+                                          f"{', '.join(GEN_KWARGS)}; default: greedy)")
+    samples: int = option(1, "samples per question (avg@n); above 1 needs sampling (--gen-kwargs temperature > 0)")
+    sampling_seed: int = option(0, "seed of the sampled tokens' random numbers, the same under every config")
     max_batch_size: str = option("16", "most questions decoded at once (continuous batching), or auto: the largest "
                                        "batch that fits the GPU; a batch that does not fit is refused before any work")
     prefill_segment: int = option(2048, "prompt tokens per row and prefill call (bounds the prefill workspace)")
@@ -77,12 +87,21 @@ class AccuracyConfig:
 
 @dataclass(frozen=True)
 class Plan:
-    """Validated options: the task specs, the configs (FP32 first) and the data directory (None: the hub)."""
+    """Validated options: the task specs, the configs (FP32 first), the data directory (None: the hub), the sampling."""
 
     options: AccuracyConfig
     tasks: tuple[TaskSpec, ...]
     configs: tuple[ReplayConfig, ...]
     data_dir: str | None
+    sampling: Sampling
+
+    @property
+    def gen_kwargs(self) -> dict | None:
+        """lm-eval's gen_kwargs of every task: --max-gen-toks and the sampling settings (None: the tasks' own)."""
+        kwargs = {"max_gen_toks": self.options.max_gen_toks} if self.options.max_gen_toks else {}
+        if not self.sampling.greedy:
+            kwargs.update(do_sample=True, **self.sampling.as_dict())
+        return kwargs or None
 
     def task_name(self, spec: TaskSpec) -> str:
         return spec.hub if self.data_dir is None else spec.local
@@ -98,10 +117,16 @@ def make_plan(options: AccuracyConfig) -> Plan:
     configs = [REFERENCE, *(c for c in dict.fromkeys(configs) if c != REFERENCE)]
     if options.max_batch_size != "auto" and (not options.max_batch_size.isdigit() or int(options.max_batch_size) < 1):
         raise ValueError(f"--max-batch-size must be a positive integer or auto, got {options.max_batch_size!r}")
-    for name in ("limit", "max_gen_toks", "prefill_segment", "prefill_tokens", "bootstrap_iters"):
+    for name in ("limit", "max_gen_toks", "prefill_segment", "prefill_tokens", "bootstrap_iters", "samples"):
         value = getattr(options, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if options.sampling_seed < 0:
+        raise ValueError(f"--sampling-seed must be >= 0, got {options.sampling_seed}")
+    sampling = Sampling.from_text(options.gen_kwargs or "")
+    if options.samples > 1 and sampling.greedy:
+        raise ValueError(f"--samples {options.samples} needs sampling: greedy samples are all the same; give "
+                         "--gen-kwargs with a temperature > 0 (e.g. temperature=0.6,top_p=0.95,top_k=20)")
     if options.step in FIXED_BUFFER_STEPS:
         speculative = [c.name for c in configs if c.speculative is not None]
         if speculative:
@@ -116,7 +141,7 @@ def make_plan(options: AccuracyConfig) -> Plan:
         data_dir = str(Path(options.data).resolve())
     else:
         raise ValueError(f"--data {options.data!r} is not a directory; accepted: {DATA_SOURCES}")
-    return Plan(options, tasks, tuple(configs), data_dir)
+    return Plan(options, tasks, tuple(configs), data_dir, sampling)
 
 
 def config_dir(run_dir: Path, config: ReplayConfig) -> Path:
@@ -146,11 +171,13 @@ def run_accuracy(options: AccuracyConfig) -> Path:
     if options.export_requests:
         return _export_requests(plan, manager, tasks)
     if options.generations:
-        lm = RecordedLM(options.generations)
+        lm = RecordedLM(options.generations, sampling_seed=options.sampling_seed)
     else:
         lm = ReplaySSMLM(pretrained=options.model, device=options.device, dtype=options.dtype,
                          batch_size=options.max_batch_size, prefill_segment=options.prefill_segment,
-                         prefill_tokens=options.prefill_tokens, device_map=options.device_map, step=options.step)
+                         prefill_tokens=options.prefill_tokens, device_map=options.device_map, step=options.step,
+                         sampling_seed=options.sampling_seed)
+        lm.samples = options.samples  # every sample of a question in one engine run
     header = _header(plan, tasks)
     for config in plan.configs:
         lm.config = config
@@ -161,7 +188,11 @@ def run_accuracy(options: AccuracyConfig) -> Path:
             doc_ids = None if config == REFERENCE else _doc_ids(config_dir(run_dir, REFERENCE), spec)
             # after FP32, rows enter longest FP32 generation first: rows of a batch stop at about the same time
             lm.length_hint = None if config == REFERENCE else _fp32_lengths(config_dir(run_dir, REFERENCE), spec, plan)
-            _save(folder, spec, plan.task_name(spec), _evaluate(lm, plan, manager, spec, doc_ids), lm)
+            evaluations = []  # (lm-eval's results, the generation records) of each sample index
+            for j in range(options.samples):
+                lm.sample = j
+                evaluations.append((_evaluate(lm, plan, manager, spec, doc_ids), lm.records))
+            _save(folder, spec, plan.task_name(spec), evaluations, lm, plan)
         render(run_dir, plan, header)
     return run_dir
 
@@ -175,7 +206,7 @@ def _evaluate(lm, plan: Plan, manager, spec: TaskSpec, doc_ids: list[int] | None
         model=lm, tasks=[_load_task(manager, plan, spec)], task_manager=manager,
         limit=None if doc_ids else options.limit, samples={plan.task_name(spec): doc_ids} if doc_ids else None,
         log_samples=True, bootstrap_iters=0, apply_chat_template=options.chat_template,
-        gen_kwargs={"max_gen_toks": options.max_gen_toks} if options.max_gen_toks else None,
+        gen_kwargs=plan.gen_kwargs,
     )
 
 
@@ -188,7 +219,8 @@ def _export_requests(plan: Plan, manager, tasks) -> Path:
     for spec in plan.tasks:
         _evaluate(recorder, plan, manager, spec, None)
     path = Path(plan.options.export_requests)
-    atomic_write_bytes(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recorder.requests).encode())
+    run = {"samples": plan.options.samples, "sampling_seed": plan.options.sampling_seed}
+    atomic_write_bytes(path, "".join(json.dumps({**r, **run}, ensure_ascii=False) + "\n" for r in recorder.requests).encode())
     return path
 
 
@@ -209,27 +241,33 @@ def _doc_ids(fp32_dir: Path, spec: TaskSpec) -> list[int]:
 
 
 def _fp32_lengths(fp32_dir: Path, spec: TaskSpec, plan: Plan) -> dict:
-    """{(lm-eval task name, doc_id): FP32 gen_tokens} of a finished FP32 task."""
+    """{(lm-eval task name, doc_id, sample): FP32 gen_tokens} of a finished FP32 task."""
     with open(fp32_dir / f"samples_{spec.name}.jsonl", encoding="utf-8") as f:
-        return {(plan.task_name(spec), s["doc_id"]): s["gen_tokens"] for s in map(json.loads, f)}
+        return {(plan.task_name(spec), s["doc_id"], s.get("sample", 0)): s["gen_tokens"] for s in map(json.loads, f)}
 
 
-def _save(folder: Path, spec: TaskSpec, task_name: str, results: dict, lm) -> None:
-    """samples_<task>.jsonl with the generation records added, then results_<task>.json."""
+def _save(folder: Path, spec: TaskSpec, task_name: str, evaluations: list[tuple[dict, list[dict]]], lm, plan: Plan) -> None:
+    """samples_<task>.jsonl (every sample index, the generation records added), then results_<task>.json (lm-eval's
+    results of sample 0; each sample's `results` under replayssm.sample_results)."""
     from lm_eval.utils import handle_non_serializable
 
     from replayssm_eval.kl.store import atomic_write_bytes
 
     folder.mkdir(parents=True, exist_ok=True)
-    records = {(r["task"], r["doc_id"]): r for r in lm.records}
     lines = []
-    for sample in results.pop("samples")[task_name]:
-        record = records[(task_name, sample["doc_id"])]
-        sample.update({k: record[k] for k in ("gen_tokens", "hit_max_gen_toks", "max_gen_toks")})
-        sample["loop"] = record.get("loop")  # None in generations files written before loops were recorded
-        lines.append(json.dumps(sample, default=handle_non_serializable, ensure_ascii=False) + "\n")
+    for j, (results, records) in enumerate(evaluations):
+        by_doc = {(r["task"], r["doc_id"]): r for r in records}
+        for sample in results.pop("samples")[task_name]:
+            record = by_doc[(task_name, sample["doc_id"])]
+            sample["sample"] = j
+            sample.update({k: record[k] for k in ("gen_tokens", "hit_max_gen_toks", "max_gen_toks")})
+            sample["loop"] = record.get("loop")  # None in generations files written before loops were recorded
+            lines.append(json.dumps(sample, default=handle_non_serializable, ensure_ascii=False) + "\n")
     atomic_write_bytes(folder / f"samples_{spec.name}.jsonl", "".join(lines).encode())
-    results["replayssm"] = {"config": lm.config.name, "task": spec.name}
+    results = evaluations[0][0]
+    results["replayssm"] = {"config": lm.config.name, "task": spec.name, "samples": len(evaluations),
+                            "sampling": plan.sampling.as_dict(), "sampling_seed": plan.options.sampling_seed,
+                            "sample_results": [r["results"] for r, _ in evaluations]}
     text = json.dumps(results, default=handle_non_serializable, indent=2, ensure_ascii=False) + "\n"
     atomic_write_bytes(folder / f"results_{spec.name}.json", text.encode())
 
@@ -245,9 +283,10 @@ def _run_dir(plan: Plan) -> Path:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         path = Path("reports") / f"accuracy-{Path(options.model).name}-{stamp}"
     settings = {k: getattr(options, k) for k in _RESUME_KEYS}
+    defaults = {f.name: f.default for f in dataclasses.fields(AccuracyConfig)}  # of keys older runs did not record
     if (path / RUN_FILE).is_file():
         stored = read_json(path / RUN_FILE)["options"]
-        differ = [k for k in _RESUME_KEYS if stored.get(k) != settings[k]]
+        differ = [k for k in _RESUME_KEYS if stored.get(k, defaults[k]) != settings[k]]
         if differ:
             raise ValueError(f"{path} holds a run with other options ({', '.join(f'{k}={stored.get(k)!r}' for k in differ)}); "
                              "give the same ones to continue it, or another --output")
@@ -278,7 +317,10 @@ def _header(plan: Plan, tasks: dict) -> dict:
             "bootstrap": BOOTSTRAP_SEED,
             "lm_eval": "simple_evaluate defaults (random 0, numpy 1234, torch 1234, fewshot 1234)",
             "stochastic_rounding": {c.name: c.seed for c in plan.configs},
+            "sampling": plan.options.sampling_seed,
         },
+        "sampling": {"do_sample": not plan.sampling.greedy, **plan.sampling.as_dict(), "samples": plan.options.samples,
+                     "seed": plan.options.sampling_seed},
         "data": plan.options.data,
         "generations": plan.options.generations,
         "task_settings": {

@@ -1,8 +1,8 @@
-"""The generation engine: segmented FP32 prefill and continuous batching of greedy ReplaySSM generations.
+"""The generation engine: segmented FP32 prefill and continuous batching of greedy or sampled ReplaySSM generations.
 
-    engine = Engine(rm, "nvfp4/fp16sr", step="triton", max_batch=64, prefill_segment=2048)
+    engine = Engine(rm, "nvfp4/fp16sr", step="triton", max_batch=64, prefill_segment=2048, sampling_seed=0)
     gens = engine.generate(prompts, max_gen_toks=[4096, ...], until=[["</s>"], ...], seq_ids=[...],
-                           order=longest_first)
+                           order=longest_first, sampling=Sampling(0.6, 0.95, 20), samples=[0, 1, ...])
 
 Prefill (`prefill`). Prompts are fed in segments of at most `prefill_segment` tokens per row and
 `prefill_tokens` tokens per call (rows x segment), through an FP32 session (`fp32` under the
@@ -15,7 +15,8 @@ noise of the chunk scan's summation order. Rows are prefilled in groups of equal
 first segment (only the first call of a session may be padded) and holds at least one real token.
 
 Decoding (`generate`). At most `max_batch` rows run at once. Each step picks every row's token
-(greedy argmax) and feeds the batch one token per row through `step_tokens`, the engine's one
+(`sampling.choose`: greedy argmax, or a draw keyed by (sampling_seed, seq_id, sample, position) alone,
+so the same under any batching, step and config) and feeds the batch one token per row through `step_tokens`, the engine's one
 place that runs a one-token step. A row stops at the eos token, at a stop string, or at its
 max_gen_toks; it leaves the batch and, with `continuous`, waiting prompts take the free places
 once `refill` are free: they are prefilled alone (a batch of the new rows), take their first
@@ -38,7 +39,7 @@ the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states 
 graphs, so it waits for many free places rather than one. Fixed-window configs only for "static" and "graph".
 
 Out of memory in a step, a prefill or a regroup: the running batch is discarded, its rows go back to the front of the
-queue and `max_batch` halves (greedy decoding is deterministic: they regenerate the same tokens);
+queue and `max_batch` halves (decoding is deterministic, sampled or not: they regenerate the same tokens);
 at one row, the error says so.
 """
 
@@ -57,6 +58,7 @@ from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.session import ReplaySession, as_config
 from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.tasks.batch_rows import join, keep_rows
+from replayssm_eval.tasks.sampling import Sampling, choose
 
 PREFILL_SEGMENT = 2048
 PREFILL_TOKENS = 4096
@@ -64,12 +66,14 @@ PREFILL_TOKENS = 4096
 
 @dataclass
 class _Row:
-    """One request: its prompt, limits and what it generated so far."""
+    """One request: its prompt, limits, how it picks tokens (its sample index keys the draws) and what it generated so far."""
 
     prompt: list[int]
     max_gen_toks: int
     until: list[str]
     seq_id: int
+    sampling: Sampling
+    sample: int
     tokens: list[int] = field(default_factory=list)
     stopped: bool = False
 
@@ -89,7 +93,7 @@ class _Batch:
 
 
 class Engine:
-    """Greedy generation of many prompts under one config; see the module docstring.
+    """Greedy or sampled generation of many prompts under one config; see the module docstring.
 
     step: "reference" | "triton" | "static" (the decode steps of `generation.decode_session`) | "graph"
         (the whole model's step on fixed buffers, `models.model_graph.StaticDecoder`).
@@ -97,16 +101,19 @@ class Engine:
     prefill_tokens: tokens per prefill call (rows x segment; at least one row);
     continuous: refill free places while others run (False: static batches);
     refill: free places that trigger a refill (default max(1, max_batch // 8); fewer when fewer wait);
-    stop_at_eos: False runs every row to its max_gen_toks (benchmarks; also the case without a tokenizer).
+    stop_at_eos: False runs every row to its max_gen_toks (benchmarks; also the case without a tokenizer);
+    sampling_seed: the Philox key of the sampled rows' draws (`sampling`).
     """
 
     def __init__(self, rm: ReplayModel, config, *, step: str, max_batch: int, prefill_segment: int = PREFILL_SEGMENT,
                  prefill_tokens: int = PREFILL_TOKENS, continuous: bool = True, refill: int | None = None,
-                 stop_at_eos: bool = True):
+                 stop_at_eos: bool = True, sampling_seed: int = 0):
         for name, value in (("max_batch", max_batch), ("prefill_segment", prefill_segment),
                             ("prefill_tokens", prefill_tokens)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if sampling_seed < 0:
+            raise ValueError(f"sampling_seed must be >= 0, got {sampling_seed}")
         if step not in DECODE_STEPS:
             raise ValueError(f"unknown decode step {step!r}; known: {', '.join(DECODE_STEPS)}")
         config = as_config(config)
@@ -118,7 +125,7 @@ class Engine:
         self.rm, self.config, self.step = rm, config, step
         self.graphs = step == "graph" and rm.model.device.type == "cuda"  # CUDA graphs of each decoder's step
         self.max_batch, self.prefill_segment, self.prefill_tokens = max_batch, prefill_segment, prefill_tokens
-        self.continuous = continuous
+        self.continuous, self.sampling_seed = continuous, sampling_seed
         tokenizer = rm.tokenizer
         self.eos = tokenizer.eos_token_id if stop_at_eos and tokenizer is not None else None
         self.pad = (tokenizer.pad_token_id or 0) if tokenizer is not None else 0
@@ -127,12 +134,15 @@ class Engine:
         self.regroups = 0  # decoders built by step "graph" (each copies the rows' states and captures graphs)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_gen_toks, until=(), seq_ids=None, order=None):
+    def generate(self, prompts: list[list[int]], *, max_gen_toks, until=(), seq_ids=None, order=None, sampling=None,
+                 samples=None):
         """Generations of `prompts` (token id lists), in input order.
 
         max_gen_toks: one limit, or one per prompt; until: stop strings of every row, or one list
-        per row; seq_ids: SR keys per row (default `generation.sequence_id` of the prompt);
-        order: the order rows enter the batch (default: input order).
+        per row; seq_ids: SR and sampling keys per row (default `generation.sequence_id` of the prompt);
+        order: the order rows enter the batch (default: input order); sampling: one `Sampling` or one
+        per row (default greedy); samples: each row's sample index (default 0; the n samples of a
+        question are n rows of one prompt with samples 0..n-1).
         """
         from replayssm_eval.tasks.generation import Generation, cut_text, sequence_id
 
@@ -140,15 +150,20 @@ class Engine:
         limits = [max_gen_toks] * n if isinstance(max_gen_toks, int) else list(max_gen_toks)
         stops = [list(u) for u in until] if until and not isinstance(until[0], str) else [list(until)] * n
         ids = [sequence_id(p) for p in prompts] if seq_ids is None else list(seq_ids)
-        if not (len(limits) == len(stops) == len(ids) == n):
-            raise ValueError(f"{n} prompts but {len(limits)} max_gen_toks, {len(stops)} stop lists, {len(ids)} seq_ids")
+        how = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling or Sampling()] * n
+        indices = [0] * n if samples is None else [int(j) for j in samples]
+        if not (len(limits) == len(stops) == len(ids) == len(how) == len(indices) == n):
+            raise ValueError(f"{n} prompts but {len(limits)} max_gen_toks, {len(stops)} stop lists, {len(ids)} seq_ids, "
+                             f"{len(how)} sampling settings, {len(indices)} sample indices")
+        if any(j < 0 for j in indices):
+            raise ValueError(f"sample indices must be >= 0, got {min(indices)}")
         if any(m < 1 for m in limits):
             raise ValueError(f"max_gen_toks must be >= 1, got {min(limits)}")
         if self.rm.tokenizer is None and any(stops):
             raise ValueError("stop strings need a tokenizer; this model has none")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt: every prompt needs at least one token")
-        self._rows = [_Row(list(p), m, s, i) for p, m, s, i in zip(prompts, limits, stops, ids)]
+        self._rows = [_Row(list(p), m, s, i, h, j) for p, m, s, i, h, j in zip(prompts, limits, stops, ids, how, indices)]
         order = list(range(n)) if order is None else list(order)
         if sorted(order) != list(range(n)):
             raise ValueError(f"order must be a permutation of range({n})")
@@ -175,14 +190,14 @@ class Engine:
             run = advanced if failure is None else self._shrink(run, [], waiting, failure)
 
     def _advance(self, run: _Batch, compact: bool = True) -> _Batch | None:
-        """Append each row's greedy token; the stopped rows leave; one step for the others.
+        """Append each row's token (`_choose`); the stopped rows leave; one step for the others.
 
         Step "graph": a stopped row keeps its place in the decoder, masked (its tokens are ignored; rows
         share no values), until the next refill regroups the batch, or, with `compact` (no refill
         coming), until at most half the decoder's rows run: then the running rows move to a smaller
         decoder. Regrouping copies every state and captures new graphs: worth it only for many rows.
         """
-        chosen = run.logits.argmax(-1)  # [B]
+        chosen = self._choose(run)  # [B]
         for k, token in enumerate(chosen.tolist()):
             if run.rows[k] is not None and self._append(run.rows[k], token):
                 run.rows[k] = None
@@ -202,6 +217,13 @@ class Engine:
         run.logits = self.step_tokens(run.session, chosen)
         self.decode_steps += 1
         return run
+
+    def _choose(self, run: _Batch) -> torch.Tensor:
+        """[B] next tokens of the batch's rows (a row holding a stopped place: greedy, ignored)."""
+        rows = [None if i is None else self._rows[i] for i in run.rows]
+        return choose(run.logits, [Sampling() if r is None else r.sampling for r in rows], seed=self.sampling_seed,
+                      seq_ids=[0 if r is None else r.seq_id for r in rows], samples=[0 if r is None else r.sample for r in rows],
+                      positions=[0 if r is None else len(r.tokens) for r in rows])
 
     def step_tokens(self, session: ReplaySession | StaticDecoder, tokens: torch.Tensor) -> torch.Tensor:
         """One token per row [B] through the model; returns the next logits [B, V]."""

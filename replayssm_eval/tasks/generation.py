@@ -7,7 +7,8 @@
 Generation runs through `engine.Engine`: the prompt is prefilled in segments through the FP32
 scan (the exact anchor state; the padding mask keeps pad tokens out of every SSM state,
 `models.adapter`), each row's window phase starts at its own prompt end; then one token per call
-for every row, greedy (argmax, as HF's greedy search), each SSM layer through the decode step of
+for every row, greedy (argmax, as HF's greedy search) or sampled (`sampling`: common random numbers
+keyed by seq_id, sample index and position), each SSM layer through the decode step of
 `step`:
 
 - "reference": `decode_reference`, the pure-torch step reference (CPU);
@@ -47,7 +48,7 @@ SESSION_STEPS = ("reference", "triton", "static")  # the steps of a session's on
 
 @dataclass(frozen=True)
 class Generation:
-    """One row's greedy generation: `tokens` (ids generated, stop token included) and `text` (cut before any stop string)."""
+    """One row's generation: `tokens` (ids generated, stop token included) and `text` (cut before any stop string)."""
 
     tokens: tuple[int, ...]
     text: str

@@ -6,7 +6,9 @@
 
 Model args: `pretrained` (bundled fixture name, folder or hub id); the state either as
 `config=<ReplayConfig string>` (`shared:nvfp4`, `nvfp4/fp8sr@8#seed=1`) or as `read`, `recur`,
-`window`, `seed` (a split config; `fp32` when none is given); `step` (the decode step of
+`window`, `seed` (a split config; `fp32` when none is given); `sampling_seed` (the Philox key of sampled
+tokens, `sampling`) and `sample` (the sample index of the first answer to a request: its j-th repeat in
+lm-eval's `repeats` is sample `sample + j`); `step` (the decode step of
 `engine.Engine`: auto = triton on cuda, reference elsewhere; or reference, triton, static, graph:
 the whole model's step captured as a CUDA graph, fixed-window configs only); `device` (auto, or lm-eval's
 `--device`; cpu when CUDA is absent), `dtype` (auto: bfloat16 on cuda, float32 on cpu); `gen_log=PATH` appends one JSON line
@@ -16,8 +18,11 @@ call), `device_map` (e.g. auto: a large model over several GPUs, accelerate). lm
 is the most rows decoded at once, or `auto`: the largest batch that fits the GPU (`memory`; 8 on
 cpu); a batch that does not fit is refused before any work. Generation: `engine.Engine`,
 continuous batching through the decode step `step`; rows enter the batch
-longest first when `length_hint` ({(task, doc_id): FP32 gen_tokens}) is set, else in request
-order; loglikelihood: `generation.score_continuations`.
+longest first when `length_hint` ({(task, doc_id, sample): FP32 gen_tokens}) is set, else in request
+order; loglikelihood: `generation.score_continuations`. Generation kwargs: until, max_gen_toks, and
+do_sample, temperature, top_p, top_k (`sampling.Sampling.from_gen_kwargs`: do_sample false is greedy).
+The accuracy driver sets `samples` = n: each request's samples `sample`..`sample + n - 1` are generated in
+one engine run and kept, and it reads them back one sample index per lm-eval evaluation.
 """
 
 from __future__ import annotations
@@ -38,8 +43,11 @@ from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 from replayssm_eval.tasks.generation import score_continuations
 from replayssm_eval.tasks.memory import plan_rows
+from replayssm_eval.tasks.recorded import sample_indices
+from replayssm_eval.tasks.sampling import GEN_KWARGS as SAMPLING_KWARGS
+from replayssm_eval.tasks.sampling import Sampling
 
-GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
+GEN_KWARGS = ("until", "max_gen_toks", *SAMPLING_KWARGS)
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets none
 CPU_BATCH = 8  # --batch_size auto on cpu
 
@@ -64,12 +72,12 @@ class ReplaySSMLM(TemplateLM):
 
     def __init__(self, pretrained=None, config=None, read=None, recur=None, window=None, seed=None, batch_size=8,
                  device="auto", dtype="auto", gen_log=None, prefill_segment=PREFILL_SEGMENT,
-                 prefill_tokens=PREFILL_TOKENS, device_map=None, step="auto", **unknown):
+                 prefill_tokens=PREFILL_TOKENS, device_map=None, step="auto", sampling_seed=0, sample=0, **unknown):
         super().__init__()
         if unknown:
             raise ValueError(f"unknown model args {', '.join(unknown)}; known: pretrained, config, read, recur, window, "
-                             "seed, device, dtype, gen_log, prefill_segment, prefill_tokens, device_map, step "
-                             "(batch size: lm-eval's --batch_size)")
+                             "seed, device, dtype, gen_log, prefill_segment, prefill_tokens, device_map, step, "
+                             "sampling_seed, sample (batch size: lm-eval's --batch_size)")
         if step != "auto" and step not in DECODE_STEPS:
             raise ValueError(f"step must be auto or one of {', '.join(DECODE_STEPS)}, got {step!r}")
         if str(batch_size) != "auto" and (not str(batch_size).isdigit() or int(batch_size) < 1):
@@ -77,6 +85,12 @@ class ReplaySSMLM(TemplateLM):
         for name, value in (("prefill_segment", prefill_segment), ("prefill_tokens", prefill_tokens)):
             if not str(value).isdigit() or int(value) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in (("sampling_seed", sampling_seed), ("sample", sample)):
+            if not str(value).isdigit():
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        self.sampling_seed, self.sample = int(sampling_seed), int(sample)
+        self.samples = 1  # samples generated per request at once (the accuracy driver's --samples)
+        self._ahead: dict[tuple, tuple[str, dict]] = {}  # (config, task, doc_id, sample) -> (text, record), kept
         self.config = replay_config(config, read, recur, window, seed)
         if step in FIXED_BUFFER_STEPS and self.config.speculative is not None:
             raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {self.config.name!r}; "
@@ -123,25 +137,46 @@ class ReplaySSMLM(TemplateLM):
                                   "`replayssm-eval kl`'s job")
 
     def generate_until(self, requests, disable_tqdm=False) -> list[str]:
+        """One answer per request: sample `sample + j` for its j-th repeat; missing samples are generated first."""
         if not requests:
             return []
-        settings = [greedy_kwargs(r.args[1]) for r in requests]
-        prompts = [self.tok_encode(r.args[0]) for r in requests]
-        limits = [s["max_gen_toks"] for s in settings]
-        order = None
-        if self.length_hint:
-            hints = [self.length_hint.get((r.task_name, r.doc_id), 0) for r in requests]
-            order = sorted(range(len(requests)), key=lambda i: -hints[i])
-        engine = Engine(self.rm, self.config, step=self.step, max_batch=self.rows(prompts, limits),
-                        prefill_segment=self.prefill_segment, prefill_tokens=self.prefill_tokens)
-        gens = engine.generate(prompts, max_gen_toks=limits, until=[s["until"] for s in settings], order=order)
-        self.records = [{"task": r.task_name, "doc_id": r.doc_id, "gen_tokens": g.gen_tokens,
-                         "hit_max_gen_toks": g.hit_max_gen_toks, "max_gen_toks": g.max_gen_toks, "loop": is_loop(g.tokens)}
-                        for r, g in zip(requests, gens)]
+        settings = [request_kwargs(r.args[1]) for r in requests]
+        indices = sample_indices(requests, self.sample)  # [R]
+        keys = [(self.config.name, r.task_name, r.doc_id, j) for r, j in zip(requests, indices)]
+        if any(k not in self._ahead for k in keys):
+            self._generate(requests, settings, indices)
+        answers = [self._ahead.pop(k) for k in keys]
+        self.records = [record for _, record in answers]
         if self.gen_log:
             with open(self.gen_log, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps({"config": self.config.name, **r}) + "\n" for r in self.records)
-        return [g.text for g in gens]
+        return [text for text, _ in answers]
+
+    def _generate(self, requests, settings: list[dict], indices: list[int]) -> None:
+        """Generate samples j..j + samples - 1 of each request (j: its index) in one engine run, into `_ahead`."""
+        rows, seen = [], set()  # (request, sample), each once: lm-eval's repeats may ask for a sample twice
+        for i, j in enumerate(indices):
+            for m in range(self.samples):
+                key = (requests[i].task_name, requests[i].doc_id, j + m)
+                if key not in seen:
+                    seen.add(key)
+                    rows.append((i, j + m))
+        prompts = [self.tok_encode(requests[i].args[0]) for i, _ in rows]
+        limits = [settings[i]["max_gen_toks"] for i, _ in rows]
+        order = None
+        if self.length_hint:
+            hints = [self.length_hint.get((requests[i].task_name, requests[i].doc_id, j), 0) for i, j in rows]
+            order = sorted(range(len(rows)), key=lambda k: -hints[k])
+        engine = Engine(self.rm, self.config, step=self.step, max_batch=self.rows(prompts, limits),
+                        prefill_segment=self.prefill_segment, prefill_tokens=self.prefill_tokens,
+                        sampling_seed=self.sampling_seed)
+        gens = engine.generate(prompts, max_gen_toks=limits, until=[settings[i]["until"] for i, _ in rows], order=order,
+                               sampling=[settings[i]["sampling"] for i, _ in rows], samples=[j for _, j in rows])
+        for (i, j), g in zip(rows, gens):
+            r = requests[i]
+            self._ahead[(self.config.name, r.task_name, r.doc_id, j)] = (g.text, {
+                "task": r.task_name, "doc_id": r.doc_id, "sample": j, "gen_tokens": g.gen_tokens,
+                "hit_max_gen_toks": g.hit_max_gen_toks, "max_gen_toks": g.max_gen_toks, "loop": is_loop(g.tokens)})
 
     def rows(self, prompts: list[list[int]], limits: list[int]) -> int:
         """The batch size for these requests: --batch_size checked against the free memory, or `auto` (`memory`)."""
@@ -170,14 +205,12 @@ class ReplaySSMLM(TemplateLM):
         return results
 
 
-def greedy_kwargs(gen_kwargs: dict) -> dict:
-    """`greedy_generate` keywords from an lm-eval request's generation kwargs; anything but greedy is refused."""
+def request_kwargs(gen_kwargs: dict) -> dict:
+    """until, max_gen_toks and sampling (`Sampling`) of an lm-eval request's generation kwargs; other keys are refused."""
     unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS))
     if unknown:
-        raise ValueError(f"unsupported generation kwargs {', '.join(unknown)}; replayssm decodes greedily and "
-                         f"accepts {', '.join(GEN_KWARGS)}")
-    if gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature") or 0.0) > 0.0:
-        raise ValueError("replayssm decodes greedily: do_sample must be false and temperature 0")
+        raise ValueError(f"unsupported generation kwargs {', '.join(unknown)}; replayssm accepts {', '.join(GEN_KWARGS)}")
     until = gen_kwargs.get("until") or []
     until = [until] if isinstance(until, str) else list(until)
-    return {"until": until, "max_gen_toks": int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))}
+    return {"until": until, "max_gen_toks": int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)),
+            "sampling": Sampling.from_gen_kwargs(gen_kwargs)}

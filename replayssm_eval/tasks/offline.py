@@ -5,12 +5,15 @@
         --configs fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp8sr                                    # 2. on the GPU
     replayssm-eval accuracy --model tiny-qwen3.5 --data fixtures --max-gen-toks 1024 --generations gens.jsonl  # 3. here
 
-Step 1 runs lm-eval's request building (prompts, stop strings, max_gen_toks) with `RequestRecorder`
-(`recorded`) and writes one line per request; step 2 (this module: no lm-eval, datasets or
-math-verify needed) decodes every request under every config with `engine.Engine` (continuous
-batching, the Triton decode step on cuda); step 3 is a normal accuracy run
-whose model (`recorded.RecordedLM`) answers from the file, so scoring, buckets, outputs and
-resumption are the same.
+Step 1 runs lm-eval's request building (prompts, stop strings, max_gen_toks, sampling settings from
+`--gen-kwargs`) with `RequestRecorder` (`recorded`) and writes one line per request, with the run's
+`--samples` n and `--sampling-seed`; step 2 (this module: no lm-eval, datasets or math-verify
+needed) decodes samples 0..n-1 of every request under every config with `engine.Engine` (continuous
+batching, the Triton decode step on cuda), one line each with its `sample` index, sampling settings
+and seed; step 3 is a normal accuracy run (the same --gen-kwargs, --samples, --sampling-seed) whose
+model (`recorded.RecordedLM`) answers from the file and refuses answers drawn with other settings, so
+scoring, buckets, outputs and resumption are the same. The sampling settings travel in the requests
+file: step 2 takes no sampling option.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def generate_requests(requests_path, out_path, *, model: str, configs: list[str]
 
     Every config decodes all requests with continuous batching (`engine.Engine`, at most
     `batch_size` rows at once, or `auto`: `memory`); the first config (FP32) in request order, the
-    others longest FP32 generation first, so the rows of a batch stop at about the same time.
+    others longest FP32 generation first, so the rows of a batch stop at about the same time. A request
+    with `samples` n is n rows (samples 0..n-1) drawn with its `sampling` settings under its `sampling_seed`.
     """
     import torch
 
@@ -36,8 +40,15 @@ def generate_requests(requests_path, out_path, *, model: str, configs: list[str]
     from replayssm_eval.tasks.degeneration import is_loop
     from replayssm_eval.tasks.engine import Engine
     from replayssm_eval.tasks.memory import plan_rows
+    from replayssm_eval.tasks.sampling import Sampling
 
     requests = _read_jsonl(requests_path)
+    seeds = {r.get("sampling_seed", 0) for r in requests}
+    if len(seeds) != 1:
+        raise ValueError(f"{requests_path} mixes sampling seeds {sorted(seeds)}; export one run's requests per file")
+    seed = seeds.pop()
+    rows = [(i, j) for i, r in enumerate(requests) for j in range(r.get("samples", 1))]  # (request, sample)
+    settings = [Sampling(**requests[i].get("sampling", {})) for i, _ in rows]
     out_path = Path(out_path)
     written = _read_jsonl(out_path) if out_path.exists() else []
     done = {line["config"] for line in written}
@@ -45,23 +56,26 @@ def generate_requests(requests_path, out_path, *, model: str, configs: list[str]
     cuda = device.startswith("cuda")
     step = "triton" if cuda else "reference"
     rm = load_model(model, dtype="bfloat16" if cuda else "float32", device=device, backend="triton" if cuda else "torch")
-    prompts = [rm.tokenizer.encode(r["prompt"]) for r in requests]
-    limits = [r["max_gen_toks"] for r in requests]
+    prompts = [rm.tokenizer.encode(requests[i]["prompt"]) for i, _ in rows]
+    limits = [requests[i]["max_gen_toks"] for i, _ in rows]
     for config in configs:
         if config in done:
             continue
-        fp32 = {(a["task"], a["doc_id"]): a["gen_tokens"] for a in written if a["config"] == configs[0]}
+        fp32 = {(a["task"], a["doc_id"], a.get("sample", 0)): a["gen_tokens"] for a in written if a["config"] == configs[0]}
         order = None
         if config != configs[0] and fp32:
-            order = sorted(range(len(requests)), key=lambda i: -fp32.get((requests[i]["task"], requests[i]["doc_id"]), 0))
-        rows = plan_rows(rm, config, batch_size, max(len(p) + m for p, m in zip(prompts, limits)), step=step,
-                         prefill_segment=prefill_segment, prefill_tokens=prefill_tokens, default=32)
-        engine = Engine(rm, config, step=step, max_batch=min(rows, len(prompts)), prefill_segment=prefill_segment,
-                        prefill_tokens=prefill_tokens)
-        gens = engine.generate(prompts, max_gen_toks=limits, until=[r["until"] for r in requests], order=order)
-        lines = [{"config": config, "task": r["task"], "doc_id": r["doc_id"], "text": g.text, "gen_tokens": g.gen_tokens,
+            order = sorted(range(len(rows)), key=lambda k: -fp32.get((requests[rows[k][0]]["task"],
+                                                                      requests[rows[k][0]]["doc_id"], rows[k][1]), 0))
+        fit = plan_rows(rm, config, batch_size, max(len(p) + m for p, m in zip(prompts, limits)), step=step,
+                        prefill_segment=prefill_segment, prefill_tokens=prefill_tokens, default=32)
+        engine = Engine(rm, config, step=step, max_batch=min(fit, len(prompts)), prefill_segment=prefill_segment,
+                        prefill_tokens=prefill_tokens, sampling_seed=seed)
+        gens = engine.generate(prompts, max_gen_toks=limits, until=[requests[i]["until"] for i, _ in rows], order=order,
+                               sampling=settings, samples=[j for _, j in rows])
+        lines = [{"config": config, "task": requests[i]["task"], "doc_id": requests[i]["doc_id"], "sample": j,
+                  "sampling": h.as_dict(), "sampling_seed": seed, "text": g.text, "gen_tokens": g.gen_tokens,
                   "hit_max_gen_toks": g.hit_max_gen_toks, "max_gen_toks": g.max_gen_toks, "loop": is_loop(g.tokens)}
-                 for r, g in zip(requests, gens)]
+                 for (i, j), h, g in zip(rows, settings, gens)]
         with open(out_path, "a", encoding="utf-8") as f:  # a config is appended whole: the unit of resumption
             f.writelines(json.dumps(line) + "\n" for line in lines)
         written += lines

@@ -8,6 +8,17 @@ from pathlib import Path
 from lm_eval.api.model import LM
 
 
+def sample_indices(requests, first: int) -> list[int]:
+    """[R] the sample index of each request: `first` + how often the same request (lm-eval's repeats) came before."""
+    seen: dict[tuple, int] = {}
+    indices = []
+    for r in requests:
+        key = (r.task_name, r.doc_id, r.idx)
+        indices.append(first + seen.get(key, 0))
+        seen[key] = seen.get(key, 0) + 1
+    return indices
+
+
 class _GenerationOnly(LM):
     def loglikelihood(self, requests, disable_tqdm=False):
         raise NotImplementedError("the offline accuracy run covers generation tasks only")
@@ -16,7 +27,8 @@ class _GenerationOnly(LM):
 
 
 class RequestRecorder(_GenerationOnly):
-    """Records each generation request (task, doc_id, prompt text, until, max_gen_toks); answers with empty text."""
+    """Records each generation request (task, doc_id, prompt text, until, max_gen_toks, sampling settings); answers
+    with empty text."""
 
     def __init__(self):
         super().__init__()
@@ -24,28 +36,40 @@ class RequestRecorder(_GenerationOnly):
         self.records: list[dict] = []
 
     def generate_until(self, requests, disable_tqdm=False):
-        from replayssm_eval.tasks.lm_model import greedy_kwargs
+        from replayssm_eval.tasks.lm_model import request_kwargs
 
         for r in requests:
-            self.requests.append({"task": r.task_name, "doc_id": r.doc_id, "prompt": r.args[0], **greedy_kwargs(r.args[1])})
+            kwargs = request_kwargs(r.args[1])
+            self.requests.append({"task": r.task_name, "doc_id": r.doc_id, "prompt": r.args[0], "until": kwargs["until"],
+                                  "max_gen_toks": kwargs["max_gen_toks"], "sampling": kwargs["sampling"].as_dict()})
         return [""] * len(requests)
 
 
 class RecordedLM(_GenerationOnly):
-    """Answers generation requests from a generations file for the config set in `config`, as `ReplaySSMLM` would."""
+    """Answers generation requests from a generations file for the config set in `config`, as `ReplaySSMLM` would:
+    sample `sample + j` for a request's j-th repeat, drawn with the request's sampling settings and `sampling_seed`."""
 
-    def __init__(self, path: str | Path, config=None):
+    def __init__(self, path: str | Path, config=None, sampling_seed: int = 0):
         super().__init__()
-        self.config = config
+        self.config, self.sampling_seed, self.sample = config, sampling_seed, 0
         self.records: list[dict] = []
         with open(path, encoding="utf-8") as f:
-            self._answers = {(a["config"], a["task"], a["doc_id"]): a for a in map(json.loads, f)}
+            self._answers = {(a["config"], a["task"], a["doc_id"], a.get("sample", 0)): a for a in map(json.loads, f)}
 
     def generate_until(self, requests, disable_tqdm=False):
-        keys = [(self.config.name, r.task_name, r.doc_id) for r in requests]
+        from replayssm_eval.tasks.lm_model import request_kwargs
+        from replayssm_eval.tasks.sampling import Sampling
+
+        keys = [(self.config.name, r.task_name, r.doc_id, j) for r, j in zip(requests, sample_indices(requests, self.sample))]
         missing = [k for k in keys if k not in self._answers]
         if missing:
-            raise ValueError(f"the generations file has no answer for {len(missing)} requests, e.g. {missing[0]}; "
-                             "generate them with `python -m replayssm_eval.tasks.offline`")
+            raise ValueError(f"the generations file has no answer for {len(missing)} requests, e.g. {missing[0]} "
+                             "(config, task, doc_id, sample); generate them with `python -m replayssm_eval.tasks.offline`")
+        for r, k in zip(requests, keys):  # a line without sampling settings is greedy
+            asked, answer = request_kwargs(r.args[1])["sampling"], self._answers[k]
+            made, seed = answer.get("sampling", Sampling().as_dict()), answer.get("sampling_seed", 0)
+            if made != asked.as_dict() or (not asked.greedy and seed != self.sampling_seed):
+                raise ValueError(f"the generations file answers {k} with sampling {made}, seed {seed}; this run asks "
+                                 f"for {asked.as_dict()}, seed {self.sampling_seed}: export and generate again")
         self.records = [self._answers[k] for k in keys]
         return [self._answers[k]["text"] for k in keys]

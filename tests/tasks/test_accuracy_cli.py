@@ -74,6 +74,12 @@ def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs)
     (["--max-batch-size", "0"], "--max-batch-size must be a positive integer or auto, got '0'"),
     (["--buckets", "pow2"], "accepted: quantile:K"),
     (["--data", "/nonexistent"], "accepted: hub, fixtures, or a directory"),
+    (["--gen-kwargs", "temperature=-1"], "temperature must be >= 0 (0: greedy), got -1.0"),
+    (["--gen-kwargs", "temperature=0.6,min_p=0.1"], "bad generation kwarg 'min_p=0.1'; accepted: do_sample=..., "),
+    (["--gen-kwargs", "temperature=0.6,top_p=1.2"], "top_p must be in (0, 1], got 1.2"),
+    (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--samples", "4"], "--samples 4 needs sampling: greedy samples are all the same"),
+    (["--sampling-seed", "-1"], "--sampling-seed must be >= 0, got -1"),
     (["--step", "graph", "--configs", "fp32,nvfp4/fp16sr#spec=4:0.5"],
      "--step graph covers fixed windows only, got speculative configs nvfp4/fp16sr#spec=4:0.5; use --step triton"),
 ])
@@ -88,3 +94,66 @@ def test_missing_dataset_names_the_task_and_what_is_accepted(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "missing dataset for task mmlu_pro" in err and "data/test*" in err and "--data accepts hub, fixtures" in err
     assert not (tmp_path / "o").exists()
+
+
+SAMPLED = ["--gen-kwargs", "temperature=1.0,top_p=0.95,top_k=40", "--samples", "2", "--sampling-seed", "5"]
+PAIRED = "fp32,fp32#seed=3"  # an SR seed under an FP32 state changes no logit: the same samples as fp32
+
+
+def samples_by_key(folder, task="gpqa_diamond", field="resps") -> dict:
+    """{(doc_id, sample): field} of one config's samples file (the flexible-extract lines)."""
+    lines = [json.loads(line) for line in (folder / f"samples_{task}.jsonl").open()]
+    return {(s["doc_id"], s["sample"]): s[field] for s in lines if s["filter"] == "flexible-extract"}
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sampled") / "run"
+    assert run("--model", "tiny-qwen3.5", "--tasks", "gpqa_diamond", "--configs", PAIRED, "--output", str(out),
+               *SAMPLED) == 0
+    return out
+
+
+def test_sampled_run_records_the_settings_and_pairs_identical_samples(sampled_run):
+    report = json.loads((sampled_run / "accuracy.json").read_text())
+    assert report["sampling"] == {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 40, "samples": 2, "seed": 5}
+    assert report["seeds"]["sampling"] == 5 and "sign-flip" in report["p_value_method"]
+    task = report["tasks"]["gpqa_diamond"]
+    assert task["samples"] == 2 and task["n"] == 2
+    stats = task["all"]["configs"]["fp32#seed=3"]
+    assert (stats["gap"], stats["flips_to_wrong"], stats["flips_to_right"], stats["p_value"]) == (0.0, 0, 0, 1.0)
+    fp32, other = samples_by_key(sampled_run / "fp32"), samples_by_key(sampled_run / "fp32#seed=3")
+    assert sorted(fp32) == [(0, 0), (0, 1), (1, 0), (1, 1)] and fp32 == other
+    assert fp32[(0, 0)] != fp32[(0, 1)] and fp32[(1, 0)] != fp32[(1, 1)]  # two samples, two draws
+    assert "avg@2" in (sampled_run / "accuracy.md").read_text()
+    options = json.loads((sampled_run / "run.json").read_text())["options"]
+    assert (options["gen_kwargs"], options["samples"], options["sampling_seed"]) == (SAMPLED[1], 2, 5)
+    # the sampling settings are resume keys
+    assert run("--model", "tiny-qwen3.5", "--tasks", "gpqa_diamond", "--configs", PAIRED, "--output", str(sampled_run),
+               *SAMPLED[:-1], "6") == 2
+
+
+def test_offline_export_generate_score_carries_the_sampling(sampled_run, tmp_path, capsys):
+    from replayssm_eval.tasks.offline import generate_requests
+
+    requests = tmp_path / "requests.jsonl"
+    assert run("--tasks", "gpqa_diamond", "--configs", PAIRED, "--export-requests", str(requests), *SAMPLED) == 0
+    lines = [json.loads(line) for line in requests.open()]
+    assert len(lines) == 2 and all(r["sampling"] == {"temperature": 1.0, "top_p": 0.95, "top_k": 40} and r["samples"] == 2
+                                   and r["sampling_seed"] == 5 for r in lines)
+    gens = generate_requests(requests, tmp_path / "gens.jsonl", model="tiny-qwen3.5", configs=["fp32", "fp32#seed=3"],
+                             batch_size=3, device="cpu")
+    answers = [json.loads(line) for line in gens.open()]
+    assert sorted((a["config"], a["doc_id"], a["sample"]) for a in answers) == sorted(
+        (c, d, j) for c in ("fp32", "fp32#seed=3") for d in (0, 1) for j in (0, 1))
+    scored = tmp_path / "scored"
+    assert run("--model", "tiny-qwen3.5", "--tasks", "gpqa_diamond", "--configs", PAIRED, "--generations", str(gens),
+               "--output", str(scored), *SAMPLED) == 0
+    # generated in another process, in other batches: the same draws as the in-process run
+    assert samples_by_key(scored / "fp32") == samples_by_key(sampled_run / "fp32")
+    assert json.loads((scored / "accuracy.json").read_text())["tasks"] == json.loads(
+        (sampled_run / "accuracy.json").read_text())["tasks"]
+    capsys.readouterr()
+    assert run("--model", "tiny-qwen3.5", "--tasks", "gpqa_diamond", "--configs", PAIRED, "--generations", str(gens),
+               "--output", str(tmp_path / "other"), *SAMPLED[:-1], "6") == 2  # another sampling seed
+    assert "the generations file answers" in capsys.readouterr().err

@@ -77,3 +77,66 @@ def test_gen_log_folder_is_created_before_generating(tmp_path):
     log = tmp_path / "out" / "gen.jsonl"
     ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu", gen_log=str(log))
     assert log.parent.is_dir()
+
+
+SAMPLING_ARGS = "max_gen_toks=6,do_sample=true,temperature=1.0,top_p=0.95,top_k=40"
+
+
+@pytest.mark.skipif(find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install -e '.[eval]')")
+def test_lm_eval_repeats_are_successive_samples_and_sample_sets_the_first():
+    from lm_eval.api.instance import Instance
+
+    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+
+    lm = ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu", sampling_seed=5)
+    kwargs = {"until": ["\n\n"], "max_gen_toks": 6, "do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 40}
+    a = Instance("generate_until", {}, ("ROMEO:\nBut soft, what light", kwargs), 0, ("t", 0, 2))
+    b = Instance("generate_until", {}, ("HAMLET:\nAlas, poor", kwargs), 0, ("t", 1, 2))
+    first = lm.generate_until([a, a, b, b])  # lm-eval's repeats: each request twice in a row
+    assert [r["sample"] for r in lm.records] == [0, 1, 0, 1]
+    assert first[0] != first[1] and first[2] != first[3]
+    lm.sample = 1
+    assert lm.generate_until([b, a]) == [first[3], first[1]]  # sample=1 answers with the second draws
+    lm.samples, lm.sample = 2, 0  # the accuracy driver: both samples in one engine run, one answered per evaluation
+    assert lm.generate_until([b, a]) == [first[2], first[0]] and len(lm._ahead) == 2
+    lm.sample = 1
+    assert lm.generate_until([b, a]) == [first[3], first[1]] and not lm._ahead
+    greedy = {**kwargs, "do_sample": False}
+    lm.samples, lm.sample = 1, 0
+    plain = ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu")
+    assert lm.generate_until([Instance("generate_until", {}, (a.args[0], greedy), 0, ("t", 0, 1))]) == \
+        plain.generate_until([Instance("generate_until", {}, (a.args[0], {"until": ["\n\n"], "max_gen_toks": 6}), 0, ("t", 0, 1))])
+    with pytest.raises(ValueError, match="top_p must be in \\(0, 1\\], got 2.0"):
+        lm.generate_until([Instance("generate_until", {}, (a.args[0], {**kwargs, "top_p": 2}), 0, ("t", 0, 1))])
+    with pytest.raises(ValueError, match="unsupported generation kwargs min_p; replayssm accepts until, max_gen_toks, do_sample"):
+        lm.generate_until([Instance("generate_until", {}, (a.args[0], {**kwargs, "min_p": 0.1}), 0, ("t", 0, 1))])
+
+
+@pytest.mark.skipif(LM_EVAL is None, reason=f"no lm_eval console script in {sysconfig.get_path('scripts')} "
+                                            "(pip install -e '.[eval]')")
+@pytest.mark.slow
+def test_lm_eval_script_samples_with_do_sample(tmp_path):
+    from lm_eval.api.instance import Instance
+
+    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+
+    task = TASKS["gpqa_diamond"].local
+    answers = {}
+    for sample in (0, 1):
+        out, gen_log = tmp_path / f"out{sample}", tmp_path / f"gen{sample}.jsonl"
+        proc = run([LM_EVAL, "--model", "replayssm", "--model_args",
+                    f"pretrained=tiny-nemotron-h,config=nvfp4/fp16sr@4,sampling_seed=5,sample={sample},gen_log={gen_log}",
+                    "--include_path", str(YAML_DIR), "--tasks", task, "--limit", "2", "--gen_kwargs", SAMPLING_ARGS,
+                    "--device", "cpu", "--batch_size", "2", "--output_path", str(out), "--log_samples"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [json.loads(line) for line in next(out.glob(f"*/samples_{task}_*.jsonl")).read_text().splitlines()]
+        answers[sample] = {s["doc_id"]: (tuple(s["arguments"]["gen_args_0"].values()), s["resps"][0][0]) for s in lines}
+        assert {r["sample"] for r in map(json.loads, gen_log.read_text().splitlines())} == {sample}
+    assert answers[0].keys() == answers[1].keys() == {0, 1}
+    assert all(answers[0][d][1] != answers[1][d][1] for d in (0, 1))  # another sample index, other draws
+    # the in-process model draws the same tokens (lm-eval's repeats: samples 0 and 1)
+    lm = ReplaySSMLM(pretrained="tiny-nemotron-h", config="nvfp4/fp16sr@4", device="cpu", sampling_seed=5)
+    for doc, ((prompt, kwargs), _) in answers[0].items():
+        request = Instance("generate_until", {}, (prompt, kwargs), 0, (task, doc, 2))
+        assert kwargs["do_sample"] is True and kwargs["temperature"] == 1.0
+        assert lm.generate_until([request, request]) == [answers[0][doc][1], answers[1][doc][1]]

@@ -1,4 +1,4 @@
-"""Bucket and statistics functions against hand computations and scipy."""
+"""Bucket and statistics functions against hand computations and scipy; avg@n over n samples per question."""
 
 import math
 
@@ -8,7 +8,9 @@ from scipy import stats
 
 from replayssm_eval.kl.buckets import Bucket
 from replayssm_eval.tasks.buckets import bucket_index, make_buckets, parse_spec
-from replayssm_eval.tasks.stats import compare, mcnemar_p, paired_bootstrap_ci
+from replayssm_eval.tasks import TASKS
+from replayssm_eval.tasks.report import task_report
+from replayssm_eval.tasks.stats import compare, mcnemar_p, paired_bootstrap_ci, sign_flip_p
 
 
 def test_quantile_buckets_by_hand():
@@ -66,3 +68,56 @@ def test_paired_bootstrap_ci():
     half = 1.96 * diff.std() / math.sqrt(diff.size)  # the normal approximation of the same interval
     assert low == pytest.approx(diff.mean() - half, abs=0.2 * half)
     assert high == pytest.approx(diff.mean() + half, abs=0.2 * half)
+
+
+def test_avg_at_n_by_hand():
+    fp32 = [[0, 0], [0, 0], [0, 1], [1, 1], [1, 0]]  # 5 questions, 2 samples each
+    other = [[1, 1], [1, 1], [1, 1], [1, 1], [0, 0]]
+    out = compare(fp32, other, iters=2000)
+    assert out["acc"] == pytest.approx(0.8) and out["gap"] == pytest.approx(0.8 - 0.4)  # means of question means
+    assert (out["flips_to_wrong"], out["flips_to_right"]) == (1, 5)  # (question, sample) pairs
+    # correct-count differences per question 2, 2, 1, 0, -1 (sum 4); of the 16 sign choices of 2, 2, 1, 1,
+    # |sum| >= 4 for +-(2+2+1+1), +-(2+2+1-1), +-(2+2-1+1): 6
+    assert out["p_value"] == pytest.approx(6 / 16)
+    # the interval resamples questions, each the mean of its samples: the n = 1 bootstrap of question means
+    means = np.mean(fp32, 1), np.mean(other, 1)
+    assert (out["ci_low"], out["ci_high"]) == paired_bootstrap_ci(*means, iters=2000)
+    assert (out["ci_low"], out["ci_high"]) != paired_bootstrap_ci(np.ravel(fp32), np.ravel(other), iters=2000)
+
+
+def test_sign_flip_test_is_mcnemar_at_one_sample_and_exact_beyond():
+    for b, c in ((3, 0), (5, 2), (4, 11), (30, 17), (1, 1), (0, 0), (120, 151)):
+        assert sign_flip_p([-1] * b + [1] * c + [0] * 7) == pytest.approx(mcnemar_p(b, c), rel=1e-9)
+    rng = np.random.default_rng(2)
+    diffs = rng.integers(-3, 4, size=11)
+    sums = np.array([np.dot(signs, diffs) for signs in np.array(np.meshgrid(*[[-1, 1]] * 11)).reshape(11, -1).T])
+    assert sign_flip_p(diffs) == pytest.approx(np.mean(np.abs(sums) >= abs(diffs.sum())), rel=1e-9)  # all 2^11 choices
+    assert sign_flip_p([0, 0]) == 1.0 and sign_flip_p([2, -1]) == 1.0 and sign_flip_p([3, 1]) == pytest.approx(0.5)
+
+
+def test_one_sample_per_question_gives_todays_numbers():
+    rng = np.random.default_rng(4)
+    base = rng.random(60) < 0.6
+    other = np.where(rng.random(60) < 0.2, ~base, base)
+    out = compare(base[:, None], other[:, None], iters=500)
+    assert out == compare(base, other, iters=500)
+    assert (out["ci_low"], out["ci_high"]) == paired_bootstrap_ci(base, other, iters=500)  # the 0/1 bootstrap of n = 1
+    assert out["p_value"] == mcnemar_p(out["flips_to_wrong"], out["flips_to_right"])
+    assert out["gap"] == pytest.approx(other.mean() - base.mean()) and out["flips_to_wrong"] == int((base & ~other).sum())
+
+
+def test_sampled_questions_are_bucketed_by_their_mean_fp32_length():
+    def samples(rows):  # doc_id -> [(correct, gen_tokens, hit_max_gen_toks, max_gen_toks, loop) per sample]
+        return {doc: [(c, g, g == 8, 8, False) for c, g in pairs] for doc, pairs in rows.items()}
+
+    fp32 = samples({0: [(1, 3), (1, 4)], 1: [(0, 1), (1, 2)], 2: [(0, 8), (0, 7)], 3: [(1, 2), (0, 2)]})
+    other = samples({0: [(1, 3), (0, 5)], 1: [(0, 1), (1, 2)], 2: [(1, 8), (0, 8)], 3: [(1, 2), (1, 2)]})
+    out = task_report(TASKS["gpqa_diamond"], fp32, {"x": other}, "1,4", iters=200)
+    assert out["samples"] == 2 and out["n"] == 4
+    first, second = out["buckets"]  # question lengths 3.5 -> 4, 1.5 -> 2, 7.5 -> 8, 2
+    assert (first["start"], first["end"], first["n"], second["n"]) == (1, 3, 2, 2)
+    assert first["fp32_acc"] == pytest.approx(0.5) and second["fp32_acc"] == pytest.approx(0.5)
+    assert second["configs"]["x"]["acc"] == pytest.approx(0.5) and first["configs"]["x"]["acc"] == pytest.approx(0.75)
+    assert second["fp32_truncated"] == pytest.approx(0.25) and second["configs"]["x"]["truncated"] == pytest.approx(0.5)
+    assert second["fp32_mean_gen_tokens"] == pytest.approx((3 + 4 + 8 + 7) / 4)
+    assert out["all"]["configs"]["x"]["flips_to_wrong"] == 1 and out["all"]["configs"]["x"]["flips_to_right"] == 2
