@@ -3,7 +3,7 @@
 # config, one sampled run, and the teacher-forced KL of the same configs over the tasks' own text. Three phases, so
 # the GPU machine needs neither lm-eval, datasets nor math-verify:
 #
-#   scripts/gpu_solver_accuracy.sh prepare        # CPU: requests (greedy and sampled) and the KL text under $DIR
+#   scripts/gpu_solver_accuracy.sh prepare        # CPU: the requests (greedy and sampled) under $DIR
 #   OUT=out scripts/gpu_solver_accuracy.sh gpu    # GPU: generations and KL runs into $OUT/results.tgz (H200: ~8 min)
 #   scripts/gpu_solver_accuracy.sh score DIR      # CPU, DIR = the unpacked results: accuracy runs, KL runs, report
 #
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 MODELS=(tiny-nemotron-h-solver tiny-qwen3.5-solver)
 TASKS=synth_sum,synth_swap
 CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp32,nvfp4/fp8sr,shared:fp8sr,vllm:replay-fp16sr,vllm:fp16sr,sglang:fp8,flashinfer:int16,vllm:int8,modelopt:int8-hadamard
-GROUPS_OF=(  # the configs after fp32 in three concurrent processes per model (each also starts with fp32's order)
+GROUPS_OF=(  # the configs after fp32, in three concurrent groups per model
   shared:nvfp4,nvfp4/fp16sr,nvfp4/fp32,nvfp4/fp8sr
   shared:fp8sr,vllm:replay-fp16sr,vllm:fp16sr
   sglang:fp8,flashinfer:int16,vllm:int8,modelopt:int8-hadamard
@@ -31,13 +31,10 @@ COMMON=(--tasks "$TASKS" --data fixtures --max-gen-toks "$MAX_GEN_TOKS")
 
 case "${1:-}" in
   prepare)
-    mkdir -p "$DIR/text"
+    mkdir -p "$DIR"
     replayssm-eval accuracy "${COMMON[@]}" --configs "$CONFIGS" --export-requests "$DIR/requests.jsonl"
     replayssm-eval accuracy "${COMMON[@]}" --configs "$SAMPLED_CONFIGS" "${SAMPLING[@]}" \
       --export-requests "$DIR/requests-sampled.jsonl"
-    for task in ${TASKS//,/ }; do  # 4,000 test questions each: the longer ones are the KL documents
-      python -m replayssm_eval.tasks.synthetic --task "$task" --n 4000 --as-text --out "$DIR/text"
-    done
     ;;
   gpu)
     OUT=${OUT:-out}
@@ -45,9 +42,19 @@ case "${1:-}" in
     mkdir -p "$OUT" "$work"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$work/gpu.txt"
-    timeout 420 python benchmarks/gpu_check_graph.py --out "$work/checks" --skip-speed > "$work/gpu_check_graph.log" 2>&1 &
-    generate() {  # model, configs, generations file, requests file
-      timeout 450 python -m replayssm_eval.tasks.offline "$4" "$3" --model "$1" --configs "$2" --step graph \
+    for task in ${TASKS//,/ }; do  # 4,000 test questions each, whole: the longer ones are the KL documents
+      python -m replayssm_eval.tasks.synthetic --task "$task" --n 4000 --as-text --out "$work/text"
+    done
+    (  # the fixed-buffer step and the sampler on the device, beside the generations
+      timeout 300 python benchmarks/gpu_check_graph.py --out "$work/checks" --skip-speed > "$work/gpu_check_graph.log" 2>&1
+      REPLAYSSM_TEST_DEVICE=cuda timeout 150 python -m pytest -q -p no:cacheprovider -m "" tests/tasks/test_sampling.py \
+        tests/tasks/test_sampled_generation.py tests/kernels/test_static_step.py -k "gpu or kda" > "$work/pytest_cuda.log" 2>&1
+    ) &
+    deadline=$((SECONDS + 470))  # then everything is packed, whatever is unfinished
+    generate() {  # model, configs, generations file, requests file; each config is appended whole when done
+      local left=$((deadline - SECONDS))
+      ((left > 15)) || { echo "no time left for $2" >> "${3%.jsonl}.log"; return; }
+      timeout "$left" python -m replayssm_eval.tasks.offline "$4" "$3" --model "$1" --configs "$2" --step graph \
         --max-batch-size 1024 >> "${3%.jsonl}.log" 2>&1 || echo "exit $?" >> "${3%.jsonl}.log"
     }
     for model in "${MODELS[@]}"; do
@@ -55,50 +62,47 @@ case "${1:-}" in
         generate "$model" fp32 "$work/gens-$model-fp32.jsonl" "$DIR/requests.jsonl"
         for g in "${!GROUPS_OF[@]}"; do  # fp32 first in each group's file: it sets the order of the others
           cp "$work/gens-$model-fp32.jsonl" "$work/gens-$model-$g.jsonl"
-          generate "$model" "fp32,${GROUPS_OF[$g]}" "$work/gens-$model-$g.jsonl" "$DIR/requests.jsonl" &
+          (  # one process per config: a config that fails costs only itself
+            for config in ${GROUPS_OF[$g]//,/ }; do
+              generate "$model" "fp32,$config" "$work/gens-$model-$g.jsonl" "$DIR/requests.jsonl"
+            done
+          ) &
         done
         wait
       ) &
       for task in ${TASKS//,/ }; do
         # shellcheck disable=SC2046
-        timeout 450 python -m replayssm_eval kl --model "$model" --data-files "$DIR/text/$task/test.text.jsonl" \
+        timeout $((deadline - SECONDS)) python -m replayssm_eval kl --model "$model" --data-files "$work/text/$task/test.text.jsonl" \
           "${KL[@]}" $(printf -- '--config %s ' "${KL_CONFIGS[@]}") --output "$work/kl-$model-$task" \
           > "$work/kl-$model-$task.log" 2>&1 &
       done
     done
     generate "$SAMPLED_MODEL" "$SAMPLED_CONFIGS" "$work/gens-sampled-$SAMPLED_MODEL.jsonl" "$DIR/requests-sampled.jsonl" &
     wait
-    tar czf "$OUT/results.tgz" -C out solver-accuracy
+    tar czf "$OUT/results.tgz" --exclude=solver-accuracy/text -C out solver-accuracy
     tail -n 3 "$work"/*.log
     ;;
   score)
     FROM=${2:?give the folder holding the unpacked solver-accuracy results}
+    present() {  # the configs of the list $1 (in its order) that the generations files $2... hold
+      python -c 'import json, sys; from replayssm_eval.kernels.config import ReplayConfig
+found = {json.loads(line)["config"] for path in sys.argv[2:] for line in open(path)}
+print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name in found))' "$@" 2>/dev/null
+    }
     for model in "${MODELS[@]}"; do
       gens="$FROM/gens-$model.jsonl"
-      python - "$FROM" "$model" "$gens" <<'EOF'
-import json, sys
-from pathlib import Path
-folder, model, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-seen, lines = set(), []
-for path in sorted(folder.glob(f"gens-{model}-*.jsonl")):  # one line per (config, task, doc): fp32 is in every file
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        key = (row["config"], row["task"], row["doc_id"])
-        if key not in seen:
-            seen.add(key)
-            lines.append(line + "\n")
-out.write_text("".join(lines))
-EOF
+      cat "$FROM/gens-$model"-[0-9].jsonl | awk '!seen[$0]++' > "$gens"  # fp32 heads every group's file
       rm -rf "$DIR/$model"
-      replayssm-eval accuracy "${COMMON[@]}" --configs "$CONFIGS" --model "$model" --generations "$gens" \
-        --output "$DIR/$model"
+      replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$CONFIGS" "$gens")" --model "$model" \
+        --generations "$gens" --output "$DIR/$model"
       for task in ${TASKS//,/ }; do
         rm -rf "$DIR/kl-$model-$task" && cp -r "$FROM/kl-$model-$task" "$DIR/"
       done
     done
+    gens="$FROM/gens-sampled-$SAMPLED_MODEL.jsonl"
     rm -rf "$DIR/sampled-$SAMPLED_MODEL"
-    replayssm-eval accuracy "${COMMON[@]}" --configs "$SAMPLED_CONFIGS" "${SAMPLING[@]}" --model "$SAMPLED_MODEL" \
-      --generations "$FROM/gens-sampled-$SAMPLED_MODEL.jsonl" --output "$DIR/sampled-$SAMPLED_MODEL"
+    replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$SAMPLED_CONFIGS" "$gens")" "${SAMPLING[@]}" \
+      --model "$SAMPLED_MODEL" --generations "$gens" --output "$DIR/sampled-$SAMPLED_MODEL"
     mkdir -p "$DIR/logs" && cp "$FROM"/*.log "$FROM"/gpu.txt "$DIR/logs/"
     cp -r "$FROM/checks" "$DIR/logs/"
     replayssm-eval report "$DIR"/tiny-* "$DIR"/sampled-* "$DIR"/kl-* --output "$DIR/report"

@@ -22,17 +22,20 @@ import argparse
 import json
 from pathlib import Path
 
+from replayssm_eval.tasks import DECODE_STEPS
 from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS
 
 
 def generate_requests(requests_path, out_path, *, model: str, configs: list[str], batch_size: int | str,
-                      device: str = "auto", prefill_segment: int = PREFILL_SEGMENT, prefill_tokens: int = PREFILL_TOKENS) -> Path:
+                      device: str = "auto", prefill_segment: int = PREFILL_SEGMENT, prefill_tokens: int = PREFILL_TOKENS,
+                      step: str = "auto") -> Path:
     """Step 2: every request of `requests_path` under every config; appends to `out_path`, skipping configs already in it.
 
     Every config decodes all requests with continuous batching (`engine.Engine`, at most
     `batch_size` rows at once, or `auto`: `memory`); the first config (FP32) in request order, the
     others longest FP32 generation first, so the rows of a batch stop at about the same time. A request
     with `samples` n is n rows (samples 0..n-1) drawn with its `sampling` settings under its `sampling_seed`.
+    step: the engine's decode step (auto: triton on cuda, reference on cpu).
     """
     import torch
 
@@ -54,7 +57,8 @@ def generate_requests(requests_path, out_path, *, model: str, configs: list[str]
     done = {line["config"] for line in written}
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.startswith("cuda")
-    step = "triton" if cuda else "reference"
+    if step == "auto":
+        step = "triton" if cuda else "reference"
     rm = load_model(model, dtype="bfloat16" if cuda else "float32", device=device, backend="triton" if cuda else "torch")
     prompts = [rm.tokenizer.encode(requests[i]["prompt"]) for i, _ in rows]
     limits = [requests[i]["max_gen_toks"] for i, _ in rows]
@@ -99,6 +103,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prefill-segment", type=int, default=PREFILL_SEGMENT)
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--step", default="auto", choices=("auto", *DECODE_STEPS),
+                        help="decode step (auto: triton on cuda, reference on cpu; graph: the whole model's step as a "
+                             "CUDA graph, fixed-window configs)")
     args = parser.parse_args(argv)
     from replayssm_eval.kernels.config import ReplayConfig
     from replayssm_eval.tasks import split_configs
@@ -106,7 +113,8 @@ def main(argv=None) -> None:
     configs = [ReplayConfig.parse(c).name for c in split_configs(args.configs)]
     generate_requests(args.requests, args.generations, model=args.model, configs=configs,
                       batch_size=args.max_batch_size if args.max_batch_size == "auto" else int(args.max_batch_size),
-                      device=args.device, prefill_segment=args.prefill_segment, prefill_tokens=args.prefill_tokens)
+                      device=args.device, prefill_segment=args.prefill_segment, prefill_tokens=args.prefill_tokens,
+                      step=args.step)
 
 
 if __name__ == "__main__":
