@@ -95,8 +95,8 @@ print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name i
       rm -rf "$DIR/$model"
       replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$CONFIGS" "$gens")" --model "$model" \
         --generations "$gens" --output "$DIR/$model"
-      for task in ${TASKS//,/ }; do
-        rm -rf "$DIR/kl-$model-$task" && cp -r "$FROM/kl-$model-$task" "$DIR/"
+      for task in ${TASKS//,/ }; do  # KL runs made elsewhere (kl_cpu below) are left as they are
+        if [[ -d $FROM/kl-$model-$task ]]; then rm -rf "$DIR/kl-$model-$task" && cp -r "$FROM/kl-$model-$task" "$DIR/"; fi
       done
     done
     gens="$FROM/gens-sampled-$SAMPLED_MODEL.jsonl"

@@ -19,9 +19,12 @@ FLT_MAX = 3.4028234663852886e38
 
 
 def _div(a: float | torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
-    """a / b correctly rounded in FP32; torch turns `c / t` into reciprocal(t) * c, so scalars become tensors."""
+    """a / b correctly rounded in FP32; torch turns `c / t` into reciprocal(t) * c, so scalars become tensors
+    (filled on the device, not copied there: a CUDA graph capture allows no host-to-device copy)."""
     ref = a if isinstance(a, torch.Tensor) else b
-    return torch.as_tensor(a, dtype=ref.dtype, device=ref.device) / torch.as_tensor(b, dtype=ref.dtype, device=ref.device)
+    a, b = (x.to(ref.dtype) if isinstance(x, torch.Tensor) else torch.full((), x, dtype=ref.dtype, device=ref.device)
+            for x in (a, b))
+    return a / b
 
 
 class StateFormat:

@@ -24,14 +24,17 @@ from replayssm_eval.quant.packed import PackedState
 ROTATIONS = ("none", "hadamard:N")
 
 
-def hadamard(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Orthonormal Hadamard matrix [n, n] (Sylvester order, entries +-1/sqrt(n)); n a power of two."""
+def hadamard(n: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> torch.Tensor:
+    """Orthonormal Hadamard matrix [n, n] (Sylvester order, entries +-1/sqrt(n)); n a power of two.
+
+    Built on `device` with no host-to-device copy, so it can be made inside a CUDA graph capture.
+    """
     if n < 1 or n & (n - 1):
         raise ValueError(f"Hadamard size must be a power of two; got {n}")
-    s = torch.ones(1, 1, dtype=torch.float64)
+    s = torch.ones(1, 1, dtype=torch.float64, device=device)
     while s.shape[0] < n:
         s = torch.cat((torch.cat((s, s), 1), torch.cat((s, -s), 1)), 0)
-    return (s / math.sqrt(n)).to(dtype)
+    return (s * (1 / math.sqrt(n))).to(dtype)  # +-1 times the correctly rounded 1/sqrt(n): exact on any device
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Rotated(StateFormat):
         c = xo.shape[-1]
         if c % self.size:
             raise ValueError(f"rot=hadamard:{self.size} needs the {self.axis} dim ({c}) to be a multiple of {self.size}")
-        h = hadamard(self.size).to(x.device)
+        h = hadamard(self.size, device=x.device)
         y = xo.unflatten(-1, (-1, self.size)) @ (h if inverse else h.T)  # [B, H, R, C/size, size]
         return layout.unorient(y.flatten(-2).float(), self.axis).reshape(x.shape)
 
