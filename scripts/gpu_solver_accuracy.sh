@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The accuracy table on the scoring fixtures: both synthetic tasks (500 test questions each), greedy under every
-# config, one sampled run, and the teacher-forced KL of the same configs over the tasks' own text. Three phases, so
-# the GPU machine needs neither lm-eval, datasets nor math-verify:
+# config, one sampled run, and the teacher-forced KL of the main configs over the tasks' own text. The generations
+# run on a GPU machine that needs neither lm-eval, datasets nor math-verify:
 #
 #   scripts/gpu_solver_accuracy.sh prepare        # CPU: the requests (greedy and sampled) under $DIR
-#   OUT=out scripts/gpu_solver_accuracy.sh gpu    # GPU: generations and KL runs into $OUT/results.tgz (H200: ~8 min)
-#   scripts/gpu_solver_accuracy.sh score DIR      # CPU, DIR = the unpacked results: accuracy runs, KL runs, report
+#   OUT=out scripts/gpu_solver_accuracy.sh gpu    # GPU: the generations into $OUT/results.tgz (H200: ~6 min)
+#   scripts/gpu_solver_accuracy.sh score DIR      # CPU, DIR = the unpacked results (or the committed generations/,
+#                                                 # gunzipped): the accuracy runs
+#   scripts/gpu_solver_accuracy.sh kl             # CPU or GPU (needs datasets): the KL runs (2 CPU cores: ~40 min)
+#   scripts/gpu_solver_accuracy.sh report         # the rendered report of all of them, $DIR/report/
 #
-# The GPU phase also runs the fixed-buffer step checks (benchmarks/gpu_check_graph.py) beside the generations.
+# The GPU phase also runs the fixed-buffer step checks (benchmarks/gpu_check_graph.py) and the sampler's and the KDA
+# static step's tests on the device, beside the generations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,13 +23,13 @@ GROUPS_OF=(  # the configs after fp32, in three concurrent groups per model
   shared:fp8sr,vllm:replay-fp16sr,vllm:fp16sr
   sglang:fp8,flashinfer:int16,vllm:int8,modelopt:int8-hadamard
 )
-KL_CONFIGS=(${CONFIGS//,/ })
-KL_CONFIGS=("${KL_CONFIGS[@]:1}")  # kl compares each with its FP32 reference
+KL_CONFIGS=(shared:nvfp4 nvfp4/fp16sr nvfp4/fp32 shared:fp8sr nvfp4/fp8sr)  # each against its FP32 reference
 SAMPLED_MODEL=tiny-nemotron-h-solver
 SAMPLED_CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr
 SAMPLING=(--gen-kwargs "temperature=0.6,top_p=0.95,top_k=20" --samples 4 --sampling-seed 0)
 MAX_GEN_TOKS=5120  # the longest gold target is 4,460 bytes
-KL=(--prompt-len 256 --tokens 2048 --pack filter --min-doc-tokens 2304 --num-docs 16 --batch-size 16 --dtype float32)
+# the KL documents: whole test questions (of the first 4,000) of at least 2,304 bytes, the first 256 as the prompt
+KL=(--prompt-len 256 --tokens 2048 --pack filter --min-doc-tokens 2304 --num-docs 4 --batch-size 4 --dtype float32)
 DIR=reports/accuracy-solvers
 COMMON=(--tasks "$TASKS" --data fixtures --max-gen-toks "$MAX_GEN_TOKS")
 
@@ -42,9 +46,6 @@ case "${1:-}" in
     mkdir -p "$OUT" "$work"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$work/gpu.txt"
-    for task in ${TASKS//,/ }; do  # 4,000 test questions each, whole: the longer ones are the KL documents
-      python -m replayssm_eval.tasks.synthetic --task "$task" --n 4000 --as-text --out "$work/text"
-    done
     (  # the fixed-buffer step and the sampler on the device, beside the generations
       timeout 300 python benchmarks/gpu_check_graph.py --out "$work/checks" --skip-speed > "$work/gpu_check_graph.log" 2>&1
       REPLAYSSM_TEST_DEVICE=cuda timeout 150 python -m pytest -q -p no:cacheprovider -m "" tests/tasks/test_sampling.py \
@@ -70,16 +71,10 @@ case "${1:-}" in
         done
         wait
       ) &
-      for task in ${TASKS//,/ }; do
-        # shellcheck disable=SC2046
-        timeout $((deadline - SECONDS)) python -m replayssm_eval kl --model "$model" --data-files "$work/text/$task/test.text.jsonl" \
-          "${KL[@]}" $(printf -- '--config %s ' "${KL_CONFIGS[@]}") --output "$work/kl-$model-$task" \
-          > "$work/kl-$model-$task.log" 2>&1 &
-      done
     done
     generate "$SAMPLED_MODEL" "$SAMPLED_CONFIGS" "$work/gens-sampled-$SAMPLED_MODEL.jsonl" "$DIR/requests-sampled.jsonl" &
     wait
-    tar czf "$OUT/results.tgz" --exclude=solver-accuracy/text -C out solver-accuracy
+    tar czf "$OUT/results.tgz" -C out solver-accuracy
     tail -n 3 "$work"/*.log
     ;;
   score)
@@ -90,25 +85,39 @@ found = {json.loads(line)["config"] for path in sys.argv[2:] for line in open(pa
 print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name in found))' "$@" 2>/dev/null
     }
     for model in "${MODELS[@]}"; do
-      gens="$FROM/gens-$model.jsonl"
-      cat "$FROM/gens-$model"-[0-9].jsonl | awk '!seen[$0]++' > "$gens"  # fp32 heads every group's file
+      gens="$FROM/gens-$model.jsonl"  # the GPU's group files merged (fp32 heads each), or as committed (gunzipped)
+      [[ -f $gens ]] || cat "$FROM/gens-$model"-[0-9].jsonl | awk '!seen[$0]++' > "$gens"
       rm -rf "$DIR/$model"
       replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$CONFIGS" "$gens")" --model "$model" \
         --generations "$gens" --output "$DIR/$model"
-      for task in ${TASKS//,/ }; do  # KL runs made elsewhere (kl_cpu below) are left as they are
-        if [[ -d $FROM/kl-$model-$task ]]; then rm -rf "$DIR/kl-$model-$task" && cp -r "$FROM/kl-$model-$task" "$DIR/"; fi
-      done
     done
     gens="$FROM/gens-sampled-$SAMPLED_MODEL.jsonl"
     rm -rf "$DIR/sampled-$SAMPLED_MODEL"
     replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$SAMPLED_CONFIGS" "$gens")" "${SAMPLING[@]}" \
       --model "$SAMPLED_MODEL" --generations "$gens" --output "$DIR/sampled-$SAMPLED_MODEL"
-    mkdir -p "$DIR/logs" && cp "$FROM"/*.log "$FROM"/gpu.txt "$DIR/logs/"
-    cp -r "$FROM/checks" "$DIR/logs/"
+    if [[ -f $FROM/gpu.txt ]]; then  # a GPU run's results (not the committed generations)
+      mkdir -p "$DIR/logs" && cp "$FROM"/*.log "$FROM"/gpu.txt "$DIR/logs/" && cp -r "$FROM/checks" "$DIR/logs/"
+    fi
+    ;;
+  kl)
+    text=out/solver-text
+    for task in ${TASKS//,/ }; do
+      python -m replayssm_eval.tasks.synthetic --task "$task" --n 4000 --as-text --out "$text"
+    done
+    for model in "${MODELS[@]}"; do
+      for task in ${TASKS//,/ }; do
+        # shellcheck disable=SC2046
+        replayssm-eval kl --model "$model" --data-files "$text/$task/test.text.jsonl" "${KL[@]}" \
+          $(printf -- '--config %s ' "${KL_CONFIGS[@]}") --output "$DIR/kl-$model-$task"
+      done &  # the two models side by side
+    done
+    wait
+    ;;
+  report)
     replayssm-eval report "$DIR"/tiny-* "$DIR"/sampled-* "$DIR"/kl-* --output "$DIR/report"
     ;;
   *)
-    echo "usage: $0 prepare | gpu | score DIR" >&2
+    echo "usage: $0 prepare | gpu | score DIR | kl | report" >&2
     exit 2
     ;;
 esac
