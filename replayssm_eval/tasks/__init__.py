@@ -6,14 +6,16 @@
         --tasks replayssm_gpqa_diamond                                  # lm-eval's own CLI (`__main__`)
     lm_eval --model replayssm --model_args ... --include_path <YAML_DIR> --tasks ...   # the same (`lm_eval_plugin`)
 
-`lm_model` (the `replayssm` lm-eval model), `generation` (batched greedy ReplaySSM decoding,
-continuation scoring), `sampling` (sampled decoding with common random numbers across configs), `buckets` (length buckets from the FP32 run), `stats` (paired bootstrap,
-McNemar, sign-flip test), `accuracy` (the driver) and `report` (accuracy.json, accuracy.md), `offline` + `recorded`
-(generate on a machine without lm-eval, score here), `task_base` + `yaml/` (task configs built on
-lm-eval's own YAMLs), `lm_eval_plugin` + `lm_eval_plugin_build` (the .pth hook that registers the
-model with the plain `lm_eval` script), `fixtures/` (a handful of offline questions per task, in
-the hub datasets' schemas), `synthetic` (generated MATH- and MMLU-Pro-shaped tasks that small
-byte-level models can be trained on: synth_sum, synth_swap). This module imports neither torch nor lm-eval.
+`lm_model` (the `replayssm` lm-eval model), `requests` (what a generation request asks: stop strings,
+limit, sampling, sample index), `generation` (batched ReplaySSM decoding, continuation scoring),
+`sampling` (sampled decoding with common random numbers across configs), `buckets` (length buckets
+from the FP32 run), `stats` (paired bootstrap, McNemar, sign-flip test), `accuracy` (the driver) and
+`report` (accuracy.json, accuracy.md), `offline` + `recorded` (generate on a machine without lm-eval,
+score here), `task_base` + `yaml/` (task configs built on lm-eval's own YAMLs), `lm_eval_plugin` +
+`lm_eval_plugin_build` (the .pth hook that registers the model with the plain `lm_eval` script),
+`fixtures/` (a handful of offline questions per task, in the hub datasets' schemas), `synthetic`
+(generated MATH- and MMLU-Pro-shaped tasks that small byte-level models can be trained on: synth_sum,
+synth_swap). This module imports neither torch nor lm-eval.
 """
 
 from __future__ import annotations

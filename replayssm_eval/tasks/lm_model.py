@@ -43,12 +43,8 @@ from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.tasks.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 from replayssm_eval.tasks.generation import score_continuations
 from replayssm_eval.tasks.memory import plan_rows
-from replayssm_eval.tasks.recorded import sample_indices
-from replayssm_eval.tasks.sampling import GEN_KWARGS as SAMPLING_KWARGS
-from replayssm_eval.tasks.sampling import Sampling
+from replayssm_eval.tasks.requests import request_kwargs, sample_indices
 
-GEN_KWARGS = ("until", "max_gen_toks", *SAMPLING_KWARGS)
-DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets none
 CPU_BATCH = 8  # --batch_size auto on cpu
 
 
@@ -203,14 +199,3 @@ class ReplaySSMLM(TemplateLM):
             for i, result in zip(chunk, run([items[i] for i in chunk])):
                 results[i] = result
         return results
-
-
-def request_kwargs(gen_kwargs: dict) -> dict:
-    """until, max_gen_toks and sampling (`Sampling`) of an lm-eval request's generation kwargs; other keys are refused."""
-    unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS))
-    if unknown:
-        raise ValueError(f"unsupported generation kwargs {', '.join(unknown)}; replayssm accepts {', '.join(GEN_KWARGS)}")
-    until = gen_kwargs.get("until") or []
-    until = [until] if isinstance(until, str) else list(until)
-    return {"until": until, "max_gen_toks": int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)),
-            "sampling": Sampling.from_gen_kwargs(gen_kwargs)}

@@ -7,16 +7,7 @@ from pathlib import Path
 
 from lm_eval.api.model import LM
 
-
-def sample_indices(requests, first: int) -> list[int]:
-    """[R] the sample index of each request: `first` + how often the same request (lm-eval's repeats) came before."""
-    seen: dict[tuple, int] = {}
-    indices = []
-    for r in requests:
-        key = (r.task_name, r.doc_id, r.idx)
-        indices.append(first + seen.get(key, 0))
-        seen[key] = seen.get(key, 0) + 1
-    return indices
+from replayssm_eval.tasks.requests import request_kwargs, sample_indices
 
 
 class _GenerationOnly(LM):
@@ -36,7 +27,6 @@ class RequestRecorder(_GenerationOnly):
         self.records: list[dict] = []
 
     def generate_until(self, requests, disable_tqdm=False):
-        from replayssm_eval.tasks.lm_model import request_kwargs
 
         for r in requests:
             kwargs = request_kwargs(r.args[1])
@@ -57,7 +47,6 @@ class RecordedLM(_GenerationOnly):
             self._answers = {(a["config"], a["task"], a["doc_id"], a.get("sample", 0)): a for a in map(json.loads, f)}
 
     def generate_until(self, requests, disable_tqdm=False):
-        from replayssm_eval.tasks.lm_model import request_kwargs
         from replayssm_eval.tasks.sampling import Sampling
 
         keys = [(self.config.name, r.task_name, r.doc_id, j) for r, j in zip(requests, sample_indices(requests, self.sample))]
