@@ -29,11 +29,8 @@ Run from the repository root (the package importable):
 """
 
 import dataclasses
-import datetime
-import hashlib
 import itertools
 import json
-import math
 import re
 import shlex
 import sys
@@ -42,15 +39,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import transformers
 
 from replayssm_eval.models.adapter import load_model
 from replayssm_eval.models.tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID
 from replayssm_eval.tasks.generation import greedy_generate
 from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target
 from train_tiny import (
-    MODELS, BetaPenalty, check_torch_paths, config_parser, decay_table, git_rev, init_long_heads, init_slow_heads,
-    lr_at, make_optimizer, save, ssm_mixers, static_decay,
+    MODELS, BetaPenalty, check_torch_paths, decay_table, init_long_heads, init_slow_heads, lr_at, make_optimizer,
+    parse_config, provenance, save, ssm_mixers, static_decay,
 )
 
 SOLVERS = {f"{name}-solver": name for name in MODELS}  # solver name -> architecture in train_tiny.MODELS
@@ -221,13 +217,7 @@ def held_out_accuracy(model_dir: Path, cfg: SolverConfig) -> dict:
 
 
 def parse_args() -> SolverConfig:
-    parser = config_parser(SolverConfig, __doc__.split("\n\n")[0])
-    cfg = SolverConfig(**vars(parser.parse_args()))
-    if cfg.model not in SOLVERS:
-        parser.error(f"unknown model {cfg.model!r}; known: {', '.join(SOLVERS)}")
-    if not 0.0 <= cfg.long_heads <= 1.0:
-        parser.error(f"--long-heads {cfg.long_heads}: expected a share of the heads in [0, 1]")
-    return cfg
+    return parse_config(SolverConfig, SOLVERS, __doc__.split("\n\n")[0])
 
 
 def main() -> None:
@@ -257,12 +247,7 @@ def main() -> None:
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
         **result,
         "decay_static": decay_table([static_decay(m).tolist() for m in ssm_mixers(model)]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_rev": git_rev(),
-        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": sys.version.split()[0]},
-        "device": torch.cuda.get_device_name() if cfg.device.startswith("cuda") else "cpu",
+        **provenance(cfg.device, Path(__file__)),
     }
     out_dir = Path(cfg.out) / cfg.model
     save(model, out_dir, record)

@@ -214,17 +214,22 @@ def config_parser(config_cls: type, description: str) -> argparse.ArgumentParser
     return parser
 
 
-def parse_args() -> TrainConfig:
-    parser = config_parser(TrainConfig, __doc__.split("\n\n")[0])
-    cfg = TrainConfig(**vars(parser.parse_args()))
-    if cfg.model not in MODELS:
-        parser.error(f"unknown model {cfg.model!r}; known: {', '.join(MODELS)}")
+def parse_config(config_cls: type, models, description: str):
+    """`config_cls` from the command line (`config_parser`), its model one of `models` and its long-head options checked."""
+    parser = config_parser(config_cls, description)
+    cfg = config_cls(**vars(parser.parse_args()))
+    if cfg.model not in models:
+        parser.error(f"unknown model {cfg.model!r}; known: {', '.join(models)}")
     if not 0.0 <= cfg.long_heads <= 1.0:
         parser.error(f"--long-heads {cfg.long_heads}: expected a share of the heads in [0, 1]")
     if not 0.0 < cfg.long_decay_min <= cfg.long_decay_max < 1.0:
         parser.error(f"--long-decay-min {cfg.long_decay_min} / --long-decay-max {cfg.long_decay_max}: "
                      "expected 0 < min <= max < 1")
     return cfg
+
+
+def parse_args() -> TrainConfig:
+    return parse_config(TrainConfig, MODELS, __doc__.split("\n\n")[0])
 
 
 # ---- data
@@ -576,6 +581,17 @@ def git_rev() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def provenance(device: str, script: Path) -> dict:
+    """Date, git revision, the training script's sha256, versions and device of a training record."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_rev": git_rev(),
+        "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+    }
+
+
 def check_torch_paths() -> None:
     """Refuse to train where transformers would bind kernel packages instead of its torch paths."""
     present = [name for name in KERNEL_PACKAGES if importlib.util.find_spec(name) is not None]
@@ -630,11 +646,7 @@ def main() -> None:
         "train_plays": sorted(train_plays),
         "held_out_plays": list(held_out),
         "init": {"dt_range": DT_INIT_RANGE, "A_range": A_INIT_RANGE, "scheme": "stratified log-uniform, paired"},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_rev": git_rev(),
-        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
-        "device": torch.cuda.get_device_name() if cfg.device.startswith("cuda") else "cpu",
+        **provenance(cfg.device, Path(__file__)),
     }
     out_dir = Path(cfg.out) / cfg.model
     save(model, out_dir, record)
