@@ -60,8 +60,12 @@ def tiny_runner():
     return runner_module.load_runner(MODEL, device="cpu", dtype="float32", backend="torch", device_map=None)
 
 
-# split configs: the low-precision read copy never feeds the recurrence, so float32 noise between the
-# chunked and the token-by-token paths (~1e-5 in logits) cannot flip an NVFP4 rounding that persists
+# split configs: the low-precision read copy never feeds the recurrence. With an FP32 recurrence, float32 noise
+# between the chunked and the token-by-token paths (~1e-5 in logits) cannot flip a rounding that persists, so the
+# NLL differences agree to 1e-4. An FP16 recurrence copy does persist: that noise can flip one of its roundings
+# (one FP16 ulp of an element), which the next flush re-encodes, possibly into another NVFP4 code; so the two paths
+# agree only to a share of the config's own deviation, whatever the CPU (one flip on one AMD EPYC moved one token's
+# NLL difference by 1.2e-4, 0.7% of the sequence's largest): 5% of the largest |NLL difference|.
 @pytest.mark.parametrize("config", [pytest.param("nvfp4/fp16@4", marks=pytest.mark.slow), "nvfp4/fp32@8"])
 def test_driver_matches_token_by_token_decoding(tiny_runner, config):
     prompt_len, tokens = 16, 32
@@ -79,7 +83,9 @@ def test_driver_matches_token_by_token_decoding(tiny_runner, config):
     assert expected[0, 0].max() > 1e-6
     torch.testing.assert_close(got[:, :2], expected[:, :2], rtol=1e-2, atol=2e-5)  # KL, reverse KL
     torch.testing.assert_close(got[:, 2], expected[:, 2], rtol=0, atol=0)  # top-1 agreement
-    torch.testing.assert_close(got[:, 3], expected[:, 3], rtol=0, atol=1e-4)  # NLL difference
+    flips_persist = cfg.recur_format.name != "fp32"
+    tolerance = 0.05 * float(expected[:, 3].abs().max()) if flips_persist else 1e-4
+    torch.testing.assert_close(got[:, 3], expected[:, 3], rtol=0, atol=tolerance)  # NLL difference
 
 
 @pytest.mark.parametrize("model", [MODEL, pytest.param("tiny-qwen3.5", marks=pytest.mark.slow)])

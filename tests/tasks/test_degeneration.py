@@ -52,6 +52,7 @@ def test_degeneration_is_reported_per_bucket_for_fp32_and_each_config():
             3: (True, 100, True, 100, True)}
     config = {0: (True, 100, True, 100, True), 1: (True, 30, False, 100, False), 2: (False, 100, True, 100, True),
               3: (False, 100, True, 100, True)}
+    fp32, config = ({doc: [sample] for doc, sample in run.items()} for run in (fp32, config))  # one sample each
     task = task_report(spec, fp32, {"c": config}, "1,50", iters=10)
     low, high = task["buckets"]
     assert (low["n"], high["n"]) == (2, 2)
@@ -59,7 +60,7 @@ def test_degeneration_is_reported_per_bucket_for_fp32_and_each_config():
     assert low["configs"]["c"]["mean_gen_tokens"] == 65 and low["configs"]["c"]["loop_rate"] == 0.5
     assert high["fp32_loop_rate"] == 0.5 and high["configs"]["c"]["loop_rate"] == 1 and high["configs"]["c"]["truncated"] == 1
     assert task["all"]["configs"]["c"]["loop_rate"] == 0.75 and task["all"]["fp32_mean_gen_tokens"] == 55
-    unrecorded = {k: (*v[:4], None) for k, v in config.items()}
+    unrecorded = {k: [(*v[0][:4], None)] for k, v in config.items()}
     assert task_report(spec, fp32, {"c": unrecorded}, "1,50", iters=10)["all"]["configs"]["c"]["loop_rate"] is None
     report = {"model": "m", "complete": True, "configs": ["c"], "ci_method": "95% paired", "tasks": {
         "gpqa_diamond": {**task, "lm_eval_task": "t"}}}
