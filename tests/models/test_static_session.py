@@ -92,7 +92,7 @@ def test_static_step_equals_the_triton_step(name, config):
 @pytest.mark.parametrize("name,config", [
     ("tiny-qwen3.5", "shared:nvfp4@2"), ("tiny-qwen3.5", "nvfp4/fp8sr@2"),
     ("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "fp32"),
-    ("tiny-kimi-linear", "nvfp4/fp16sr@2"), ("tiny-kimi-linear", "shared:fp8sr@2"),
+    ("tiny-kimi-linear", "shared:fp8sr@2"),
 ])
 def test_whole_model_step_equals_the_triton_step_on_a_static_cache(name, config):
     rm = model(name)
@@ -159,9 +159,8 @@ def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-kimi-linear"])
-def test_graph_step_generates_the_triton_step_tokens(name):
-    rm = model(name)
+def test_graph_step_generates_the_triton_step_tokens():
+    rm = model("tiny-qwen3.5")
     prompts = [rm.tokenizer.encode(t) for t in PROMPTS]
     graph = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=NEW_TOKENS, step="graph")
     triton = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=NEW_TOKENS, step="triton")
