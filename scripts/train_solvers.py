@@ -45,8 +45,8 @@ from replayssm_eval.models.tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID
 from replayssm_eval.tasks.generation import greedy_generate
 from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target
 from train_tiny import (
-    MODELS, BetaPenalty, check_torch_paths, decay_table, init_long_heads, init_slow_heads, lr_at, make_optimizer,
-    parse_config, provenance, save, ssm_mixers, static_decay,
+    MODELS, BetaPenalty, RunConfig, check_torch_paths, decay_table, init_long_heads, init_slow_heads, lr_at,
+    make_optimizer, parse_config, provenance, save, ssm_mixers, static_decay,
 )
 
 SOLVERS = {f"{name}-solver": name for name in MODELS}  # solver name -> architecture in train_tiny.MODELS
@@ -58,28 +58,17 @@ ANSWER_RULES = {  # the tasks' final-answer rules: the last boxed answer / MMLU-
 
 
 @dataclasses.dataclass(frozen=True)
-class SolverConfig:
-    """One training run; the command line is generated from these fields."""
+class SolverConfig(RunConfig):
+    """One training run on the synthetic tasks (the defaults that differ from train_tiny.py's, and its own options)."""
 
     model: str  # a key of SOLVERS
-    out: str  # the model is written to out/<model>/
-    time_budget: float = 420.0  # seconds of training, evaluation not included
-    max_steps: int = 1_000_000
+    time_budget: float = 420.0
     seq_len: int = 5120  # bytes per row: holds the longest example of either task
     batch_size: int = 8
-    lr: float = 2e-3
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    long_heads: float = 0.5
+    beta_penalty: float = 0.05
     workers: int = 4  # DataLoader processes generating examples
-    log_every: int = 25
-    long_heads: float = 0.5  # share of each SSM layer's heads with a fixed slow decay (train_tiny.py)
-    long_decay_min: float = 0.999
-    long_decay_max: float = 0.9999
-    beta_penalty: float = 0.05  # GDN, KDA: loss weight of the long heads' mean beta
     eval_questions: int = 128  # test questions per task scored after training
     eval_max_gen_toks: int = 6144
     eval_batch: int = 128

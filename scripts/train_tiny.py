@@ -89,12 +89,12 @@ KERNEL_PACKAGES = ("mamba_ssm", "causal_conv1d", "fla")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """One training run; the command line is generated from these fields."""
+class RunConfig:
+    """What every training run of the fixtures sets (this script's and train_solvers.py's); a run's command line is
+    generated from its config's fields."""
 
-    model: str  # tiny-nemotron-h | tiny-qwen3.5 | tiny-kimi-linear
+    model: str
     out: str  # the model is written to out/<model>/
-    data: str = "data/shakespeare"  # folder of training plays, one .txt each (relative to the working directory)
     time_budget: float = 240.0  # seconds of training, evaluation not included
     max_steps: int = 1_000_000
     seq_len: int = 2048
@@ -107,11 +107,19 @@ class TrainConfig:
     seed: int = 0
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     log_every: int = 25
-    eval_bytes: int = 0  # held-out bytes per play to evaluate; 0 = whole plays
     long_heads: float = 0.0  # share of each SSM layer's heads with a fixed slow decay (see the docstring)
     long_decay_min: float = 0.999
     long_decay_max: float = 0.9999
     beta_penalty: float = 0.0  # GDN, KDA: loss weight of the long heads' mean beta
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(RunConfig):
+    """One training run on the plays."""
+
+    model: str  # tiny-nemotron-h | tiny-qwen3.5 | tiny-kimi-linear
+    data: str = "data/shakespeare"  # folder of training plays, one .txt each (relative to the working directory)
+    eval_bytes: int = 0  # held-out bytes per play to evaluate; 0 = whole plays
 
 
 def nemotron_h_config() -> NemotronHConfig:

@@ -16,7 +16,7 @@ import weakref
 
 import pytest
 import torch
-from task_helpers import TEST_DEVICE
+from task_helpers import TEST_DEVICE, out_of_memory_at_call
 
 from replayssm_eval.models import load_model
 from replayssm_eval.models.fixtures import BUNDLED_MODELS
@@ -134,15 +134,7 @@ def test_entry_order_changes_no_tokens():
 def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_tokens(monkeypatch):
     rm = model("tiny-nemotron-h")
     engine = Engine(rm, "nvfp4/fp16sr@4", step=STEP, max_batch=4, prefill_segment=4)
-    step, calls = engine.step_tokens, []
-
-    def flaky(session, tokens):
-        calls.append(tokens.shape[0])
-        if len(calls) == 3:
-            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
-        return step(session, tokens)
-
-    monkeypatch.setattr(engine, "step_tokens", flaky)
+    calls = out_of_memory_at_call(monkeypatch, engine, 3)
     gens = engine.generate(prompts(rm), max_gen_toks=LIMITS)
     assert engine.max_batch == 2 and max(calls[3:]) <= 2
     assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
@@ -180,15 +172,7 @@ def test_sessions_let_go_are_freed_before_the_next_step(monkeypatch):
 def test_out_of_memory_under_the_graph_step_regenerates_the_same_tokens(monkeypatch):
     rm = model("tiny-qwen3.5")
     engine = Engine(rm, "nvfp4/fp16sr@2", step="graph", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False)
-    step, calls = engine.step_tokens, []
-
-    def flaky(session, tokens):
-        calls.append(tokens.shape[0])
-        if len(calls) == 4:  # the first step of a two-row decoder (rows 0 and 2)
-            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
-        return step(session, tokens)
-
-    monkeypatch.setattr(engine, "step_tokens", flaky)
+    calls = out_of_memory_at_call(monkeypatch, engine, 4)  # the first step of a two-row decoder (rows 0, 2)
     gens = engine.generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
     assert calls[3] == 2 and engine.max_batch == 1 and max(calls[4:]) == 1
     assert [g.tokens for g in gens] == triton_tokens("tiny-qwen3.5", "nvfp4/fp16sr@2")

@@ -9,8 +9,7 @@ are the greedy path; the sample index and the sampling seed change the draws.
 import functools
 
 import pytest
-import torch
-from task_helpers import TEST_DEVICE
+from task_helpers import TEST_DEVICE, out_of_memory_at_call
 
 from replayssm_eval.models import load_model
 from replayssm_eval.tasks.engine import Engine
@@ -80,15 +79,7 @@ def test_out_of_memory_restart_redraws_the_same_samples(monkeypatch):
     rm = model("tiny-nemotron-h")
     prompts = [rm.tokenizer.encode(TEXTS[p]) for p, _ in ROWS]
     engine = Engine(rm, "fp32", step=STEP, max_batch=4, prefill_segment=4, stop_at_eos=False)
-    step, calls = engine.step_tokens, []
-
-    def flaky(session, tokens):
-        calls.append(tokens.shape[0])
-        if len(calls) == 5:
-            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
-        return step(session, tokens)
-
-    monkeypatch.setattr(engine, "step_tokens", flaky)
+    out_of_memory_at_call(monkeypatch, engine, 5)
     gens = engine.generate(prompts, max_gen_toks=LIMITS, sampling=HOT, samples=[j for _, j in ROWS])
     assert engine.max_batch == 2
     assert [g.tokens for g in gens] == reference_tokens()
