@@ -46,7 +46,7 @@ from replayssm_eval.tasks.generation import greedy_generate
 from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target
 from train_tiny import (
     MODELS, BetaPenalty, RunConfig, check_torch_paths, decay_table, init_long_heads, init_slow_heads, lr_at,
-    make_optimizer, parse_config, provenance, save, ssm_mixers, static_decay,
+    make_optimizer, optimizer_step, parse_config, provenance, save, ssm_mixers, static_decay,
 )
 
 SOLVERS = {f"{name}-solver": name for name in MODELS}  # solver name -> architecture in train_tiny.MODELS
@@ -145,12 +145,7 @@ def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]
         losses = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [B, L]
         weight = mask[:, 1:].float()
         loss = (losses * weight).sum() / weight.sum().clamp(min=1)
-        beta = penalty.pop()
-        objective = loss if beta is None else loss + cfg.beta_penalty * beta
-        optimizer.zero_grad(set_to_none=True)
-        objective.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        beta = optimizer_step(model, optimizer, loss, penalty, cfg)
         step += 1
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             now, value = time.perf_counter(), loss.item()

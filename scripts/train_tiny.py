@@ -480,6 +480,17 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
 
 
+def optimizer_step(model: torch.nn.Module, optimizer, loss: torch.Tensor, penalty: BetaPenalty, cfg: RunConfig):
+    """One update on `loss` plus the long heads' beta penalty (gradients clipped); returns that mean beta or None."""
+    beta = penalty.pop()
+    objective = loss if beta is None else loss + cfg.beta_penalty * beta
+    optimizer.zero_grad(set_to_none=True)
+    objective.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return beta
+
+
 def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig, long_heads: list[list[int]]) -> dict:
     """Train in place until the time budget or max_steps; returns step count, wall time, train bits/byte and the
     long heads' mean beta."""
@@ -504,12 +515,7 @@ def train(model: PreTrainedModel, stream: torch.Tensor, cfg: TrainConfig, long_h
         with autocast:
             logits = model(input_ids=batch[:, :-1], use_cache=False).logits  # [B, L, V]
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        beta = penalty.pop()
-        objective = loss if beta is None else loss + cfg.beta_penalty * beta
-        optimizer.zero_grad(set_to_none=True)
-        objective.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        beta = optimizer_step(model, optimizer, loss, penalty, cfg)
         step += 1
 
         if step % cfg.log_every == 0 or step == cfg.max_steps:
