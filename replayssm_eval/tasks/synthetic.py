@@ -9,7 +9,8 @@ with an answer line in the real benchmark's format, so the benchmark's own score
 
     synth_sum    running sum of a cycle of digits mod 100, answered `\\boxed{..}` (MATH-lighteval's schema;
                  scored like math_l5, by math_verify)
-    synth_swap   a cycle of box swaps, asked which item a box ends with, answered "The answer is (X)."
+    synth_swap   a cycle of box swaps, asked which item a box ends with; the item is checked against the
+                 options in turn, then answered "The answer is (X)."
                  (MMLU-Pro's schema; scored like mmlu_pro, by its "answer is (X)" regex)
 
 Row i of (task, split, seed) is drawn from `random.Random(f"{task}:{split}:{seed}:{i}")` (a str seed
@@ -130,10 +131,12 @@ def _swap_question(rng: random.Random) -> tuple[str, list[str], list[tuple[int, 
 
 def _swap_row(question: str, items: list[str], swaps: list[tuple[int, int]], steps: int, asked: int,
               options: list[str]) -> dict:
-    """The row: apply the swaps in turn N times, one trace line per swap.
+    """The row: apply the swaps in turn N times, one trace line per swap, then find the item among the options.
 
     A line is `<swaps left>: <the swaps, the one applied now first> | <box>=<item> ...` (the contents after the
     swap): each line is the line before with its count down by one, its swaps rotated by one and two items swapped.
+    After `Box q holds <item>.`, one check line per option in the prompt's order, up to the match:
+    `(<letter>) <option> <item> no|yes`, so the letter is read off the line that says yes.
     """
     lines, contents = [], list(items)
     for k in range(1, steps + 1):
@@ -144,7 +147,9 @@ def _swap_row(question: str, items: list[str], swaps: list[tuple[int, int]], ste
         lines.append(f"{steps - k:03d}: {written} | {' '.join(f'{b}={x}' for b, x in enumerate(contents, 1))}\n")
     item = contents[asked - 1]
     index = options.index(item)
-    target = "".join(lines) + f"Box {asked} holds {item}. The answer is ({LETTERS[index]})."
+    checks = "".join(f"({LETTERS[k]}) {option} {item} {'yes' if k == index else 'no'}\n"
+                     for k, option in enumerate(options[:index + 1]))
+    target = "".join(lines) + f"Box {asked} holds {item}.\n{checks}The answer is ({LETTERS[index]})."
     return {"question": question, "options": options, "answer": LETTERS[index], "answer_index": index,
             "cot_content": target, "category": "synthetic swaps", "src": f"N={steps}"}
 

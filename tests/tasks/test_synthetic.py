@@ -57,8 +57,13 @@ def solve_swap(prompt: str) -> tuple[list[str], str]:
         contents = " ".join("%d=%s" % (box, item) for box, item in enumerate(boxes, 1))
         lines.append("%03d: %s | %s\n" % (n - k - 1, " ".join("%d-%d" % s for s in queue), contents))
     item = boxes[int(m["q"]) - 1]
-    letter = next(L for L, text in options.items() if text == item)
-    return lines, f"Box {m['q']} holds {item}. The answer is ({letter})."
+    letters = list(options)
+    checks = []
+    for letter in letters:
+        checks.append(f"({letter}) {options[letter]} {item} {'yes' if options[letter] == item else 'no'}\n")
+        if options[letter] == item:
+            break
+    return lines, f"Box {m['q']} holds {item}.\n{''.join(checks)}The answer is ({letter})."
 
 
 SOLVERS = {"synth_sum": solve_sum, "synth_swap": solve_swap}
@@ -105,6 +110,7 @@ def test_target_is_the_simulation_of_the_prompt_text(task, split, test_rows):
         else:
             assert row["cot_content"] == target and final.endswith(f"The answer is ({row['answer']}).")
             assert row["options"][row["answer_index"]] == final.split()[3].rstrip(".")
+            assert final.count(" yes\n") == 1 and final.count(" no\n") == row["answer_index"]
             assert "ABCDEFGHIJ"[row["answer_index"]] == row["answer"]
             assert row["src"] == f"N={len(lines)}" and row["category"] == "synthetic swaps"
 
@@ -114,7 +120,7 @@ def test_difficulty_covers_short_and_long_targets(task, test_rows):
     sizes = [len(prompt_and_target(task, row)[1].encode()) for row in test_rows[task]]
     assert min(sizes) < 100 and max(sizes) >= 4096
     assert 200 < statistics.median(sizes) < 1500
-    steps = [len(prompt_and_target(task, row)[1].splitlines()) - 1 for row in test_rows[task]]
+    steps = [int(row.get("level", row.get("src"))[2:]) for row in test_rows[task]]
     lo, hi = (2, 220) if task == "synth_sum" else (1, 75)
     assert min(steps) == lo and hi - 10 < max(steps) <= hi
     # log-uniform: about as many rows below the geometric middle as above it

@@ -63,12 +63,14 @@ def wrong_total(doc):
 
 
 def wrong_item(doc):
-    """The gold chain with the last line naming another box's item and that item's letter."""
+    """The gold trace lines, then the answer lines naming another box's item and that item's letter."""
     letter = "ABCDEF"[(doc["answer_index"] + 1) % len(doc["options"])]
     item = doc["options"][(doc["answer_index"] + 1) % len(doc["options"])]
-    head, _ = doc["cot_content"].rsplit("\n", 1)
+    head, _ = doc["cot_content"].rsplit("\nBox ", 1)
     box = re.search(r"box (\d) hold", doc["question"])[1]
-    return f"{head}\nBox {box} holds {item}. The answer is ({letter})."
+    checks = "".join(f"({'ABCDEF'[k]}) {option} {item} {'yes' if option == item else 'no'}\n"
+                     for k, option in enumerate(doc["options"][:doc["options"].index(item) + 1]))
+    return f"{head}\nBox {box} holds {item}.\n{checks}The answer is ({letter})."
 
 
 def wrong_letter(doc):
@@ -82,9 +84,10 @@ def wrong_letter(doc):
 def test_wrong_final_answers_score_zero(task, answer, task_manager):
     accuracy, samples = score(task, answer, task_manager, limit=150)
     assert accuracy == 0.0 and len(samples) == 150
-    for sample in samples[:20]:  # the answers differ from the gold targets only in their last line
+    for sample in samples[:20]:  # the answers keep the gold trace lines and differ in their last line
         gold_lines, lines = gold(task)(sample["doc"]).split("\n"), sample["resps"][0][0].split("\n")
-        assert gold_lines[:-1] == lines[:-1] and gold_lines[-1] != lines[-1]
+        trace = [line for line in gold_lines if re.match(r"\d{3}: ", line)]
+        assert trace and lines[:len(trace)] == trace and gold_lines[-1] != lines[-1]
 
 
 def test_swap_letter_is_extracted_with_or_without_parentheses(task_manager):
