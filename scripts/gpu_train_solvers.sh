@@ -6,6 +6,10 @@
 #       MODELS: comma-separated (default all three); EXTRA: more train_solvers.py options, with {model} replaced by
 #       the model's name (e.g. "--init-from out/prev/{model} --seed 1" continues earlier runs)
 #
+# KDA trains with fla's Triton chunk rule (`--scan-kernels fla`, checked against transformers' torch rule first): its
+# wheels must be in .whl/ (`pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2`), installed for that
+# model's process only.
+#
 # $OUT gets <model>.tgz (config, bf16 weights, tokenizer, training.json) and train-<model>.log per model; the models
 # are also copied into replayssm_eval/models/fixtures/<model>/ of this checkout. Each run is killed after
 # SECONDS + 100 s; a model is packed as soon as its script ends.
@@ -18,14 +22,17 @@ MODELS=${3:-tiny-nemotron-h-solver,tiny-qwen3.5-solver,tiny-kimi-linear-solver}
 EXTRA=${4:-}
 export PYTHONPATH="$PWD/scripts:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT" out/solvers
-# HF's torch KDA chunk rule keeps [B, H, chunks, 64, 64, K] fp32 decay masks for backward: KDA trains at batch 4
-declare -A BATCH=([tiny-nemotron-h-solver]=8 [tiny-qwen3.5-solver]=8 [tiny-kimi-linear-solver]=4)
+declare -A SCAN=([tiny-nemotron-h-solver]=torch [tiny-qwen3.5-solver]=torch [tiny-kimi-linear-solver]=fla)
+if [[ ,$MODELS, == *,tiny-kimi-linear-solver,* ]]; then
+  python -m pip install -q --no-index --no-deps --target out/fla-site .whl/fla_core-*.whl .whl/einops-*.whl || exit
+fi
 for model in ${MODELS//,/ }; do
   (
+    [[ ${SCAN[$model]} == fla ]] && export PYTHONPATH="$PWD/out/fla-site:$PYTHONPATH"
     # shellcheck disable=SC2086
     timeout $((SECONDS_EACH + 100)) python scripts/train_solvers.py --model "$model" --out out/solvers \
-      --time-budget "$SECONDS_EACH" --batch-size "${BATCH[$model]}" --eval-questions "$EVAL" ${EXTRA//\{model\}/$model} \
-      > "$OUT/train-$model.log" 2>&1
+      --time-budget "$SECONDS_EACH" --batch-size 8 --scan-kernels "${SCAN[$model]}" --eval-questions "$EVAL" \
+      ${EXTRA//\{model\}/$model} > "$OUT/train-$model.log" 2>&1
     echo "exit $?" >> "$OUT/train-$model.log"
     if [[ -f out/solvers/$model/model.safetensors ]]; then
       tar czf "$OUT/$model.tgz" -C out/solvers "$model"

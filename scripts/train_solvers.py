@@ -20,6 +20,11 @@ on the first --eval-questions test questions of each task, greedy through the pa
 answer; "answer is (X)"): training.json records the command, time, the loss curve, this held-out
 accuracy overall and in the longest quarter of gold lengths, and the decay tables.
 
+Every run trains on transformers' plain torch paths, but `--scan-kernels fla` trains KDA with fla's Triton
+`chunk_kda` (transformers' torch chunk rule runs 3 s a step at 4 x 5,120 tokens on an H200): it is checked
+against the torch rule first (outputs and gradients, strong decays included) and recorded in training.json.
+The stored weights are the same kind either way; evaluation never uses fla.
+
 Run from the repository root (the package importable):
 
     PYTHONUNBUFFERED=1 python scripts/train_solvers.py --model tiny-qwen3.5-solver --out out/solvers --time-budget 420
@@ -73,6 +78,7 @@ class SolverConfig(RunConfig):
     eval_max_gen_toks: int = 6144
     eval_batch: int = 128
     init_from: str = ""  # a model folder (a solver trained before) to continue from, instead of a fresh init
+    scan_kernels: str = "torch"  # torch | fla: KDA's chunk rule from fla's Triton kernels (a GPU, training only)
 
 
 # ---- data
@@ -124,6 +130,30 @@ def batches(cfg: SolverConfig):
 
 
 # ---- train
+
+
+def use_fla_kda(device: str) -> str:
+    """Bind fla's `chunk_kda` as the KDA chunk rule of transformers' kimi_linear, once it matches transformers'
+    torch rule on random inputs (decays down to -8 per step); returns fla's version."""
+    import fla
+    from fla.ops.kda import chunk_kda
+    from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+
+    torch_rule = getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
+    gen = torch.Generator(device).manual_seed(0)
+    shape = (2, 300, 4, 64)  # [B, T, H, K]
+    q, k, v = (torch.randn(shape, device=device, generator=gen).requires_grad_() for _ in range(3))
+    g = (-8 * torch.rand(shape, device=device, generator=gen) ** 4).requires_grad_()  # log decays in (-8, 0]
+    beta = torch.rand(shape[:3], device=device, generator=gen).requires_grad_()
+    inputs = (q, k, v, g, beta)
+    results = []
+    for rule in (torch_rule, chunk_kda):
+        out, _ = rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)  # [B, T, H, V]
+        results.append((out, *torch.autograd.grad((out * torch.cos(out)).sum(), inputs)))
+    for name, ref, got in zip(("output", "dq", "dk", "dv", "dg", "dbeta"), *results):
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-3 * ref.abs().max().item(), msg=lambda m: f"fla {name}: {m}")
+    kimi.chunk_kimi_delta_attention = chunk_kda
+    return fla.__version__
 
 
 def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]) -> dict:
@@ -200,13 +230,33 @@ def held_out_accuracy(model_dir: Path, cfg: SolverConfig) -> dict:
 # ---- main
 
 
+def earlier_runs(init_from: str, result: dict) -> dict:
+    """What a continued run records of the runs before it (from init_from/training.json, nested), with totals."""
+    path = Path(init_from) / "training.json"
+    if not init_from or not path.exists():
+        return {}
+    before = json.loads(path.read_text())
+    kept = ("command", "steps", "train_seconds", "tokens_per_step", "scan_kernels", "loss_curve", "date", "git_rev",
+            "device", "note", "continued_from")
+    return {"continued_from": {key: before[key] for key in kept if key in before},
+            "steps_total": before.get("steps_total", before["steps"]) + result["steps"],
+            "train_seconds_total": round(before.get("train_seconds_total", before["train_seconds"])
+                                         + result["train_seconds"], 1)}
+
+
 def parse_args() -> SolverConfig:
-    return parse_config(SolverConfig, SOLVERS, __doc__.split("\n\n")[0])
+    cfg = parse_config(SolverConfig, SOLVERS, __doc__.split("\n\n")[0])
+    if cfg.scan_kernels not in ("torch", "fla"):
+        raise SystemExit(f"--scan-kernels {cfg.scan_kernels!r}: expected torch or fla")
+    if cfg.scan_kernels == "fla" and (SOLVERS[cfg.model] != "tiny-kimi-linear" or not cfg.device.startswith("cuda")):
+        raise SystemExit(f"--scan-kernels fla trains KDA on a GPU only; got {cfg.model} on {cfg.device}")
+    return cfg
 
 
 def main() -> None:
     cfg = parse_args()
-    check_torch_paths()
+    check_torch_paths(allowed=("fla",) if cfg.scan_kernels == "fla" else ())
+    scan_kernels = {"fla": use_fla_kda(cfg.device)} if cfg.scan_kernels == "fla" else {}
     torch.manual_seed(cfg.seed)
     config_fn, model_cls = MODELS[SOLVERS[cfg.model]]
     if cfg.init_from:
@@ -229,9 +279,11 @@ def main() -> None:
         "train_config": dataclasses.asdict(cfg),
         "tasks": list(SYNTHETIC_TASKS),
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
+        "scan_kernels": scan_kernels or "transformers' torch paths",
         **result,
         "decay_static": decay_table([static_decay(m).tolist() for m in ssm_mixers(model)]),
         **provenance(cfg.device, Path(__file__)),
+        **earlier_runs(cfg.init_from, result),
     }
     out_dir = Path(cfg.out) / cfg.model
     save(model, out_dir, record)

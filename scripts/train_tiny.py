@@ -606,9 +606,9 @@ def provenance(device: str, script: Path) -> dict:
     }
 
 
-def check_torch_paths() -> None:
-    """Refuse to train where transformers would bind kernel packages instead of its torch paths."""
-    present = [name for name in KERNEL_PACKAGES if importlib.util.find_spec(name) is not None]
+def check_torch_paths(allowed: tuple[str, ...] = ()) -> None:
+    """Refuse to train where transformers would bind kernel packages (but `allowed`) instead of its torch paths."""
+    present = [name for name in KERNEL_PACKAGES if name not in allowed and importlib.util.find_spec(name) is not None]
     if present:
         raise RuntimeError(f"kernel packages {present} are importable; the fixtures train on the plain torch paths only")
 
