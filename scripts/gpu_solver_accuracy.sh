@@ -4,7 +4,9 @@
 # run on a GPU machine that needs neither lm-eval, datasets nor math-verify:
 #
 #   scripts/gpu_solver_accuracy.sh prepare        # CPU: the requests (greedy and sampled) under $DIR
-#   OUT=out scripts/gpu_solver_accuracy.sh gpu    # GPU: the generations into $OUT/results.tgz (H200: ~6 min)
+#   OUT=out scripts/gpu_solver_accuracy.sh gpu    # GPU: the generations into $OUT/results.tgz (H200: ~8 min)
+#       GPU_SECONDS (default 470): then everything is packed, whatever is unfinished;
+#       CHECKS=0 leaves out the device checks, SAMPLED=0 the sampled run
 #   scripts/gpu_solver_accuracy.sh score DIR      # CPU, DIR = the unpacked results (or the committed generations/,
 #                                                 # gunzipped): the accuracy runs
 #   scripts/gpu_solver_accuracy.sh kl             # CPU or GPU (needs datasets): the KL runs (2 CPU cores: ~40 min)
@@ -18,13 +20,14 @@ cd "$(dirname "$0")/.."
 MODELS=(tiny-nemotron-h-solver tiny-qwen3.5-solver)
 TASKS=synth_sum,synth_swap
 CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp32,nvfp4/fp8sr,shared:fp8sr,vllm:replay-fp16sr,vllm:fp16sr,sglang:fp8,flashinfer:int16,vllm:int8,modelopt:int8-hadamard
-GROUPS_OF=(  # the configs after fp32, in three concurrent groups per model
-  shared:nvfp4,nvfp4/fp16sr,nvfp4/fp32,nvfp4/fp8sr
-  shared:fp8sr,vllm:replay-fp16sr,vllm:fp16sr
-  sglang:fp8,flashinfer:int16,vllm:int8,modelopt:int8-hadamard
+GROUPS_OF=(  # the configs after fp32, in four concurrent groups per model, the paper's configs first
+  shared:nvfp4,nvfp4/fp32,vllm:int8
+  nvfp4/fp16sr,shared:fp8sr,flashinfer:int16
+  nvfp4/fp8sr,vllm:replay-fp16sr,modelopt:int8-hadamard
+  sglang:fp8,vllm:fp16sr
 )
 KL_CONFIGS=(shared:nvfp4 nvfp4/fp16sr nvfp4/fp32 shared:fp8sr nvfp4/fp8sr)  # each against its FP32 reference
-SAMPLED_MODEL=tiny-nemotron-h-solver
+SAMPLED_MODEL=tiny-qwen3.5-solver
 SAMPLED_CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr
 SAMPLING=(--gen-kwargs "temperature=0.6,top_p=0.95,top_k=20" --samples 4 --sampling-seed 0)
 MAX_GEN_TOKS=5120  # the longest gold target is 4,460 bytes
@@ -46,12 +49,12 @@ case "${1:-}" in
     mkdir -p "$OUT" "$work"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$work/gpu.txt"
-    (  # the fixed-buffer step and the sampler on the device, beside the generations
+    [[ ${CHECKS:-1} == 0 ]] || (  # the fixed-buffer step and the sampler on the device, beside the generations
       timeout 300 python benchmarks/gpu_check_graph.py --out "$work/checks" --skip-speed > "$work/gpu_check_graph.log" 2>&1
       REPLAYSSM_TEST_DEVICE=cuda timeout 150 python -m pytest -q -p no:cacheprovider -m "" tests/tasks/test_sampling.py \
         tests/tasks/test_sampled_generation.py tests/kernels/test_static_step.py -k "gpu or kda" > "$work/pytest_cuda.log" 2>&1
     ) &
-    deadline=$((SECONDS + 470))  # then everything is packed, whatever is unfinished
+    deadline=$((SECONDS + ${GPU_SECONDS:-470}))
     generate() {  # model, configs, generations file, requests file; each config is appended whole when done
       local left=$((deadline - SECONDS))
       ((left > 15)) || { echo "no time left for $2" >> "${3%.jsonl}.log"; return; }
@@ -72,7 +75,8 @@ case "${1:-}" in
         wait
       ) &
     done
-    generate "$SAMPLED_MODEL" "$SAMPLED_CONFIGS" "$work/gens-sampled-$SAMPLED_MODEL.jsonl" "$DIR/requests-sampled.jsonl" &
+    [[ ${SAMPLED:-1} == 0 ]] ||
+      generate "$SAMPLED_MODEL" "$SAMPLED_CONFIGS" "$work/gens-sampled-$SAMPLED_MODEL.jsonl" "$DIR/requests-sampled.jsonl" &
     wait
     tar czf "$OUT/results.tgz" -C out solver-accuracy
     tail -n 3 "$work"/*.log
@@ -92,9 +96,11 @@ print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name i
         --generations "$gens" --output "$DIR/$model"
     done
     gens="$FROM/gens-sampled-$SAMPLED_MODEL.jsonl"
-    rm -rf "$DIR/sampled-$SAMPLED_MODEL"
-    replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$SAMPLED_CONFIGS" "$gens")" "${SAMPLING[@]}" \
-      --model "$SAMPLED_MODEL" --generations "$gens" --output "$DIR/sampled-$SAMPLED_MODEL"
+    if [[ -f $gens ]]; then  # not there from a run with SAMPLED=0
+      rm -rf "$DIR/sampled-$SAMPLED_MODEL"
+      replayssm-eval accuracy "${COMMON[@]}" --configs "$(present "$SAMPLED_CONFIGS" "$gens")" "${SAMPLING[@]}" \
+        --model "$SAMPLED_MODEL" --generations "$gens" --output "$DIR/sampled-$SAMPLED_MODEL"
+    fi
     if [[ -f $FROM/gpu.txt ]]; then  # a GPU run's results (not the committed generations)
       mkdir -p "$DIR/logs" && cp "$FROM"/*.log "$FROM"/gpu.txt "$DIR/logs/" && cp -r "$FROM/checks" "$DIR/logs/"
     fi
@@ -106,6 +112,7 @@ print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name i
     done
     for model in "${MODELS[@]}"; do
       for task in ${TASKS//,/ }; do
+        rm -rf "$DIR/kl-$model-$task"
         # shellcheck disable=SC2046
         replayssm-eval kl --model "$model" --data-files "$text/$task/test.text.jsonl" "${KL[@]}" \
           $(printf -- '--config %s ' "${KL_CONFIGS[@]}") --output "$DIR/kl-$model-$task"

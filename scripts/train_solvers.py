@@ -166,6 +166,7 @@ def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]
     model.train()
     data = batches(cfg)
     start = last_time = time.perf_counter()
+    last_step = 0
     while step < cfg.max_steps and time.perf_counter() - start < cfg.time_budget:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step, time.perf_counter() - start)
@@ -177,13 +178,13 @@ def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]
         loss = (losses * weight).sum() / weight.sum().clamp(min=1)
         beta = optimizer_step(model, optimizer, loss, penalty, cfg)
         step += 1
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
+        if step == 1 or step % cfg.log_every == 0 or step == cfg.max_steps:  # step 1: the compile and warm-up time
             now, value = time.perf_counter(), loss.item()
             curve.append([step, round(now - start, 1), round(value, 5)])
             print(f"[{cfg.model}] step {step:5d}  target loss {value:.5f}  "
-                  f"{1000 * (now - last_time) / cfg.log_every:.0f} ms/step  {now - start:.0f} s"
+                  f"{1000 * (now - last_time) / (step - last_step):.0f} ms/step  {now - start:.0f} s"
                   + ("" if beta is None else f"  long-head beta {beta.item():.3f}"), flush=True)
-            last_time = now
+            last_time, last_step = now, step
     return {"steps": step, "train_seconds": round(time.perf_counter() - start, 1), "loss_curve": curve,
             "long_heads": long_heads, "long_head_beta_last": None if beta is None else round(beta.item(), 4)}
 
