@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.presets import full_size_config

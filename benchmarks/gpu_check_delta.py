@@ -46,10 +46,10 @@ from pathlib import Path
 import torch
 
 from replayssm_eval.kernels import gdn, kda
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta.reference import _verify
 from replayssm_eval.kernels.delta.triton import _read_format
-from replayssm_eval.kernels.state import write_checkpoint
+from replayssm_eval.replay.state import write_checkpoint
 
 FLIP_BUDGET = 1e-2  # fraction of a stored copy's elements a checkpoint may flip
 UNEXPLAINED_BUDGET = 1e-4  # fraction differing from write_checkpoint of the kernel's own pre-round fold

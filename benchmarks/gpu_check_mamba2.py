@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 from replayssm_eval.kernels.mamba2.triton import decode_step_triton, verify_triton
-from replayssm_eval.kernels.schedule import ScheduleState
+from replayssm_eval.replay.schedule import ScheduleState
 
 RTOL, FLIPS = 1e-5, 0.01
 FLIP_SIZE = 0.5  # the most any element may differ, relative to max|ref|: a flipped rounding is one grid step

@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from replayssm_eval.kernels.config import ReplayConfig  # noqa: E402
+from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 from replayssm_eval.kernels import gdn, kda  # noqa: E402
 from replayssm_eval.kernels.delta._common import from_format_layout  # noqa: E402
 from replayssm_eval.kernels.gdn import chunked as gdn_chunked  # noqa: E402
@@ -65,8 +65,8 @@ from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import chunked as mamba2_chunked  # noqa: E402
 from replayssm_eval.kernels.mamba2 import decode_reference as mamba2_reference  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
-from replayssm_eval.kernels.schedule import ScheduleState  # noqa: E402
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed  # noqa: E402
+from replayssm_eval.replay.schedule import ScheduleState  # noqa: E402
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed  # noqa: E402
 
 GEOMETRY = {  # full size and --tiny
     "mamba2": (dict(H=96, P=80, N=128, G=8), dict(H=4, P=20, N=32, G=2)),

@@ -35,7 +35,7 @@ CONFIGS+=("nvfp4/fp16sr#buf=bf16" "nvfp4/fp16sr#skip=0.001" "nvfp4/fp16sr#skip=0
 # every config must parse (and name a distinct canonical config): fail before any GPU work
 python - "${CONFIGS[@]}" <<'PY'
 import sys
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 names = [ReplayConfig.parse(c).name for c in sys.argv[1:]]
 dups = {n for n in names if names.count(n) > 1}
 if dups:

@@ -84,7 +84,7 @@ case "${1:-}" in
   score)
     FROM=${2:?give the folder holding the unpacked solver-accuracy results}
     present() {  # the configs of the list $1 (in its order) that the generations files $2... hold
-      python -c 'import json, sys; from replayssm_eval.kernels.config import ReplayConfig
+      python -c 'import json, sys; from replayssm_eval.replay.config import ReplayConfig
 found = {json.loads(line)["config"] for path in sys.argv[2:] for line in open(path)}
 print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name in found))' "$@" 2>/dev/null
     }

@@ -1,12 +1,8 @@
-"""ReplaySSM split-precision kernels.
+"""ReplaySSM split-precision kernels, one folder per recurrence family.
 
-`config` (ReplayConfig), `schedule` (where checkpoints are written), `keys` (SR random bits) and
-`state` (ReplayState) are shared by the families in `mamba2/` and `gdn/`, each with a step-by-step
-`decode_reference`, a teacher-forced `chunked` form and Triton kernels. `family` describes each
-family (`KernelFamily`) for the code outside `kernels/`: `get_family(name)`.
+`mamba2/`, `gdn/` and `kda/` (with `delta/`, the delta-rule code GDN and KDA share) each hold a
+step-by-step `decode_reference`, a teacher-forced `chunked` form and Triton kernels. `family`
+describes each family (`KernelFamily`) for the code outside `kernels/`: `get_family(name)`;
+`static_step` runs any family's fixed-buffer decode step. What the kernels store and when
+(ReplayConfig, schedules, keys, ReplayState) is `replayssm_eval.replay`.
 """
-
-from replayssm_eval.kernels.config import ReplayConfig, SpeculativeFlush
-from replayssm_eval.kernels.state import ReplayState
-
-__all__ = ["ReplayConfig", "ReplayState", "SpeculativeFlush"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.kernels.state import ReplayState
+from replayssm_eval.replay.state import ReplayState
 
 # family name -> package defining FAMILY; a new family adds one line
 _PACKAGES = {
@@ -58,7 +58,7 @@ class KernelFamily:
     replay_state: (tensors, state, config, layer_idx, seq_ids) -> the checked ReplayState the kernels start
         from (checkpoint 0 written from an FP32 anchor in `state_layout`, or the carried ReplayState).
     log_decays: (tensors in `inputs` order, carried ReplayState or None) -> (log-decay per token and head
-        [B, T, H], log-decay of the carried buffer entries [B, cap, H] or None): what `kernels.skip` reads.
+        [B, T, H], log-decay of the carried buffer entries [B, cap, H] or None): what `replay.skip` reads.
     """
 
     name: str

@@ -3,7 +3,7 @@
 `StaticState` holds one SSM layer's ReplayState in fixed buffers: the recurrence copy S_hi, the
 read copy S_lo and its packed encoding, the ring buffer, and per row the window phase (`count`),
 the checkpoint index and the Philox keys of both copies (computed on the device from the
-sequence ids, `kernels.device_keys`). `step(...)` decodes one token for every row with the
+sequence ids, `replay.device_keys`). `step(...)` decodes one token for every row with the
 family's single-token Triton kernel (Mamba-2; GDN and KDA through the launcher their eager step
 uses, `<family>.triton.launch_replay_step`) and leaves the state where `decode_step_triton` of
 that family would leave it, bit for bit (docs/semantics.md, decode semantics).
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from replayssm_eval.kernels.buffer_round import buffer_kind
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.device_keys import sr_keys_device
-from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY
-from replayssm_eval.kernels.schedule import ScheduleState
-from replayssm_eval.kernels.state import ReplayState, _encode_keyed
+from replayssm_eval.replay.buffer_round import buffer_kind
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.device_keys import sr_keys_device
+from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY
+from replayssm_eval.replay.schedule import ScheduleState
+from replayssm_eval.replay.state import ReplayState, _encode_keyed
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.triton import encode_triton, encode_triton_supports
 

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from replayssm_eval.data.sources import TextSource, iter_documents
 from replayssm_eval.data.tokens import TokenDocs, tokenize_documents
-from replayssm_eval.kernels.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
+from replayssm_eval.replay.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.kl import runner as runner_module
 from replayssm_eval.kl.buckets import Bucket, parse_buckets
 from replayssm_eval.kl.cli import DEFAULT_CONFIGS, MAX_TOKENS, KLConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kl.buckets import Bucket, bucket_stats
 from replayssm_eval.kl.metrics import METRICS
 from replayssm_eval.kl.store import atomic_write_bytes, atomic_write_json

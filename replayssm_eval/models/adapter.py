@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import Cache
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import gdn_hooks, kda_hooks, mamba2_hooks, routing
 from replayssm_eval.models.families import family_of, find_ssm_layers
 from replayssm_eval.models.fixtures import resolve_model

@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
-from replayssm_eval.kernels.state import ReplayState
+from replayssm_eval.replay.state import ReplayState
 from replayssm_eval.kernels.static_step import folds_of
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession

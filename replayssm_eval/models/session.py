@@ -9,7 +9,7 @@ study) share one model in lockstep, each with its own cache.
 Window phase: the first call on a fresh cache is the prompt. It runs Hugging Face's FP32 torch
 scan and leaves the exact FP32 state in the cache; the next call writes checkpoint 0 from it
 (the anchor) and every call after that continues the ReplayState, so segment boundaries do not
-change numbers. Sequence ids key the stochastic-rounding bits (`kernels.keys`); layer ids are the
+change numbers. Sequence ids key the stochastic-rounding bits (`replay.keys`); layer ids are the
 HF layer indices.
 
 The FP32 reference `fp32` (window 1) under the chunked engine is a plain FP32 recurrence:
@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import KernelFamily
-from replayssm_eval.kernels.state import ReplayState
+from replayssm_eval.replay.state import ReplayState
 
 ENGINES = ("chunked", "reference", "step")
 
@@ -162,11 +162,11 @@ class ReplaySession:
         return y.to(torch.promote_types(x.dtype, torch.float32))
 
     def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> None:
-        """Add this call's skipped checkpoint reads (`kernels.skip`) to `skip_counts[layer_idx]`."""
+        """Add this call's skipped checkpoint reads (`replay.skip`) to `skip_counts[layer_idx]`."""
         if self._config.skip_read_below is None:
             return
-        from replayssm_eval.kernels.schedule import ScheduleState
-        from replayssm_eval.kernels.skip import skipped_reads
+        from replayssm_eval.replay.schedule import ScheduleState
+        from replayssm_eval.replay.skip import skipped_reads
 
         carried = initial if isinstance(initial, ReplayState) else None
         log_decay, buffered = family.log_decays(tuple(t.to(self.compute_dtype) for t in inputs), carried)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models.adapter import ReplayModel
 
 

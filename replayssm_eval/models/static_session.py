@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_eval.kernels.family import KernelFamily
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_in_place
 from replayssm_eval.models.session import ReplaySession, at_least_fp32
 

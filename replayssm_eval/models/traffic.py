@@ -18,14 +18,14 @@ bytes per element): Mamba-2 x [H, P], B [G, N], dt [H]; GDN open fold k [Hk, K],
 beta, g at the flush). Conv states and KV caches are not SSM state and are not counted.
 
 Read skipping (`#skip=EPS`) is data-dependent: `state_traffic` gives its upper bound, and
-`skip_savings` turns the skipped reads counted during a run (`kernels.skip`, per layer) into the
+`skip_savings` turns the skipped reads counted during a run (`replay.skip`, per layer) into the
 bytes they save: a skipped (token, head) read saves one head's share of the copy that token reads,
 S(read) / H at a non-flush token, S(recur) / H at a flush.
 """
 
 from __future__ import annotations
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import get_family
 from replayssm_eval.models.presets import ModelGeometry, geometry_from_config, get_preset
 from replayssm_eval.models.session import as_config

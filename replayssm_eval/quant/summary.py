@@ -54,8 +54,8 @@ def run_formats(config: FormatsConfig) -> int:
 
 
 def _print_presets(as_json: bool) -> int:
-    from replayssm_eval.kernels.config import ReplayConfig
-    from replayssm_eval.kernels.engines import PRESETS
+    from replayssm_eval.replay.config import ReplayConfig
+    from replayssm_eval.replay.engine_presets import PRESETS
 
     rows = [{"preset": p.name, "expansion": ReplayConfig.parse(p.expansion).name, "source": p.source,
              "description": p.description} for p in PRESETS.values()]

@@ -15,7 +15,7 @@ cvt per element, same values as the decoders above):
                                                                    (multiply by _E2M1_F16_SCALE, once per block)
 
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
-flush writes; Philox keyed per state as `kernels.keys`), in one launch after any head/tensor amax.
+flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Group amax reductions
 (FP8 row/head/tensor scales, NVFP4 global scales) run in torch on the host; block maxima, scales,
 rounding and Philox (`tl.randint(seed, offset + flat index)`) run in the kernel.
@@ -415,7 +415,7 @@ def _encode_kernel(
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
-    if (KIND == FP16SR) | (KIND == FP8SR):  # counters of `kernels.keys.state_random_bits`
+    if (KIND == FP16SR) | (KIND == FP8SR):  # counters of `replay.keys.state_random_bits`
         bits = tl.randint(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem).to(tl.int64)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
@@ -495,7 +495,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
 
     For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
     state's Philox key and checkpoint index, and the result equals
-    `fmt.encode(x, random_bits=kernels.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
+    `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
     deterministic formats ignore them and equal `fmt.encode(x)`. Head- and tensor-wide scales take
     one torch amax reduction first; row scales are reduced in the kernel.
 

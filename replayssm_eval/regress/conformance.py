@@ -29,7 +29,7 @@ token and through `decode_reference` (FP32), and checks:
   different orders put an element within an ulp of a rounding boundary on different sides now
   and then; a wrong rounding mode, scale or kernel changes far more elements);
 - checkpoint indices and buffered-entry counts equal the reference's exactly.
-Stochastic rounding must follow the Philox keying of `kernels.keys` (as ReplaySSM specifies), or
+Stochastic rounding must follow the Philox keying of `replay.keys` (as ReplaySSM specifies), or
 the SR configs fail: leave them out with `--kernel-configs`.
 """
 
@@ -45,9 +45,9 @@ from typing import Callable
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import family_names, get_family
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
 FAMILIES = family_names()
 Y_TOL = 1e-3

@@ -164,7 +164,7 @@ def bits_metrics(select) -> dict[str, str]:
 
 
 def kernel_metrics(select) -> dict[str, float]:
-    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.replay.config import ReplayConfig
     from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
 
@@ -190,7 +190,7 @@ def kernel_metrics(select) -> dict[str, float]:
 
 
 def chunked_metrics(select) -> dict[str, float]:
-    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.replay.config import ReplayConfig
     from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
 
@@ -227,7 +227,7 @@ def _chunked_pair(family, config, backends):
 
 
 def kl_metrics(select) -> dict[str, float]:
-    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.replay.config import ReplayConfig
     from replayssm_eval.kl import KLConfig, run_kl
     from replayssm_eval.kl.store import read_json
 

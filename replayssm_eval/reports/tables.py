@@ -229,7 +229,7 @@ def _configs_of(result: Result):
 
 
 def _traffic_row(model: str, name: str, traffic: dict | None, note: str) -> TrafficRow:
-    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.replay.config import ReplayConfig
 
     try:
         cfg = ReplayConfig.parse(name)
@@ -365,8 +365,8 @@ def formats_table(results: list[Result]) -> Table:
     """One row per config of the KL runs, one column group per run: read bits per element, then per run the
     ReplaySSM traffic (less skipped reads), the reads skipped and the mean KL; engine presets named beside
     the config they expand to. The BENCHMARKS.md formats table."""
-    from replayssm_eval.kernels.config import ReplayConfig
-    from replayssm_eval.kernels.engines import PRESETS
+    from replayssm_eval.replay.config import ReplayConfig
+    from replayssm_eval.replay.engine_presets import PRESETS
 
     presets: dict[str, list[str]] = {}
     for p in PRESETS.values():

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from replayssm_eval.cli import command, option
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.tasks import (
     DECODE_STEPS, DEFAULT_TASKS, FIXED_BUFFER_STEPS, FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task, split_configs,
 )

@@ -36,7 +36,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from replayssm_eval.kernels.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
+from replayssm_eval.replay.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.models import load_model
 from replayssm_eval.tasks.degeneration import is_loop
 from replayssm_eval.tasks import DECODE_STEPS, FIXED_BUFFER_STEPS

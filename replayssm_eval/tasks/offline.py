@@ -107,7 +107,7 @@ def main(argv=None) -> None:
                         help="decode step (auto: triton on cuda, reference on cpu; graph: the whole model's step as a "
                              "CUDA graph, fixed-window configs)")
     args = parser.parse_args(argv)
-    from replayssm_eval.kernels.config import ReplayConfig
+    from replayssm_eval.replay.config import ReplayConfig
     from replayssm_eval.tasks import split_configs
 
     configs = [ReplayConfig.parse(c).name for c in split_configs(args.configs)]

@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_delta_reference import CONFIGS, FAMILIES, MATRIX, assert_close, cut, make_inputs, naive_decode, phased_start
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import chunked as chunked_module
 from replayssm_eval.kernels.delta._common import checkpoint_kv
 

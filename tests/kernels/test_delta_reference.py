@@ -12,11 +12,11 @@ from here.
 import pytest
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels import gdn, kda
 from replayssm_eval.kernels.delta._common import checkpoint_kv
-from replayssm_eval.kernels.schedule import ScheduleState
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.replay.schedule import ScheduleState
+from replayssm_eval.replay.state import ReplayState, write_checkpoint
 
 FAMILIES = {"gdn": gdn, "kda": kda}
 DV = {"gdn": 24, "kda": 12}  # default value head size of `make_inputs`

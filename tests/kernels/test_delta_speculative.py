@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_delta_reference import FAMILIES, assert_close, cut, make_inputs, phased_start, plain_recurrence
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta._common import buffer_capacity
 
 FAM = pytest.mark.parametrize("fam", list(FAMILIES))

@@ -18,12 +18,12 @@ import triton.language as tl
 from test_delta_reference import FAMILIES, assert_close, cut, make_inputs, phased_start, plain_recurrence
 from test_mamba2_reference import FLIP_SIZE
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import to_format_layout
 from replayssm_eval.kernels.delta.reference import _verify
-from replayssm_eval.kernels.keys import sr_keys
-from replayssm_eval.kernels.state import write_checkpoint
+from replayssm_eval.replay.keys import sr_keys
+from replayssm_eval.replay.state import write_checkpoint
 
 SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
 # grouped heads (HV = 2H), K and V not powers of two
@@ -52,7 +52,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
 @pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
                                   "nvfp4:scale=row", "nvfp4:scale=head"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
-    """`_store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `kernels.keys`)."""
+    """`_store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
     x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
     x[0, 1, 3] = 0.0

@@ -15,13 +15,13 @@ from test_delta_triton import one_segment_launches as _one_segment_launches
 from test_delta_triton import rounds_to as _rounds_to
 
 from replayssm_eval.kernels import gdn
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import buffer_capacity, buffer_keys, to_format_layout
 from replayssm_eval.kernels.gdn import chunked, decode_reference
 from replayssm_eval.kernels.gdn import triton as gdn_triton
-from replayssm_eval.kernels.schedule import ScheduleState
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.schedule import ScheduleState
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
 QWEN_HEAD = dict(batch=1, heads=1, value_heads=2, dk=128, dv=128)  # Qwen3.5-4B's head size (K = V = 128), two heads
 AWKWARD = dict(heads=2, value_heads=4, dk=24, dv=40)  # grouped heads (HV = 2H), K and V not powers of two

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_mamba2_reference import CONFIGS, WINDOWS, assert_close, make_inputs, phased_state, sliced
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 
 

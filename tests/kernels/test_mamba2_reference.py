@@ -9,10 +9,10 @@ The helpers here (`make_inputs`, `assert_close`, `cat_states`) are used by the o
 import pytest
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference, speculative_decode_reference
-from replayssm_eval.kernels.schedule import ScheduleState
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.replay.schedule import ScheduleState
+from replayssm_eval.replay.state import ReplayState, write_checkpoint
 from replayssm_eval.quant import PackedState
 
 CONFIGS = ["fp32", "shared:nvfp4", "nvfp4/fp16sr", "nvfp4/fp8sr", "fp16/fp32"]

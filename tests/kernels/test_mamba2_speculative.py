@@ -5,7 +5,7 @@ import torch
 from test_mamba2_chunked import assert_same_state
 from test_mamba2_reference import assert_close, make_inputs, sliced
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference, speculative_decode_reference
 
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from test_mamba2_reference import assert_close, make_inputs, phased_state, sliced
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton
 from replayssm_eval.kernels.mamba2.triton import decode_step_triton, verify_triton

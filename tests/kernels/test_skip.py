@@ -1,4 +1,4 @@
-"""`kernels.skip.skipped_reads` marks exactly the (token, head) checkpoint reads the chunked kernels drop."""
+"""`replay.skip.skipped_reads` marks exactly the (token, head) checkpoint reads the chunked kernels drop."""
 
 import pytest
 import torch
@@ -6,9 +6,9 @@ import test_delta_reference as gdn_ref
 import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, mamba2
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.schedule import ScheduleState
-from replayssm_eval.kernels.skip import skipped_reads
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.schedule import ScheduleState
+from replayssm_eval.replay.skip import skipped_reads
 
 
 def _changed(y_skip, y_full):

@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.device_keys import sr_keys_device
-from replayssm_eval.kernels.keys import sr_keys
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.device_keys import sr_keys_device
+from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, check_static_family, folds_of
 
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kl.cli import KLConfig
 from replayssm_eval.kl.driver import aligned_segment_len, run_kl
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from replayssm_eval.cli import main
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kl import output
 from replayssm_eval.kl import runner as runner_module
 from replayssm_eval.kl.cli import KLConfig

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from replayssm_eval.kernels import state as state_mod
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.keys import READ_COPY, sr_keys, state_random_bits
+from replayssm_eval.replay import state as state_mod
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.keys import READ_COPY, sr_keys, state_random_bits
 from replayssm_eval.quant import PackedState, get_format
 from replayssm_eval.quant import triton as qt
 
@@ -81,7 +81,7 @@ def _keys(fmt, n_seq, layer=3):
 
 
 def _reference(fmt, x, keys, checkpoint):
-    """The torch encode a flush does today (`kernels.state._encode`), for states x [..., H, P, N]."""
+    """The torch encode a flush does today (`replay.state._encode`), for states x [..., H, P, N]."""
     if not fmt.is_stochastic:
         return fmt.encode(x)
     return fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, x.shape[-3:]).reshape(x.shape))

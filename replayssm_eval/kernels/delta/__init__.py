@@ -22,7 +22,7 @@ from replayssm_eval.kernels.delta._common import _prepare, checkpoint_kv, to_for
 from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.reference import decode, speculative_decode
 from replayssm_eval.kernels.family import KernelFamily
-from replayssm_eval.kernels.state import ReplayState
+from replayssm_eval.replay.state import ReplayState
 
 BACKENDS = ("torch", "triton")
 

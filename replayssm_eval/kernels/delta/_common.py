@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.schedule import ScheduleState, TokenPlan, plan_tokens
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.schedule import ScheduleState, TokenPlan, plan_tokens
+from replayssm_eval.replay.state import ReplayState, write_checkpoint
 from replayssm_eval.kernels.validate import check_tensor
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)

@@ -40,7 +40,7 @@ import torch
 from replayssm_eval.kernels.delta._common import (
     Prepared, buffer_keys, empty_buffer, from_format_layout, keep_checkpoint, to_format_layout,
 )
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.replay.state import ReplayState, write_checkpoint
 
 _BLOCK_ELEMENTS = 1 << 26  # budget for one block of precomputed segment tensors, in elements
 

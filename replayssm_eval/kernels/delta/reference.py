@@ -10,7 +10,7 @@ L2-normalised them and scaled q by K^-0.5; nothing here repeats that. Each funct
 `Prepared` call of `_common._prepare`; the scalar-decay branches keep Gated DeltaNet's own
 operation order, so its numbers do not depend on the per-channel code.
 
-ReplaySSM (docs/semantics.md, "Decode semantics"; `kernels.schedule`): the buffer holds every entry since the newest
+ReplaySSM (docs/semantics.md, "Decode semantics"; `replay.schedule`): the buffer holds every entry since the newest
 checkpoint. Token n reads the copy src = S_hi if plan.read_hi[b, n] else S_lo of that checkpoint,
 rebuilds S_{n-1} = G S_src + sum_{i<n} G k_i u_i^T from the buffer (G: decays since the
 checkpoint or since entry i, per channel for KDA), computes u_n from it, outputs
@@ -34,8 +34,8 @@ from __future__ import annotations
 import torch
 
 from replayssm_eval.kernels.delta._common import Prepared, expand_heads, from_format_layout, keep_checkpoint, to_format_layout
-from replayssm_eval.kernels.schedule import ScheduleState, accepted_per_step
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint
+from replayssm_eval.replay.schedule import ScheduleState, accepted_per_step
+from replayssm_eval.replay.state import ReplayState, write_checkpoint
 
 
 def decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:

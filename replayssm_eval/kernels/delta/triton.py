@@ -5,7 +5,7 @@ per-channel one); what is the same for both lives here: the state layout [B, HV,
 are the same, so are
 
 - the jit helpers `_dot` (FP32 product), `_store_round` (in-kernel rounding of a stored copy, Philox
-  bits `tl.randint(key, (checkpoint << 32) + element)` as `kernels.keys`), `_decode_codes` and
+  bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `_decode_codes` and
   `_load_packed` (the packed read copy's tile);
 - the host side of the chunked kernels: which copies round in-kernel (`_store_mode`), the launch
   configuration, and the loop over segment blocks with the torch rounding between one-segment
@@ -21,11 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.buffer_round import buffer_kind, round_buffered
+from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
 from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, Segments, state_after
-from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.kernels.state import ReplayState, round_folded, write_checkpoint_packed
+from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
+from replayssm_eval.replay.state import ReplayState, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
 from replayssm_eval.quant.triton import (
     FP8SR, FP16SR, KINDS, _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode, quantize_tile, tile_amax, triton_rounds,

@@ -15,7 +15,7 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    segment, (I + A)^-1, is solved batched in torch; one launch then walks the segments of each
    (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
    copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
-   `kernels.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
+   `replay.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
    fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none (|head), nvfp4 axis=dstate with
    scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
    A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.buffer_round import BUF_FP32, round_buffered
+from replayssm_eval.replay.buffer_round import BUF_FP32, round_buffered
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
 from replayssm_eval.kernels.delta.chunked import _pad, segment_layout

@@ -12,7 +12,7 @@ the kernels here are KDA's own because the per-channel decay changes their math.
    a segment (the solved WY rows u0, W_hi, W_lo, the decayed queries, the causal mixing M, the
    fold's decayed keys; `delta.chunked.precompute`, per channel) comes from torch; one launch then
    walks the segments of each (sequence, head, v-block) in order: u's, outputs, the fold, and
-   the rounding of both stored copies in-kernel (Philox bits as `kernels.keys`). A copy in a
+   the rounding of both stored copies in-kernel (Philox bits as `replay.keys`). A copy in a
    format whose scale group no single program sees is stored as the FP32 fold and rounded by
    torch (`round_folded`) between one-segment launches, as for GDN.
 2. `launch_replay_step` (`kda.decode_step_triton`, and the static step of `kernels.static_step`):
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.buffer_round import BUF_FP32, round_buffered
+from replayssm_eval.replay.buffer_round import BUF_FP32, round_buffered
 from replayssm_eval.kernels.delta import triton as shared
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout

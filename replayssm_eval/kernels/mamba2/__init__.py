@@ -20,7 +20,7 @@ from replayssm_eval.kernels.mamba2 import triton as _triton
 from replayssm_eval.kernels.mamba2._common import _prepare
 from replayssm_eval.kernels.mamba2.chunked import _chunked_torch
 from replayssm_eval.kernels.mamba2.reference import decode_reference, speculative_decode_reference
-from replayssm_eval.kernels.schedule import plan_tokens
+from replayssm_eval.replay.schedule import plan_tokens
 
 BACKENDS = ("torch", "triton")
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.schedule import ScheduleState
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.schedule import ScheduleState
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.kernels.validate import check_tensor
 from replayssm_eval.quant import PackedState
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
-from replayssm_eval.kernels.schedule import TokenPlan
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint, write_checkpoint_packed
+from replayssm_eval.replay.schedule import TokenPlan
+from replayssm_eval.replay.state import ReplayState, write_checkpoint, write_checkpoint_packed
 
 _BLOCK_ELEMENTS = 1 << 25  # per-segment states held at once: segments * B * H * P * N
 

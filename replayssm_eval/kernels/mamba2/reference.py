@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
-from replayssm_eval.kernels.schedule import ScheduleState, accepted_per_step, plan_tokens
-from replayssm_eval.kernels.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.schedule import ScheduleState, accepted_per_step, plan_tokens
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
 
 def decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None,

@@ -5,7 +5,7 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
 - `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch, one program per
   (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
-  `tl.randint` with the keys and counters of `kernels.keys`). In-kernel rounding covers formats
+  `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2
   with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
   hold the whole head). The other formats (tensor-wide scales, nvfp4 axis=headdim, MX; the default
@@ -35,12 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.buffer_round import BUF_FP32, buffer_kind, round_buffered
-from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys
+from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
+from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
-from replayssm_eval.kernels.schedule import TokenPlan, plan_tokens
-from replayssm_eval.kernels.state import ReplayState, _encode_keyed, round_folded, write_checkpoint_packed
+from replayssm_eval.replay.schedule import TokenPlan, plan_tokens
+from replayssm_eval.replay.state import ReplayState, _encode_keyed, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,

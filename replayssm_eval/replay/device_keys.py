@@ -1,8 +1,8 @@
-"""`sr_keys` computed on the device: the Philox keys of `kernels.keys` without a host round trip.
+"""`sr_keys` computed on the device: the Philox keys of `replay.keys` without a host round trip.
 
 splitmix64 in int64 torch arithmetic: additions and products wrap modulo 2**64 as the unsigned
 ones do, and a logical right shift is the arithmetic one masked to the bits that remain. The
-result equals `kernels.keys.sr_keys` bit for bit (a signed int64 per sequence), so a static
+result equals `replay.keys.sr_keys` bit for bit (a signed int64 per sequence), so a static
 decode step can key a row from its device-side sequence id when the row is loaded.
 """
 

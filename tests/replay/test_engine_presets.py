@@ -5,8 +5,8 @@ import json
 import pytest
 
 from replayssm_eval.cli import main
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.engines import ENGINES, PRESETS
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.engine_presets import ENGINES, PRESETS
 from replayssm_eval.quant import get_format
 
 

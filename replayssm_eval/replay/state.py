@@ -2,7 +2,7 @@
 
 A checkpoint is written at prefill (checkpoint 0) and at every flush: the FP32 state S is cast
 independently to the recurrence format (S_hi) and to the read format (S_lo); with a shared
-checkpoint one cast serves both. Stochastic rounding draws its bits from `kernels.keys`.
+checkpoint one cast serves both. Stochastic rounding draws its bits from `replay.keys`.
 CUDA states are encoded by `quant.triton.encode_triton` (one launch per copy, same bits) where it
 covers the format; CPU states and the other formats use the torch `fmt.encode`.
 All tensors here use the formats' layout `[B, H, P, N]` (GDN passes its `[B, HV, K, V]` state
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
-from replayssm_eval.kernels.schedule import ScheduleState
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
+from replayssm_eval.replay.schedule import ScheduleState
 
 
 @dataclass

@@ -1,6 +1,6 @@
 import pytest
 
-from replayssm_eval.kernels.config import ReplayConfig, SpeculativeFlush
+from replayssm_eval.replay.config import ReplayConfig, SpeculativeFlush
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Flush schedules: where checkpoints are written and which copy each token's output reads.
 
-Both kernel families (and every backend) take their schedule from here, so the step reference,
+Every kernel family (and every backend) takes their schedule from here, so the step reference,
 the chunked form and the Triton kernels agree on window phases by construction.
 
 A `TokenPlan` covers one call of T tokens for B sequences:
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
+from replayssm_eval.replay.config import ReplayConfig
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ String form (used on the command line, in result files and in test ids):
     shared:X                  ReplaySSM with one checkpoint in X for reads and recurrence (window 16)
     R/Q                       split precision: read copy in R, recurrence copy in Q (window 16)
     ...@L                     window L, e.g. nvfp4/fp8sr@16, fp16@1
-    engine:name               an engine preset (`kernels.engines`), e.g. vllm:fp16sr, trtllm:replay-fp16sr
+    engine:name               an engine preset (`replay.engine_presets`), e.g. vllm:fp16sr, trtllm:replay-fp16sr
     ...#tag#tag               options: #seed=N, #closed (GDN closed-loop fold), #open,
                               #spec=T:alpha (speculative flush schedule), #skip=EPS,
                               #buf=DTYPE (buffer dtype: fp32, bf16 or fp16)
@@ -22,6 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+
+from replayssm_eval.replay import engine_presets
 
 DEFAULT_REPLAY_WINDOW = 16
 GDN_FOLDS = ("open", "closed")
@@ -56,7 +58,7 @@ class ReplayConfig:
     read / recur: format specs of the read copy (S_lo) and the recurrence copy (S_hi).
     shared: one stored copy serves both (Q_read = Q_recur, and SR draws one set of bits).
     window: L; 1 is conventional eager decoding with a quantized state.
-    seed: Philox key material for stochastic rounding (see `kernels.keys`).
+    seed: Philox key material for stochastic rounding (see `replay.keys`).
     speculative: None for one token per step, else the speculative flush schedule.
     gdn_fold: 'open' buffers u computed from the read copy (vLLM); 'closed' re-folds from S_hi
         with the buffered raw k, v, beta, g at flush. Ignored by Mamba-2.
@@ -152,10 +154,8 @@ class ReplayConfig:
         """Parse the string form described in the module docstring."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"empty replay config {text!r}; examples: fp32, shared:nvfp4, nvfp4/fp16sr@16")
-        from replayssm_eval.kernels import engines
-
-        if engines.is_preset(text.strip()):
-            text = engines.expand(text.strip())
+        if engine_presets.is_preset(text.strip()):
+            text = engine_presets.expand(text.strip())
         body, *tags = text.strip().split("#")
         fields: dict = {}
         for tag in tags:

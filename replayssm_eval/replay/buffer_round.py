@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.config import BUFFER_DTYPES, ReplayConfig
+from replayssm_eval.replay.config import BUFFER_DTYPES, ReplayConfig
 from replayssm_eval.quant.triton import round_bf16, round_fp16
 
 # globals read in @triton.jit are constexpr

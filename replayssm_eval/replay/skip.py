@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.schedule import ScheduleState, plan_tokens
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.schedule import ScheduleState, plan_tokens
 
 
 def skipped_reads(log_decay: torch.Tensor, buffered: torch.Tensor, schedule: ScheduleState, config: ReplayConfig,

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from replayssm_eval.kernels.config import ReplayConfig
-from replayssm_eval.kernels.schedule import ScheduleState, accepted_per_step, plan_tokens
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.schedule import ScheduleState, accepted_per_step, plan_tokens
 
 
 def _plan(text, num_tokens, batch=1, state=None):
