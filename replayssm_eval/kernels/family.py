@@ -3,7 +3,7 @@
 Each family package (`kernels/mamba2`, `kernels/gdn`, ...) defines `FAMILY = KernelFamily(...)` in
 its `__init__`; `get_family(name)` imports it. Everything outside `kernels/` reaches a family's
 kernels only through this description, so adding a family means writing its package and adding
-one line to `_PACKAGES`.
+one line to `FAMILY_PACKAGES`.
 
 Call convention, shared by every kernel entry point: the HF tensors in the order of `inputs`, batch
 first and with a time dim ([B, T, ...]; per-head parameters such as Mamba-2's A and D without),
@@ -15,6 +15,7 @@ then the state (the FP32 state in `state_layout` at the anchor, or a ReplayState
     out = fam.verify(*drafts, state, config, layer_idx=...)    # Triton, output only, state unchanged
     out = fam.conventional_step(*tensors, fp32_state)          # one token, no time dim; FP32 state in
                                                                # `stored_layout`, updated in place
+    out = fam.fixed_step(static_state, tensors, fold, folds)   # T == 1, fixed buffers (`kernels.static_step`)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from replayssm_eval.replay.state import ReplayState
 
 # family name -> package defining FAMILY; a new family adds one line
-_PACKAGES = {
+FAMILY_PACKAGES = {
     "mamba2": "replayssm_eval.kernels.mamba2",
     "gdn": "replayssm_eval.kernels.gdn",
     "kda": "replayssm_eval.kernels.kda",
@@ -81,21 +82,22 @@ class KernelFamily:
     entry_elements: Callable[..., tuple[int, int, int]]
     replay_state: Callable[..., ReplayState]
     log_decays: Callable[[tuple, ReplayState | None], tuple[torch.Tensor, torch.Tensor | None]]
+    fixed_step: Callable[..., torch.Tensor] | None
 
 
 def family_names() -> tuple[str, ...]:
-    return tuple(_PACKAGES)
+    return tuple(FAMILY_PACKAGES)
 
 
 def get_family(name: str) -> KernelFamily:
     """The registered family `name`; ValueError listing the known families otherwise."""
-    if name not in _PACKAGES:
-        raise ValueError(f"unknown kernel family {name!r}; known: {', '.join(_PACKAGES)}")
-    return importlib.import_module(_PACKAGES[name]).FAMILY
+    if name not in FAMILY_PACKAGES:
+        raise ValueError(f"unknown kernel family {name!r}; known: {', '.join(FAMILY_PACKAGES)}")
+    return importlib.import_module(FAMILY_PACKAGES[name]).FAMILY
 
 
 def all_families() -> tuple[KernelFamily, ...]:
-    return tuple(get_family(name) for name in _PACKAGES)
+    return tuple(get_family(name) for name in FAMILY_PACKAGES)
 
 
 def family_for_model_type(model_type: str) -> KernelFamily | None:

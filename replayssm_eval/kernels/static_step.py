@@ -31,14 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from replayssm_eval.replay.buffer_round import buffer_kind
+from replayssm_eval.kernels.family import get_family
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY
 from replayssm_eval.replay.schedule import ScheduleState
-from replayssm_eval.replay.state import ReplayState, _encode_keyed
+from replayssm_eval.replay.state import ReplayState, encode_keyed
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.triton import encode_triton, encode_triton_supports
 
@@ -52,9 +51,9 @@ def folds_of(counts: list[int], window: int) -> str:
 
 
 def check_static_family(family: str) -> None:
-    """Raise a one-line error for SSM families the static step has no kernel for."""
-    if family not in _STEPS:
-        raise ValueError(f"the static decode step covers {', '.join(_STEPS)} layers, got {family!r} layers; "
+    """Raise a one-line error for SSM families without a fixed-buffer step (`KernelFamily.fixed_step`)."""
+    if get_family(family).fixed_step is None:
+        raise ValueError(f"the {family} family has no fixed-buffer decode step (KernelFamily.fixed_step); "
                          "use step='triton'")
 
 
@@ -145,9 +144,8 @@ class StaticState:
         if folds not in FOLDS:
             raise ValueError(f"unknown step variant {folds!r}; known: {', '.join(FOLDS)}")
         fold = self.count == self.config.window - 1  # [B] bool
-        flush = folds != "none"
-        y = _STEPS[self.family](self, inputs, fold, flush)
-        if flush:
+        y = get_family(self.family).fixed_step(self, inputs, fold, folds)
+        if folds != "none":
             self._round_folds(fold, None if folds == "all" else fold)
         self.count.copy_((self.count + 1) % self.config.window)
         return y
@@ -162,9 +160,6 @@ class StaticState:
         if not cfg.shared:
             self._round(cfg.read_format, READ_COPY, checkpoint, rows, self.lo, self.packed)
         self.checkpoint.copy_(checkpoint)
-        if self.family != "mamba2":  # the delta rule empties the folded rows' ring entries (kernels/delta/_common.py)
-            for t in self.buffer.values():
-                _put(t, torch.zeros((), dtype=t.dtype, device=t.device), rows)
 
     def _round(self, fmt, copy: int, checkpoint: torch.Tensor, rows: torch.Tensor | None, decoded: torch.Tensor,
                packed: PackedState | None) -> None:
@@ -175,7 +170,7 @@ class StaticState:
         if encode_triton_supports(fmt) and (rows is None or getattr(fmt, "scale", None) != "tensor"):
             encode_triton(self.fold_out, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
             return
-        new = _encode_keyed(self.fold_out, fmt, keys, checkpoint)
+        new = encode_keyed(self.fold_out, fmt, keys, checkpoint)
         _put(decoded, fmt.decode(new), rows)
         for name in ("data", "scales", "global_scale") if packed is not None else ():
             old = getattr(packed, name)
@@ -195,62 +190,3 @@ def _put(old: torch.Tensor, new: torch.Tensor, rows: torch.Tensor | None) -> Non
         old.copy_(new)
     else:
         torch.where(rows.view(-1, *[1] * (old.dim() - 1)), new.to(old.dtype), old, out=old)
-
-
-def _mamba2_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
-    from replayssm_eval.kernels.mamba2.triton import _read_layout, _replay_step_kernel, step_grid, step_launch_config
-
-    x, dt, A, B, C, D = inputs
-    rows = torch.arange(x.shape[0], device=x.device)
-    rounded = st.config.round_buffered  # x and B buffered in the buffer dtype, as `mamba2._common._prepare`
-    for key, new in (("x", rounded(x)), ("B", rounded(B)), ("dt", dt)):
-        st.buffer[key].index_put_((rows, st.count), new[:, 0])
-    buf = st.buffer
-    batch, E, H, P = buf["x"].shape
-    G, N = buf["B"].shape[2], buf["B"].shape[3]
-    read, scope, (data, scales, gs), nb = _read_layout(st.replay_state(), st.config)
-    y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
-    fold8 = fold.to(torch.int8)
-    cfg = step_launch_config(batch, H, P, read)
-    skip = st.config.skip_read_below
-    _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
-        buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, fold8, fold8, st.hi, data,
-        data if scales is None else scales, data if gs is None else gs, A.contiguous(), y, st.fold_out if flush else y,
-        E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush, BUF=buffer_kind(st.config),
-        BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_S=max(16, triton.next_power_of_2(nb)) // 16, **cfg,
-    )
-    return (y + D[:, None] * x[:, 0])[:, None]  # [B, 1, H, P]
-
-
-def _delta_step(st: StaticState, inputs: tuple, fold: torch.Tensor, flush: bool) -> torch.Tensor:
-    """GDN and KDA: one launch of the family's single-token kernel through the eager step's launcher
-    (`<family>.triton.launch_replay_step`), then the token's entries appended to the ring."""
-    from replayssm_eval.kernels import gdn, kda
-    from replayssm_eval.kernels.delta.triton import _read_format
-
-    # q, k [B, H, K]; v [B, HV, V]; g [B, HV] (GDN) or [B, HV, K] (KDA, per channel); beta [B, HV]
-    q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)
-    # buffered inputs in the buffer dtype, as `delta._common._prepare`: k, beta, and v with the closed fold
-    rounded = st.config.round_buffered
-    k, beta = rounded(k), rounded(beta)
-    closed = st.config.gdn_fold == "closed"
-    if closed:
-        v = rounded(v)
-    u = torch.empty(v.shape, device=v.device)  # [B, HV, V]
-    o = torch.empty_like(u)
-    fold8 = fold.to(torch.int8)
-    token = dict(q=q, k=k, v=v, g=g, beta=beta)
-    launch = {"gdn": gdn, "kda": kda}[st.family].RULE.kernels.launch_replay_step
-    launch(st.hi, st.packed, _read_format(st.config), st.buffer, st.count, token, fold8, fold8, u, o,
-           st.fold_out if flush else u, folds=flush, closed=closed, groups=v.shape[1] // k.shape[1],
-           eps=st.config.skip_read_below, buf_kind=buffer_kind(st.config))
-    rows = torch.arange(v.shape[0], device=v.device)
-    entry = dict(token, u=rounded(u))
-    for name, t in st.buffer.items():
-        t.index_put_((rows, st.count), entry[name])
-    return o[:, None]  # [B, 1, HV, V]
-
-
-_STEPS = {"mamba2": _mamba2_step, "gdn": _delta_step, "kda": _delta_step}  # family -> its static step

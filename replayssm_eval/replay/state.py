@@ -86,10 +86,10 @@ def _use_triton(state: torch.Tensor, fmt) -> bool:
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
     """`fmt.encode` of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer, sequence, copy)."""
     keys = sr_keys(seed, layer, seq_ids, copy) if fmt.is_stochastic else None
-    return _encode_keyed(state, fmt, keys, checkpoint)
+    return encode_keyed(state, fmt, keys, checkpoint)
 
 
-def _encode_keyed(state, fmt, keys, checkpoint):
+def encode_keyed(state, fmt, keys, checkpoint):
     """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats)."""
     if _use_triton(state, fmt):
         from replayssm_eval.quant.triton import encode_triton
@@ -107,5 +107,5 @@ def round_folded(copy: torch.Tensor, fmt, keys: torch.Tensor, checkpoint: torch.
     Only sequences with fold[b] (fold_host: its host copy, which steers without a device sync) take the rounding."""
     if not any(fold_host):
         return
-    new = fmt.decode(_encode_keyed(copy, fmt, keys, checkpoint))  # [B, H, P, N]: every sequence, one launch or pass
+    new = fmt.decode(encode_keyed(copy, fmt, keys, checkpoint))  # [B, H, P, N]: every sequence, one launch or pass
     copy.copy_(new if all(fold_host) else torch.where(fold[:, None, None, None], new, copy))

@@ -13,6 +13,7 @@ one way, as in flash-linear-attention: `_common` <- `reference` <- `chunked` (to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from replayssm_eval.kernels.delta import triton as _shared_triton
 from replayssm_eval.kernels.delta._common import _prepare, checkpoint_kv, to_format_layout  # noqa: F401 (checkpoint_kv: API)
 from replayssm_eval.kernels.delta.chunked import chunked_torch
+from replayssm_eval.kernels.delta.fixed_step import fixed_step
 from replayssm_eval.kernels.delta.reference import decode, speculative_decode
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.replay.state import ReplayState
@@ -153,6 +155,7 @@ class DeltaRule:
             replay_state=lambda tensors, state, config, layer_idx, seq_ids: self.prepare(
                 *tensors, state, config, layer_idx=layer_idx, seq_ids=seq_ids).state,
             log_decays=_log_decays,
+            fixed_step=partial(fixed_step, self.kernels.launch_replay_step),
         )
 
 

@@ -18,6 +18,7 @@ import torch
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.mamba2 import triton as _triton
 from replayssm_eval.kernels.mamba2._common import _prepare
+from replayssm_eval.kernels.mamba2.fixed_step import fixed_step
 from replayssm_eval.kernels.mamba2.chunked import _chunked_torch
 from replayssm_eval.kernels.mamba2.reference import decode_reference, speculative_decode_reference
 from replayssm_eval.replay.schedule import plan_tokens
@@ -100,6 +101,7 @@ FAMILY = KernelFamily(
     replay_state=lambda tensors, state, config, layer_idx, seq_ids: _prepare(
         *tensors, state, config, layer_idx, seq_ids, torch.float32).state,
     log_decays=_log_decays,
+    fixed_step=fixed_step,
 )
 
 __all__ = ["FAMILY", "chunked", "decode_reference", "decode_step", "speculative_decode_reference"]

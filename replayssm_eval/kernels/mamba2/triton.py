@@ -40,7 +40,7 @@ from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
 from replayssm_eval.replay.schedule import TokenPlan, plan_tokens
-from replayssm_eval.replay.state import ReplayState, _encode_keyed, round_folded, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
@@ -256,7 +256,7 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
             new = out[:, 1:k + 1]  # [B, k, H, P, N]
             checkpoint = state.checkpoint[:, None] + torch.arange(s0 + 1, s1 + 1, device=px.device)  # [B, k]
             read_keys = keys[:, None, 1].expand(-1, k)  # [B, k]
-            packed = _encode_keyed(new[fold], config.read_format, read_keys[fold], checkpoint[fold])
+            packed = encode_keyed(new[fold], config.read_format, read_keys[fold], checkpoint[fold])
             new[fold] = config.read_format.decode(packed)
         Ch = group_heads(pC[:, s0:s1], H)  # [B, k, L, H, N]
         y[:, s0:s1] += g_lo[:, s0:s1, ..., None] * torch.einsum("bkhpn,bklhn->bklhp", out[:, :k], Ch)
