@@ -38,14 +38,12 @@ FAMILY_PACKAGES = {
 
 @dataclass(frozen=True)
 class KernelFamily:
-    """One recurrence family: its inputs, kernels, and the Hugging Face functions they replace.
+    """One recurrence family: its inputs, its kernels and what code outside `kernels/` needs to call them.
 
     name: the family's name (`get_family`).
     inputs: the kernel input names, in call order; shapes: {name: shape} of each ([B, T, ...] or per head).
     state_layout: shape of the FP32 state as HF's cache holds it (the anchor the kernels take).
     test_shapes: {name: {dim letter: size}}: small geometries for checks ("small", "grouped"), with batch B.
-    hf_scans: {HF model_type: (chunk function, one-token function)}: the module globals of
-        `transformers.models.<type>.modeling_<type>` the hooks rebind.
     closed_fold: whether the config's `#closed` fold applies to this family.
     decode_reference, speculative_decode_reference, chunked, decode_step, verify, conventional_step:
         the kernels, in the call convention of the module docstring.
@@ -67,7 +65,6 @@ class KernelFamily:
     shapes: Mapping[str, str]
     state_layout: str
     test_shapes: Mapping[str, Mapping[str, int]]
-    hf_scans: Mapping[str, tuple[str, str]]
     closed_fold: bool
     decode_reference: Callable
     speculative_decode_reference: Callable
@@ -99,7 +96,3 @@ def get_family(name: str) -> KernelFamily:
 def all_families() -> tuple[KernelFamily, ...]:
     return tuple(get_family(name) for name in FAMILY_PACKAGES)
 
-
-def family_for_model_type(model_type: str) -> KernelFamily | None:
-    """The family whose scan functions the HF modeling module of `model_type` binds, or None."""
-    return next((fam for fam in all_families() if model_type in fam.hf_scans), None)

@@ -6,17 +6,18 @@
     logits = rm.forward(prompt_ids, session)        # the prompt: exact FP32 anchor state
     logits = rm.forward(segment_ids, session)       # later tokens: chunked kernels, state carried
 
-`adapter` (ReplayModel, load_model), `session` (ReplaySession), `families` (supported model
-types), `routing` + `mamba2_hooks` + `gdn_hooks` (the hook points), `slow_path` (the token-by-token
-ground truth), `traffic` (SSM state bytes per decode token).
+`adapter` (ReplayModel, load_model), `session` (ReplaySession), `model_types` (the supported model
+types: their hook points, kernel family and geometry fields), `routing` + `mamba2_hooks` +
+`gdn_hooks` + `kda_hooks` (the hook points), `presets` (model geometry), `slow_path` (the
+token-by-token ground truth), `traffic` (SSM state bytes per decode token).
 """
 
 from replayssm_eval.models.adapter import ReplayModel, load_model
-from replayssm_eval.models.families import FAMILIES
+from replayssm_eval.models.model_types import MODEL_TYPES
 from replayssm_eval.models.session import ReplaySession
 from replayssm_eval.models.slow_path import token_by_token_logits
 from replayssm_eval.models.traffic import state_traffic
 
 __all__ = [
-    "FAMILIES", "ReplayModel", "ReplaySession", "load_model", "state_traffic", "token_by_token_logits",
+    "MODEL_TYPES", "ReplayModel", "ReplaySession", "load_model", "state_traffic", "token_by_token_logits",
 ]

@@ -5,7 +5,7 @@
     for segment in (prompt, *segments):                  # [B, T] token ids
         p, q = rm.forward(segment, ref), rm.forward(segment, run)   # logits [B, T, vocab]
 
-Hook point: the family's scan functions, rebound once per modeling module (`routing`,
+Hook point: the model type's scan functions, rebound once per modeling module (`routing`,
 `mamba2_hooks`, `gdn_hooks`, `kda_hooks` say why there). Each SSM mixer gets a forward pre-hook that tells the
 replacements which layer runs and which session its cache belongs to, and a post-hook that
 fails loudly if a mixer returned without passing through a replacement (a transformers change
@@ -24,11 +24,11 @@ from transformers.cache_utils import Cache
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import gdn_hooks, kda_hooks, mamba2_hooks, routing
-from replayssm_eval.models.families import family_of, find_ssm_layers
+from replayssm_eval.models.model_types import find_ssm_layers, model_type_of
 from replayssm_eval.models.fixtures import resolve_model
 from replayssm_eval.models.session import ReplaySession, as_config, session_of
 
-# HF scan function name -> maker of its replacement; a family's `hf_scans` picks the pair it rebinds
+# HF scan function name -> maker of its replacement; a model type's `scans` picks the pair it rebinds
 _REPLACEMENTS = {**mamba2_hooks.REPLACEMENTS, **gdn_hooks.REPLACEMENTS, **kda_hooks.REPLACEMENTS}
 _CACHE_ARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.24, then 5.17 names
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -39,19 +39,19 @@ class ReplayModel:
     """An HF causal LM whose SSM layers run through the ReplaySSM kernels.
 
     model: the HF model (its own object, hooked in place); tokenizer: its tokenizer or None.
-    family: the `families.Family`; layers: {layer_idx: mixer} of every SSM layer.
+    model_type: the `model_types.ModelType`; layers: {layer_idx: mixer} of every SSM layer.
     config: default ReplayConfig of new sessions; backend: "torch" | "triton" for the kernels.
     """
 
     def __init__(self, model, tokenizer=None, *, config: ReplayConfig | str = "fp32", backend: str = "torch"):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.family = family_of(model.config)
-        self.layers = find_ssm_layers(model, self.family)
+        self.model_type = model_type_of(model.config)
+        self.layers = find_ssm_layers(model, self.model_type)
         self.config = as_config(config)
         self.backend = backend
-        for name in self.family.scans:
-            routing.rebind(self.family.module, name, _REPLACEMENTS[name])
+        for name in self.model_type.scans:
+            routing.rebind(self.model_type.module, name, _REPLACEMENTS[name])
         params = inspect.signature(model.forward).parameters
         self._cache_arg = next(name for name in _CACHE_ARGS if name in params)
         self._takes_positions = "position_ids" in params
@@ -121,7 +121,7 @@ class ReplayModel:
         session = None
         if cache is not None:
             session = session_of(cache) or ReplaySession(self.config, backend=self.backend, cache=cache)
-        layer = routing.ActiveLayer(mixer.layer_idx, mixer, self.family.kernels, session, kwargs.get("attention_mask"))
+        layer = routing.ActiveLayer(mixer.layer_idx, mixer, self.model_type.kernels, session, kwargs.get("attention_mask"))
         self._context_tokens.append(routing.enter(layer))
 
     def _leave(self, mixer, args, kwargs, output):

@@ -17,26 +17,7 @@ import dataclasses
 from transformers import KimiLinearConfig, NemotronHConfig, PretrainedConfig, Qwen3_5TextConfig
 
 from replayssm_eval.kernels.family import family_names, get_family
-from replayssm_eval.models.families import family_of
-
-# model_type -> config attributes (heads, head_dim, state_dim, groups, conv kernel), in ModelGeometry's terms.
-# Mamba-2 mixers: (heads, head_dim, d_state, n_groups, conv kernel)
-_MAMBA2_FIELDS = {
-    "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
-    "mamba2": ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel"),
-    "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv"),
-    "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv"),
-    "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv"),
-    "zamba2": ("n_mamba_heads", "mamba_headdim", "mamba_d_state", "mamba_ngroups", "mamba_d_conv"),
-}
-# GDN layers: (value heads, value dim, key dim, key heads, conv kernel); the state is K x V
-_GDN_FIELDS = ("linear_num_value_heads", "linear_value_head_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_conv_kernel_dim")
-# KDA layers: (heads, head dim = V, head dim = K, heads, conv kernel); one head dim for q, k and v
-_KDA_FIELDS = ("linear_num_heads", "linear_head_dim", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
-_CONFIG_FIELDS = {
-    **_MAMBA2_FIELDS, **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"), _GDN_FIELDS),
-    "kimi_linear": _KDA_FIELDS,
-}
+from replayssm_eval.models.model_types import model_type_of
 
 # layer_types entries whose layer holds an SSM state ("hybrid": zamba2/falcon_h1 layers with both mixers)
 _SSM_LAYER_TYPES = ("linear_attention", "mamba", "hybrid")
@@ -143,15 +124,14 @@ def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:
     """The SSM geometry of a Hugging Face config of any supported model type."""
     config = hf_config.get_text_config()  # the text backbone of a composite (vision-language) config
     model_type = config.model_type
-    family = family_of(config)  # ValueError listing the supported model types
-    fields = _CONFIG_FIELDS[family.model_type]
-    heads, head_dim, state_dim, groups, conv = (getattr(config, f) for f in fields)
+    row = model_type_of(config)  # ValueError listing the supported model types
+    heads, head_dim, state_dim, groups, conv = (getattr(config, f) for f in row.geometry_fields)
     layer_types = getattr(config, "layer_types", None)
     if not layer_types:
         raise ValueError(f"{model_type} config has no layer_types, so its SSM layers cannot be counted")
     return ModelGeometry(
         name=getattr(hf_config, "name_or_path", "") or model_type,
-        family=family.kernels.name,
+        family=row.family,
         num_layers=len(layer_types),
         num_ssm_layers=sum(t in _SSM_LAYER_TYPES for t in layer_types),
         num_heads=heads,

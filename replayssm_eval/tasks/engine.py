@@ -121,7 +121,7 @@ class Engine:
             raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
                              "use step 'triton'")
         if step in FIXED_BUFFER_STEPS:
-            check_static_family(rm.family.kernels.name)
+            check_static_family(rm.model_type.family)
         self.rm, self.config, self.step = rm, config, step
         self.graphs = step == "graph" and rm.model.device.type == "cuda"  # CUDA graphs of each decoder's step
         self.max_batch, self.prefill_segment, self.prefill_tokens = max_batch, prefill_segment, prefill_tokens

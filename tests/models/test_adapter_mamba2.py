@@ -16,7 +16,7 @@ from adapter_checks import (
 from hf_tiny import MAMBA2_FAMILIES, VOCAB, build, cuts, hf_cached_logits, rel_err, run
 
 from replayssm_eval.models import ReplayModel, routing
-from replayssm_eval.models.families import family_of
+from replayssm_eval.models.model_types import model_type_of
 
 
 @pytest.mark.parametrize("name", MAMBA2_FAMILIES)
@@ -43,7 +43,7 @@ def test_unsupported_architecture_lists_the_supported_types():
     with pytest.raises(ValueError, match="unsupported model type 'llama'.*supported: nemotron_h, mamba2, .*qwen3_next"):
         ReplayModel(model)
     with pytest.raises(ValueError, match="Mamba-1 has a per-channel diagonal state"):
-        family_of(SimpleNamespace(model_type="mamba"))
+        model_type_of(SimpleNamespace(model_type="mamba"))
 
 
 def test_a_model_without_ssm_layers_is_an_error():
@@ -57,8 +57,8 @@ def test_a_model_without_ssm_layers_is_an_error():
 
 def test_a_mixer_that_bypasses_the_hooks_is_an_error(monkeypatch):
     rm = ReplayModel(build("nemotron_h"))
-    original = routing._ORIGINALS[(rm.family.module, "mamba2_chunk_scan")]
-    monkeypatch.setattr(sys.modules[rm.family.module], "mamba2_chunk_scan", original)
+    original = routing._ORIGINALS[(rm.model_type.module, "mamba2_chunk_scan")]
+    monkeypatch.setattr(sys.modules[rm.model_type.module], "mamba2_chunk_scan", original)
     with pytest.raises(RuntimeError, match="ran without reaching a ReplaySSM scan hook"):
         rm.forward(torch.zeros(1, 5, dtype=torch.long), rm.new_session())
 

@@ -36,7 +36,7 @@ def _plain_logits(path, ids):
 
 def test_load_model_by_path(saved):
     rm = load_model(str(saved), dtype=torch.float32, device="cpu", config="nvfp4/fp16sr@4")
-    assert rm.family.model_type == "nemotron_h" and list(rm.layers) == [0, 2]
+    assert rm.model_type.model_type == "nemotron_h" and list(rm.layers) == [0, 2]
     assert rm.config.name == "nvfp4/fp16sr@4" and rm.tokenizer is not None
     with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
         load_model(str(saved), dtype="fp8", device="cpu")

@@ -127,9 +127,9 @@ class DeltaRule:
         return (self.decode_reference, self.speculative_decode_reference, self.chunked, self.decode_step_triton,
                 self.verify)
 
-    def family(self, name: str, hf_scans: dict, qk_normalised: str) -> KernelFamily:
-        """The `KernelFamily` of these entry points. hf_scans: {HF model_type: (chunk function, one-token function)};
-        qk_normalised: when q and k arrive L2-normalised (the shapes' note)."""
+    def family(self, name: str, qk_normalised: str) -> KernelFamily:
+        """The `KernelFamily` of these entry points. qk_normalised: when q and k arrive L2-normalised (the shapes'
+        note)."""
         g = "[B, T, HV, K] (per-channel log decay <= 0)" if self.per_channel else "[B, T, HV] (log decay <= 0)"
         return KernelFamily(
             name=name,
@@ -139,7 +139,6 @@ class DeltaRule:
                     "beta": "[B, T, HV]"},
             state_layout="[B, HV, K, V]",
             test_shapes={"small": dict(B=3, H=1, HV=2, K=16, V=20), "grouped": dict(B=2, H=2, HV=4, K=32, V=16)},
-            hf_scans=hf_scans,
             closed_fold=True,
             decode_reference=self.decode_reference,
             speculative_decode_reference=self.speculative_decode_reference,

@@ -16,11 +16,7 @@ from replayssm_eval.kernels.gdn import triton as _triton
 
 RULE = DeltaRule(per_channel=False, kernels=_triton)
 decode_reference, speculative_decode_reference, chunked, decode_step_triton, verify = RULE.entry_points()
-# Qwen3.5 / Qwen3-Next layers, and OLMo-Hybrid's with allow_neg_eigval (beta in [0, 2])
-FAMILY = RULE.family("gdn", dict.fromkeys(
-    ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"),
-    ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-), qk_normalised="if the layer asks")
+FAMILY = RULE.family("gdn", qk_normalised="if the layer asks")
 
 __all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "decode_step_triton", "speculative_decode_reference",
            "verify"]

@@ -20,6 +20,5 @@ __all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "decode_ste
            "verify"]
 
 RULE = DeltaRule(per_channel=True, kernels=_triton)
-FAMILY = RULE.family("kda", {"kimi_linear": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")},
-                     qk_normalised="by the adapter")
+FAMILY = RULE.family("kda", qk_normalised="by the adapter")
 decode_reference, speculative_decode_reference, chunked, decode_step_triton, verify = RULE.entry_points()

@@ -82,10 +82,6 @@ FAMILY = KernelFamily(
             "B": "[B, T, G, N]", "C": "[B, T, G, N]", "D": "[H]"},
     state_layout="[B, H, P, N]",
     test_shapes={"small": dict(B=3, H=3, P=20, G=1, N=24), "grouped": dict(B=2, H=4, P=16, G=2, N=32)},
-    hf_scans=dict.fromkeys(
-        ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "falcon_h1", "zamba2"),
-        ("mamba2_chunk_scan", "mamba2_selective_state_update"),
-    ),
     closed_fold=False,
     decode_reference=decode_reference,
     speculative_decode_reference=speculative_decode_reference,
