@@ -39,34 +39,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import time
 from pathlib import Path
 
 import torch
 
-from replayssm_eval.kernels import gdn, kda
-from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta.reference import _verify
 from replayssm_eval.kernels.delta.triton import _read_format
+from replayssm_eval.kernels.family import FAMILY_PACKAGES, family_names, get_family
+from replayssm_eval.models.presets import PRESETS, full_size_preset
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.state import write_checkpoint
 
 FLIP_BUDGET = 1e-2  # fraction of a stored copy's elements a checkpoint may flip
 UNEXPLAINED_BUDGET = 1e-4  # fraction differing from write_checkpoint of the kernel's own pre-round fold
 FLIP_SIZE = 0.5  # the most a flipped element may differ, relative to the copy's max |element| (one grid step)
 
-FAMILIES = {"gdn": gdn, "kda": kda}
-GEOMETRIES = {
-    "gdn": {"small": dict(batch=3, heads=2, value_heads=4, dk=20, dv=24),
-            "qwen3.5-4b": dict(batch=4, heads=16, value_heads=32, dk=128, dv=128)},
-    "kda": {"small": dict(batch=3, heads=2, value_heads=4, dk=20, dv=24),
-            "kimi-linear-48b": dict(batch=4, heads=32, value_heads=32, dk=128, dv=128)},
-}
+DELTA_FAMILIES = [name for name in family_names() if get_family(name).closed_fold]  # the closed fold is the delta rule's
+SMALL = dict(batch=3, heads=2, value_heads=4, dk=20, dv=24)
 COMMON_CONFIGS = [
     "fp32/fp32@16", "fp32/fp32@16#closed", "nvfp4:scale=row/fp16sr@16", "nvfp4:scale=head/fp8sr@16#closed",
     "shared:nvfp4:scale=head@16", "fp16/fp32@16", "fp32/fp32@8#spec=3:0.7#closed",
 ]
-CONFIGS = {"gdn": COMMON_CONFIGS + ["nvfp4:scale=tensor/fp32@16"], "kda": COMMON_CONFIGS + ["nvfp4/fp32@16"]}
+EXTRA_CONFIGS = {"gdn": ["nvfp4:scale=tensor/fp32@16"], "kda": ["nvfp4/fp32@16"]}  # beside COMMON_CONFIGS
 
 
 def inputs(family, batch, heads, value_heads, dk, dv, seqlen, device, seed=0):
@@ -76,7 +73,7 @@ def inputs(family, batch, heads, value_heads, dk, dv, seqlen, device, seed=0):
     k = torch.nn.functional.normalize(rand(batch, seqlen, heads, dk), dim=-1)
     v = rand(batch, seqlen, value_heads, dv)
     rate = torch.linspace(0.001, 0.3, value_heads)
-    if family == "kda":  # per-channel log decay
+    if get_family(family).shapes["g"].startswith("[B, T, HV, K]"):  # per-channel log decay (KDA)
         rate = rate[:, None] * (0.5 + 0.5 * torch.rand(value_heads, dk, generator=gen))
         g = -rate * torch.rand(batch, seqlen, value_heads, dk, generator=gen) * 2
     else:
@@ -196,6 +193,14 @@ def check_verify(mod, cfg, data, drafts=4):
     return dict(kernel="verify", err_o=err, state_agree=None, seconds=None, ok=err <= 1e-4)
 
 
+def geometries(family: str) -> dict[str, dict]:
+    """{name: sizes}: the small shape and the family's full-size preset (`models.presets.full_size_preset`)."""
+    name = full_size_preset(family)
+    geo = PRESETS[name]
+    return {"small": SMALL, name: dict(batch=4, heads=geo.n_groups, value_heads=geo.num_heads, dk=geo.state_dim,
+                                       dv=geo.head_dim)}
+
+
 def check_hf(data):
     """KDA: FP32 chunked Triton == transformers' chunk_kimi_delta_attention on the raw q, k it normalises and scales
     (HF has no head grouping: H = HV geometries only). The call ends on a checkpoint, so S_hi is the final state."""
@@ -209,7 +214,7 @@ def check_hf(data):
     chunk = getattr(hf.chunk_kimi_delta_attention, "__wrapped__", hf.chunk_kimi_delta_attention)
     o_hf, s_hf = chunk(*x, initial_state=data[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
     q, k = hf.l2norm(x[0]) * x[0].shape[-1] ** -0.5, hf.l2norm(x[1])
-    o, st = kda.chunked(q, k, *x[2:], data[5], f"fp32/fp32@{window}", backend="triton")
+    o, st = get_family("kda").chunked(q, k, *x[2:], data[5], f"fp32/fp32@{window}", backend="triton")
     err_o, err_s = rel(o_hf, o), rel(s_hf, st.hi.transpose(-1, -2))
     return dict(kernel="hf", err_o=err_o, state_agree=None, seconds=None, err_state=err_s,
                 ok=err_o <= 1e-4 and err_s <= 1e-4)
@@ -217,16 +222,16 @@ def check_hf(data):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=sorted(FAMILIES), required=True, help="the delta-rule family to check")
+    parser.add_argument("--family", choices=DELTA_FAMILIES, required=True, help="the delta-rule family to check")
     parser.add_argument("--quick", action="store_true", help="small geometry only")
     parser.add_argument("--seqlen", type=int, default=257)
     parser.add_argument("--out", help="JSON result file (its folder is created); default gpu_check_FAMILY.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check_delta.py needs a CUDA device")
-    mod, out = FAMILIES[args.family], args.out or f"gpu_check_{args.family}.json"
+    mod, out = importlib.import_module(FAMILY_PACKAGES[args.family]), args.out or f"gpu_check_{args.family}.json"
     rows = []
-    for geo, shape in GEOMETRIES[args.family].items():
+    for geo, shape in geometries(args.family).items():
         if args.quick and geo != "small":
             continue
         data = inputs(args.family, **shape, seqlen=args.seqlen, device="cuda")
@@ -235,7 +240,7 @@ def main():
             rows.append(dict(geometry=geo, config="fp32 vs HF", **hf_row))
             print(f"{geo:15s} {'fp32 vs HF chunk_kimi_delta_attention':36s} err_o {hf_row['err_o']:.2e}  "
                   f"state {hf_row['err_state']:.2e}  {'PASS' if hf_row['ok'] else 'FAIL'}", flush=True)
-        for cfg in CONFIGS[args.family]:
+        for cfg in COMMON_CONFIGS + EXTRA_CONFIGS.get(args.family, []):
             results = [check_chunked(mod, cfg, data), check_step(mod, cfg, data, steps=20)]
             if "spec" in cfg:
                 results.append(check_verify(mod, cfg, data))

@@ -4,7 +4,7 @@
     python benchmarks/kernel_speed.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
     TRITON_INTERPRET=1 python benchmarks/kernel_speed.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
-Geometries: Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128),
+Geometries (each family's `models.presets.full_size_preset`): Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128),
 KDA of Kimi-Linear-48B-A3B (H=HV=32, K=V=128; `--families kda`); FP32 recurrence state; batches 1, 32, 128, 256. What it measures (kernel time only, `triton.testing.do_bench`,
 median, L2 flushed before every run; inputs, buffers and packed copies are prepared once outside the timing;
 the ReplaySSM kernels are timed by replaying the exact launch `decode_step_triton` makes, without its host work):
@@ -53,26 +53,16 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
-from replayssm_eval.kernels import gdn, kda  # noqa: E402
 from replayssm_eval.kernels.delta._common import from_format_layout  # noqa: E402
-from replayssm_eval.kernels.gdn import chunked as gdn_chunked  # noqa: E402
-from replayssm_eval.kernels.gdn import decode_reference as gdn_reference  # noqa: E402
+from replayssm_eval.kernels.family import family_names, get_family  # noqa: E402
 from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
-from replayssm_eval.kernels.kda import chunked as kda_chunked  # noqa: E402
-from replayssm_eval.kernels.kda import decode_reference as kda_reference  # noqa: E402
 from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
-from replayssm_eval.kernels.mamba2 import chunked as mamba2_chunked  # noqa: E402
-from replayssm_eval.kernels.mamba2 import decode_reference as mamba2_reference  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton as mamba2_triton  # noqa: E402
+from replayssm_eval.models.presets import PRESETS, full_size_preset  # noqa: E402
+from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 from replayssm_eval.replay.schedule import ScheduleState  # noqa: E402
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed  # noqa: E402
 
-GEOMETRY = {  # full size and --tiny
-    "mamba2": (dict(H=96, P=80, N=128, G=8), dict(H=4, P=20, N=32, G=2)),
-    "gdn": (dict(HV=32, H=16, K=128, V=128), dict(HV=4, H=2, K=32, V=24)),
-    "kda": (dict(HV=32, H=32, K=128, V=128), dict(HV=4, H=2, K=32, V=24)),
-}
 WINDOW = 16
 MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
 FP32_READ, NVFP4_READ, CONVENTIONAL = "shared:fp32@16", "nvfp4/fp32@16", "fp32"
@@ -266,9 +256,16 @@ def flush_packing(folded: torch.Tensor, config: str):
 class Mamba2:
     name = "mamba2"
     step_keys = ("BLOCK_P", "TILES", "num_warps")  # the launch config of `_replay_step_kernel` the tune rows vary
+    tiny = dict(H=4, P=20, N=32, G=2)
+
+    @staticmethod
+    def dims(geo) -> dict:
+        """The driver's sizes of a `models.presets.ModelGeometry`."""
+        return dict(H=geo.num_heads, P=geo.head_dim, N=geo.state_dim, G=geo.n_groups)
 
     def __init__(self, geo: dict, rand: Rand):
         self.H, self.P, self.N, self.G = geo["H"], geo["P"], geo["N"], geo["G"]
+        self.kernels = get_family(self.name)
         self.rand = rand
         self.A = -torch.exp(rand(self.H, scale=0.5))
         self.A[: self.H // 4] = -0.02
@@ -312,7 +309,7 @@ class Mamba2:
         flushes at this step (the single-token non-flush kernel), else `_replay_kernel`."""
         x, dt, B, C = self.token(state.batch)
         return captured_launch(mamba2_triton, ("_replay_kernel", "_replay_step_kernel"),
-                               lambda: mamba2_triton.decode_step_triton(x, dt, self.A, B, C, self.D, state, config))
+                               lambda: self.kernels.decode_step(x[:, None], dt[:, None], self.A, B[:, None], C[:, None], self.D, state, config))
 
     def step_variants(self) -> list[dict]:
         """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch)."""
@@ -329,14 +326,14 @@ class Mamba2:
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
         x, dt, B, C = self.token(batch)
-        return lambda: mamba2_triton.conventional_step(x, dt, self.A, B, C, self.D, s, block_p=block)
+        return lambda: self.kernels.conventional_step(x, dt, self.A, B, C, self.D, s, block_p=block)
 
     def check_conventional(self, batch: int = 2) -> float:
         s = self.fp32_state(batch)
         x, dt, B, C = self.token(batch)
-        y_ref, st = mamba2_reference(x[:, None], dt[:, None], self.A, B[:, None], C[:, None], self.D, s, CONVENTIONAL)
+        y_ref, st = self.kernels.decode_reference(x[:, None], dt[:, None], self.A, B[:, None], C[:, None], self.D, s, CONVENTIONAL)
         s_got = s.clone()
-        y = mamba2_triton.conventional_step(x, dt, self.A, B, C, self.D, s_got)
+        y = self.kernels.conventional_step(x, dt, self.A, B, C, self.D, s_got)
         return max(relerr(y_ref[:, 0], y), relerr(st.hi, s_got))
 
     packing = staticmethod(flush_packing)
@@ -346,7 +343,7 @@ class Mamba2:
         return (x, dt, self.A, B, C, self.D, self.fp32_state(1))
 
     def chunked(self, inputs, config: str, backend: str):
-        return mamba2_chunked(*inputs, config, backend=backend)
+        return self.kernels.chunked(*inputs, config, backend=backend)
 
     def public_steps(self, inputs, config: str, tokens: int):
         x, dt, A, B, C, D, s0 = inputs
@@ -358,9 +355,16 @@ class Mamba2:
 class GDN:
     name = "gdn"
     step_keys = ("BLOCK_V", "BLOCK_K", "TILES", "num_warps")
+    tiny = dict(HV=4, H=2, K=32, V=24)
+
+    @staticmethod
+    def dims(geo) -> dict:
+        """The driver's sizes of a `models.presets.ModelGeometry`: value heads, key heads, K, V."""
+        return dict(HV=geo.num_heads, H=geo.n_groups, K=geo.state_dim, V=geo.head_dim)
 
     def __init__(self, geo: dict, rand: Rand):
         self.HV, self.H, self.K, self.V = geo["HV"], geo["H"], geo["K"], geo["V"]
+        self.kernels = get_family(self.name)
         self.rand = rand
 
     @property
@@ -407,7 +411,7 @@ class GDN:
         flush sequences alike)."""
         q, k, v, g, beta = self.token(state.batch, 1)
         return captured_launch(gdn_triton, "_replay_step_kernel",
-                               lambda: gdn.decode_step_triton(q, k, v, g, beta, state, config))
+                               lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
         """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch)."""
@@ -426,15 +430,15 @@ class GDN:
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
         q, k, v, g, beta = self.token(batch)
-        return lambda: gdn_triton.conventional_step(q, k, v, g, beta, s, block_v=block)
+        return lambda: self.kernels.conventional_step(q, k, v, g, beta, s, block_v=block)
 
     def check_conventional(self, batch: int = 2) -> float:
         s = self.fp32_state(batch)
         q, k, v, g, beta = self.token(batch)
-        o_ref, st = gdn_reference(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+        o_ref, st = self.kernels.decode_reference(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                   from_format_layout(s).contiguous(), CONVENTIONAL)
         s_got = s.clone()
-        o = gdn_triton.conventional_step(q, k, v, g, beta, s_got)
+        o = self.kernels.conventional_step(q, k, v, g, beta, s_got)
         return max(relerr(o_ref[:, 0], o), relerr(st.hi, s_got))
 
     packing = staticmethod(flush_packing)
@@ -444,14 +448,14 @@ class GDN:
         return (q, k, v, g, beta, from_format_layout(self.fp32_state(1)).contiguous())
 
     def chunked(self, inputs, config: str, backend: str):
-        return gdn_chunked(*inputs, config, backend=backend)
+        return self.kernels.chunked(*inputs, config, backend=backend)
 
     def public_steps(self, inputs, config: str, tokens: int):
         q, k, v, g, beta, s0 = inputs
         state = s0
         for t in range(tokens):
             sl = slice(t, t + 1)
-            _, state = gdn.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+            _, state = self.kernels.decode_step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
 
 
 class KDA(GDN):
@@ -459,6 +463,7 @@ class KDA(GDN):
 
     name = "kda"
     step_keys = ("BV", "num_warps")
+    dims = staticmethod(GDN.dims)
 
     def token_bytes(self, entries: int) -> int:
         """As GDN's, with g of K values per value head (committed entries and the new token)."""
@@ -485,7 +490,7 @@ class KDA(GDN):
     def step_launch(self, state: ReplayState, config: str):
         q, k, v, g, beta = self.token(state.batch, 1)
         return captured_launch(kda_triton, "_replay_step_kernel",
-                               lambda: kda.decode_step_triton(q, k, v, g, beta, state, config))
+                               lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
         return [dict(BV=bv, num_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)]
@@ -500,26 +505,26 @@ class KDA(GDN):
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
         q, k, v, g, beta = self.token(batch)
-        return lambda: kda_triton.conventional_step(q, k, v, g, beta, s, block_v=block)
+        return lambda: self.kernels.conventional_step(q, k, v, g, beta, s, block_v=block)
 
     def check_conventional(self, batch: int = 2) -> float:
         s = self.fp32_state(batch)
         q, k, v, g, beta = self.token(batch)
-        o_ref, st = kda_reference(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+        o_ref, st = self.kernels.decode_reference(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                   from_format_layout(s).contiguous(), CONVENTIONAL)
         s_got = s.clone()
-        o = kda_triton.conventional_step(q, k, v, g, beta, s_got)
+        o = self.kernels.conventional_step(q, k, v, g, beta, s_got)
         return max(relerr(o_ref[:, 0], o), relerr(st.hi, s_got))
 
     def chunked(self, inputs, config: str, backend: str):
-        return kda_chunked(*inputs, config, backend=backend)
+        return self.kernels.chunked(*inputs, config, backend=backend)
 
     def public_steps(self, inputs, config: str, tokens: int):
         q, k, v, g, beta, s0 = inputs
         state = s0
         for t in range(tokens):
             sl = slice(t, t + 1)
-            _, state = kda.decode_step_triton(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
+            _, state = self.kernels.decode_step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, config)
 
 
 def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
@@ -931,8 +936,10 @@ def main(argv=None):
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     for f in families:
-        if f not in GEOMETRY:
-            ap.error(f"unknown family {f!r}; known: {', '.join(GEOMETRY)}")
+        if f not in family_names():
+            ap.error(f"unknown family {f!r}; known: {', '.join(family_names())}")
+        if f not in BENCHES:
+            ap.error(f"no benchmark driver for the {f} family; drivers: {', '.join(BENCHES)}")
     if args.tiny:
         batches, lengths, torch_lengths, probe, step_tokens, public_tokens = [1, 2], [64, 128], [64], 32, 32, 4
     elif args.quick:
@@ -953,7 +960,9 @@ def main(argv=None):
     timer = Timer(args.device, args.quick or args.tiny)
     copy_gbps = copy_bandwidth(res, timer, args.device, args.tiny)
     rand = Rand(args.device)
-    fams = {name: BENCHES[name](GEOMETRY[name][1 if args.tiny else 0], rand) for name in families}
+    geometry = {name: BENCHES[name].tiny if args.tiny else BENCHES[name].dims(PRESETS[full_size_preset(name)])
+                for name in families}
+    fams = {name: BENCHES[name](geometry[name], rand) for name in families}
 
     for name, fam in fams.items():
         log(f"--- decode step: {name} ---")
@@ -974,8 +983,7 @@ def main(argv=None):
     log(f"\n{len(res.rows)} rows, {errors} errors, {res.elapsed():.0f} s")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(dict(environment=env, copy_gbps=copy_gbps, geometry={
-            n: GEOMETRY[n][1 if args.tiny else 0] for n in families}, batches=batches, goals=goal_rows,
+        Path(args.out).write_text(json.dumps(dict(environment=env, copy_gbps=copy_gbps, geometry=geometry, batches=batches, goals=goal_rows,
             rows=res.rows), indent=1, default=str))
         log(f"wrote {args.out}")
 

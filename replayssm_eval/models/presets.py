@@ -64,6 +64,13 @@ class ModelGeometry:
         """Bytes of one layer's state for one sequence at `bits` per element (scales not counted)."""
         return self.state_elements_per_layer * bits / 8
 
+    @property
+    def format_state_shape(self) -> tuple[int, int, int]:
+        """One layer's state of one sequence in the formats' layout: (heads, head_dim, state_dim), i.e. Mamba-2
+        [H, P, N], GDN and KDA [HV, V, K]."""
+        self._need("num_heads", "head_dim", "state_dim")
+        return self.num_heads, self.head_dim, self.state_dim
+
     def state_bytes_per_sequence(self, bits: float = 32) -> float:
         """Bytes of all SSM layers' state for one sequence at `bits` per element."""
         self._need("num_ssm_layers")
@@ -118,6 +125,25 @@ def get_preset(name: str) -> ModelGeometry:
         if name in (key, geometry.name):
             return geometry
     raise KeyError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+
+
+def full_size_preset(family: str) -> str:
+    """The first preset of a kernel family with its whole geometry known: the full size benchmarks and GPU checks use."""
+    for key, geometry in PRESETS.items():
+        if geometry.family == family and None not in (geometry.num_heads, geometry.head_dim, geometry.state_dim,
+                                                      geometry.n_groups):
+            return key
+    raise ValueError(f"no preset of the {family!r} family has a known geometry; presets: {', '.join(PRESETS)}")
+
+
+def state_shape(geometry: str) -> tuple[int, int, int]:
+    """(heads, head_dim, state_dim) in the formats' layout of a preset (`format_state_shape`) or of an 'H,P,N' string."""
+    if geometry in PRESETS:
+        return PRESETS[geometry].format_state_shape
+    parts = geometry.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"unknown geometry '{geometry}'; known: {', '.join(PRESETS)}, or 'H,P,N' (positive ints)")
+    return tuple(int(p) for p in parts)
 
 
 def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:

@@ -1,4 +1,8 @@
-"""Round-trip error of state formats on synthetic states: `format_error_table` (used by `formats` and regression tests)."""
+"""Round-trip error of state formats on synthetic states: `format_error_table` (used by `formats` and regression tests).
+
+States are [..., H, P, N] in the formats' layout; the model geometries they take their shape from are
+`models.presets` (`state_shape`).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,7 @@ import torch
 
 from replayssm_eval.quant.registry import get_format, list_formats
 
-# heads x head_dim x d_state of one SSM layer's state
-GEOMETRIES = {"nemotron-3-nano-4b": (96, 80, 128), "qwen3.5-4b": (32, 128, 128)}
 DISTRIBUTIONS = ("gaussian", "laplace", "student-t3", "ssm")
-
-
-def parse_geometry(geometry: str) -> tuple[int, int, int]:
-    """A named geometry or a custom `H,P,N` string."""
-    if geometry in GEOMETRIES:
-        return GEOMETRIES[geometry]
-    parts = geometry.split(",")
-    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"unknown geometry '{geometry}'; known: {', '.join(GEOMETRIES)}, or 'H,P,N' (positive ints)")
-    return tuple(int(p) for p in parts)
 
 
 def sample_state(shape: tuple[int, ...], distribution: str, seed: int) -> torch.Tensor:
@@ -51,10 +43,11 @@ def sample_state(shape: tuple[int, ...], distribution: str, seed: int) -> torch.
     raise ValueError(f"unknown distribution '{distribution}'; known: {', '.join(DISTRIBUTIONS)}")
 
 
-def format_error_table(specs: list[str] | None = None, geometry: str = "nemotron-3-nano-4b",
-                       distribution: str = "gaussian", seed: int = 0, states: int = 1) -> list[dict]:
-    """Per format: bits/element, bytes of one state, relative RMS error and SQNR (dB) on `states` sampled states."""
-    h, p, n = parse_geometry(geometry)
+def format_error_table(specs: list[str] | None, shape: tuple[int, int, int], distribution: str = "gaussian",
+                       seed: int = 0, states: int = 1) -> list[dict]:
+    """Per format: bits/element, bytes of one state, relative RMS error and SQNR (dB) on `states` sampled states of
+    `shape` (H, P, N)."""
+    h, p, n = shape
     x = sample_state((states, h, p, n), distribution, seed)
     rows = []
     for spec in specs or list_formats():

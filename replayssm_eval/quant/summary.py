@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from replayssm_eval.cli import command
-from replayssm_eval.quant.measure import DISTRIBUTIONS, GEOMETRIES, format_error_table, parse_geometry
+from replayssm_eval.models.presets import PRESETS, state_shape
+from replayssm_eval.quant.measure import DISTRIBUTIONS, format_error_table
 
 
 @dataclass(frozen=True)
 class FormatsConfig:
     geometry: str = field(default="nemotron-3-nano-4b", metadata={
-        "help": f"state geometry: {', '.join(GEOMETRIES)}, or custom 'H,P,N' (heads, head_dim, d_state)"})
+        "help": f"state geometry: a model preset ({', '.join(PRESETS)}), or custom 'H,P,N' (heads, head_dim, d_state)"})
     distribution: str = field(default="gaussian", metadata={
         "help": "synthetic state values", "choices": DISTRIBUTIONS})
     formats: tuple[str, ...] = field(default_factory=tuple, metadata={
@@ -37,9 +38,8 @@ def run_formats(config: FormatsConfig) -> int:
         raise ValueError(f"--states {config.states} is out of range; accepted: an integer >= 1")
     if config.presets:
         return _print_presets(config.json)
-    h, p, n = parse_geometry(config.geometry)
-    rows = format_error_table(list(config.formats) or None, config.geometry, config.distribution, config.seed,
-                              config.states)
+    h, p, n = state_shape(config.geometry)
+    rows = format_error_table(list(config.formats) or None, (h, p, n), config.distribution, config.seed, config.states)
     if config.json:
         # strict JSON has no Infinity: an error-free format (fp32) reports sqnr_db null
         rows = [{**row, "sqnr_db": row["sqnr_db"] if math.isfinite(row["sqnr_db"]) else None} for row in rows]

@@ -42,7 +42,7 @@ PARTS = ("format", "bits", "kernel", "chunked", "kl")
 FORMATS = ("fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4",
            "nvfp4:scale=row", "nvfp4:axis=headdim,scale=head", "fp8:scale=head", "fp8sr:scale=tensor",
            "mxfp4:axis=headdim")
-FORMAT_GEOMETRY = "4,32,64"
+FORMAT_GEOMETRY = (4, 32, 64)
 DISTRIBUTIONS = ("gaussian", "ssm")
 SR_SEED = 1234
 KERNEL_CONFIGS = ("fp16", "shared:nvfp4@4", "nvfp4/fp16sr@4", "nvfp4/fp8sr@4", "nvfp4/fp16sr@4#closed")
@@ -121,8 +121,7 @@ def format_metrics(select) -> dict[str, float]:
 
     out = {}
     for distribution in DISTRIBUTIONS:
-        rows = format_error_table(list(FORMATS), geometry=FORMAT_GEOMETRY, distribution=distribution, seed=SR_SEED,
-                                  states=2)
+        rows = format_error_table(list(FORMATS), FORMAT_GEOMETRY, distribution=distribution, seed=SR_SEED, states=2)
         for spec, row in zip(FORMATS, rows):
             out[f"format/{spec}/{distribution}/rel_rms"] = row["rel_rms_error"]
     return out

@@ -16,7 +16,9 @@ from transformers import (
     Qwen3NextConfig,
 )
 
-from replayssm_eval.models.presets import PRESETS, full_size_config, geometry_from_config, get_preset
+from replayssm_eval.models.presets import (
+    PRESETS, full_size_config, full_size_preset, geometry_from_config, get_preset, state_shape,
+)
 
 
 def test_nemotron_nano_state_bytes():
@@ -142,3 +144,18 @@ def test_full_size_configs(name, params, rel):
 def test_full_size_config_names():
     with pytest.raises(ValueError, match="available: nemotron-3-nano-4b, qwen3.5-4b, kimi-linear-48b-a3b"):
         full_size_config("qwen3.5-122b-a10b")
+
+
+def test_state_shapes_in_the_formats_layout():
+    assert state_shape("nemotron-3-nano-4b") == (96, 80, 128)
+    assert state_shape("qwen3.5-4b") == (32, 128, 128)
+    assert state_shape("8,64,16") == (8, 64, 16)
+    with pytest.raises(ValueError, match="known: nemotron-3-nano-4b, nemotron-3-super-120b-a12b"):
+        state_shape("8,64")
+    with pytest.raises(ValueError, match="num_heads, head_dim, state_dim unknown"):
+        state_shape("qwen3.5-122b-a10b")
+
+
+def test_full_size_preset_of_each_family():
+    assert [full_size_preset(f) for f in ("mamba2", "gdn", "kda")] == [
+        "nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b-a3b"]

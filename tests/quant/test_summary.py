@@ -5,23 +5,15 @@ import json
 import pytest
 
 from replayssm_eval.cli import main
-from replayssm_eval.quant.measure import format_error_table, parse_geometry
+from replayssm_eval.quant.measure import format_error_table
 
 
 def test_format_error_table():
-    rows = format_error_table(["fp16", "nvfp4:scale=tensor"], geometry="4,16,32", distribution="laplace", seed=1)
+    rows = format_error_table(["fp16", "nvfp4:scale=tensor"], (4, 16, 32), distribution="laplace", seed=1)
     assert [r["format"] for r in rows] == ["fp16", "nvfp4:scale=tensor"]
     assert rows[0]["state_bytes"] == 4 * 16 * 32 * 2 and rows[1]["bits_per_element"] == 4.5
     assert rows[0]["sqnr_db"] > 70 > rows[1]["sqnr_db"] > 15
     assert rows[1]["rel_rms_error"] == pytest.approx(10 ** (-rows[1]["sqnr_db"] / 20))
-
-
-def test_geometries():
-    assert parse_geometry("nemotron-3-nano-4b") == (96, 80, 128)
-    assert parse_geometry("qwen3.5-4b") == (32, 128, 128)
-    assert parse_geometry("8,64,16") == (8, 64, 16)
-    with pytest.raises(ValueError, match="known: nemotron-3-nano-4b, qwen3.5-4b"):
-        parse_geometry("8,64")
 
 
 def test_cli_json(capsys):
