@@ -26,7 +26,7 @@ import torch
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
-from replayssm_eval.kernels.mamba2.triton import decode_step_triton, verify_triton
+from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 from replayssm_eval.replay.schedule import ScheduleState
 
 RTOL, FLIPS = 1e-5, 0.01

@@ -27,7 +27,8 @@ def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
     from replayssm_eval.kernels.gdn import triton as gdn
     from replayssm_eval.kernels.kda import triton as kda
-    from replayssm_eval.kernels.mamba2 import triton as mamba2
+    from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_chunk_module
+    from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
     from replayssm_eval.quant import triton as quant
     from replayssm_eval.quant.triton import KINDS
 
@@ -50,11 +51,11 @@ def cases() -> list:
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
         (gdn._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=gdn._P_NVFP4.value, SCALE=1, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
-        (mamba2._chunk_scan_kernel, mamba2_chunk),
-        (mamba2._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_SCOPE": 0}),
-        (mamba2._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
-        (mamba2._replay_step_kernel, mamba2_step),
-        (mamba2._replay_step_kernel, {**mamba2_step, "READ": fp8, "GS_SCOPE": 1, "SKIP": True, "FOLD": False,
+        (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_SCOPE": 0}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
+        (mamba2_step_module._replay_step_kernel, mamba2_step),
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": fp8, "GS_SCOPE": 1, "SKIP": True, "FOLD": False,
                                       "BLOCK_P": 8, "TILES": 10}),
     ]
 

@@ -4,9 +4,9 @@
 read copy S_lo and its packed encoding, the ring buffer, and per row the window phase (`count`),
 the checkpoint index and the Philox keys of both copies (computed on the device from the
 sequence ids, `replay.device_keys`). `step(...)` decodes one token for every row with the
-family's single-token Triton kernel (Mamba-2; GDN and KDA through the launcher their eager step
-uses, `<family>.triton.launch_replay_step`) and leaves the state where `decode_step_triton` of
-that family would leave it, bit for bit (docs/semantics.md, decode semantics).
+family's fixed-buffer step (`KernelFamily.fixed_step`: its single-token Triton kernel) and
+leaves the state where the family's `decode_step` would leave it, bit for bit (docs/semantics.md,
+decode semantics).
 
 Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then

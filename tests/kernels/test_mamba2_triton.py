@@ -17,8 +17,8 @@ from test_mamba2_reference import assert_close, make_inputs, phased_state, slice
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
-from replayssm_eval.kernels.mamba2 import triton as mamba2_triton
-from replayssm_eval.kernels.mamba2.triton import decode_step_triton, verify_triton
+from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
+from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 from replayssm_eval.quant.triton import e2m1_decode, e4m3_decode, e5m2_decode
 
 # the interpreter reports 1/0 in numpy; the kernels handle it as the formats specify (FLT_MAX clamps)
@@ -94,7 +94,7 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     read copy after the kernel, a recurrence copy (or shared checkpoint) between one-segment launches. Three calls in
     a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
-    assert None in mamba2_triton._kinds(config), "a copy must be rounded by torch"
+    assert None in triton_chunk._kinds(config), "a copy must be rounded by torch"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))
     ref = tri = _phased(inputs, config, [0, 2], device)
     for start, stop in ((2, 7), (7, 8), (8, 15)):
@@ -129,12 +129,12 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypa
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")
     forced = [getattr(config, f"{copy}_format") for copy in by_torch.split("/")]
-    store_kind = mamba2_triton._store_kind
-    monkeypatch.setattr(mamba2_triton, "_store_kind", lambda fmt: None if fmt in forced else store_kind(fmt))
+    store_kind = triton_chunk._store_kind
+    monkeypatch.setattr(triton_chunk, "_store_kind", lambda fmt: None if fmt in forced else store_kind(fmt))
     by_copy = [config.recur_format in forced, config.read_format in forced]
-    assert [k is None for k in mamba2_triton._kinds(config)] == by_copy
+    assert [k is None for k in triton_chunk._kinds(config)] == by_copy
     heads, head_dim, d_state = state.hi.shape[1:]
-    monkeypatch.setattr(mamba2_triton, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
+    monkeypatch.setattr(triton_chunk, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
     y_out, st_out = _triton_no_fallback(*main, state, config)
     assert_close("y", y_in, y_out, 1e-5)
     assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)
@@ -192,15 +192,15 @@ def test_verify_matches_reference(read_hi, device):
 @triton.jit
 def _decode_all_codes(out_ptr):
     code = tl.arange(0, 256)
-    tl.store(out_ptr + code, mamba2_triton._e4m3_fast(code.to(tl.uint8)))
+    tl.store(out_ptr + code, triton_step._e4m3_fast(code.to(tl.uint8)))
     tl.store(out_ptr + 256 + code, e4m3_decode(code.to(tl.uint8)))
-    tl.store(out_ptr + 512 + code, mamba2_triton._e5m2_fast(code.to(tl.uint8)))
+    tl.store(out_ptr + 512 + code, triton_step._e5m2_fast(code.to(tl.uint8)))
     tl.store(out_ptr + 768 + code, e5m2_decode(code.to(tl.uint8)))
     nib = code & 15
-    tl.store(out_ptr + 1024 + code, mamba2_triton._e2m1_f16(nib) * mamba2_triton._E2M1_F16_SCALE)
+    tl.store(out_ptr + 1024 + code, triton_step._e2m1_f16(nib) * triton_step._E2M1_F16_SCALE)
     tl.store(out_ptr + 1280 + code, e2m1_decode(nib))
-    tl.store(out_ptr + 1536 + code, mamba2_triton._e2m1_f16(code) * mamba2_triton._E2M1_F16_SCALE)  # low nibble of a byte
-    tl.store(out_ptr + 1792 + code, mamba2_triton._e2m1_f16_hi(code) * mamba2_triton._E2M1_F16_SCALE)
+    tl.store(out_ptr + 1536 + code, triton_step._e2m1_f16(code) * triton_step._E2M1_F16_SCALE)  # low nibble of a byte
+    tl.store(out_ptr + 1792 + code, triton_step._e2m1_f16_hi(code) * triton_step._E2M1_F16_SCALE)
     tl.store(out_ptr + 2048 + code, e2m1_decode(code >> 4))
 
 
@@ -249,11 +249,11 @@ def test_step_kernel_matches_reference(text, groups, d_state, launch, device, mo
     config = ReplayConfig.parse(text)
     inputs = tuple(t.to(device) for t in _small(batch=3, groups=groups, d_state=d_state))
     state = phased_state(decode_reference, inputs, config, [0, 2, 5], torch.float32)
-    monkeypatch.setattr(mamba2_triton, "step_launch_config", lambda *a: _LAUNCHES[launch])
-    step = _Count(mamba2_triton._replay_step)
-    general = _Count(mamba2_triton._replay)
-    monkeypatch.setattr(mamba2_triton, "_replay_step", step)
-    monkeypatch.setattr(mamba2_triton, "_replay", general)
+    monkeypatch.setattr(triton_step, "step_launch_config", lambda *a: _LAUNCHES[launch])
+    step = _Count(triton_step._replay_step)
+    general = _Count(triton_step._replay)
+    monkeypatch.setattr(triton_step, "_replay_step", step)
+    monkeypatch.setattr(triton_step, "_replay", general)
     x, dt, A, B, C, D, _ = inputs
     tri, ref = state, state
     for n, want_step in zip(range(5, 13), range(1, 9)):
@@ -281,9 +281,9 @@ def test_step_kernel_equals_general_kernel(text, launch, device):
     read_hi = torch.tensor([True, False, True, False], device=device)
     A = inputs[2].contiguous()
     for fold in (torch.zeros_like(read_hi), torch.tensor([True, True, False, False], device=device)):
-        y_old, f_old = mamba2_triton._replay(buf["x"], buf["B"], buf["dt"], C[:, None].contiguous(), count, read_hi,
+        y_old, f_old = triton_step._replay(buf["x"], buf["B"], buf["dt"], C[:, None].contiguous(), count, read_hi,
                                              fold, A, state, config)
-        y_new, f_new = mamba2_triton._replay_step(buf["x"], buf["B"], buf["dt"], C, count, read_hi, A, state, config,
+        y_new, f_new = triton_step._replay_step(buf["x"], buf["B"], buf["dt"], C, count, read_hi, A, state, config,
                                                   launch=_LAUNCHES[launch], fold=fold)
         assert_close("y", y_old[:, 0], y_new, 1e-5)
         assert (f_old is None) == (f_new is None) == (not fold.any())

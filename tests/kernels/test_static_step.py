@@ -98,7 +98,7 @@ def _run(family, config, make_inputs, decode, first_state, phased=True):
 
 @pytest.mark.parametrize("config,phased", _cases(CONFIGS))
 def test_mamba2_static_step_equals_decode_step_triton(config, phased, device):
-    from replayssm_eval.kernels.mamba2.triton import decode_step_triton
+    from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton
 
     b, h, p, g, n = 3, 4, 8, 2, 16
     gen = torch.Generator().manual_seed(0)

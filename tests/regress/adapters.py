@@ -11,7 +11,7 @@ import torch
 
 from replayssm_eval.kernels.gdn import decode_step_triton as gdn_step
 from replayssm_eval.kernels.kda import decode_step_triton as kda_step
-from replayssm_eval.kernels.mamba2.triton import decode_step_triton as mamba2_step
+from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton as mamba2_step
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.formats import ElementwiseFormat
 

@@ -67,7 +67,7 @@ def test_nvfp4_scale_off_by_one_code_fails(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_kernel_dropping_d_fails(monkeypatch, capsys):
-    from replayssm_eval.kernels.mamba2 import triton as mamba2_triton
+    from replayssm_eval.kernels.mamba2 import triton_step as mamba2_triton
 
     original = mamba2_triton.decode_step_triton
 

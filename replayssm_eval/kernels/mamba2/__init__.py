@@ -7,8 +7,9 @@
 Shapes (Hugging Face): x [B, T, H, P], dt [B, T, H] (after softplus and bias), A [H] (negative),
 B and C [B, T, G, N], D [H], state [B, H, P, N].
 
-Layering, one way: `_common` <- `reference` <- `chunked` (torch) <- `triton`; `chunked`
-with its backend choice is defined here, above both.
+Layering, one way: `_common` <- `reference` <- `chunked` (torch) <- `triton_step` (decode kernels) <-
+`triton_chunk` (the chunked scan) <- `fixed_step` (`KernelFamily.fixed_step`); `chunked` with its
+backend choice is defined here, above them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from replayssm_eval.kernels.family import KernelFamily
-from replayssm_eval.kernels.mamba2 import triton as _triton
+from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
 from replayssm_eval.kernels.mamba2._common import _prepare
 from replayssm_eval.kernels.mamba2.fixed_step import fixed_step
-from replayssm_eval.kernels.mamba2.chunked import _chunked_torch
+from replayssm_eval.kernels.mamba2.chunked import chunked_torch
 from replayssm_eval.kernels.mamba2.reference import decode_reference, speculative_decode_reference
 from replayssm_eval.replay.schedule import plan_tokens
 
@@ -31,22 +32,22 @@ def chunked(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=No
     """Teacher-forced ReplaySSM over T tokens; same arguments and results as `decode_reference`.
 
     backend: "torch" (loop over checkpoints, a few tensor ops each) or "triton" (one kernel launch
-    does the state passing with in-loop quantization; see `mamba2.triton.chunked_triton_prepared`).
+    does the state passing with in-loop quantization; see `mamba2.triton_chunk.chunked_triton_prepared`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     inp = _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
     plan, after = plan_tokens(inp.config, inp.state.schedule, inp.x.shape[1], inp.state.seq_ids)
     if backend == "triton":
-        return _triton.chunked_triton_prepared(inp, plan, after)
-    return _chunked_torch(inp, plan, after)
+        return triton_chunk.chunked_triton_prepared(inp, plan, after)
+    return chunked_torch(inp, plan, after)
 
 
 def decode_step(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=None):
     """`decode_step_triton` in the family call convention: one token, x [B, 1, H, P], ...; y [B, 1, H, P]."""
     if x.shape[1] != 1:
         raise ValueError(f"decode_step decodes one token: x has T={x.shape[1]}, expected 1")
-    y, state = _triton.decode_step_triton(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, initial_state, config,
+    y, state = triton_step.decode_step_triton(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, initial_state, config,
                                           layer_idx=layer_idx, seq_ids=seq_ids)
     return y[:, None], state
 
@@ -87,8 +88,8 @@ FAMILY = KernelFamily(
     speculative_decode_reference=speculative_decode_reference,
     chunked=chunked,
     decode_step=decode_step,
-    verify=_triton.verify_triton,
-    conventional_step=_triton.conventional_step,
+    verify=triton_step.verify_triton,
+    conventional_step=triton_step.conventional_step,
     hf_state=lambda state: state.hi,
     stored_layout=lambda state: state,
     random_inputs=_random_inputs,

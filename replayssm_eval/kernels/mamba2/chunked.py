@@ -79,7 +79,7 @@ class Segments:
         out = torch.where((p < self.h0[:, None]).view(*p.shape, *[1] * (new.dim() - 2)), from_buf, from_new)
         return torch.where((i < count[:, None]).view(*p.shape, *[1] * (new.dim() - 2)), out, 0.0)
 
-def _chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
+def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
     batch, tokens, heads, head_dim, groups, d_state = inp.dims
     state, config = inp.state, inp.config
     if tokens == 0:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from replayssm_eval.kernels.mamba2.triton import _read_layout, _replay_step_kernel, step_grid, step_launch_config
+from replayssm_eval.kernels.mamba2.triton_step import _read_layout, _replay_step_kernel, step_grid, step_launch_config
 from replayssm_eval.replay.buffer_round import buffer_kind
 
 if TYPE_CHECKING:

@@ -1,22 +1,7 @@
-"""Triton kernels for ReplaySSM Mamba-2: the chunked scan with in-loop quantization, the decode step, verification.
+"""Triton decode kernels of ReplaySSM Mamba-2: the single-token step, verification of drafts, the conventional step.
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch, one program per
-  (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
-  checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
-  `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
-  whose scale group lies inside one program's tile: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2
-  with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
-  hold the whole head). The other formats (tensor-wide scales, nvfp4 axis=headdim, MX; the default
-  `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
-  indices. A read copy (split config) in two passes per block of segments, exact because S_lo
-  never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
-  the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
-  (`_read_outside`). A recurrence copy or shared checkpoint feeds the next segment, so the kernel
-  runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
-  folded before the next launch (`_scan`). FP64 compute falls back to the torch backend, with a
-  warning.
 - `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
   `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
   sequences read the packed read copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8
@@ -24,288 +9,29 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   read S_hi and the buffer, and the kernel writes the FP32 fold, which one vectorised pass
   (`write_checkpoint_packed`) rounds to both copies: this pass does the scale reductions of every format.
 - `verify_triton`: output-only verification of T drafts appended after the committed entries.
+- `conventional_step`: the conventional FP32 decode step the benchmarks compare with.
 The kernels compute in FP32 (tl.dot with input_precision="ieee", no TF32; FP32 FMAs in the step kernel).
 """
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
-from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
-from replayssm_eval.kernels.mamba2.chunked import Segments, _chunked_torch
-from replayssm_eval.replay.schedule import TokenPlan, plan_tokens
-from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
+from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, merge_packed
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
-    _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, FP16SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
-    e2m1_decode, e4m3_decode, e5m2_decode, quantize_tile, tile_amax, triton_rounds,
+    _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
+    e2m1_decode, e4m3_decode, e5m2_decode, triton_rounds,
 )
+from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
+from replayssm_eval.replay.schedule import plan_tokens
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
 # scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
 _NONE, _ROW, _HEAD, _TENSOR = range(4)
 _SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
-_FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
-
-
-_IDENTITY = (KINDS["fp32"].value, _NONE, 1.0)  # the loop keeps the FP32 fold: torch rounds that copy
-
-
-def _store_kind(fmt) -> tuple[int, int, float] | None:
-    """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop, or None when its scale group spans
-    programs (tensor-wide scale, head_dim blocks, MX blocks) or the device functions lack it (`triton_rounds`): then
-    torch rounds that copy outside the loop."""
-    if not triton_rounds(fmt):
-        return None
-    if isinstance(fmt, ElementwiseFormat):
-        return KINDS[fmt.base].value, _NONE, 1.0
-    if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
-        return KINDS[fmt.base].value, _SCOPES[fmt.scale], fmt.max_value
-    if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate" and fmt.scale != "tensor":
-        return NVFP4.value, _SCOPES[fmt.scale], 1.0
-    return None
-
-
-@triton.jit
-def _bits(key, counter, KIND: tl.constexpr):
-    """Philox words for the stochastic kinds (fp16sr, fp8sr), as `keys.state_random_bits`; zeros otherwise."""
-    if (KIND == FP16SR) | (KIND == FP8SR):
-        bits = tl.randint(key, counter).to(tl.int64)
-    else:
-        bits = tl.zeros(counter.shape, dtype=tl.int64)
-    return bits
-
-
-@triton.jit
-def _quantize_tile(v, bits, KIND: tl.constexpr, SCOPE: tl.constexpr, FP8_MAX: tl.constexpr,
-                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The format's fake quantization of a [BLOCK_P, BLOCK_N] state tile (zero padded), as `fmt.quantize`."""
-    return quantize_tile(v, bits, tile_amax(v, SCOPE == 2), KIND, SCOPE != 0, FP8_MAX, 16, BLOCK_P, BLOCK_N)
-
-
-@triton.jit
-def _chunk_scan_kernel(
-    x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
-    A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
-    out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
-    S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
-    RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
-    READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
-    SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    g = h // HPG
-    offs_l = tl.arange(0, BLOCK_L)
-    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_l, mask_p, mask_n = offs_l < L, offs_p < P, offs_n < N
-    mask_s = mask_p[:, None] & mask_n[None, :]
-    elem = (h * P + offs_p[:, None]).to(tl.int64) * N + offs_n[None, :]  # [BLOCK_P, BLOCK_N] index in [H, P, N]
-    state_off = b.to(tl.int64) * H * P * N + elem
-    hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
-    lo = hi
-    if not SHARED:
-        if not LO_OUTSIDE:
-            lo = tl.load(lo_ptr + state_off, mask=mask_s, other=0.0)
-    pre = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # kept when this launch's segments do not fold
-    A = tl.load(A_ptr + h)
-    ck = tl.load(ck_ptr + b)
-    key_hi = tl.load(key_ptr + 2 * b)
-    key_lo = tl.load(key_ptr + 2 * b + 1)
-    causal = offs_l[:, None] >= offs_l[None, :]
-    s = S0
-    while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
-        row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
-        dt = tl.load(dt_ptr + row * H + h, mask=mask_l, other=0.0)
-        cs = tl.cumsum(dt * A, axis=0)  # log G_{0..j}
-        x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=mask_l[:, None] & mask_p[None, :], other=0.0)
-        bm = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
-        cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
-        # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
-        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-        scores = tl.dot(cm, tl.trans(bm), input_precision=DOT) * decay * dt[None, :]
-        y = tl.dot(scores, x, input_precision=DOT)
-        # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
-        g_read = tl.exp(cs)
-        if SKIP:
-            g_read = tl.where(g_read < skip, 0.0, g_read)
-        y_src = tl.dot(cm, tl.trans(hi), input_precision=DOT)
-        if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
-            rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-            tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
-            g_read = tl.where(rh != 0, g_read, 0.0)
-        elif not SHARED:
-            rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-            y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision=DOT))
-        y += g_read[:, None] * y_src
-        tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
-        if tl.load(fold_ptr + b * S + s) != 0:
-            cs_last = tl.sum(tl.where(offs_l == BLOCK_L - 1, cs, 0.0), axis=0)  # padding has dt = 0
-            g_seg = tl.exp(cs_last)
-            if SKIP:
-                g_seg = tl.where(g_seg < skip, 0.0, g_seg)
-            w = tl.exp(cs_last - cs) * dt
-            if BUF == BUF_FP32:
-                folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision=DOT)
-            else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
-                folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
-            counter = ((ck + s + 1) << 32) + elem
-            hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
-            if LO_OUTSIDE:
-                slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
-                tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
-            elif SHARED:
-                lo = hi
-            else:
-                lo = _quantize_tile(folded, _bits(key_lo, counter, READ), READ, READ_SCOPE, READ_MAX, BLOCK_P, BLOCK_N)
-            pre = folded
-        s += 1
-    tl.store(hi_ptr + state_off, hi, mask=mask_s)
-    if not SHARED:
-        if not LO_OUTSIDE:
-            tl.store(lo_ptr + state_off, lo, mask=mask_s)
-    tl.store(pre_ptr + state_off, pre, mask=mask_s)
-
-
-def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, outside=None):
-    """Launch over the segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds); hi, lo ([B, H, P, N]
-    fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are updated in place.
-
-    outside: None (both copies rounded in the loop), or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read
-    copy rounded after the kernel: tokens that read S_lo get no checkpoint term, their g_read goes to g_lo (0
-    elsewhere), and the fold of segment s goes to out[:, s - first + 1].
-    """
-    px, pB, pC, pdt, read_hi, folds = grid
-    batch, S, L, H, P = px.shape
-    G, N = pB.shape[3], pB.shape[4]
-    (recur, recur_scope, recur_max), (read, read_scope, read_max) = kinds
-    out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    launch = chunked_launch_config(P, N, _HEAD in (recur_scope, read_scope))
-    block_p = launch["BLOCK_P"]
-    skip = config.skip_read_below
-    _chunk_scan_kernel[(batch, H, triton.cdiv(P, block_p))](
-        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
-        S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
-        RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
-        READ_MAX=read_max, SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None,
-        BUF=buffer_kind(config),
-        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
-        DOT=launch["DOT"], num_warps=launch["num_warps"],
-    )
-
-
-def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
-    """BLOCK_P (head_dim rows per program; the whole head for head scales), num_warps and DOT (the tl.dot
-    input_precision) of `_chunk_scan_kernel` (benchmarks/layer_speed.py sweeps them)."""
-    if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
-        return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
-    return {"BLOCK_P": 16, "num_warps": 2, "DOT": "ieee"}
-
-
-def _kinds(config) -> tuple:
-    """`_store_kind` of (S_hi, S_lo); a shared checkpoint's S_lo is S_hi."""
-    return _store_kind(config.recur_format), _store_kind(config.read_format)
-
-
-def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, kinds, span, outside=None) -> None:
-    """`_chunk_scan` over span. A recurrence copy the loop cannot round (kinds[0] None) takes one launch per segment
-    that keeps the FP32 fold in S_hi, which `round_folded` rounds for the sequences that folded before the next
-    launch (exactly `write_checkpoint`'s rounding; a shared checkpoint's S_lo is the same tensor)."""
-    state, config = inp.state, inp.config
-    checkpoint = state.checkpoint.contiguous()
-    recur, read = kinds
-    if recur is not None:
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, outside)
-        return
-    for s in range(*span):
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, (_IDENTITY, read or _IDENTITY), (s, s + 1),
-                    outside)
-        round_folded(hi, config.recur_format, keys[:, 0], checkpoint + s + 1, seg.folds[:, s], seg.folds_host[s])
-
-
-def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
-    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, MX): exact in two passes,
-    because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi (`_scan`)
-    and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s
-    encoding, keys and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are
-    updated in place.
-
-    Memory: the folds of a block, B * (K + 1) * H * P * N fp32 with B * K * H * P * N <= _FOLD_BLOCK_ELEMENTS (K >= 1),
-    and the encoder's temporaries for them."""
-    px, pC = grid[0], grid[2]
-    batch, S, L, H, P = px.shape
-    N = pC.shape[-1]
-    state, config = inp.state, inp.config
-    block = max(1, _FOLD_BLOCK_ELEMENTS // (batch * H * P * N))
-    out = torch.empty(batch, min(block, S) + 1, H, P, N, dtype=torch.float32, device=px.device)
-    out[:, 0] = state.lo  # slot 0: the read copy of the block's first segment; slot k + 1: S_lo after segment s0 + k
-    g_lo = torch.empty(batch, S, L, H, dtype=torch.float32, device=px.device)
-    for s0 in range(0, S, block):
-        s1 = min(S, s0 + block)
-        k = s1 - s0
-        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, _IDENTITY), (s0, s1), outside=(out, g_lo, s0))
-        fold = seg.folds[:, s0:s1]  # [B, k]
-        if any(any(f) for f in seg.folds_host[s0:s1]):
-            new = out[:, 1:k + 1]  # [B, k, H, P, N]
-            checkpoint = state.checkpoint[:, None] + torch.arange(s0 + 1, s1 + 1, device=px.device)  # [B, k]
-            read_keys = keys[:, None, 1].expand(-1, k)  # [B, k]
-            packed = encode_keyed(new[fold], config.read_format, read_keys[fold], checkpoint[fold])
-            new[fold] = config.read_format.decode(packed)
-        Ch = group_heads(pC[:, s0:s1], H)  # [B, k, L, H, N]
-        y[:, s0:s1] += g_lo[:, s0:s1, ..., None] * torch.einsum("bkhpn,bklhn->bklhp", out[:, :k], Ch)
-        out[:, 0] = out[:, k]
-
-
-def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
-    """`chunked(..., backend="triton")` after `_prepare` and planning."""
-    if inp.x.dtype != torch.float32:
-        warnings.warn("mamba2 chunked backend='triton' runs the torch backend: the Triton kernels compute in FP32 "
-                      "(compute_dtype=float64 runs the torch backend)", stacklevel=3)
-        return _chunked_torch(inp, plan, after)
-    batch, tokens, heads, head_dim, groups, d_state = inp.dims
-    state, config = inp.state, inp.config
-    if tokens == 0:
-        return _chunked_torch(inp, plan, after)
-    seg = Segments(inp, plan)
-    to_grid = lambda t: t.view(batch, seg.segments, seg.length, *t.shape[2:]).contiguous()  # noqa: E731
-    grid = (to_grid(seg.scatter(inp.x, state.buffer["x"])), to_grid(seg.scatter(inp.B, state.buffer["B"])),
-            to_grid(seg.scatter(inp.C, None)), to_grid(seg.scatter(inp.dt, state.buffer["dt"])),
-            to_grid(seg.read_hi).to(torch.int8), seg.folds.to(torch.int8).contiguous())
-    keys = torch.stack([sr_keys(config.seed, state.layer, state.seq_ids, RECUR_COPY),
-                        sr_keys(config.seed, state.layer, state.seq_ids, READ_COPY)], 1).contiguous()  # [B, 2]
-    hi = state.hi.clone().contiguous()
-    pre = torch.zeros_like(hi)
-    y_grid = torch.empty(*grid[0].shape, dtype=torch.float32, device=hi.device)  # [B, S, L, H, P]
-    recur, read = _kinds(config)
-    A = inp.A.contiguous()
-    read_outside = read is None and not config.shared
-    if read_outside:
-        _read_outside(grid, A, hi, pre, y_grid, inp, seg, keys, recur)
-        lo = state.lo.clone()
-    else:
-        lo = hi if config.shared else state.lo.clone().contiguous()
-        _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments))
-    y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
-    y = y + inp.D[:, None] * inp.x_skip
-    packed = state.lo_packed
-    rows = (seg.num_folds > 0).nonzero().flatten()
-    if len(rows):
-        _, new_lo, new_packed = write_checkpoint_packed(pre[rows], config, state.layer, state.seq_ids[rows],
-                                                        (state.checkpoint + seg.num_folds)[rows])
-        packed = merge_packed(packed, new_packed, rows, batch)
-        if read_outside:
-            lo[rows] = new_lo
-    buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
-              for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
-    out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
-    return y.to(inp.out_dtype), out
 
 
 @triton.jit
