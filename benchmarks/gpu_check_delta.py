@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from replayssm_eval.kernels.delta.reference import _verify
-from replayssm_eval.kernels.delta.triton import _read_format
+from replayssm_eval.kernels.delta.triton_step import read_copy_format
 from replayssm_eval.kernels.family import FAMILY_PACKAGES, family_names, get_family
 from replayssm_eval.models.presets import PRESETS, full_size_preset
 from replayssm_eval.replay.config import ReplayConfig
@@ -117,7 +117,7 @@ def lockstep(mod, cfg, data):
         rows = (st_t.checkpoint != state.checkpoint).nonzero().flatten()
         if rows.numel():
             _, f_t = mod.chunked(*x, state, c32)
-            _, f_k = mod.RULE.kernels.chunked_triton(prep(x, state), rounded=False)
+            _, f_k = mod.RULE.chunk.chunked_triton(prep(x, state), rounded=False)
             worst["fold"] = max(worst["fold"], rel(f_t.hi[rows], f_k.hi[rows]))
             hk, lk = write_checkpoint(f_k.hi[rows], config, 0, st_k.seq_ids[rows], st_k.checkpoint[rows])
             for own, got, ref in ((hk, st_k.hi[rows], st_t.hi[rows]), (lk, st_k.lo[rows], st_t.lo[rows])):
@@ -178,7 +178,7 @@ def check_verify(mod, cfg, data, drafts=4):
     width = torch.full((bsz,), drafts, device=data[0].device)
     read_hi = torch.arange(bsz, device=data[0].device) % 2 == 1
     groups = data[2].shape[2] // data[0].shape[2]
-    u, o = mod.RULE.kernels.verify_triton(state.hi, state.lo_packed, _read_format(config), state.buffer,
+    u, o = mod.RULE.step.verify_triton(state.hi, state.lo_packed, read_copy_format(config), state.buffer,
                                           state.schedule.count, new, width, read_hi, groups)
     err = 0.0
     for b in range(bsz):

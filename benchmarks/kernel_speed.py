@@ -55,8 +55,8 @@ import triton  # noqa: E402
 
 from replayssm_eval.kernels.delta._common import from_format_layout  # noqa: E402
 from replayssm_eval.kernels.family import family_names, get_family  # noqa: E402
-from replayssm_eval.kernels.gdn import triton as gdn_triton  # noqa: E402
-from replayssm_eval.kernels.kda import triton as kda_triton  # noqa: E402
+from replayssm_eval.kernels.gdn import triton_step as gdn_triton  # noqa: E402
+from replayssm_eval.kernels.kda import triton_step as kda_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_step as mamba2_triton  # noqa: E402
 from replayssm_eval.models.presets import PRESETS, full_size_preset  # noqa: E402
 from replayssm_eval.replay.config import ReplayConfig  # noqa: E402

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from kernel_speed import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
 
-from replayssm_eval.kernels.delta import triton as delta_triton  # noqa: E402
+from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
 
 CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",

@@ -25,8 +25,9 @@ ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
 
 def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
-    from replayssm_eval.kernels.gdn import triton as gdn
-    from replayssm_eval.kernels.kda import triton as kda
+    from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk_module
+    from replayssm_eval.kernels.gdn import triton_step as gdn_step_module
+    from replayssm_eval.kernels.kda import triton_chunk as kda_chunk_module
     from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_chunk_module
     from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
     from replayssm_eval.quant import triton as quant
@@ -42,14 +43,14 @@ def cases() -> list:
     return [
         (quant._encode_kernel, dict(KIND=nvfp4, SCOPE=1, FMT_MAX=1.0, BLOCK_R=16, BLOCK_C=128)),
         (quant._encode_kernel, dict(KIND=KINDS["fp8sr"].value, SCOPE=2, FMT_MAX=448.0, BLOCK_R=16, BLOCK_C=128)),
-        (gdn._chunked_kernel, gdn_chunk, GDN_FLAGS),
-        (gdn._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_SCALE": 2, "DOT": "tf32x3"}, GDN_FLAGS),
+        (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_SCALE": 2, "DOT": "tf32x3"}, GDN_FLAGS),
         # one segment per launch, S_hi kept in FP32 for the torch rounding
-        (gdn._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
-        (kda._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
-        (gdn._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=gdn._P_NVFP4.value, SCALE=3, SKIP=True,
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=gdn_step_module._P_NVFP4.value, SCALE=3, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
-        (gdn._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=gdn._P_NVFP4.value, SCALE=1, SKIP=False),
+        (gdn_step_module._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=gdn_step_module._P_NVFP4.value, SCALE=1, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_SCOPE": 0}),

@@ -93,7 +93,7 @@ def test_chunked_long_sequence_blocks(fam, monkeypatch):
     inputs = make_inputs(fam, batch=2, seqlen=70, heads=1, value_heads=2, dk=8, dv=8)
     text = "nvfp4/fp16sr@4#closed"
     o_one, st_one = chunked(*inputs, text, compute_dtype=torch.float64)
-    monkeypatch.setattr(chunked_module, "_BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(chunked_module, "BLOCK_ELEMENTS", 1)
     o_many, st_many = chunked(*inputs, text, compute_dtype=torch.float64)
     assert torch.equal(o_one, o_many)
     assert_same_state(st_one, st_many)

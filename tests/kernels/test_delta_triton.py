@@ -3,7 +3,7 @@ sets it), on the device under test (`REPLAYSSM_TEST_DEVICE=cuda` runs the compil
 
 FP32 compute in two different orders can put a value on either side of a rounding midpoint, so
 with quantized formats the stored states are compared for (nearly all) identical elements and
-the outputs loosely; the in-kernel rounding itself (`delta.triton._store_round`, shared by both
+the outputs loosely; the in-kernel rounding itself (`delta.triton_chunk._store_round`, shared by both
 families) is checked bit for bit on its own. (The Philox key must reach `tl.randint` as a loaded
 int64, as the kernels do: a Python-int kernel argument gave different bits in the interpreter.)
 GDN's own kernel paths are tested further in test_gdn_triton.py.
@@ -19,7 +19,8 @@ from test_delta_reference import FAMILIES, assert_close, cut, make_inputs, phase
 from test_mamba2_reference import FLIP_SIZE
 
 from replayssm_eval.replay.config import ReplayConfig
-from replayssm_eval.kernels.delta import triton as shared
+from replayssm_eval.kernels.delta import triton_chunk as shared
+from replayssm_eval.kernels.delta import triton_step as shared_step
 from replayssm_eval.kernels.delta._common import to_format_layout
 from replayssm_eval.kernels.delta.reference import _verify
 from replayssm_eval.replay.keys import sr_keys
@@ -109,7 +110,7 @@ def test_mostly_equal_bounds_each_flip():
 def one_segment_launches():
     """Every `_chunked_kernel` launch runs one segment (SEGS=1), the launch of copies that torch rounds. On a GPU a
     different SEGS is a different compiled kernel, whose FP32 folds (tf32x3 dots) may differ in the last bit."""
-    return mock.patch.object(shared, "_BLOCK_ELEMENTS", 1)
+    return mock.patch.object(shared, "BLOCK_ELEMENTS", 1)
 
 
 def rounds_to(fold, rounded, cfg) -> bool:
@@ -199,7 +200,7 @@ def test_decode_step_triton(fam, text, exact, phased, device):
         mostly_equal("S_lo", st_ref.lo, state.lo)
     assert torch.equal(st_ref.checkpoint, state.checkpoint) and int(state.checkpoint.min()) >= 1
     assert_close("buffer u", st_ref.buffer["u"], state.buffer["u"], 1e-5 if exact else 2e-3)
-    fmt = shared._read_format(cfg)
+    fmt = shared_step.read_copy_format(cfg)
     assert torch.equal(fmt.decode(state.lo_packed), state.lo), "lo_packed must decode to the stored read copy"
 
 

@@ -16,10 +16,11 @@ from test_delta_triton import rounds_to as _rounds_to
 
 from replayssm_eval.kernels import gdn
 from replayssm_eval.replay.config import ReplayConfig
-from replayssm_eval.kernels.delta import triton as shared
+from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import buffer_capacity, buffer_keys, to_format_layout
 from replayssm_eval.kernels.gdn import chunked, decode_reference
-from replayssm_eval.kernels.gdn import triton as gdn_triton
+from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk
+from replayssm_eval.kernels.gdn import triton_step as gdn_step
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
@@ -44,7 +45,7 @@ def test_chunked_triton_lockstep_k128(text, device):
         o_k, st_k = chunked(*x, state, cfg, backend="triton")
         assert_close(f"o[{w}:]", o_t, o_k, 1e-5)
         _, f_t = chunked(*x, state, c32)
-        _, f_k = gdn_triton.chunked_triton(prep(x, state), rounded=False)
+        _, f_k = gdn_chunk.chunked_triton(prep(x, state), rounded=False)
         assert_close(f"pre-round fold {w}", f_t.hi, f_k.hi, 1e-5)
         assert _rounds_to(f_k, st_k, cfg), "in-kernel rounding != write_checkpoint of the kernel's fold"
         for name, ref, got in (("S_hi", st_t.hi, st_k.hi), ("S_lo", st_t.lo, st_k.lo)):
@@ -88,8 +89,8 @@ def _assert_first_fold_rounds_exactly(inputs, cfg):
     state = prep(1, inputs[5]).state
     n = int(prep(None, state).plan.fold_after[0].nonzero()[0]) + 1
     with _one_segment_launches():
-        _, rounded = gdn_triton.chunked_triton(prep(n, state))
-        _, fold = gdn_triton.chunked_triton(prep(n, state), rounded=False)
+        _, rounded = gdn_chunk.chunked_triton(prep(n, state))
+        _, fold = gdn_chunk.chunked_triton(prep(n, state), rounded=False)
     assert _rounds_to(fold, rounded, cfg), "stored copies != write_checkpoint of the kernel's fold"
 
 
@@ -230,9 +231,9 @@ def test_replay_step_kernel_matches_reference(text, launch, device, monkeypatch)
     # the second folds at step 1 after reading the read copy
     counts = [1, 3] if cfg.speculative is None else [0, 1]
     state = _phased_state(cfg, inputs[5], AWKWARD["heads"], counts, read_hi=[True, False])
-    monkeypatch.setattr(gdn_triton, "_step", _no_general_step)
+    monkeypatch.setattr(gdn_step, "_step", _no_general_step)
     if launch is not None:
-        monkeypatch.setattr(gdn_triton, "step_launch_config", lambda *a: _STEP_LAUNCHES[launch])
+        monkeypatch.setattr(gdn_step, "step_launch_config", lambda *a: _STEP_LAUNCHES[launch])
     exact_hi = cfg.recur == "fp32"
     for n in range(2):
         x = cut(inputs, n, n + 1)

@@ -5,9 +5,10 @@ Delta Attention (`kernels.kda`, one per key channel). Per value head, with S [K,
 
 Everything but the decay is the same, so one module of each layer serves both, parametrised by
 `per_channel` (the shape of g); the scalar-decay branches keep GDN's own operation order. Layering,
-one way, as in flash-linear-attention: `_common` <- `reference` <- `chunked` (torch) <- `triton`
-(shared jit helpers and launch code; each family keeps its own kernels in `<family>/triton.py`);
-`DeltaRule` here binds one family's kernels into the `KernelFamily` call convention.
+one way, as in flash-linear-attention: `_common` <- `reference` <- `chunked` (torch) <- `triton_chunk` and
+`triton_step` (shared jit helpers and launch code of the chunked and the decode kernels; each family keeps its own
+kernels in `<family>/triton_chunk.py` and `<family>/triton_step.py`) <- `fixed_step`; `DeltaRule` here binds one
+family's kernels into the `KernelFamily` call convention.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from types import ModuleType
 
 import torch
 
-from replayssm_eval.kernels.delta import triton as _shared_triton
-from replayssm_eval.kernels.delta._common import _prepare, checkpoint_kv, to_format_layout  # noqa: F401 (checkpoint_kv: API)
+from replayssm_eval.kernels.delta import triton_step as shared_step
+from replayssm_eval.kernels.delta._common import checkpoint_kv, prepare_inputs, to_format_layout  # noqa: F401 (checkpoint_kv: API)
 from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.fixed_step import fixed_step
 from replayssm_eval.kernels.delta.reference import decode, speculative_decode
@@ -31,14 +32,15 @@ BACKENDS = ("torch", "triton")
 
 @dataclass(frozen=True)
 class DeltaRule:
-    """One delta-rule family's entry points. per_channel: g is [B, T, HV, K] rather than [B, T, HV]; kernels: the
-    family's Triton module (`chunked_triton(p)`, `launch_replay_step`, `verify_triton`, `conventional_step`)."""
+    """One delta-rule family's entry points. per_channel: g is [B, T, HV, K] rather than [B, T, HV]; chunk, step: the
+    family's Triton modules (`chunked_triton(p)`; `launch_replay_step`, `verify_triton`, `conventional_step`)."""
 
     per_channel: bool
-    kernels: ModuleType
+    chunk: ModuleType
+    step: ModuleType
 
     def prepare(self, q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None, compute_dtype=torch.float32):
-        return _prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
+        return prepare_inputs(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
                         compute_dtype=compute_dtype, per_channel=self.per_channel)
 
     def decode_reference(
@@ -72,20 +74,20 @@ class DeltaRule:
 
         Any plan (per-sequence phases, speculative schedules), both fold modes. Returns o [B, T, HV, V] in
         compute_dtype and the ReplayState after the call, interchangeable with `decode_reference`'s.
-        backend="triton" runs the family's `triton.chunked_triton` (FP32 only).
+        backend="triton" runs the family's `triton_chunk.chunked_triton` (FP32 only).
         """
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
                          compute_dtype=compute_dtype)
-        return self.kernels.chunked_triton(p) if backend == "triton" else chunked_torch(p)
+        return self.chunk.chunked_triton(p) if backend == "triton" else chunked_torch(p)
 
     def decode_step_triton(self, q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):
         """One decode token (T = 1) for B sequences at their own phases, one launch of the family's single-token
-        kernel (`delta.triton.decode_step`). Arguments as `decode_reference` with T = 1; returns (o [B, 1, HV, V]
+        kernel (`delta.triton_step.decode_step`). Arguments as `decode_reference` with T = 1; returns (o [B, 1, HV, V]
         FP32, ReplayState with lo_packed)."""
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids)
-        return _shared_triton.decode_step(p, q, initial_state, self.kernels.launch_replay_step)
+        return shared_step.decode_step(p, q, initial_state, self.step.launch_replay_step)
 
     def verify(self, q, k, v, g, beta, state, config, *, layer_idx=0) -> torch.Tensor:
         """Output-only verification of T drafts (shapes as `decode_reference`) appended after the committed entries of
@@ -94,7 +96,7 @@ class DeltaRule:
         if not isinstance(state, ReplayState):
             raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
         p = self.prepare(q, k, v, g, beta, state, config, layer_idx=layer_idx)
-        return _shared_triton.verify(p, q, self.kernels.verify_triton)
+        return shared_step.verify(p, q, self.step.verify_triton)
 
     def random_inputs(self, dims, tokens, gen):
         """Test inputs: dims {B, H, HV, K, V}; q, k L2-normalised (q scaled by K^-0.5), beta in (0, 1); g <= 0, per
@@ -145,7 +147,7 @@ class DeltaRule:
             chunked=self.chunked,
             decode_step=self.decode_step_triton,
             verify=self.verify,
-            conventional_step=self.kernels.conventional_step,
+            conventional_step=self.step.conventional_step,
             hf_state=lambda state: checkpoint_kv(state)[0],
             stored_layout=to_format_layout,
             random_inputs=self.random_inputs,
@@ -154,7 +156,7 @@ class DeltaRule:
             replay_state=lambda tensors, state, config, layer_idx, seq_ids: self.prepare(
                 *tensors, state, config, layer_idx=layer_idx, seq_ids=seq_ids).state,
             log_decays=_log_decays,
-            fixed_step=partial(fixed_step, self.kernels.launch_replay_step),
+            fixed_step=partial(fixed_step, self.step.launch_replay_step),
         )
 
 

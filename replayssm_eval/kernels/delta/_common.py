@@ -1,4 +1,4 @@
-"""Argument checks, state layout and the call setup shared by every delta-rule backend (one `_prepare()`).
+"""Argument checks, state layout and the call setup shared by every delta-rule backend (one `prepare_inputs()`).
 
 The delta-rule families differ only in the shape of the log-decay g: Gated DeltaNet has one per
 value head (g [B, T, HV], `per_channel=False`), Kimi Delta Attention one per key channel
@@ -118,7 +118,7 @@ def _check_config(config) -> ReplayConfig:
     return config
 
 
-def _prepare(q, k, v, g, beta, initial_state, config, *, layer_idx, seq_ids, compute_dtype, per_channel) -> Prepared:
+def prepare_inputs(q, k, v, g, beta, initial_state, config, *, layer_idx, seq_ids, compute_dtype, per_channel) -> Prepared:
     """Check every argument (ValueError naming it and the expected value) and set up the call.
 
     per_channel: g is [B, T, HV, K] (one log-decay per key channel, checked <= 0) instead of [B, T, HV]."""

@@ -42,7 +42,7 @@ from replayssm_eval.kernels.delta._common import (
 )
 from replayssm_eval.replay.state import ReplayState, write_checkpoint
 
-_BLOCK_ELEMENTS = 1 << 26  # budget for one block of precomputed segment tensors, in elements
+BLOCK_ELEMENTS = 1 << 26  # budget for one block of precomputed segment tensors, in elements
 
 
 @dataclass
@@ -86,7 +86,7 @@ def segment_layout(p: Prepared) -> Segments:
     return Segments(num, length, tok_index, pre_index, (pre_b, pre_slot), folds, sizes - 1, count_after)
 
 
-def _pad(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor | None) -> torch.Tensor:
+def pad_segments(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor | None) -> torch.Tensor:
     """Tokens [B, T, ...] (and carried entries [B, cap, ...]) -> zero-padded [B, NS, L, ...]."""
     bsz = x_tok.shape[0]
     out = x_tok.new_zeros(bsz * seg.num * seg.length, *x_tok.shape[2:])
@@ -108,22 +108,22 @@ def padded_inputs(p: Prepared, seg: Segments) -> dict[str, torch.Tensor]:
     buf = p.state.buffer
     expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731  [B, cap, H, K] -> HV
     return {
-        "k": _heads_first(_pad(seg, p.k, expand(buf["k"]))),
-        "q": _heads_first(_pad(seg, p.q, None)),
-        "g": _heads_first(_pad(seg, p.g, buf["g"])),
-        "v": _heads_first(_pad(seg, p.v, buf.get("v"))),
-        "beta": _pad(seg, p.beta, buf.get("beta")).transpose(2, 3),
-        "u_known": _heads_first(_pad(seg, torch.zeros_like(p.v), buf["u"])),
-        "pre": _pad(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device),
+        "k": _heads_first(pad_segments(seg, p.k, expand(buf["k"]))),
+        "q": _heads_first(pad_segments(seg, p.q, None)),
+        "g": _heads_first(pad_segments(seg, p.g, buf["g"])),
+        "v": _heads_first(pad_segments(seg, p.v, buf.get("v"))),
+        "beta": pad_segments(seg, p.beta, buf.get("beta")).transpose(2, 3),
+        "u_known": _heads_first(pad_segments(seg, torch.zeros_like(p.v), buf["u"])),
+        "pre": pad_segments(seg, torch.zeros(bsz, seqlen, dtype=torch.bool, device=p.q.device),
                     torch.ones_like(buf["u"][..., 0, 0], dtype=torch.bool)),
-        "read_hi": _pad(seg, p.plan.read_hi, None),
+        "read_hi": pad_segments(seg, p.plan.read_hi, None),
     }
 
 
 def block_size(seg: Segments, bsz: int, nv: int, dk: int, dv: int, per_channel: bool) -> int:
     """Segments per precompute block (per channel, the [L, L, K] pairwise decays dominate)."""
     per_segment = bsz * nv * seg.length * (3 * dk + 4 * dv + 3 * seg.length + (seg.length * dk if per_channel else 0))
-    return max(1, min(seg.num, _BLOCK_ELEMENTS // max(per_segment, 1)))
+    return max(1, min(seg.num, BLOCK_ELEMENTS // max(per_segment, 1)))
 
 
 def chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
@@ -199,8 +199,8 @@ def state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplaySt
     new_buf = empty_buffer(buffer_keys(cfg), bsz, p.capacity, st.buffer["k"].shape[2], nv, dk, dv, p.q.device, p.dtype,
                            p.per_channel)
     sources = {
-        "k": lambda: _pad(seg, p.k_heads, st.buffer["k"]), "u": lambda: u_seg, "g": lambda: _pad(seg, p.g, st.buffer["g"]),
-        "v": lambda: _pad(seg, p.v, st.buffer.get("v")), "beta": lambda: _pad(seg, p.beta, st.buffer.get("beta")),
+        "k": lambda: pad_segments(seg, p.k_heads, st.buffer["k"]), "u": lambda: u_seg, "g": lambda: pad_segments(seg, p.g, st.buffer["g"]),
+        "v": lambda: pad_segments(seg, p.v, st.buffer.get("v")), "beta": lambda: pad_segments(seg, p.beta, st.buffer.get("beta")),
     }
     keep = torch.arange(seg.length, device=p.q.device)[None, :] < seg.count_after[:, None]  # [B, L]
     for name, t in new_buf.items():

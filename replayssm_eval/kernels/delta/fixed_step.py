@@ -1,7 +1,7 @@
 """The delta rule's fixed-buffer step (`KernelFamily.fixed_step` of GDN and KDA, run by `kernels.static_step`).
 
 One launch of the family's single-token kernel through the launcher its eager step uses (`launch_replay_step` of
-`gdn.triton` / `kda.triton`), the token's entries appended to the ring at each row's window phase, and the folded
+`gdn.triton_step` / `kda.triton_step`), the token's entries appended to the ring at each row's window phase, and the folded
 rows' ring entries emptied (as `delta._common` does at a flush).
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from replayssm_eval.kernels.delta.triton import _read_format
+from replayssm_eval.kernels.delta.triton_step import read_copy_format
 from replayssm_eval.replay.buffer_round import buffer_kind
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def fixed_step(launch: Callable, st: StaticState, inputs: tuple, fold: torch.Ten
     variant ("none": no row folds, "all": every row does). Returns o [B, 1, HV, V] fp32."""
     # q, k [B, H, K]; v [B, HV, V]; g [B, HV] or [B, HV, K]; beta [B, HV]
     q, k, v, g, beta = (t[:, 0].contiguous() for t in inputs)
-    # buffered inputs in the buffer dtype, as `delta._common._prepare`: k, beta, and v with the closed fold
+    # buffered inputs in the buffer dtype, as `delta._common.prepare_inputs`: k, beta, and v with the closed fold
     rounded = st.config.round_buffered
     k, beta = rounded(k), rounded(beta)
     closed = st.config.gdn_fold == "closed"
@@ -36,7 +36,7 @@ def fixed_step(launch: Callable, st: StaticState, inputs: tuple, fold: torch.Ten
     o = torch.empty_like(u)
     fold8 = fold.to(torch.int8)
     token = dict(q=q, k=k, v=v, g=g, beta=beta)
-    launch(st.hi, st.packed, _read_format(st.config), st.buffer, st.count, token, fold8, fold8, u, o,
+    launch(st.hi, st.packed, read_copy_format(st.config), st.buffer, st.count, token, fold8, fold8, u, o,
            st.fold_out if flush else u, folds=flush, closed=closed, groups=v.shape[1] // k.shape[1],
            eps=st.config.skip_read_below, buf_kind=buffer_kind(st.config))
     rows = torch.arange(v.shape[0], device=v.device)

@@ -7,7 +7,7 @@ scaling the rows of S for Kimi Delta Attention's per-channel decay g_t [K]):
 
 q and k are used as given: the Hugging Face layer (or, for KDA, the model adapter) has already
 L2-normalised them and scaled q by K^-0.5; nothing here repeats that. Each function takes the
-`Prepared` call of `_common._prepare`; the scalar-decay branches keep Gated DeltaNet's own
+`Prepared` call of `_common.prepare_inputs`; the scalar-decay branches keep Gated DeltaNet's own
 operation order, so its numbers do not depend on the per-channel code.
 
 ReplaySSM (docs/semantics.md, "Decode semantics"; `replay.schedule`): the buffer holds every entry since the newest

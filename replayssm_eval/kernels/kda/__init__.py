@@ -10,15 +10,15 @@ beta: [B, T, HV]. All return (o [B, T, HV, V], ReplayState). Stored copies are [
 formats' layout); `checkpoint_kv(state)` views them as the HF [B, HV, K, V]. KDA is Gated DeltaNet
 with a per-channel decay: the reference, the chunked torch form and the host side are the delta
 rule's (`kernels.delta`, per channel; `delta._common` for the buffer and the decay-skip
-criterion); `triton` holds KDA's own kernels.
+criterion); `triton_chunk` and `triton_step` hold KDA's own kernels.
 """
 
 from replayssm_eval.kernels.delta import DeltaRule, checkpoint_kv
-from replayssm_eval.kernels.kda import triton as _triton
+from replayssm_eval.kernels.kda import triton_chunk, triton_step
 
 __all__ = ["FAMILY", "checkpoint_kv", "chunked", "decode_reference", "decode_step_triton", "speculative_decode_reference",
            "verify"]
 
-RULE = DeltaRule(per_channel=True, kernels=_triton)
+RULE = DeltaRule(per_channel=True, chunk=triton_chunk, step=triton_step)
 FAMILY = RULE.family("kda", qk_normalised="by the adapter")
 decode_reference, speculative_decode_reference, chunked, decode_step_triton, verify = RULE.entry_points()

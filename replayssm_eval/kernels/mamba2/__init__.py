@@ -18,7 +18,7 @@ import torch
 
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
-from replayssm_eval.kernels.mamba2._common import _prepare
+from replayssm_eval.kernels.mamba2._common import prepare_inputs
 from replayssm_eval.kernels.mamba2.fixed_step import fixed_step
 from replayssm_eval.kernels.mamba2.chunked import chunked_torch
 from replayssm_eval.kernels.mamba2.reference import decode_reference, speculative_decode_reference
@@ -36,7 +36,7 @@ def chunked(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=No
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    inp = _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
+    inp = prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
     plan, after = plan_tokens(inp.config, inp.state.schedule, inp.x.shape[1], inp.state.seq_ids)
     if backend == "triton":
         return triton_chunk.chunked_triton_prepared(inp, plan, after)
@@ -95,7 +95,7 @@ FAMILY = KernelFamily(
     random_inputs=_random_inputs,
     head_state=lambda head_dim, state_dim: (head_dim, state_dim),
     entry_elements=_entry_elements,
-    replay_state=lambda tensors, state, config, layer_idx, seq_ids: _prepare(
+    replay_state=lambda tensors, state, config, layer_idx, seq_ids: prepare_inputs(
         *tensors, state, config, layer_idx, seq_ids, torch.float32).state,
     log_decays=_log_decays,
     fixed_step=fixed_step,

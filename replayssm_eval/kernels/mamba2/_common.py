@@ -1,4 +1,4 @@
-"""Argument preparation shared by the Mamba-2 reference, chunked and Triton paths: one `_prepare()`.
+"""Argument preparation shared by the Mamba-2 reference, chunked and Triton paths: one `prepare_inputs()`.
 
 It checks every argument (errors name the argument and the expected value), casts the inputs to
 the compute dtype, and turns `initial_state` into a `ReplayState` with a buffer of the capacity
@@ -86,7 +86,7 @@ def merge_packed(old: PackedState | None, new: PackedState, rows: torch.Tensor, 
     return PackedState(old.format, old.shape, *fields)
 
 
-def _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype) -> Inputs:
+def prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype) -> Inputs:
     config = parse_config(config)
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {compute_dtype}")

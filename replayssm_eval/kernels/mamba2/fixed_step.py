@@ -25,7 +25,7 @@ def fixed_step(st: StaticState, inputs: tuple, fold: torch.Tensor, folds: str) -
     x, dt, A, B, C, D = inputs
     flush = folds != "none"
     rows = torch.arange(x.shape[0], device=x.device)
-    rounded = st.config.round_buffered  # x and B buffered in the buffer dtype, as `mamba2._common._prepare`
+    rounded = st.config.round_buffered  # x and B buffered in the buffer dtype, as `mamba2._common.prepare_inputs`
     for key, new in (("x", rounded(x)), ("B", rounded(B)), ("dt", dt)):
         st.buffer[key].index_put_((rows, st.count), new[:, 0])
     buf = st.buffer

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, group_heads, merge_packed
+from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed, prepare_inputs
 from replayssm_eval.replay.schedule import ScheduleState, accepted_per_step, plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
@@ -25,7 +25,7 @@ def decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, s
     it), or a ReplayState returned by a previous call. config: a ReplayConfig or its string form.
     Returns y [B, T, H, P] in x's dtype and the ReplayState after the last token.
     """
-    inp = _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
+    inp = prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
     batch, tokens, heads, _, _, _ = inp.dims
     state = inp.state
     plan, after = plan_tokens(inp.config, state.schedule, tokens, state.seq_ids)
@@ -137,7 +137,7 @@ def speculative_decode_reference(x, dt, A, B, C, D, initial_state, config, *, la
     A call may end inside a step; the rest of the step is consumed by the next call.
     Returns y [B, T, H, P] (committed outputs) and the ReplayState, as `decode_reference`.
     """
-    inp = _prepare(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
+    inp = prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
     spec = inp.config.speculative
     if spec is None:
         raise ValueError(f"config {inp.config.name!r} has no speculative schedule; expected e.g. '...#spec=4:0.7'")

@@ -251,7 +251,7 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
 
 
 def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
-    """`chunked(..., backend="triton")` after `_prepare` and planning."""
+    """`chunked(..., backend="triton")` after `prepare_inputs` and planning."""
     if inp.x.dtype != torch.float32:
         warnings.warn("mamba2 chunked backend='triton' runs the torch backend: the Triton kernels compute in FP32 "
                       "(compute_dtype=float64 runs the torch backend)", stacklevel=3)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.mamba2._common import Inputs, _prepare, merge_packed
+from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
 from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
 from replayssm_eval.quant.triton import (
     _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
@@ -340,7 +340,7 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
     Non-flush sequences read the packed read copy and the buffer; flush sequences read S_hi and the
     buffer, the kernel writes their FP32 fold and `write_checkpoint_packed` rounds it to both copies.
     """
-    inp = _prepare(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state, config, layer_idx, seq_ids,
+    inp = prepare_inputs(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state, config, layer_idx, seq_ids,
                    compute_dtype)
     _check_fp32(inp)
     st, cfg = inp.state, inp.config
@@ -373,7 +373,7 @@ def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtyp
     """
     if not isinstance(state, ReplayState):
         raise ValueError(f"state must be a ReplayState (the committed entries and checkpoint), got {type(state).__name__}")
-    inp = _prepare(x, dt, A, B, C, D, state, config, layer_idx, None, compute_dtype)
+    inp = prepare_inputs(x, dt, A, B, C, D, state, config, layer_idx, None, compute_dtype)
     _check_fp32(inp)
     st = inp.state
     batch, drafts = x.shape[:2]

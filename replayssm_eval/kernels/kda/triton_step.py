@@ -1,31 +1,25 @@
-"""Triton kernels for ReplaySSM Kimi Delta Attention (FP32 math).
+"""Triton decode kernels of ReplaySSM Kimi Delta Attention (FP32 math).
 
 Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
 autotuned (they update states). One program owns one (sequence, value head, block of value
 columns): every KDA quantity of a value column depends only on that column of S, so value blocks
 are independent. The stored copies are [B, HV, V, K] (the formats' layout, see `delta._common`). What
 both delta-rule families share (the in-kernel rounding of a stored copy, the packed read-copy
-decoder, the segment loop, the step and verification entry points) is in `kernels.delta.triton`;
+decoder, the segment loop, the step and verification entry points) is in `kernels.delta`
+(`triton_chunk`, `triton_step`);
 the kernels here are KDA's own because the per-channel decay changes their math.
 
-1. `chunked_triton` (backend="triton" of `kda.chunked`): every checkpoint-independent tensor of
-   a segment (the solved WY rows u0, W_hi, W_lo, the decayed queries, the causal mixing M, the
-   fold's decayed keys; `delta.chunked.precompute`, per channel) comes from torch; one launch then
-   walks the segments of each (sequence, head, v-block) in order: u's, outputs, the fold, and
-   the rounding of both stored copies in-kernel (Philox bits as `replay.keys`). A copy in a
-   format whose scale group no single program sees is stored as the FP32 fold and rounded by
-   torch (`round_folded`) between one-segment launches, as for GDN.
-2. `launch_replay_step` (`kda.decode_step_triton`, and the static step of `kernels.static_step`):
+1. `launch_replay_step` (`kda.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
    one decode token for B sequences at their own phases, one launch of `_replay_step_kernel`: per
    (sequence, value head, v-block) the buffer weights (k_j . exp(gc_j - gc_i) k_i),
    (q_j . exp(gc_j - gc_i) k_i) once, the read copy's tile (packed, decoded in-kernel; S_hi where
    the token reads it) dotted with the decayed d k_j and d q_j, and for a folding sequence the FP32
    fold (open: the decayed buffer sum as one product; closed: the delta rule re-run over the
    buffered raw entries), which the host rounds to both copies.
-3. `verify_triton`: output-only speculative verification of T drafts per sequence from a
+2. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
    `kda.verify` is it in the `KernelFamily` call convention.
-4. `conventional_step`: the conventional FP32 eager step, the benchmarks' baseline.
+3. `conventional_step`: the conventional FP32 eager step, the benchmarks' baseline.
 """
 
 from __future__ import annotations
@@ -34,144 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.replay.buffer_round import BUF_FP32, round_buffered
-from replayssm_eval.kernels.delta import triton as shared
-from replayssm_eval.kernels.delta._common import Prepared
-from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
-from replayssm_eval.kernels.delta.triton import (  # jit helpers the kernels read as globals
-    _dot, _forward_substitution, _load_copies, _load_packed, _read_args, _round_copies,
+from replayssm_eval.kernels.delta.triton_step import (  # jit helpers the kernels read as globals
+    _load_packed, _read_args, conventional_launch,
 )
-
-
-@triton.jit
-def _chunked_kernel(
-    u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr, a_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
-    NS, s_begin, HV, K, V,
-    SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
-):
-    # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
-    # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
-    # hi, lo [B, HV, V, K] read at the start and written at the end. With a buffer dtype (BUF) u0, whi, wlo hold the
-    # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `_forward_substitution` (else unused)
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    vs = tl.program_id(2) * BV + tl.arange(0, BV)
-    ks = tl.arange(0, BK)
-    ts = tl.arange(0, LP)
-    vmask = vs < V
-    kmask = ks < K
-    bh = b * HV + hv
-    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
-    checkpoint = tl.load(ckpt_ptr + b)
-    key_hi = tl.load(key_hi_ptr + b)
-    key_lo = tl.load(key_lo_ptr + b)
-    # a constexpr trip count (segments past NS are skipped): the interpreter cannot loop to a runtime bound
-    for j in range(SEGS):
-        s = s_begin + j
-        if s < NS:
-            row = (bh * NS + s).to(tl.int64) * LP + ts  # [LP]
-            rk = row[:, None] * K + ks[None, :]  # [LP, BK]
-            rv = row[:, None] * V + vs[None, :]  # [LP, BV]
-            w_hi = tl.load(whi_ptr + rk, mask=kmask[None, :], other=0.0)
-            w_lo = tl.load(wlo_ptr + rk, mask=kmask[None, :], other=0.0)
-            u = tl.load(u0_ptr + rv, mask=vmask[None, :], other=0.0) - _dot(w_hi, s_hi, DOT) - _dot(w_lo, s_lo, DOT)
-            q_hi = tl.load(qhi_ptr + rk, mask=kmask[None, :], other=0.0)
-            q_lo = tl.load(qlo_ptr + rk, mask=kmask[None, :], other=0.0)
-            m = tl.load(m_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
-            o = _dot(q_hi, s_hi, DOT) + _dot(q_lo, s_lo, DOT)
-            if BUF == BUF_FP32:
-                o = o + _dot(m, u, DOT)
-            else:  # u holds the buffered (rounded) u's; a token's own u enters its output as computed
-                a = tl.load(a_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
-                u_raw, u = _forward_substitution(a, u, ts, BUF, LP)
-                m_own = tl.sum(tl.where(ts[:, None] == ts[None, :], m, 0.0), axis=1)  # [LP] diagonal of m
-                o = o + _dot(m, u, DOT) + m_own[:, None] * (u_raw - u)
-            if tl.load(fold_ptr + b * NS + s) != 0:
-                d_end = tl.load(dend_ptr + (bh * NS + s).to(tl.int64) * K + ks, mask=kmask, other=0.0)  # [BK]
-                k_end = tl.load(kend_ptr + rk, mask=kmask[None, :], other=0.0)  # [LP, BK]
-                if CLOSED:
-                    w_c = tl.load(wc_ptr + rk, mask=kmask[None, :], other=0.0)
-                    u_c = tl.load(u0c_ptr + rv, mask=vmask[None, :], other=0.0) - _dot(w_c, s_hi, DOT)
-                    folded = d_end[:, None] * s_hi + _dot(tl.trans(k_end), u_c, DOT)
-                    last = tl.load(last_ptr + b * NS + s)
-                    rhi = tl.load(rhi_ptr + row) != 0
-                    last_hi = tl.sum(tl.where(ts == last, rhi.to(tl.int32), 0), axis=0) != 0
-                    qt = tl.load(q_ptr + rk, mask=kmask[None, :], other=0.0)
-                    o = tl.where((ts[:, None] == last) & last_hi, _dot(qt, folded, DOT), o)
-                else:
-                    folded = d_end[:, None] * s_hi + _dot(tl.trans(k_end), u, DOT)
-                checkpoint += 1
-                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
-                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-            tl.store(o_ptr + rv, o, mask=vmask[None, :])
-            tl.store(u_ptr + rv, u, mask=vmask[None, :])
-    tl.store(hi_ptr + state_idx, s_hi, mask=smask)
-    if not SHARED:
-        tl.store(lo_ptr + state_idx, s_lo, mask=smask)
-
-
-def chunked_triton(p: Prepared, *, rounded: bool = True):
-    """backend="triton" of `kda.chunked` (FP32 only); `delta.triton.chunked_triton` with KDA's `_chunked`."""
-    return shared.chunked_triton(p, _chunked, rounded=rounded)
-
-
-def _segment_tensors(p: Prepared, seg, lp: int) -> dict[str, torch.Tensor]:
-    """`delta.chunked.precompute` of every segment, padded to LP entries, as contiguous [B, HV, NS, LP, ...] (d_end
-    [B, HV, NS, K]); plus q and read_hi on the same grid."""
-    bsz, _, nv, dk = p.q.shape
-    dv = p.v.shape[-1]
-    x = {name: _pad_length(t, 2 if name in ("pre", "read_hi") else 3, lp) for name, t in padded_inputs(p, seg).items()}
-    closed = p.config.gdn_fold == "closed"
-    substitute = p.config.buffer_dtype != "fp32"
-    names = [*_solved_names(p.config), "q_hi", "q_lo", "m", "k_end", "d_end"] + (["a"] if substitute else []) \
-        + (["u0_c", "w_c"] if closed else [])
-    parts = {name: [] for name in names}
-    block = max(1, _BLOCK_ELEMENTS // max(bsz * nv * lp * (3 * dk + 4 * dv + 3 * lp + lp * dk), 1))
-    for start in range(0, seg.num, block):
-        blk = precompute({name: t[:, start:start + block] for name, t in x.items()}, p.config.skip_read_below, closed,
-                         True, substitute)
-        for name in names:
-            parts[name].append(blk[name])
-    out = {name: torch.cat(ts, 1).transpose(1, 2).contiguous() for name, ts in parts.items()}  # [B, HV, NS, ...]
-    out["q"] = x["q"].transpose(1, 2).contiguous()
-    out["read_hi"] = x["read_hi"][:, None].expand(bsz, nv, seg.num, lp).to(torch.int32).contiguous()
-    return out
-
-
-def _solved_names(config) -> tuple[str, str, str]:
-    """The `precompute` tensors the kernel's u0, whi, wlo pointers take: the unsolved ones with a buffer dtype."""
-    return ("u0", "w_hi", "w_lo") if config.buffer_dtype == "fp32" else ("r_v", "r_hi", "r_lo")
-
-
-def _pad_length(t: torch.Tensor, dim: int, lp: int) -> torch.Tensor:
-    """Zero-pad the segment-length dim `dim` of t to lp entries (padding entries are no-ops: g = k = beta = 0)."""
-    shape = list(t.shape)
-    shape[dim] = lp - shape[dim]
-    return torch.cat([t, t.new_zeros(shape)], dim=dim)
-
-
-def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
-    """One `_chunked_kernel` launch per block of segments on `_segment_tensors`; the segment loop and the rounding of
-    copies no program can round: `delta.triton.run_segments`."""
-    seg = segment_layout(p)
-    lp = max(16, triton.next_power_of_2(seg.length))
-    t = _segment_tensors(p, seg, lp)
-    solved = [t[name] for name in _solved_names(p.config)]
-    unused = solved[1]
-    inputs = (*solved, t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
-              t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"], t.get("a", unused))
-    return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
-
-
-# ---------------------------------------------------------------------------------------------- single-token step
-#
-# One token j per sequence after `count` committed entries i (k_i, u_i, g_i [K]). With gc_j [K] the log decay from the
-# checkpoint through j, d = exp(gc_j) (0 where every channel is below skip_read_below) and a_i = exp(gc_j - gc_i) [K]:
-#     u_j = beta_j (v_j - S_src^T (d k_j) - sum_i (k_j . a_i k_i) u_i)
-#     o_j = S_src^T (d q_j) + sum_i (q_j . a_i k_i) u_i + (q_j . k_j) u_j
+from replayssm_eval.replay.buffer_round import round_buffered
 
 
 @triton.jit
@@ -269,7 +129,7 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
 def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
                        eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
-    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton.decode_step`, and of
+    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton_step.decode_step`, and of
     the static step, `kernels.static_step`).
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
@@ -418,4 +278,4 @@ def conventional_step(q, k, v, g, beta, state, *, block_v=16, num_warps=4):
     q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]; state [B, HV, V, K] (the stored layout, as
     ReplayState.hi); all FP32 and contiguous. Returns o [B, HV, V]; `state` holds S_t afterwards.
     """
-    return shared.conventional_launch(_conventional_step_kernel, q, k, v, g, beta, state, block_v, num_warps)
+    return conventional_launch(_conventional_step_kernel, q, k, v, g, beta, state, block_v, num_warps)

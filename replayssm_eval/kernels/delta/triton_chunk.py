@@ -1,18 +1,17 @@
-"""Triton pieces shared by the delta-rule families (gdn: scalar decay, kda: per-channel decay).
+"""Triton pieces of the chunked kernels shared by the delta-rule families (gdn: scalar decay, kda: per-channel decay).
 
 The families keep their own kernels where the math differs (a scalar decay per head is cheaper than a
 per-channel one); what is the same for both lives here: the state layout [B, HV, V, K] and the formats
 are the same, so are
 
-- the jit helpers `_dot` (FP32 product), `_store_round` (in-kernel rounding of a stored copy, Philox
-  bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `_decode_codes` and
-  `_load_packed` (the packed read copy's tile);
+- the jit helpers `dot` (FP32 product), `_store_round` (in-kernel rounding of a stored copy, Philox
+  bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `load_copies` and
+  `round_copies` (a program's tile of both stored copies), and `forward_substitution`, the chunked
+  kernels' delta rule with rounded buffered u's;
 - the host side of the chunked kernels: which copies round in-kernel (`_store_mode`), the launch
   configuration, and the loop over segment blocks with the torch rounding between one-segment
-  launches of a copy no program can round (`run_segments`);
-- the single-token step and verification in the `KernelFamily` call convention (`decode_step`,
-  `verify`), around each family's launcher, and the read-copy arguments of the step kernels
-  (`_read_args`), and `_forward_substitution`, the chunked kernels' delta rule with rounded buffered u's.
+  launches of a copy no program can round (`run_segments`).
+The step kernels' shared pieces are `triton_step`.
 """
 
 from __future__ import annotations
@@ -21,15 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.kernels.delta._common import Prepared
+from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
+from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
+from replayssm_eval.quant.triton import FP8SR, FP16SR, KINDS, quantize_tile, tile_amax, triton_rounds
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
-from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
-from replayssm_eval.kernels.delta.chunked import _BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.replay.state import ReplayState, round_folded, write_checkpoint_packed
-from replayssm_eval.quant.formats import FP8Format, NVFP4Format, ElementwiseFormat
-from replayssm_eval.quant.triton import (
-    FP8SR, FP16SR, KINDS, _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode, quantize_tile, tile_amax, triton_rounds,
-)
+from replayssm_eval.replay.state import ReplayState, round_folded
 
 # scale groups of the in-kernel store (format kinds are `quant.triton.KINDS`); globals read in @triton.jit are constexpr
 _NONE, _ROW, _HEAD = map(tl.constexpr, range(3))
@@ -39,7 +36,7 @@ _IDENTITY = (KINDS["fp32"].value, _NONE.value, 1.0)  # the store keeps the FP32 
 
 
 @triton.jit
-def _dot(a, b, DOT: tl.constexpr):
+def dot(a, b, DOT: tl.constexpr):
     """FP32 product: DOT = "ieee" (FMAs) or "tf32x3" (three TF32 tensor-core products, FP32-level error)."""
     return tl.dot(a, b, input_precision=DOT)
 
@@ -61,7 +58,7 @@ def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constex
 
 
 @triton.jit
-def _forward_substitution(a, r, ts, BUF: tl.constexpr, LP: tl.constexpr):
+def forward_substitution(a, r, ts, BUF: tl.constexpr, LP: tl.constexpr):
     """u_t = r_t - sum_{i<t} a[t, i] round(u_i) row by row (a [LP, LP] strictly lower, r [LP, BV]): the delta rule of
     a segment whose buffered u's are rounded to the buffer dtype. Returns (u, round(u))."""
     u = tl.zeros_like(r)
@@ -76,7 +73,7 @@ def _forward_substitution(a, r, ts, BUF: tl.constexpr, LP: tl.constexpr):
 
 
 @triton.jit
-def _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
+def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
     """A chunked program's tile [BK, BV] (rows k, columns v) of both stored copies [B, HV, V, K] (S_lo is S_hi when
     SHARED), with its index into them, its mask and its element index in [HV, V, K] (`_store_round`'s counter)."""
     state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
@@ -91,7 +88,7 @@ def _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 
 
 @triton.jit
-def _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
+def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
                   HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
                   LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
@@ -186,7 +183,7 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_mode, lo_mode, launch: 
     last = seg.last.to(torch.int32).contiguous()
     # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
     per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)
-    fits = max(1, _BLOCK_ELEMENTS // max(per_segment, 1))  # at least one segment per launch, however large
+    fits = max(1, BLOCK_ELEMENTS // max(per_segment, 1))  # at least one segment per launch, however large
     block = 1 if outside else min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
     ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
     fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
@@ -206,164 +203,3 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_mode, lo_mode, launch: 
     u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
     o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)
     return o_tok, state_after(p, seg, hi, lo, st.checkpoint + p.plan.num_folds, u_seg)
-
-
-# packed read-copy kinds of the step kernel
-_P_F32, _P_F16, _P_BF16, _P_E4M3, _P_E5M2, _P_NVFP4 = map(tl.constexpr, range(6))
-_S_NONE, _S_ROW, _S_HEAD, _S_TENSOR = map(tl.constexpr, range(4))
-
-
-@triton.jit
-def _decode_codes(raw, KIND: tl.constexpr):
-    """FP32 values of one-byte or 16/32-bit read-copy elements (E4M3, E5M2 through FP16 bit patterns; others cast)."""
-    if KIND == _P_E4M3:
-        x = _e4m3_fast(raw)
-    elif KIND == _P_E5M2:
-        x = _e5m2_fast(raw)
-    else:
-        x = raw.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP,
-                 KIND: tl.constexpr, SCALE: tl.constexpr):
-    """Decode the read copy's tile [BK, BV] (k, v) of (b, hv) from its packed encoding."""
-    mask = (ks[:, None] < K) & (vs[None, :] < V)
-    rowid = (b * HV + hv) * V + vs[None, :]  # format row (b, hv, v)
-    if KIND == _P_NVFP4:
-        byte = tl.load(data_ptr + rowid.to(tl.int64) * (KP // 2) + ks[:, None] // 2, mask=mask, other=0).to(tl.int32)
-        nib = tl.where(ks[:, None] % 2 == 0, byte & 0xF, byte >> 4)
-        sb = tl.load(scales_ptr + rowid.to(tl.int64) * (KP // 16) + ks[:, None] // 16, mask=mask, other=0)
-        x = (e2m1_decode(nib) * e4m3_decode(sb))
-    else:
-        x = _decode_codes(tl.load(data_ptr + rowid.to(tl.int64) * K + ks[:, None], mask=mask, other=0), KIND)
-    if SCALE == _S_ROW:
-        x = x * tl.load(gs_ptr + rowid, mask=vs[None, :] < V, other=1.0)
-    elif SCALE == _S_HEAD:
-        x = x * tl.load(gs_ptr + b * HV + hv)
-    elif SCALE == _S_TENSOR:
-        x = x * tl.load(gs_ptr + b)
-    return tl.where(mask, x, 0.0)
-
-
-def _read_args(packed, fmt, hi):
-    """(kind, scale group, data, scales, global scale, padded K) of the read copy for the step kernels: the packed
-    encoding where they decode it (fp32/fp16/bf16, fp8 any scale, nvfp4 axis=dstate), else the decoded FP32 copy
-    (or S_hi [B, HV, V, K] itself when there is no read copy). Unused pointers are `hi`."""
-    dk = hi.shape[-1]
-    kinds = {"fp32": _P_F32.value, "fp16": _P_F16.value, "fp16sr": _P_F16.value, "bf16": _P_BF16.value}
-    groups = {"none": _S_NONE.value, "row": _S_ROW.value, "head": _S_HEAD.value, "tensor": _S_TENSOR.value}
-    if packed is None:
-        return _P_F32.value, _S_NONE.value, hi, hi, hi, dk
-    if not triton_rounds(fmt):
-        return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
-    gs = hi if packed.global_scale is None else packed.global_scale.contiguous()
-    if isinstance(fmt, ElementwiseFormat):
-        return kinds[fmt.base], _S_NONE.value, packed.data.contiguous(), hi, hi, dk
-    if isinstance(fmt, FP8Format):
-        kind = (_P_E5M2 if fmt.base == "fp8e5m2" else _P_E4M3).value
-        return kind, groups[fmt.scale], packed.data.contiguous(), hi, gs, dk
-    if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
-        return _P_NVFP4.value, groups[fmt.scale], packed.data.contiguous(), packed.scales.contiguous(), gs, packed.data.shape[-1] * 2
-    return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
-
-
-def _read_format(config):
-    return config.recur_format if config.shared else config.read_format
-
-
-def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tensor, ReplayState]:
-    """One decode token (T = 1) for B sequences at their own phases: one launch of the family's single-token kernel
-    through its `launch_replay_step` (`launch_step`).
-
-    Non-flush rows read the packed read copy (ReplayState.lo_packed, written here at every checkpoint; a state
-    without one is packed from its decoded read copy, which must round-trip exactly) and the buffer; flush rows read
-    S_hi and the buffer, and the folded FP32 state is rounded to both copies and the read copy packed by
-    `write_checkpoint_packed`. q: the token's q [B, 1, H, K] as given. Returns (o [B, 1, HV, V] FP32, ReplayState
-    with lo_packed).
-    """
-    cfg, st = p.config, p.state
-    if p.q.shape[1] != 1:
-        raise ValueError(f"decode_step_triton decodes one token: q has T={p.q.shape[1]}, expected 1")
-    fmt = _read_format(cfg)
-    packed = st.lo_packed
-    if isinstance(initial_state, torch.Tensor):
-        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)[2]
-    elif packed is None:
-        packed = fmt.encode(st.lo.contiguous())
-        if not torch.equal(fmt.decode(packed), st.lo):
-            raise ValueError("initial_state has no lo_packed and its read copy does not re-encode exactly; "
-                             "start from the FP32 state or a state written by decode_step_triton")
-    hi = st.hi.float().contiguous()
-    count = st.schedule.count
-    new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
-    fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
-    u = torch.empty(new["v"].shape, device=hi.device)  # [B, HV, V]
-    o = torch.empty_like(u)
-    folds = bool(fold.any())
-    folded = torch.empty_like(hi) if folds else u  # [B, HV, V, K] the FP32 fold of the folding rows
-    launch_step(hi, packed, fmt, st.buffer, count, new, read_hi.to(torch.int8), fold.to(torch.int8), u, o, folded,
-                folds=folds, closed=cfg.gdn_fold == "closed", groups=p.groups, eps=cfg.skip_read_below,
-                buf_kind=buffer_kind(cfg))
-    buf = {name: t.clone() for name, t in st.buffer.items()}
-    rows = torch.arange(p.q.shape[0], device=p.q.device)
-    entry = dict(new, u=cfg.round_buffered(u))
-    for name, t in buf.items():
-        t[rows, count] = entry[name]
-    hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
-    if folds:
-        idx = fold.nonzero().flatten()
-        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
-        hi_out = hi_out.clone()
-        hi_out[idx] = new_hi
-        lo_out = hi_out if cfg.shared else lo_out.clone()
-        if not cfg.shared:
-            lo_out[idx] = new_lo
-        packed = _assign_packed(packed, idx, new_packed)
-        ckpt[idx] += 1
-        for t in buf.values():
-            t[idx] = 0
-    state = ReplayState(hi=hi_out, lo=lo_out, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt,
-                        seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed)
-    return o[:, None], state
-
-
-def _assign_packed(packed, idx, new):
-    """packed with the sequences idx replaced by `new` (all fields lead with the batch dim)."""
-    fields = {}
-    for name in packed.FIELDS:
-        old, rep = getattr(packed, name), getattr(new, name)
-        if old is not None:
-            old = old.clone()
-            old[idx] = rep
-        fields[name] = old
-    return type(packed)(packed.format, packed.shape, **fields)
-
-
-def verify(p: Prepared, q, verify_triton) -> torch.Tensor:
-    """Output-only verification of the call's T drafts appended after the committed entries of p's state, each
-    sequence reading S_hi if `state.schedule.step_read_hi` else the read copy (as `speculative_decode_reference`),
-    through the family's `verify_triton`. q: the drafts' q [B, T, H, K] as given. Returns o [B, T, HV, V] FP32."""
-    cfg, st = p.config, p.state
-    fmt = _read_format(cfg)
-    packed = st.lo_packed if st.lo_packed is not None else fmt.encode(st.lo.contiguous())
-    drafts = dict(q=q.to(torch.float32), k=p.k_heads, v=p.v, g=p.g, beta=p.beta)
-    width = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64, device=q.device)
-    _, o = verify_triton(st.hi, packed, fmt, st.buffer, st.schedule.count, drafts, width, st.schedule.step_read_hi,
-                         p.groups, cfg.skip_read_below)
-    return o
-
-
-def conventional_launch(kernel, q, k, v, g, beta, state, block_v, num_warps):
-    """Launch the family's `_conventional_step_kernel` (one eager FP32 step, state [B, HV, V, K] updated in place)
-    after checking every tensor is FP32 and contiguous; returns o [B, HV, V]."""
-    batch, nv, dv, dk = state.shape
-    groups = nv // q.shape[1]
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
-        if t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 tensor, got {t.dtype} (contiguous={t.is_contiguous()})")
-    o = torch.empty_like(v)
-    grid = (batch, nv, triton.cdiv(dv, block_v))
-    kernel[grid](q, k, v, g, beta, state, o, nv, groups, dk, dv, BK=triton.next_power_of_2(dk), BV=block_v, num_warps=num_warps)
-    return o

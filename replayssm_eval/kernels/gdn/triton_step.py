@@ -1,9 +1,9 @@
-"""Triton kernels for ReplaySSM Gated DeltaNet (FP32 math: tl.dot with input_precision "tf32x3" or "ieee", or FP32 FMAs).
+"""Triton decode kernels of ReplaySSM Gated DeltaNet (FP32 math: tl.dot with input_precision "ieee", or FP32 FMAs).
 
 GDN's decay is one scalar per (token, value head), which these kernels use as such (cheaper than
 KDA's per-channel kernels); what both families share (the stored-copy rounding, the packed
 read-copy decoder, the segment loop and the step / verification entry points) is in
-`kernels.delta.triton`.
+`kernels.delta` (`triton_chunk`, `triton_step`).
 
 Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
 autotuned (they update states). One program owns one (sequence, value head, block of BV value
@@ -11,18 +11,7 @@ columns): every GDN quantity of a value column depends only on that column of S,
 are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the stored copies are
 [B, HV, V, K] (the formats' layout, see `_common`).
 
-1. `chunked_triton` (backend="triton" of `gdn.chunked`): the checkpoint-independent part of every
-   segment, (I + A)^-1, is solved batched in torch; one launch then walks the segments of each
-   (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
-   copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
-   `replay.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
-   fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none (|head), nvfp4 axis=dstate with
-   scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
-   A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
-   fp8 scale=tensor, blocks along head_dim, MX) is stored as the FP32 fold and rounded by torch
-   (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
-   between launches of one segment each: both copies feed the next segment.
-2. `launch_replay_step` (`gdn.decode_step_triton`, and the static step of `kernels.static_step`):
+1. `launch_replay_step` (`gdn.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
    one decode token for B sequences at their own phases, one launch of the single-token kernel
    `_replay_step_kernel` (no [K, V] tile, no tl.dot: the buffer terms are
    weighted sums of buffered u rows, the state terms two row dots S_src^T k, S_src^T q per v row in
@@ -33,7 +22,7 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    the delta rule re-run over the buffered raw entries), which the host rounds to both copies with
    `write_checkpoint_packed` (one rounding, the read copy also packed). `step_launch_config` gives
    its block sizes (benchmarks/kernel_speed.py sweeps them).
-3. `verify_triton` (`gdn.verify`): output-only speculative verification of T drafts per sequence from a
+2. `verify_triton` (`gdn.verify`): output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write,
    on `_step_kernel` (the read copy tile and the buffer sum P as [K, BV] tiles).
 """
@@ -44,144 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.replay.buffer_round import BUF_FP32, round_buffered
-from replayssm_eval.kernels.delta import triton as shared
-from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
-from replayssm_eval.kernels.delta.chunked import _pad, segment_layout
-from replayssm_eval.kernels.delta.triton import (  # jit helpers and constexprs the kernels below read as globals
-    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _dot, _forward_substitution, _load_copies, _load_packed,
-    _read_args, _round_copies,
+from replayssm_eval.kernels.delta.triton_chunk import dot  # a jit helper the kernels read as a global
+from replayssm_eval.kernels.delta.triton_step import (  # jit helpers and constexprs the kernels below read as globals
+    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _load_packed, _read_args, conventional_launch,
 )
 from replayssm_eval.quant.triton import _E2M1_F16_SCALE, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast
-
-
-@triton.jit
-def _chunked_kernel(
-    k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
-    NS, s_begin, HV, K, V,
-    SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
-):
-    # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
-    # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `_forward_substitution`); dend [NS];
-    # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at the end
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    vs = tl.program_id(2) * BV + tl.arange(0, BV)
-    ks = tl.arange(0, BK)
-    ts = tl.arange(0, LP)
-    vmask = vs < V
-    kmask = ks < K
-    bh = b * HV + hv
-    state_idx, smask, elem, s_hi, s_lo = _load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
-    checkpoint = tl.load(ckpt_ptr + b)
-    key_hi = tl.load(key_hi_ptr + b)
-    key_lo = tl.load(key_lo_ptr + b)
-    causal = ts[:, None] >= ts[None, :]
-    # a constexpr trip count (segments past NS are skipped): the interpreter cannot loop to a runtime bound
-    for j in range(SEGS):
-        s = s_begin + j
-        if s < NS:
-            row = (bh * NS + s).to(tl.int64) * LP + ts  # [LP]
-            kt = tl.load(k_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)  # [LP, BK]
-            qt = tl.load(q_ptr + row[:, None] * K + ks[None, :], mask=kmask[None, :], other=0.0)
-            vt = tl.load(v_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)  # [LP, BV]
-            uk = tl.load(uk_ptr + row[:, None] * V + vs[None, :], mask=vmask[None, :], other=0.0)
-            gc = tl.load(gc_ptr + row)
-            d = tl.load(d_ptr + row)
-            beta = tl.load(beta_ptr + row)
-            rhi = tl.load(rhi_ptr + row) != 0
-            pre = tl.load(pre_ptr + row) != 0
-            tinv = tl.load(tinv_ptr + row[:, None] * LP + ts[None, :])  # [LP, LP]
-            ks_hi = _dot(kt, s_hi, DOT)  # [LP, BV]
-            ks_src = tl.where(rhi[:, None], ks_hi, _dot(kt, s_lo, DOT))
-            rhs = tl.where(pre[:, None], uk, beta[:, None] * (vt - d[:, None] * ks_src))
-            qs = tl.where(rhi[:, None], _dot(qt, s_hi, DOT), _dot(qt, s_lo, DOT)) * d[:, None]
-            m = tl.where(causal, _dot(qt, tl.trans(kt), DOT) * tl.exp(gc[:, None] - gc[None, :]), 0.0)
-            if BUF == BUF_FP32:
-                u = _dot(tinv, rhs, DOT)
-                o = qs + _dot(m, u, DOT)
-            else:  # u holds the buffered (rounded) u's; a token's own u enters its output as computed
-                u_raw, u = _forward_substitution(tinv, rhs, ts, BUF, LP)
-                m_own = tl.sum(tl.where(ts[:, None] == ts[None, :], m, 0.0), axis=1)  # [LP] diagonal of m
-                o = qs + _dot(m, u, DOT) + m_own[:, None] * (u_raw - u)
-            if tl.load(fold_ptr + b * NS + s) != 0:
-                g_end = tl.load(gc_ptr + (bh * NS + s).to(tl.int64) * LP + LP - 1)
-                d_end = tl.load(dend_ptr + bh * NS + s)
-                kd = kt * tl.exp(g_end - gc)[:, None]  # [LP, BK]
-                if CLOSED:
-                    dc = tl.load(dc_ptr + row)
-                    tinvc = tl.load(tinvc_ptr + row[:, None] * LP + ts[None, :])
-                    uc = _dot(tinvc, beta[:, None] * (vt - dc[:, None] * ks_hi), DOT)
-                    folded = d_end * s_hi + _dot(tl.trans(kd), uc, DOT)
-                    last = tl.load(last_ptr + b * NS + s)
-                    last_hi = tl.sum(tl.where(ts == last, rhi.to(tl.int32), 0), axis=0) != 0
-                    o = tl.where((ts[:, None] == last) & last_hi, _dot(qt, folded, DOT), o)
-                else:
-                    folded = d_end * s_hi + _dot(tl.trans(kd), u, DOT)
-                checkpoint += 1
-                s_hi, s_lo = _round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
-                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
-            out = row[:, None] * V + vs[None, :]
-            tl.store(o_ptr + out, o, mask=vmask[None, :])
-            tl.store(u_ptr + out, u, mask=vmask[None, :])
-    tl.store(hi_ptr + state_idx, s_hi, mask=smask)
-    if not SHARED:
-        tl.store(lo_ptr + state_idx, s_lo, mask=smask)
-
-
-def chunked_triton(p: Prepared, *, rounded: bool = True):
-    """backend="triton" of `gdn.chunked` (FP32 only); `delta.triton.chunked_triton` with GDN's `_chunked`."""
-    return shared.chunked_triton(p, _chunked, rounded=rounded)
-
-
-def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
-    """One `_chunked_kernel` launch per block of segments, on T = (I + A)^-1 (and the closed fold's) solved in torch.
-
-    The segment loop and the rounding of copies no program can round: `delta.triton.run_segments`."""
-    cfg, st = p.config, p.state
-    bsz, seqlen, nv, _ = p.q.shape
-    device = p.q.device
-    closed = cfg.gdn_fold == "closed"
-    seg = segment_layout(p)
-    lp = max(16, triton.next_power_of_2(seg.length))
-    buf = st.buffer
-    expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731
-
-    def padded(x_tok, x_buf):  # -> [B, HV, NS, LP, ...] contiguous
-        x = _pad(seg, x_tok, x_buf)  # [B, NS, L, HV, ...]
-        x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0) * (x.dim() - 4) + (0, lp - seg.length))
-        return x.contiguous()
-
-    k_pad = padded(p.k, expand(buf["k"]))
-    q_pad = padded(p.q, None)
-    v_pad = padded(p.v, buf.get("v"))
-    uk_pad = padded(torch.zeros_like(p.v), buf["u"])
-    g_pad = padded(p.g, buf["g"])  # [B, HV, NS, LP]
-    beta_pad = padded(p.beta, buf.get("beta"))
-    rhi = padded(p.plan.read_hi[..., None].expand(bsz, seqlen, nv).to(torch.int32), None)
-    pre = padded(torch.zeros(bsz, seqlen, nv, dtype=torch.int32, device=device), torch.ones_like(buf["g"], dtype=torch.int32))
-    gc = g_pad.cumsum(-1)
-    eps = cfg.skip_read_below
-    d = keep_checkpoint(gc, eps, False) * torch.exp(gc)
-    g_end = gc[..., -1]
-    d_end = keep_checkpoint(g_end, eps, False) * torch.exp(g_end)  # [B, HV, NS]
-    dc = torch.exp(gc) * keep_checkpoint(g_end, eps, False)[..., None]
-    incl = torch.ones(lp, lp, dtype=torch.bool, device=device).tril()
-    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~incl, float("-inf")))
-    a = (beta_pad[..., None] * decay * (k_pad @ k_pad.transpose(-1, -2))).tril(-1)
-    eye = torch.eye(lp, device=device).expand_as(a)
-    tinv_c = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True).contiguous() if closed else None
-    a_open = a * (pre == 0)[..., None]  # carried entries keep their stored u
-    if cfg.buffer_dtype == "fp32":
-        tinv = torch.linalg.solve_triangular(eye + a_open, eye, upper=False, unitriangular=True).contiguous()
-    else:  # rounded u's: the kernel substitutes forward on A itself
-        tinv = a_open.contiguous()
-    del decay, a, a_open
-    inputs = (k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv, tinv_c if closed else tinv)
-    return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
+from replayssm_eval.replay.buffer_round import round_buffered
 
 
 @triton.jit
@@ -218,7 +75,7 @@ def _step_kernel(
     bg = tl.load(bg_ptr + (b * CAP + cs) * HV + hv, mask=valid, other=0.0)
     gcb = tl.cumsum(bg, axis=0)
     g_run = tl.sum(bg, axis=0)  # log decay from the checkpoint through the last entry so far
-    p = _dot(tl.trans(bk * tl.exp(g_run - gcb)[:, None]), bu, "ieee")  # [BK, BV]
+    p = dot(tl.trans(bk * tl.exp(g_run - gcb)[:, None]), bu, "ieee")  # [BK, BV]
     for j in range(W):
         if j < width:
             tok = (b * W + j) * H + h
@@ -473,7 +330,7 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tupl
 def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
                        eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
-    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton.decode_step`, and of
+    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton_step.decode_step`, and of
     the static step, `kernels.static_step`).
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
@@ -545,4 +402,4 @@ def conventional_step(q, k, v, g, beta, state, *, block_v=16, num_warps=4):
     q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [B, HV, V, K] (the stored layout, as ReplayState.hi);
     all FP32 and contiguous. Returns o [B, HV, V]; `state` holds S_t afterwards (= decode_reference with "fp32").
     """
-    return shared.conventional_launch(_conventional_step_kernel, q, k, v, g, beta, state, block_v, num_warps)
+    return conventional_launch(_conventional_step_kernel, q, k, v, g, beta, state, block_v, num_warps)
