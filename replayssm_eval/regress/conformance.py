@@ -9,7 +9,7 @@ an adapter that decodes ONE token for a batch of sequences:
 family   the kernel family's name (`kernels.family.family_names()`); `get_family(family)` describes it.
 inputs   the token's layer inputs {name: tensor} for the names of the family's `inputs`, FP32, on the
          run's device, shaped as its `shapes` without the time dim (per-head parameters as they are).
-state    the layer's `kernels.ReplayState` before the token (sequences at different window
+state    the layer's `replay.ReplayState` before the token (sequences at different window
          phases): hi / lo the FP32 values of S_hi / S_lo (in the family's stored layout),
          lo_packed the read copy's bytes as the kernel reads them (`quant.PackedState`), buffer
          the entries since the checkpoint (each [B, capacity, ...]; the family's `_common` says
