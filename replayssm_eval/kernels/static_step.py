@@ -137,10 +137,10 @@ class StaticState:
         self.host_count = [(c + 1) % self.config.window for c in self.host_count]
 
     def step_device(self, inputs: tuple, folds: str) -> torch.Tensor:
-        """Decode one token of every row in place, device work only (what a CUDA graph captures). inputs: the family's one-token kernel inputs, fp32
-        (Mamba-2 x [B, 1, H, P], dt [B, 1, H], A [H], B, C [B, 1, G, N], D [H]; GDN and KDA q, k [B, 1, H, K],
-        v [B, 1, HV, V], g [B, 1, HV] (KDA [B, 1, HV, K]), beta [B, 1, HV]). folds: the variant, `folds_next` (must
-        cover the rows that fold). Returns y [B, 1, H, P] (Mamba-2) or o [B, 1, HV, V] (GDN, KDA), fp32."""
+        """Decode one token of every row in place, device work only (what a CUDA graph captures). inputs: the
+        family's tensors for one token, fp32, in the order and shapes of `KernelFamily.inputs` with T = 1 (e.g. Mamba-2
+        x [B, 1, H, P], dt [B, 1, H], A [H], B, C [B, 1, G, N], D [H]). folds: the variant, `folds_next` (must cover
+        the rows that fold). Returns the family's output for the token, [B, 1, ...] fp32 (`KernelFamily.fixed_step`)."""
         if folds not in FOLDS:
             raise ValueError(f"unknown step variant {folds!r}; known: {', '.join(FOLDS)}")
         fold = self.count == self.config.window - 1  # [B] bool

@@ -7,8 +7,8 @@
     logits = rm.forward(segment_ids, session)       # later tokens: chunked kernels, state carried
 
 `adapter` (ReplayModel, load_model), `session` (ReplaySession), `model_types` (the supported model
-types: their hook points, kernel family and geometry fields), `routing` + `mamba2_hooks` +
-`gdn_hooks` + `kda_hooks` (the hook points), `presets` (model geometry), `slow_path` (the
+types: their hook points, kernel family and geometry fields), `routing` + `hooks/` (the
+hook points, one module per kernel family), `presets` (model geometry), `slow_path` (the
 token-by-token ground truth), `traffic` (SSM state bytes per decode token).
 """
 

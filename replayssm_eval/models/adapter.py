@@ -6,7 +6,7 @@
         p, q = rm.forward(segment, ref), rm.forward(segment, run)   # logits [B, T, vocab]
 
 Hook point: the model type's scan functions, rebound once per modeling module (`routing`,
-`mamba2_hooks`, `gdn_hooks`, `kda_hooks` say why there). Each SSM mixer gets a forward pre-hook that tells the
+`hooks/<family>` say why there). Each SSM mixer gets a forward pre-hook that tells the
 replacements which layer runs and which session its cache belongs to, and a post-hook that
 fails loudly if a mixer returned without passing through a replacement (a transformers change
 of code path must never turn into a silent FP32 run). Conv states, KV caches, masks, norms and
@@ -23,13 +23,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import Cache
 
 from replayssm_eval.replay.config import ReplayConfig
-from replayssm_eval.models import gdn_hooks, kda_hooks, mamba2_hooks, routing
+from replayssm_eval.models import routing
 from replayssm_eval.models.model_types import find_ssm_layers, model_type_of
 from replayssm_eval.models.fixtures import resolve_model
+from replayssm_eval.models.hooks import REPLACEMENTS
 from replayssm_eval.models.session import ReplaySession, as_config, session_of
 
-# HF scan function name -> maker of its replacement; a model type's `scans` picks the pair it rebinds
-_REPLACEMENTS = {**mamba2_hooks.REPLACEMENTS, **gdn_hooks.REPLACEMENTS, **kda_hooks.REPLACEMENTS}
 _CACHE_ARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.24, then 5.17 names
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -51,7 +50,7 @@ class ReplayModel:
         self.config = as_config(config)
         self.backend = backend
         for name in self.model_type.scans:
-            routing.rebind(self.model_type.module, name, _REPLACEMENTS[name])
+            routing.rebind(self.model_type.module, name, REPLACEMENTS[name])
         params = inspect.signature(model.forward).parameters
         self._cache_arg = next(name for name in _CACHE_ARGS if name in params)
         self._takes_positions = "position_ids" in params
