@@ -1,15 +1,7 @@
 """Triton decode kernels of ReplaySSM Gated DeltaNet (FP32 math: tl.dot with input_precision "ieee", or FP32 FMAs).
 
-GDN's decay is one scalar per (token, value head), which these kernels use as such (cheaper than
-KDA's per-channel kernels); what both families share (the stored-copy rounding, the packed
-read-copy decoder, the segment loop and the step / verification entry points) is in
-`kernels.delta` (`triton_chunk`, `triton_step`).
-
-Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
-autotuned (they update states). One program owns one (sequence, value head, block of BV value
-columns): every GDN quantity of a value column depends only on that column of S, so V blocks
-are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the stored copies are
-[B, HV, V, K] (the formats' layout, see `_common`).
+Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s docstring (one program per
+(sequence, value head, block of value columns); stored copies [B, HV, V, K]).
 
 1. `launch_replay_step` (`gdn.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
    one decode token for B sequences at their own phases, one launch of the single-token kernel

@@ -6,8 +6,8 @@ columns): every KDA quantity of a value column depends only on that column of S,
 are independent. The stored copies are [B, HV, V, K] (the formats' layout, see `delta._common`). What
 both delta-rule families share (the in-kernel rounding of a stored copy, the packed read-copy
 decoder, the segment loop, the step and verification entry points) is in `kernels.delta`
-(`triton_chunk`, `triton_step`);
-the kernels here are KDA's own because the per-channel decay changes their math.
+(`triton_chunk`, `triton_step`); the kernels here and in `triton_step` are KDA's own because the per-channel decay
+changes their math.
 
 1. `chunked_triton` (backend="triton" of `kda.chunked`): every checkpoint-independent tensor of
    a segment (the solved WY rows u0, W_hi, W_lo, the decayed queries, the causal mixing M, the

@@ -1,13 +1,7 @@
 """Triton decode kernels of ReplaySSM Kimi Delta Attention (FP32 math).
 
-Each kernel is layered `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public `x`; none is
-autotuned (they update states). One program owns one (sequence, value head, block of value
-columns): every KDA quantity of a value column depends only on that column of S, so value blocks
-are independent. The stored copies are [B, HV, V, K] (the formats' layout, see `delta._common`). What
-both delta-rule families share (the in-kernel rounding of a stored copy, the packed read-copy
-decoder, the segment loop, the step and verification entry points) is in `kernels.delta`
-(`triton_chunk`, `triton_step`);
-the kernels here are KDA's own because the per-channel decay changes their math.
+Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s docstring (one program per
+(sequence, value head, block of value columns); stored copies [B, HV, V, K]).
 
 1. `launch_replay_step` (`kda.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
    one decode token for B sequences at their own phases, one launch of `_replay_step_kernel`: per
