@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from replayssm_eval.kernels.delta.reference import _verify
+from replayssm_eval.kernels.delta.reference import verify_drafts
 from replayssm_eval.kernels.delta.triton_step import read_copy_format
 from replayssm_eval.kernels.family import FAMILY_PACKAGES, family_names, get_family
 from replayssm_eval.models.presets import PRESETS, full_size_preset
@@ -188,7 +188,7 @@ def check_verify(mod, cfg, data, drafts=4):
         ring["g"][h:h + drafts] = new["g"][b]
         src = (state.hi if read_hi[b] else state.lo)[b].transpose(-1, -2)
         q = new["q"][b].repeat_interleave(groups, 1)
-        _, o_ref = _verify(src, ring, h, drafts, q, new["v"][b], new["beta"][b], groups, config.skip_read_below)
+        _, o_ref = verify_drafts(src, ring, h, drafts, q, new["v"][b], new["beta"][b], groups, config.skip_read_below)
         err = max(err, rel(o_ref, o[b]))
     return dict(kernel="verify", err_o=err, state_agree=None, seconds=None, ok=err <= 1e-4)
 

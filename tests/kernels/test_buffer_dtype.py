@@ -15,7 +15,7 @@ import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, kda, mamba2
 from replayssm_eval.replay.config import ReplayConfig
-from replayssm_eval.kernels.delta.reference import _verify as gdn_verify
+from replayssm_eval.kernels.delta.reference import verify_drafts as gdn_verify
 from replayssm_eval.kernels.mamba2 import triton_step as m2_triton
 from replayssm_eval.replay.state import write_checkpoint
 

@@ -22,7 +22,7 @@ from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta import triton_step as shared_step
 from replayssm_eval.kernels.delta._common import to_format_layout
-from replayssm_eval.kernels.delta.reference import _verify
+from replayssm_eval.kernels.delta.reference import verify_drafts
 from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.replay.state import write_checkpoint
 
@@ -225,7 +225,7 @@ def test_verify_triton(fam, device):
         ring["g"][h:h + w] = drafts["g"][b, :w]
         src = (st.hi if read_hi[b] else st.lo)[b].transpose(-1, -2)
         q = drafts["q"][b, :w].repeat_interleave(2, 1)
-        u_ref, o_ref = _verify(src, ring, h, w, q, drafts["v"][b, :w], drafts["beta"][b, :w], 2, 0.6)
+        u_ref, o_ref = verify_drafts(src, ring, h, w, q, drafts["v"][b, :w], drafts["beta"][b, :w], 2, 0.6)
         assert_close(f"u[{b}]", u_ref, u[b, :w], 1e-5)
         assert_close(f"o[{b}]", o_ref, o[b, :w], 1e-5)
 

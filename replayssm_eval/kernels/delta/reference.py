@@ -205,7 +205,7 @@ def speculative_decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
                 ring["v"][h:h + width] = p.v[b, drafted]
                 ring["beta"][h:h + width] = p.beta[b, drafted]
             src = from_format_layout(hi32[b] if step_hi else lo32[b]).to(cd)
-            u_d, o_d = _verify(src, ring, h, width, p.q[b, drafted], p.v[b, drafted], p.beta[b, drafted], p.groups, cfg.skip_read_below)
+            u_d, o_d = verify_drafts(src, ring, h, width, p.q[b, drafted], p.v[b, drafted], p.beta[b, drafted], p.groups, cfg.skip_read_below)
             ring["u"][h:h + width] = cfg.round_buffered(u_d)
             o[b, n:n + commit] = o_d[:commit]
             h, n = h + commit, n + commit  # commit: move the pointer
@@ -244,7 +244,7 @@ def speculative_decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
     )
 
 
-def _verify(src, ring, h, width, q_d, v_d, beta_d, groups, eps):
+def verify_drafts(src, ring, h, width, q_d, v_d, beta_d, groups, eps):
     """Output-only verification of `width` drafts after h committed entries, for one sequence.
 
     src: [HV, K, V] checkpoint copy read; ring: k [cap, H, K], u [cap, HV, V], g [cap, HV] or [cap, HV, K] with the
