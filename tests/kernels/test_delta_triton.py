@@ -161,8 +161,8 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, device):
     mod = FAMILIES[fam]
     cfg = ReplayConfig.parse("nvfp4:scale=row/fp16sr@4")
     inputs = make_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **SMALL[fam])
-    _, rounded = mod.RULE.kernels.chunked_triton(mod.RULE.prepare(*inputs, cfg))
-    _, fold = mod.RULE.kernels.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
+    _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg))
+    _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
     assert rounds_to(fold, rounded, cfg)
 
 
@@ -216,7 +216,7 @@ def test_verify_triton(fam, device):
     drafts = dict(zip(("q", "k", "v", "g", "beta"), cut(inputs, 3, 7)))
     width = torch.tensor([4, 3], device=device)
     read_hi = torch.tensor([False, True], device=device)
-    u, o = mod.RULE.kernels.verify_triton(st.hi, st.lo_packed, cfg.read_format, st.buffer, st.schedule.count, drafts,
+    u, o = mod.RULE.step.verify_triton(st.hi, st.lo_packed, cfg.read_format, st.buffer, st.schedule.count, drafts,
                                           width, read_hi, groups=2, eps=0.6)
     for b in range(2):
         ring = {name: t[b].clone() for name, t in st.buffer.items()}
