@@ -541,6 +541,12 @@ def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
 BENCHES = {bench.name: bench for bench in (Mamba2, GDN, KDA)}  # kernel family name -> its benchmark driver
 
 
+def driver_geometry(name: str, tiny: bool) -> dict:
+    """A family's benchmark sizes: its driver's tiny ones, or its full-size preset's (`models.presets.full_size_preset`)."""
+    bench = BENCHES[name]
+    return bench.tiny if tiny else bench.dims(PRESETS[full_size_preset(name)])
+
+
 def read_copy_bytes(fam, batch: int, config: str) -> int:
     """Bytes of the read copy a non-flush step reads (format layout [B, H, P, N] / [B, HV, V, K])."""
     cfg = ReplayConfig.parse(config)
@@ -960,8 +966,7 @@ def main(argv=None):
     timer = Timer(args.device, args.quick or args.tiny)
     copy_gbps = copy_bandwidth(res, timer, args.device, args.tiny)
     rand = Rand(args.device)
-    geometry = {name: BENCHES[name].tiny if args.tiny else BENCHES[name].dims(PRESETS[full_size_preset(name)])
-                for name in families}
+    geometry = {name: driver_geometry(name, args.tiny) for name in families}
     fams = {name: BENCHES[name](geometry[name], rand) for name in families}
 
     for name, fam in fams.items():

@@ -33,7 +33,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from kernel_speed import BENCHES, GEOMETRY, Rand, Timer, environment, relerr  # noqa: E402
+from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment, relerr  # noqa: E402
 
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
@@ -156,7 +156,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
 
     for family in args.families.split(","):
-        geo = GEOMETRY[family][1 if args.tiny else 0]
+        geo = driver_geometry(family, args.tiny)
         fam = BENCHES[family](geo, Rand(args.device, seed=0))
         inputs = fam.sequence(args.tokens)
         step, s0 = hf_runner(fam, inputs)
