@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from replayssm_eval.generate.engine import Engine
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.presets import full_size_config
-from replayssm_eval.tasks.engine import Engine
 
 FULL_SIZE = ("qwen3.5-4b", "nemotron-3-nano-4b")
 TINY = ("tiny-qwen3.5", "tiny-nemotron-h")
@@ -167,7 +167,7 @@ def profile_one(rm, name, batch, config, args, out: Path, emit) -> None:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile as run_profile
 
-    from replayssm_eval.tasks.generation import decode_session
+    from replayssm_eval.generate.decode import decode_session
 
     step = args.steps[0]
     reset_peak(args.device)

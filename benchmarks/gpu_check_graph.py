@@ -44,13 +44,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
+from replayssm_eval.generate.decode import decode_session, left_pad, sequence_id
+from replayssm_eval.generate.engine import Engine
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.presets import full_size_config
 from replayssm_eval.models.session import ReplaySession
-from replayssm_eval.tasks.engine import Engine
-from replayssm_eval.tasks.generation import decode_session, left_pad, sequence_id
 
 CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
 CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4")

@@ -1,10 +1,10 @@
 """The `replayssm-eval` command.
 
 Each subcommand is one config dataclass plus one public function. The options are generated
-from the dataclass fields (type, default, and `metadata["help"]`), so they are spelled once.
-Subcommands register themselves with `@command` in their own module; the parser imports only the
-module of the subcommand named on the command line, so `replayssm-eval --help` imports none and
-`replayssm-eval kl --help` only the light `kl.cli` (no torch).
+from the dataclass fields (type, default, and `metadata["help"]`, see `options.option`), so they are
+spelled once. Subcommands register themselves with `@command` in their module of `commands/`; the
+parser imports only the module of the subcommand named on the command line, so `replayssm-eval
+--help` imports none and `replayssm-eval kl --help` only the light `commands.kl` (no torch).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any, Callable
 
 # subcommand name -> (module that registers it with @command, one-line help)
 SUBCOMMANDS = {
-    "formats": ("replayssm_eval.quant.summary", "bits, bytes per SSM state and round-trip error of each state format"),
-    "kl": ("replayssm_eval.kl.cli",
+    "formats": ("replayssm_eval.commands.formats", "bits, bytes per SSM state and round-trip error of each state format"),
+    "kl": ("replayssm_eval.commands.kl",
            "teacher-forced KL of SSM state formats against the FP32-state reference, by generated length"),
-    "accuracy": ("replayssm_eval.tasks.accuracy",
+    "accuracy": ("replayssm_eval.commands.accuracy",
                  "downstream accuracy (GPQA-Diamond, MMLU-Pro, MATH L5) of state formats vs FP32, by FP32 length bucket"),
-    "regress": ("replayssm_eval.regress.cli",
+    "regress": ("replayssm_eval.commands.regress",
                 "deterministic numerics regression suite against a committed baseline; "
                 "--kernel checks an external decode kernel against the reference"),
-    "report": ("replayssm_eval.reports.cli",
+    "report": ("replayssm_eval.commands.report",
                "render KL and accuracy results as a self-contained HTML page and a Markdown file"),
 }
 
@@ -43,14 +43,6 @@ def command(name: str):
         return fn
 
     return decorate
-
-
-def option(default, help: str, choices: tuple | None = None):
-    """A config-dataclass field for a subcommand: its default, its --help text and, optionally, the accepted values."""
-    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
-    if isinstance(default, tuple):
-        return dataclasses.field(default_factory=lambda: default, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _unwrap_optional(tp):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A GPU run of `replayssm-eval accuracy` on the two tiny models, in three phases, so that the GPU machine
 # needs neither lm-eval, datasets nor math-verify: lm-eval builds the prompts and scores the answers on a
-# CPU machine; the GPU only decodes (Triton decode steps, `python -m replayssm_eval.tasks.offline`).
+# CPU machine; the GPU only decodes (Triton decode steps, `python -m replayssm_eval.generate.offline`).
 #
 #   scripts/gpu_accuracy.sh prepare         # CPU: reports/accuracy-gpu/requests.jsonl (fixtures, all 17 questions)
 #   OUT=out scripts/gpu_accuracy.sh gpu     # GPU: cuda generation tests, then $OUT/generations-<model>.jsonl
@@ -38,7 +38,7 @@ case "${1:-}" in
       2>&1 | tee "$OUT/test_generation_cuda.log" || true
     for model in "${MODELS[@]}"; do
       # each config is appended whole: a rerun continues after the last finished one
-      ( time timeout 100 python -m replayssm_eval.tasks.offline "$DIR/requests.jsonl" "$OUT/generations-$model.jsonl" \
+      ( time timeout 100 python -m replayssm_eval.generate.offline "$DIR/requests.jsonl" "$OUT/generations-$model.jsonl" \
           --model "$model" --configs "$CONFIGS" --max-batch-size 32 ) 2>&1 | tee "$OUT/generate-$model.log" || true
     done
     ;;

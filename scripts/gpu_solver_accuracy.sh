@@ -58,7 +58,7 @@ case "${1:-}" in
     generate() {  # model, configs, generations file, requests file; each config is appended whole when done
       local left=$((deadline - SECONDS))
       ((left > 15)) || { echo "no time left for $2" >> "${3%.jsonl}.log"; return; }
-      timeout "$left" python -m replayssm_eval.tasks.offline "$4" "$3" --model "$1" --configs "$2" --step graph \
+      timeout "$left" python -m replayssm_eval.generate.offline "$4" "$3" --model "$1" --configs "$2" --step graph \
         --max-batch-size 1024 >> "${3%.jsonl}.log" 2>&1 || echo "exit $?" >> "${3%.jsonl}.log"
     }
     for model in "${MODELS[@]}"; do
@@ -108,7 +108,7 @@ print(",".join(c for c in sys.argv[1].split(",") if ReplayConfig.parse(c).name i
   kl)
     text=out/solver-text
     for task in ${TASKS//,/ }; do
-      python -m replayssm_eval.tasks.synthetic --task "$task" --n 4000 --as-text --out "$text"
+      python -m replayssm_eval.accuracy.synthetic --task "$task" --n 4000 --as-text --out "$text"
     done
     for model in "${MODELS[@]}"; do
       for task in ${TASKS//,/ }; do

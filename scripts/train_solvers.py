@@ -6,7 +6,7 @@
 
 Architectures, SSM head initialisation and long-memory heads are those of `scripts/train_tiny.py`
 (its docstring says how); only the data differs. Each row of a batch packs whole examples of
-`synth_sum` and `synth_swap` (`replayssm_eval.tasks.synthetic`, training split, half each), every
+`synth_sum` and `synth_swap` (`replayssm_eval.accuracy.synthetic`, training split, half each), every
 example written `prompt + target + eos` exactly as the lm-eval tasks show the prompt, and the
 loss counts only the target and eos bytes. Examples never straddle rows; the rest of a row is
 padding, which no loss counts. A row is `--seq-len` bytes, which holds the longest example of
@@ -47,8 +47,8 @@ import torch.nn.functional as F
 
 from replayssm_eval.models.adapter import load_model
 from replayssm_eval.models.tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID
-from replayssm_eval.tasks.generation import greedy_generate
-from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target
+from replayssm_eval.generate.generation import greedy_generate
+from replayssm_eval.accuracy.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target
 from train_tiny import (
     MODELS, BetaPenalty, RunConfig, check_torch_paths, decay_table, init_long_heads, init_slow_heads, lr_at,
     make_optimizer, optimizer_step, parse_config, provenance, save, ssm_mixers, static_decay,

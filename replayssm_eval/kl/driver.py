@@ -42,34 +42,28 @@ from replayssm_eval.data.sources import TextSource, iter_documents
 from replayssm_eval.data.tokens import TokenDocs, tokenize_documents
 from replayssm_eval.replay.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.kl import runner as runner_module
-from replayssm_eval.kl.buckets import Bucket, parse_buckets
-from replayssm_eval.kl.cli import DEFAULT_CONFIGS, MAX_TOKENS, KLConfig
 from replayssm_eval.kl.interrupt import deferred_interrupt
 from replayssm_eval.kl.metrics import METRICS, token_metrics, token_nll
-from replayssm_eval.kl.output import (
-    SCHEMA_VERSION,
-    config_results,
-    git_state,
-    reference_results,
-    versions,
-    write_outputs,
-)
+from replayssm_eval.kl.options import DEFAULT_CONFIGS, MAX_TOKENS, KLConfig
+from replayssm_eval.kl.output import write_outputs
 from replayssm_eval.kl.ranks import Ranks, barrier, batches_for_rank, gather_on_main, init_ranks, on_main
-from replayssm_eval.kl.store import (
+from replayssm_eval.results.buckets import Bucket, parse_buckets
+from replayssm_eval.results.files import atomic_write_json, read_json
+from replayssm_eval.results.kl_store import (
     INFLIGHT_DIR,
     PROGRESS_FILE,
     RUN_FILE,
     TOKENS_DIR,
-    atomic_write_json,
     check_snapshot,
     clear_inflight,
     load_documents,
     load_snapshot,
-    read_json,
     save_document,
     save_partial,
     save_snapshot,
 )
+from replayssm_eval.results.kl_tables import SCHEMA_VERSION, config_results, reference_results
+from replayssm_eval.results.provenance import git_state, versions
 
 REFERENCE = ReplayConfig()
 

@@ -7,7 +7,7 @@
 All are byte-level (replayssm_eval.models.tokenizer), stored in bf16, trained on Shakespeare by
 `scripts/train_tiny.py`; each folder's training.json records how, and the held-out bits per byte.
 
-The scoring fixtures answer the synthetic tasks (`replayssm_eval.tasks.synthetic`), so their accuracy
+The scoring fixtures answer the synthetic tasks (`replayssm_eval.accuracy.synthetic`), so their accuracy
 gaps are real; same architectures, trained on those tasks by `scripts/train_solvers.py`:
 
     tiny-nemotron-h-solver  the tiny-nemotron-h architecture (Mamba-2)

@@ -8,7 +8,7 @@
     kept = decoder.rows([0, 2])              # rows of a running batch, as a dynamic-cache session (copies)
     decoder = StaticDecoder.from_session(rm, batch_rows.join([kept, new]), steps=..., graphs=True)
 
-The second form is how the engine's continuous batching (`tasks.engine`, step "graph") regroups
+The second form is how the engine's continuous batching (`generate.engine`, step "graph") regroups
 rows: `rows` copies the chosen rows out (KV columns written so far, without the leading columns
 none of them uses; conv and recurrent states; every SSM layer's ReplayState: both stored copies,
 the packed read copy, the ring buffer, the window phase, the checkpoint index that counts the

@@ -136,8 +136,8 @@ def updated_metrics(rows: list[Row], current: dict, baseline: dict, accept_regre
 
 
 def write_baseline(path: Path, metrics: dict) -> None:
-    from replayssm_eval.kl.output import git_state, versions
-    from replayssm_eval.kl.store import atomic_write_json
+    from replayssm_eval.results.files import atomic_write_json
+    from replayssm_eval.results.provenance import git_state, versions
 
     atomic_write_json(Path(path), {
         "schema_version": BASELINE_VERSION,

@@ -228,7 +228,7 @@ def _chunked_pair(family, config, backends):
 def kl_metrics(select) -> dict[str, float]:
     from replayssm_eval.replay.config import ReplayConfig
     from replayssm_eval.kl import KLConfig, run_kl
-    from replayssm_eval.kl.store import read_json
+    from replayssm_eval.results.files import read_json
 
     out = {}
     for model, configs in KL_RUNS.items():

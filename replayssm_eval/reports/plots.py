@@ -1,10 +1,12 @@
-"""matplotlib (Agg) PNGs of a report: KL vs length (kl.output's plot), traffic bars, the traffic-KL Pareto plot."""
+"""matplotlib (Agg) PNGs: KL vs length (also a KL run's own plot), traffic bars, the traffic-KL Pareto plot."""
 
 from __future__ import annotations
 
 import io
+import math
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -12,7 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from replayssm_eval.reports.load import Result  # noqa: E402
 from replayssm_eval.reports.tables import KIB, ParetoPoint, TrafficRow  # noqa: E402
 
-
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINE_STYLES = ("-", "--", "-.", ":")
 # label offsets tried in turn (points from the marker): beside it, then further above and below
 LABEL_OFFSETS = [(dx, dy) for dy in (4, -10, 14, -20, 24, -30, 34, -40, 44, -50) for dx in (6, -6)]
 
@@ -26,11 +29,40 @@ def _png(fig, layout: bool = True) -> bytes:
     return buffer.getvalue()
 
 
-def kl_vs_length_png(result: Result) -> bytes:
-    """Mean KL per bucket against generated length, log-log, one line per config, 95% CI band."""
-    from replayssm_eval.kl.output import plot_png
-
-    return plot_png(result.data)
+def kl_vs_length_png(report: dict) -> bytes:
+    """Mean KL per bucket of a kl.json `report` against generated length (log-log), one line per config with its
+    95% CI band: the run's kl_vs_length.png and the report's."""
+    # zero cannot show on a log axis: means of 0 are left out, interval bounds of 0 drawn at `floor`
+    means = [b["kl_mean"] for c in report["configs"] for b in c["buckets"] if b["kl_mean"]]
+    floor = min(means, default=1.0) / 10
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for k, config in enumerate(report["configs"]):
+        buckets = config["buckets"]
+        x = [math.sqrt(b["start"] * b["end"]) for b in buckets]
+        y = [b["kl_mean"] or np.nan for b in buckets]
+        label = config["name"] if any(np.isfinite(y)) else f"{config['name']} (KL = 0)"
+        # coinciding lines stay apart: each config its own marker, line style and marker size (largest first,
+        # hollow, so a smaller marker drawn later shows inside a larger one)
+        style = LINE_STYLES[k % len(LINE_STYLES)]
+        (line,) = ax.plot(x, y, marker=MARKERS[k % len(MARKERS)], markersize=8 - 4 * k / max(len(report["configs"]), 1),
+                          markerfacecolor="none", markeredgewidth=1.2, linestyle=style, linewidth=1.3, label=label)
+        if all(b["kl_ci_high"] is not None for b in buckets):  # no interval with one document
+            low = [max(b["kl_ci_low"], floor) for b in buckets]
+            high = [max(b["kl_ci_high"], floor) for b in buckets]
+            # a faint fill and outlined edges in the line's style: overlapping bands stay readable
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.04, linewidth=0)
+            for edge in (low, high):
+                ax.plot(x, edge, color=line.get_color(), linestyle=style, linewidth=0.7, alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)
+    ax.set_xlabel("generated tokens")
+    ax.set_ylabel(f"KL(p_{report['reference']['name']} || p_config), nats/token")
+    docs = report["documents_done"]
+    ax.set_title(f"{report['model']}: {docs} document{'s' * (docs != 1)}, {report['tokens']} tokens", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
 
 
 def traffic_png(model: str, rows: list[TrafficRow]) -> bytes | None:

@@ -76,7 +76,7 @@ def _kl_vs_length(kl: list[Result]) -> Section:
     if not kl:
         return _no_kl(section)
     for r in kl:
-        section.blocks.append(Image(f"{r.slug}-kl_vs_length.png", plots.kl_vs_length_png(r),
+        section.blocks.append(Image(f"{r.slug}-kl_vs_length.png", plots.kl_vs_length_png(r.data),
                                     f"KL against generated length, {r.label}"))
     section.blocks.append(Note("Mean KL(p_fp32 || p_config) per length bucket, log-log; the band is the 95% "
                                "interval over documents (none with one document)."))
@@ -211,7 +211,7 @@ def to_markdown(report: Report) -> str:
         out += [f"## {s.title}", f'<a id="{s.id}"></a>', ""]
         for b in s.blocks:
             if isinstance(b, Table):
-                out += _md_table(b)
+                out += markdown_table(b)
             elif isinstance(b, Note):
                 out += [b.text, ""]
             elif isinstance(b, Image):
@@ -219,7 +219,8 @@ def to_markdown(report: Report) -> str:
     return "\n".join(out)
 
 
-def _md_table(table: Table) -> list[str]:
+def markdown_table(table: Table) -> list[str]:
+    """The Markdown lines of `table`: its title (###), the table and its note."""
     cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     rule = ["---:" if a == "r" else "---" for a in table.alignment()]
     lines = [f"### {table.title}", "", "| " + " | ".join(cell(c) for c in table.columns) + " |",
@@ -230,9 +231,32 @@ def _md_table(table: Table) -> list[str]:
     return lines + [""]
 
 
+def accuracy_markdown(result: Result) -> str:
+    """accuracy.md of an accuracy run: its sampling settings, then per task its lm-eval task and the accuracy and
+    degeneration tables exactly as the report shows them."""
+    data = result.data
+    out = [f"# Accuracy vs FP32 state: {result.model}", ""]
+    if not data.get("complete", True):
+        out += ["**Incomplete run**: only finished (config, task) pairs are shown.", ""]
+    sampling = data.get("sampling") or {"do_sample": False}
+    if sampling["do_sample"]:
+        out += [f"Sampled: temperature {sampling['temperature']}, top_p {sampling['top_p']}, top_k {sampling['top_k']}, "
+                f"seed {sampling['seed']}, {sampling['samples']} samples per question; accuracy is avg@{sampling['samples']} "
+                "(the mean over questions of each question's mean over its samples); sample j of a question is drawn "
+                "with the same random numbers under every config.", ""]
+    for task, entry in data["tasks"].items():
+        out += [f"## {task}", "", f"`{entry['lm_eval_task']}`, {entry['metric']} ({entry['filter']}), "
+                f"{entry['n']} questions", ""]
+        out += markdown_table(tables.accuracy_table(result, task))
+        degeneration = tables.degeneration_table(result, task)
+        if degeneration is not None:
+            out += markdown_table(degeneration)
+    return "\n".join(out)
+
+
 def write_report(report: Report, output: Path) -> tuple[Path, Path]:
     """Write report.html, report.md and the PNGs into `output`; returns the HTML and Markdown paths."""
-    from replayssm_eval.kl.store import atomic_write_bytes
+    from replayssm_eval.results.files import atomic_write_bytes
 
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)

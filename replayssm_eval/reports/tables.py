@@ -36,7 +36,7 @@ def _bucket(b: dict) -> str:
 
 def kl_bucket_table(result: Result) -> Table:
     """Rows: length buckets; columns: tokens, reference NLL, then each config's mean KL and 95% interval."""
-    from replayssm_eval.kl.output import buckets_table
+    from replayssm_eval.results.kl_tables import buckets_table
 
     report = result.data
     configs = [c["name"] for c in report["configs"]]
@@ -86,69 +86,76 @@ def _points(v) -> str:
 
 
 def accuracy_tables(result: Result) -> list[Table]:
-    """Per task, the paper's GPQA layout: bucket, n, FP32 accuracy (%), then each config's change in points.
+    """`accuracy_table` of every task of an accuracy run."""
+    return [accuracy_table(result, task) for task in result.data["tasks"]]
 
-    A change cell: gap [95% CI] in points; * marks McNemar p < 0.05; flips to wrong / to right
-    follow as (−w/+r). The pooled row ("all") comes last when the task records one; the share of
-    FP32 generations truncated at max_gen_toks is the last column when recorded.
+
+def accuracy_table(result: Result, task: str) -> Table:
+    """The paper's GPQA layout: bucket, n, FP32 accuracy (%), then each config's change in points.
+
+    A change cell: gap [95% CI] in points; * marks p < 0.05 (McNemar; the sign-flip test with several
+    samples per question); flips to wrong / to right follow as (−w/+r). The pooled row ("all") comes
+    last when the task records one; the share of FP32 generations truncated at max_gen_toks is the last
+    column when recorded.
     """
-    tables = []
-    for task, entry in result.data["tasks"].items():
-        blocks, pooled = _task_rows(entry)
-        configs = _config_names(blocks)
-        truncated = any(_truncated(b) is not None for b in _task_buckets(entry))
-        rows = []
-        for b in blocks:
-            cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
-                     "–" if b.get("fp32_acc") is None else f"{100 * b['fp32_acc']:.1f}"]
-            for name in configs:
-                c = b.get("configs", {}).get(name)
-                if c is None or c.get("gap") is None:
-                    cells.append("–")
-                    continue
-                cell = _points(c.get("gap"))
-                if _present(c.get("ci_low")) and _present(c.get("ci_high")):
-                    cell += f" [{_points(c['ci_low'])}, {_points(c['ci_high'])}]"
-                if _present(c.get("p_value")) and c["p_value"] < 0.05:
-                    cell += "*"
-                if "flips_to_wrong" in c or "flips_to_right" in c:
-                    cell += f" (−{c.get('flips_to_wrong', 0)}/+{c.get('flips_to_right', 0)})"
-                cells.append(cell)
-            if truncated:
-                cells.append("–" if _truncated(b) is None else f"{100 * _truncated(b):.0f}")
-            rows.append(cells)
-        columns = ["generated tokens (fp32)", "n", "fp32 acc (%)", *(f"{c} Δ (pts)" for c in configs)]
+    entry = result.data["tasks"][task]
+    blocks, pooled = _task_rows(entry)
+    configs = _config_names(blocks)
+    truncated = any(_truncated(b) is not None for b in _task_buckets(entry))
+    rows = []
+    for b in blocks:
+        cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
+                 "–" if b.get("fp32_acc") is None else f"{100 * b['fp32_acc']:.1f}"]
+        for name in configs:
+            c = b.get("configs", {}).get(name)
+            if c is None or c.get("gap") is None:
+                cells.append("–")
+                continue
+            cell = _points(c.get("gap"))
+            if _present(c.get("ci_low")) and _present(c.get("ci_high")):
+                cell += f" [{_points(c['ci_low'])}, {_points(c['ci_high'])}]"
+            if _present(c.get("p_value")) and c["p_value"] < 0.05:
+                cell += "*"
+            if "flips_to_wrong" in c or "flips_to_right" in c:
+                cell += f" (−{c.get('flips_to_wrong', 0)}/+{c.get('flips_to_right', 0)})"
+            cells.append(cell)
         if truncated:
-            columns.append("fp32 truncated (%)")
-        limit = f", max_gen_toks {entry['max_gen_toks']}" if isinstance(entry, dict) and "max_gen_toks" in entry else ""
-        tables.append(Table(
-            f"{result.label}: {task}{limit}", columns, rows,
-            "Buckets by the FP32 run's generation length. Δ: the config's accuracy minus FP32's, in points, "
-            "[95% paired bootstrap CI]; * McNemar p < 0.05; (−a/+b): answers that flipped to wrong / to right."))
-    return tables
+            cells.append("–" if _truncated(b) is None else f"{100 * _truncated(b):.0f}")
+        rows.append(cells)
+    columns = ["generated tokens (fp32)", "n", "fp32 acc (%)", *(f"{c} Δ (pts)" for c in configs)]
+    if truncated:
+        columns.append("fp32 truncated (%)")
+    limit = f", max_gen_toks {entry['max_gen_toks']}" if isinstance(entry, dict) and "max_gen_toks" in entry else ""
+    test = "sign-flip" if isinstance(entry, dict) and entry.get("samples", 1) > 1 else "McNemar"
+    return Table(
+        f"{result.label}: {task}{limit}", columns, rows,
+        "Buckets by the FP32 run's generation length. Δ: the config's accuracy minus FP32's, in points, "
+        f"[95% paired bootstrap CI]; * {test} p < 0.05; (−a/+b): answers that flipped to wrong / to right.")
 
 
 def degeneration_tables(result: Result) -> list[Table]:
-    """Per task that records them: mean generated tokens / share cut at max_gen_toks / loop rate, per FP32
-    length bucket, for FP32 and each config (the loop detector: docs/accuracy_json_schema.md)."""
-    tables = []
-    for task, entry in result.data["tasks"].items():
-        blocks, pooled = _task_rows(entry)
-        if not any("fp32_mean_gen_tokens" in b for b in blocks):
-            continue
-        configs = _config_names(blocks)
-        rows = []
-        for b in blocks:
-            cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
-                     _degeneration(b.get("fp32_mean_gen_tokens"), _truncated(b), b.get("fp32_loop_rate"))]
-            for name in configs:
-                c = b.get("configs", {}).get(name, {})
-                cells.append(_degeneration(c.get("mean_gen_tokens"), c.get("truncated"), c.get("loop_rate")))
-            rows.append(cells)
-        tables.append(Table(
-            f"{result.label}: {task}, degeneration", ["generated tokens (fp32)", "n", "fp32", *configs], rows,
-            "Each cell: mean generated tokens / % cut at max_gen_toks / % of generations whose tail loops."))
-    return tables
+    """`degeneration_table` of every task of an accuracy run that records one."""
+    return [t for t in (degeneration_table(result, task) for task in result.data["tasks"]) if t is not None]
+
+
+def degeneration_table(result: Result, task: str) -> Table | None:
+    """Mean generated tokens / share cut at max_gen_toks / loop rate, per FP32 length bucket, for FP32 and each
+    config (the loop detector: docs/accuracy_json_schema.md); None when the task records none."""
+    blocks, pooled = _task_rows(result.data["tasks"][task])
+    if not any("fp32_mean_gen_tokens" in b for b in blocks):
+        return None
+    configs = _config_names(blocks)
+    rows = []
+    for b in blocks:
+        cells = ["all" if b is pooled else _bucket(b), str(b.get("n", "–")),
+                 _degeneration(b.get("fp32_mean_gen_tokens"), _truncated(b), b.get("fp32_loop_rate"))]
+        for name in configs:
+            c = b.get("configs", {}).get(name, {})
+            cells.append(_degeneration(c.get("mean_gen_tokens"), c.get("truncated"), c.get("loop_rate")))
+        rows.append(cells)
+    return Table(
+        f"{result.label}: {task}, degeneration", ["generated tokens (fp32)", "n", "fp32", *configs], rows,
+        "Each cell: mean generated tokens / % cut at max_gen_toks / % of generations whose tail loops.")
 
 
 def _degeneration(mean_tokens, truncated, loop_rate) -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kl_fakes import FAKE_MODEL, install
 
-from replayssm_eval.kl.cli import KLConfig
+from replayssm_eval.kl.options import KLConfig
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from replayssm_eval.kl.buckets import Bucket, bucket_stats, parse_buckets
+from replayssm_eval.results.buckets import Bucket, bucket_stats, parse_buckets
 
 
 def _spans(buckets):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from replayssm_eval.replay.config import ReplayConfig
-from replayssm_eval.kl.cli import KLConfig
 from replayssm_eval.kl.driver import aligned_segment_len, run_kl
+from replayssm_eval.kl.options import KLConfig
 
 RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "document_indices")
 

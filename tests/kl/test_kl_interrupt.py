@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 from kl_fakes import crash, ctrl_c, free_port, run_rank
 
 from replayssm_eval.kl import output
-from replayssm_eval.kl.cli import KLConfig
 from replayssm_eval.kl.driver import run_kl
+from replayssm_eval.kl.options import KLConfig
 
 RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "document_indices")
 
@@ -24,7 +24,7 @@ RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "doc
 @pytest.fixture(autouse=True)
 def _no_plot(monkeypatch):
     """The plot is not under test here and takes most of a fake run's time."""
-    monkeypatch.setattr(output, "plot_png", lambda report: b"")
+    monkeypatch.setattr(output, "kl_vs_length_png", lambda report: b"")
 
 
 @pytest.fixture

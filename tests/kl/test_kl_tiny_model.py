@@ -13,9 +13,9 @@ from replayssm_eval.cli import main
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kl import output
 from replayssm_eval.kl import runner as runner_module
-from replayssm_eval.kl.cli import KLConfig
 from replayssm_eval.kl.driver import evaluate_batch, run_kl
 from replayssm_eval.kl.metrics import token_metrics
+from replayssm_eval.kl.options import KLConfig
 from replayssm_eval.models import token_by_token_logits
 
 MODEL = "tiny-nemotron-h"
@@ -92,7 +92,7 @@ def test_driver_matches_token_by_token_decoding(tiny_runner, config):
 def test_ctrl_c_mid_segment_then_resume_equals_an_uninterrupted_run(model, tmp_path, monkeypatch):
     """SIGINT when the reference is through segment 1 and the config is not; the snapshot of the HF caches
     and ReplayStates at the end of segment 1 continues to the uninterrupted numbers."""
-    monkeypatch.setattr(output, "plot_png", lambda report: b"")
+    monkeypatch.setattr(output, "kl_vs_length_png", lambda report: b"")
     base = KLConfig(model=model, config=("nvfp4/fp16sr@8",), num_docs=2, batch_size=2, prompt_len=16, tokens=33,
                     segment_len=16, device="cpu", keep_token_metrics=True)
     straight = run_kl(dataclasses.replace(base, output=str(tmp_path / "straight")))
@@ -126,7 +126,7 @@ def test_ctrl_c_mid_segment_then_resume_equals_an_uninterrupted_run(model, tmp_p
 def test_skip_reads_are_counted(model, tmp_path, monkeypatch):
     """kl.json's skip_reads: reads skipped per layer and in total, > 0 for a large EPS, 0 for a tiny one, and the
     bytes saved follow the counts."""
-    monkeypatch.setattr(output, "plot_png", lambda report: b"")
+    monkeypatch.setattr(output, "kl_vs_length_png", lambda report: b"")
     configs = ("nvfp4/fp16sr@8#skip=0.9", "nvfp4/fp16sr@8#skip=1e-30", "nvfp4/fp16sr@8")
     run = run_kl(KLConfig(model=model, config=configs, num_docs=1, batch_size=1, prompt_len=16, tokens=24,
                           segment_len=8, device="cpu", output=str(tmp_path / "run")))

@@ -23,11 +23,12 @@ import pytest
 import torch
 from transformers import StaticCache
 
+from replayssm_eval.generate.batch_rows import join
+from replayssm_eval.generate.decode import decode_session, left_pad, sequence_id
+from replayssm_eval.generate.generation import greedy_generate
 from replayssm_eval.models import load_model
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.session import ReplaySession
-from replayssm_eval.tasks.batch_rows import join
-from replayssm_eval.tasks.generation import decode_session, greedy_generate, left_pad, sequence_id
 
 DEVICE = os.environ.get("REPLAYSSM_TEST_DEVICE", "cpu")
 PROMPTS = ("ROMEO:\nBut soft, what light", "To be")

@@ -11,7 +11,7 @@ from replayssm_eval.cli import main
 from replayssm_eval.quant import PackedState
 from replayssm_eval.quant.formats import ElementwiseFormat, NVFP4Format
 from replayssm_eval.regress import compare
-from replayssm_eval.regress.cli import BASELINE
+from replayssm_eval.regress import BASELINE
 from replayssm_eval.regress.suite import run_suite
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from replayssm_eval.tasks import YAML_DIR
+from replayssm_eval.accuracy import YAML_DIR
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ pytest.importorskip("lm_eval")
 import lm_eval
 
 from replayssm_eval import cli
-from replayssm_eval.tasks import DEFAULT_TASKS
+from replayssm_eval.accuracy import DEFAULT_TASKS
 
 FAST = ["--data", "fixtures", "--limit", "2", "--max-gen-toks", "6", "--bootstrap-iters", "200", "--max-batch-size", "2"]
 CONFIGS = "fp32,nvfp4/fp16sr@4"
@@ -55,7 +55,7 @@ def test_end_to_end_on_fixtures(tmp_path, model, limit, count_runs):
             assert all(1 <= s["gen_tokens"] <= 6 and s["max_gen_toks"] == 6 and s["loop"] is False for s in samples)
             assert all(s["gen_tokens"] == 6 for s in samples if s["hit_max_gen_toks"])
             assert "results" in json.loads((out / config_dir / f"results_{name}.json").read_text())
-    assert "| FP32 gen tokens |" in (out / "accuracy.md").read_text() and "Degeneration" in (out / "accuracy.md").read_text()
+    assert "| generated tokens (fp32) |" in (out / "accuracy.md").read_text() and ", degeneration" in (out / "accuracy.md").read_text()
 
 
 @pytest.mark.slow
@@ -134,7 +134,7 @@ def test_sampled_run_records_the_settings_and_pairs_identical_samples(sampled_ru
 
 
 def test_offline_export_generate_score_carries_the_sampling(sampled_run, tmp_path, capsys):
-    from replayssm_eval.tasks.offline import generate_requests
+    from replayssm_eval.generate.offline import generate_requests
 
     requests = tmp_path / "requests.jsonl"
     assert run("--tasks", "gpqa_diamond", "--configs", PAIRED, "--export-requests", str(requests), *SAMPLED) == 0

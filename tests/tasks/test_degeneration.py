@@ -1,12 +1,15 @@
 """The loop detector on synthetic token ids at its thresholds, on ordinary text, and on tiny-model generations."""
 
 import random
+from pathlib import Path
 
 import pytest
 
-from replayssm_eval.tasks import get_task
-from replayssm_eval.tasks.degeneration import MAX_SPAN, MIN_REPEATS, MIN_TAIL, is_loop, loop_span
-from replayssm_eval.tasks.report import markdown, task_report
+from replayssm_eval.accuracy import get_task
+from replayssm_eval.generate.degeneration import MAX_SPAN, MIN_REPEATS, MIN_TAIL, is_loop, loop_span
+from replayssm_eval.reports.load import Result
+from replayssm_eval.reports.render import accuracy_markdown
+from replayssm_eval.results.accuracy_tables import task_report
 
 
 def distinct(n: int, seed: int = 0) -> list[int]:
@@ -64,7 +67,7 @@ def test_degeneration_is_reported_per_bucket_for_fp32_and_each_config():
     assert task_report(spec, fp32, {"c": unrecorded}, "1,50", iters=10)["all"]["configs"]["c"]["loop_rate"] is None
     report = {"model": "m", "complete": True, "configs": ["c"], "ci_method": "95% paired", "tasks": {
         "gpqa_diamond": {**task, "lm_eval_task": "t"}}}
-    assert "| 1-49 | 2 | 15 / 0 | 65 / 50 |" in markdown(report)
+    assert "| 1–49 | 2 | 15 / 0 / 0 | 65 / 50 / 50 |" in accuracy_markdown(Result("accuracy", Path("accuracy.json"), report, "run"))
 
 
 @pytest.mark.slow

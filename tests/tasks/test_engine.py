@@ -18,12 +18,12 @@ import pytest
 import torch
 from task_helpers import TEST_DEVICE, out_of_memory_at_call
 
+from replayssm_eval.generate import memory
+from replayssm_eval.generate.engine import Engine
+from replayssm_eval.generate.generation import greedy_generate
 from replayssm_eval.models import load_model
 from replayssm_eval.models.fixtures import BUNDLED_MODELS
 from replayssm_eval.models.model_graph import StaticDecoder
-from replayssm_eval.tasks import memory
-from replayssm_eval.tasks.engine import Engine
-from replayssm_eval.tasks.generation import greedy_generate
 
 TEXTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce more unto the breach, dear friends", "To be",
          "JULIET:\nO Romeo, Romeo", "HAMLET:\nAlas, poor Yorick! I knew him")
@@ -199,7 +199,7 @@ def test_static_step_on_kda_gives_the_triton_step_tokens():
 
 def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_graph():
     pytest.importorskip("lm_eval")
-    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+    from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
     assert ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph").step == "graph"
     assert ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu").step == "reference"  # auto, on cpu
@@ -211,7 +211,7 @@ def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_g
 
 def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):
     pytest.importorskip("lm_eval")
-    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+    from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
     lm = ReplaySSMLM(pretrained="tiny-nemotron-h", batch_size=64, device="cpu")
     rm_prompts = prompts(lm.rm)
@@ -219,7 +219,7 @@ def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):
                           prefill_tokens=lm.prefill_tokens)
     assert cost.fixed > 0 and cost.per_token > 0 and cost.logits == 8 * lm.rm.model.config.vocab_size
     row = cost.row(max(map(len, rm_prompts)) + 16)
-    monkeypatch.setattr("replayssm_eval.tasks.memory.free_memory", lambda device: int(3.5 * row / (1 - memory.MARGIN)))
+    monkeypatch.setattr("replayssm_eval.generate.memory.free_memory", lambda device: int(3.5 * row / (1 - memory.MARGIN)))
     with pytest.raises(MemoryError, match="batch size 64 needs"):
         lm.rows(rm_prompts, [16] * len(rm_prompts))
     lm.batch_size = "auto"

@@ -1,5 +1,5 @@
 """lm-eval's own `lm_eval` script knows `--model replayssm` once the package is installed (the .pth hook
-of `replayssm_eval.tasks.lm_eval_plugin`), and runs it on our tasks through `--include_path`.
+of `replayssm_eval.accuracy.lm_eval_plugin`), and runs it on our tasks through `--include_path`.
 
 These run real interpreters of this environment: they test the installed package (`pip install -e .`).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_eval.tasks import TASKS, YAML_DIR
+from replayssm_eval.accuracy import TASKS, YAML_DIR
 
 PTH_NAME = "replayssm_eval_lm_eval.pth"
 LM_EVAL = shutil.which("lm_eval", path=sysconfig.get_path("scripts"))
@@ -32,7 +32,7 @@ def test_the_installed_pth_hook_is_this_checkouts():
     pths = [Path(p, PTH_NAME) for p in sys.path if Path(p, PTH_NAME).is_file()]  # site dirs are on sys.path
     assert pths, f"replayssm-eval is installed without {PTH_NAME}: {REINSTALL}"
     pytest.importorskip("setuptools")  # the build commands that write it
-    from replayssm_eval.tasks.lm_eval_plugin_build import pth_text
+    from replayssm_eval.accuracy.lm_eval_plugin_build import pth_text
 
     assert pths[0].read_text() == pth_text(), f"{pths[0]} is from an older lm_eval_plugin.py: {REINSTALL}"
 
@@ -40,12 +40,12 @@ def test_the_installed_pth_hook_is_this_checkouts():
 @pytest.mark.skipif(find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install -e '.[eval]')")
 def test_lm_eval_registers_replayssm_lazily(tmp_path):
     code = ("import sys, lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
-            "assert dict(model_registry.items())['replayssm'] == 'replayssm_eval.tasks.lm_model:ReplaySSMLM'; "
+            "assert dict(model_registry.items())['replayssm'] == 'replayssm_eval.accuracy.lm_model:ReplaySSMLM'; "
             "assert 'torch' not in sys.modules and 'replayssm_eval' not in sys.modules, 'not lazy'; "
             "model = get_model('replayssm'); print(model.__module__, model.__name__, get_model('hf').__name__)")
     proc = run([sys.executable, "-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["replayssm_eval.tasks.lm_model", "ReplaySSMLM", "HFLM"]
+    assert proc.stdout.split() == ["replayssm_eval.accuracy.lm_model", "ReplaySSMLM", "HFLM"]
 
 
 @pytest.mark.skipif(LM_EVAL is None, reason=f"no lm_eval console script in {sysconfig.get_path('scripts')} "
@@ -72,7 +72,7 @@ def test_lm_eval_script_runs_replayssm_on_our_tasks(tmp_path):
 
 
 def test_gen_log_folder_is_created_before_generating(tmp_path):
-    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+    from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
     log = tmp_path / "out" / "gen.jsonl"
     ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu", gen_log=str(log))
@@ -86,7 +86,7 @@ SAMPLING_ARGS = "max_gen_toks=6,do_sample=true,temperature=1.0,top_p=0.95,top_k=
 def test_lm_eval_repeats_are_successive_samples_and_sample_sets_the_first():
     from lm_eval.api.instance import Instance
 
-    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+    from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
     lm = ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu", sampling_seed=5)
     kwargs = {"until": ["\n\n"], "max_gen_toks": 6, "do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 40}
@@ -118,7 +118,7 @@ def test_lm_eval_repeats_are_successive_samples_and_sample_sets_the_first():
 def test_lm_eval_script_samples_with_do_sample(tmp_path):
     from lm_eval.api.instance import Instance
 
-    from replayssm_eval.tasks.lm_model import ReplaySSMLM
+    from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
     task = TASKS["gpqa_diamond"].local
     answers = {}

@@ -11,9 +11,9 @@ import functools
 import pytest
 from task_helpers import TEST_DEVICE, out_of_memory_at_call
 
+from replayssm_eval.generate.engine import Engine
+from replayssm_eval.generate.sampling import Sampling
 from replayssm_eval.models import load_model
-from replayssm_eval.tasks.engine import Engine
-from replayssm_eval.tasks.sampling import Sampling
 
 TEXTS = ("ROMEO:\nBut soft, what light", "To be", "HAMLET:\nAlas, poor Yorick")
 ROWS = [(p, j) for p in range(len(TEXTS)) for j in range(2)]  # (prompt, sample): two samples of each prompt

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from replayssm_eval.tasks.sampling import Sampling, choose, inverse_cdf, kept_weights, uniforms
+from replayssm_eval.generate.sampling import Sampling, choose, inverse_cdf, kept_weights, uniforms
 
 LOGITS = [1.3, -0.4, 2.0, 2.0, 0.7, -3.0, 1.9, 0.0, 0.7]  # ties at 2.0 (ids 2, 3) and 0.7 (ids 4, 8)
 

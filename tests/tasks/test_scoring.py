@@ -12,8 +12,8 @@ pytest.importorskip("lm_eval")
 from scripted_lm import ScriptedLM
 from task_helpers import evaluate
 
-from replayssm_eval.tasks import DEFAULT_TASKS, TASKS
-from replayssm_eval.tasks.yaml.gpqa_diamond.utils import shuffled_choices
+from replayssm_eval.accuracy import DEFAULT_TASKS, TASKS
+from replayssm_eval.accuracy.yaml.gpqa_diamond.utils import shuffled_choices
 
 ANSWERS = {  # task -> the answer text for the processed doc
     "gpqa_diamond": lambda doc: f"Let's see. The answer is {doc['answer']}.",

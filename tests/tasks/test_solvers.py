@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from replayssm_eval import cli
+from replayssm_eval.accuracy.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target, write_split
 from replayssm_eval.models.fixtures import SCORING_MODELS
-from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target, write_split
 
 QUESTIONS = 6  # per task: the shortest test questions, so the CPU run stays short
 # FP32 accuracy these questions reach at least: the solvers write the traces right, but map the swapped item to

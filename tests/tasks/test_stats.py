@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from replayssm_eval.kl.buckets import Bucket
-from replayssm_eval.tasks.buckets import bucket_index, make_buckets, parse_spec
-from replayssm_eval.tasks import TASKS
-from replayssm_eval.tasks.report import task_report
-from replayssm_eval.tasks.stats import compare, mcnemar_p, paired_bootstrap_ci, sign_flip_p
+from replayssm_eval.accuracy import TASKS
+from replayssm_eval.results.accuracy_tables import task_report
+from replayssm_eval.results.buckets import Bucket, bucket_index, make_buckets, parse_spec
+from replayssm_eval.results.stats import compare, mcnemar_p, paired_bootstrap_ci, sign_flip_p
 
 
 def test_quantile_buckets_by_hand():

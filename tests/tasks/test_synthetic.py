@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from replayssm_eval.accuracy.synthetic import SYNTHETIC_TASKS, generate, main, prompt_and_target
 from replayssm_eval.data.sources import TextSource, iter_documents
-from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, main, prompt_and_target
 
 SUM_PROMPT = re.compile(
     r"Problem: Start from 0 and add the numbers (?P<digits>\d(?:, \d)*) in turn, again from the first after the last, "
@@ -169,7 +169,7 @@ def test_cli_errors_are_one_line(tmp_path, args, message):
     args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "out")]
-    result = subprocess.run([sys.executable, "-m", "replayssm_eval.tasks.synthetic", *args],
+    result = subprocess.run([sys.executable, "-m", "replayssm_eval.accuracy.synthetic", *args],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message.replace("FILE", str(tmp_path / "FILE")) in result.stderr
@@ -177,7 +177,7 @@ def test_cli_errors_are_one_line(tmp_path, args, message):
 
 
 def test_importable_without_torch_or_lm_eval():
-    code = ("import sys; import replayssm_eval.tasks.synthetic as s; s.generate('synth_sum', 'test', 3); "
+    code = ("import sys; import replayssm_eval.accuracy.synthetic as s; s.generate('synth_sum', 'test', 3); "
             "print(sorted(m for m in ('torch', 'lm_eval', 'datasets') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"

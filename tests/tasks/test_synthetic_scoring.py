@@ -12,9 +12,10 @@ from scripted_lm import ScriptedLM
 from task_helpers import evaluate
 
 from replayssm_eval import cli
-from replayssm_eval.tasks import FIXTURES_DIR, TASKS, YAML_DIR
-from replayssm_eval.tasks.accuracy import AccuracyConfig, make_plan
-from replayssm_eval.tasks.synthetic import SYNTHETIC_TASKS, generate, main, prompt_and_target
+from replayssm_eval.accuracy import FIXTURES_DIR, TASKS, YAML_DIR
+from replayssm_eval.accuracy.driver import make_plan
+from replayssm_eval.accuracy.options import AccuracyConfig
+from replayssm_eval.accuracy.synthetic import SYNTHETIC_TASKS, generate, main, prompt_and_target
 
 
 def load(task: str, *, local: bool = True, **metadata):
@@ -119,7 +120,7 @@ def test_accuracy_tasks_default_to_the_real_benchmarks_and_accept_the_synthetic_
     assert cli.main(["accuracy", "--tasks", "synth_swap", "--data", str(tmp_path / "data"), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing dataset for task synth_swap" in err
-    assert f"python -m replayssm_eval.tasks.synthetic --task synth_swap --split test --out {tmp_path / 'data'}" in err
+    assert f"python -m replayssm_eval.accuracy.synthetic --task synth_swap --split test --out {tmp_path / 'data'}" in err
     assert not (tmp_path / "o").exists()
 
 
