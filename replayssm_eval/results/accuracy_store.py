@@ -49,8 +49,9 @@ def save_task(folder: Path, task: str, task_name: str, evaluations: list[tuple[d
 
 def load_samples(folder: Path, spec) -> dict[int, list[tuple[bool, int, bool, int, bool | None]]] | None:
     """doc_id -> [(correct, gen_tokens, hit_max_gen_toks, max_gen_toks, loop) of samples 0..n-1] of a finished
-    (config, task) (`spec`: its `accuracy.TaskSpec`); None if unfinished. `loop` (`degeneration.is_loop`) is None in samples written before it was
-    recorded; a sample without a `sample` index (written before sampling) is sample 0."""
+    (config, task) (`spec`: its `accuracy.TaskSpec`); None if unfinished. `loop` (`generate.degeneration.is_loop`)
+    is None in samples written before it was recorded; a sample without a `sample` index (written before sampling)
+    is sample 0."""
     if not (folder / f"results_{spec.name}.json").is_file():
         return None
     found: dict[int, dict[int, tuple]] = {}
