@@ -6,7 +6,8 @@ any module defining a `@triton.jit` function is imported, so it is set here, fir
 
 import os
 
-TEST_DEVICE = os.environ.get("REPLAYSSM_TEST_DEVICE", "cpu")
+from tests.helpers.device import TEST_DEVICE
+
 if TEST_DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -16,7 +17,7 @@ import torch  # noqa: E402
 
 @pytest.fixture
 def device() -> str:
-    """Device under test: `REPLAYSSM_TEST_DEVICE=cuda pytest` runs the same tests on the GPU."""
+    """Device under test (`tests.helpers.device`)."""
     return TEST_DEVICE
 
 

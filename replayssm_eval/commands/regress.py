@@ -40,7 +40,7 @@ class RegressConfig:
     kernel: str | None = option(None, "check an external decode kernel instead: module:function or file.py:function "
                                        "(adapter signature in docs/regress.md)")
     kernel_grid: str = option("full", "--kernel: the cases (quick: one window, shape and seed)", ("full", "quick"))
-    kernel_family: tuple[str, ...] = option((), "--kernel: mamba2 and/or gdn (default: both)")
+    kernel_family: tuple[str, ...] = option((), "--kernel: the kernel families to check (default: all)")
     kernel_configs: tuple[str, ...] = option((), "--kernel: ReplayConfigs to check instead of the grid's "
                                                   "({L} = each window of the grid)")
     device: str = option("cpu", "--kernel: device of the inputs handed to the adapter", ("cpu", "cuda"))

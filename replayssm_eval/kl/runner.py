@@ -20,7 +20,7 @@ The driver needs:
 
 Several streams of one runner are alive at once (the reference and every config, in lockstep).
 Here a stream is a `ReplaySession` (its own HF cache and SSM states) of one `ReplayModel`.
-Tests replace `load_tokenizer` and `load_runner` with a fake (tests/kl/kl_fakes.py).
+Tests replace `load_tokenizer` and `load_runner` with a fake (tests/helpers/kl_fakes.py).
 """
 
 from __future__ import annotations

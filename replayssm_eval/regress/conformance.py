@@ -298,10 +298,3 @@ def triton_adapter(family: str, inputs: dict, state: ReplayState, config: Replay
     one = {k: (v[:, None] if v.dim() > 1 else v) for k, v in inputs.items()}
     y, new_state = fam.decode_step(*(one[k] for k in fam.inputs), state, config, layer_idx=state.layer)
     return y[:, 0], new_state
-
-
-def reference_adapter(family: str, inputs: dict, state: ReplayState, config: ReplayConfig):
-    """`decode_reference` one token at a time (passes trivially; a template for adapters)."""
-    one = {k: (v[:, None] if v.dim() > 1 else v) for k, v in inputs.items()}
-    y, new_state = reference_decode(family, one, state, config, layer_idx=state.layer)
-    return y[:, 0], new_state

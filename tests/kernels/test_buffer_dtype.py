@@ -5,13 +5,8 @@ dt_i G_{i+1..} B_i before the product with x; GDN and KDA buffer k and beta roun
 closed fold) and each u rounded when appended, while a token's own output uses its u as computed.
 """
 
-from functools import partial
-from types import SimpleNamespace
-
 import pytest
 import torch
-import test_delta_reference as delta_ref
-import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, kda, mamba2
 from replayssm_eval.replay.config import ReplayConfig
@@ -19,16 +14,13 @@ from replayssm_eval.kernels.delta.reference import verify_drafts as gdn_verify
 from replayssm_eval.kernels.mamba2 import triton_step as m2_triton
 from replayssm_eval.replay.state import write_checkpoint
 
+from tests.helpers.compare import assert_close
+from tests.helpers.delta import cut, delta_inputs, phased_start
+from tests.helpers.mamba2 import mamba2_inputs, sliced
+
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
 
-def _helpers(family):
-    """test_delta_reference's helpers for one family (its make_inputs and phased_start take the family first)."""
-    return SimpleNamespace(make_inputs=partial(delta_ref.make_inputs, family), cut=delta_ref.cut,
-                           phased_start=partial(delta_ref.phased_start, family), assert_close=delta_ref.assert_close)
-
-
-gdn_ref, kda_ref = _helpers("gdn"), _helpers("kda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -112,12 +104,12 @@ def _kda_decay(g):  # g [B, HV, K] -> [B, HV, K, 1]
 
 @pytest.mark.parametrize("buf", ["bf16", "fp16"])
 def test_mamba2_reference_equals_hand_built(buf):
-    inputs = m2_ref.make_inputs(batch=2, tokens=11, heads=3, head_dim=5, groups=1, d_state=7)
+    inputs = mamba2_inputs(batch=2, tokens=11, heads=3, head_dim=5, groups=1, d_state=7)
     cfg = ReplayConfig.parse(f"fp32@4#buf={buf}")
     y, st = mamba2.decode_reference(*inputs, cfg, compute_dtype=torch.float64)
     y_want, ckpt = _mamba2_by_hand(inputs, 4, buf)
-    m2_ref.assert_close("y", y_want, y, 1e-12)
-    m2_ref.assert_close("S_hi", ckpt, st.hi, 1e-7)  # FP32 checkpoints of FP64 folds
+    assert_close("y", y_want, y, 1e-12)
+    assert_close("S_hi", ckpt, st.hi, 1e-7)  # FP32 checkpoints of FP64 folds
     r = _rounder(buf)
     assert torch.equal(st.buffer["x"], r(st.buffer["x"])) and torch.equal(st.buffer["B"], r(st.buffer["B"]))
     # the fold's rounding is there: without it the checkpoints move by far more than the FP32 grid
@@ -128,14 +120,13 @@ def test_mamba2_reference_equals_hand_built(buf):
 @pytest.mark.parametrize("buf", ["bf16", "fp16"])
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_delta_rule_reference_equals_hand_built(family, buf):
-    ref, decode, decay = ((gdn_ref, gdn.decode_reference, _gdn_decay) if family == "gdn"
-                          else (kda_ref, kda.decode_reference, _kda_decay))
-    inputs = ref.make_inputs(batch=2, seqlen=11, heads=1, value_heads=2, dk=6, dv=5)
+    decode, decay = (gdn.decode_reference, _gdn_decay) if family == "gdn" else (kda.decode_reference, _kda_decay)
+    inputs = delta_inputs(family, batch=2, seqlen=11, heads=1, value_heads=2, dk=6, dv=5)
     cfg = ReplayConfig.parse(f"fp32@4#buf={buf}")
     o, st = decode(*inputs, cfg, compute_dtype=torch.float64)
     o_want, ckpt = _delta_by_hand(inputs, 4, buf, decay)
-    ref.assert_close("o", o_want, o, 1e-10)
-    ref.assert_close("S_hi", ckpt.transpose(-1, -2), st.hi, 1e-7)
+    assert_close("o", o_want, o, 1e-10)
+    assert_close("S_hi", ckpt.transpose(-1, -2), st.hi, 1e-7)
     r = _rounder(buf)
     assert torch.equal(st.buffer["u"], r(st.buffer["u"])) and torch.equal(st.buffer["k"], r(st.buffer["k"]))
     # u's rounding is there: without it the outputs move by far more than the FP32 grid
@@ -148,15 +139,15 @@ def test_buffered_inputs_are_rounded_on_append(family):
     """Pre-rounded inputs give the same numbers: the engines round what they buffer (x, B; k, beta, closed v)."""
     r = _rounder("bf16")
     if family == "mamba2":
-        x, dt, A, B, C, D, s0 = m2_ref.make_inputs(batch=2, tokens=9, heads=3, head_dim=5, groups=1, d_state=7)
+        x, dt, A, B, C, D, s0 = mamba2_inputs(batch=2, tokens=9, heads=3, head_dim=5, groups=1, d_state=7)
         cfg = ReplayConfig.parse("nvfp4/fp16sr@4#buf=bf16")
         y, st = mamba2.decode_reference(x, dt, A, B, C, D, s0, cfg, compute_dtype=torch.float64)
         y_want, st_want = mamba2.decode_reference(r(x), dt, A, r(B), C, D, s0, cfg, compute_dtype=torch.float64)
-        m2_ref.assert_close("y", y_want + D[:, None] * (x - r(x)), y, 1e-12)  # D x uses x as given
+        assert_close("y", y_want + D[:, None] * (x - r(x)), y, 1e-12)  # D x uses x as given
         assert torch.equal(st.hi, st_want.hi)
         return
-    decode, ref = (gdn.decode_reference, gdn_ref) if family == "gdn" else (kda.decode_reference, kda_ref)
-    q, k, v, g, beta, s0 = ref.make_inputs(batch=2, seqlen=9, heads=1, value_heads=2, dk=6, dv=5)
+    decode = gdn.decode_reference if family == "gdn" else kda.decode_reference
+    q, k, v, g, beta, s0 = delta_inputs(family, batch=2, seqlen=9, heads=1, value_heads=2, dk=6, dv=5)
     for fold in ("open", "closed"):
         cfg = ReplayConfig.parse("nvfp4/fp16sr@4#buf=bf16").replace(gdn_fold=fold)
         o, st = decode(q, k, v, g, beta, s0, cfg, compute_dtype=torch.float64)
@@ -170,19 +161,19 @@ def test_buffered_inputs_are_rounded_on_append(family):
 @pytest.mark.parametrize("text", ["nvfp4/fp16sr@4#buf=bf16", "shared:fp8sr@3#buf=fp16#spec=2:0.6",
                                   "fp32@5#buf=fp16#skip=0.3"])
 def test_mamba2_chunked_matches_reference(text):
-    inputs = m2_ref.make_inputs(batch=2, tokens=13, heads=3, head_dim=5, groups=3, d_state=7)
+    inputs = mamba2_inputs(batch=2, tokens=13, heads=3, head_dim=5, groups=3, d_state=7)
     y_ref, st_ref = mamba2.decode_reference(*inputs, text, compute_dtype=torch.float64)
     y, st = mamba2.chunked(*inputs, text, compute_dtype=torch.float64)
-    m2_ref.assert_close("y", y_ref, y, 1e-10)
+    assert_close("y", y_ref, y, 1e-10)
     assert torch.equal(st.hi, st_ref.hi) and torch.equal(st.lo, st_ref.lo)
 
 
 def test_mamba2_speculative_reference_matches_reference():
     cfg = ReplayConfig.parse("nvfp4/fp16sr@6#spec=3:0.6#buf=bf16")
-    inputs = m2_ref.make_inputs(batch=2, tokens=13, heads=3, head_dim=5, groups=1, d_state=7)
+    inputs = mamba2_inputs(batch=2, tokens=13, heads=3, head_dim=5, groups=1, d_state=7)
     y_ref, st_ref = mamba2.decode_reference(*inputs, cfg, compute_dtype=torch.float64)
     y, st = mamba2.speculative_decode_reference(*inputs, cfg, compute_dtype=torch.float64)
-    m2_ref.assert_close("y", y_ref, y, 1e-10)
+    assert_close("y", y_ref, y, 1e-10)
     assert torch.equal(st.hi, st_ref.hi)
 
 
@@ -191,13 +182,13 @@ def test_mamba2_speculative_reference_matches_reference():
                                   "nvfp4/fp32@6#buf=bf16#spec=2:0.6"])
 @pytest.mark.parametrize("fold", ["open", "closed"])
 def test_delta_rule_chunked_matches_reference(family, text, fold):
-    ref, fam = (gdn_ref, gdn) if family == "gdn" else (kda_ref, kda)
-    inputs = ref.make_inputs(batch=2, seqlen=11, heads=1, value_heads=2, dk=6, dv=5)
+    fam = gdn if family == "gdn" else kda
+    inputs = delta_inputs(family, batch=2, seqlen=11, heads=1, value_heads=2, dk=6, dv=5)
     cfg = ReplayConfig.parse(text).replace(gdn_fold=fold)
-    start = ref.phased_start(inputs, cfg, warmup=(0, 2))  # carried buffer entries, sequences at other phases
-    o_ref, st_ref = fam.decode_reference(*ref.cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
-    o, st = fam.chunked(*ref.cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
-    ref.assert_close("o", o_ref, o, 1e-10)
+    start = phased_start(family, inputs, cfg, warmup=(0, 2))  # carried buffer entries, sequences at other phases
+    o_ref, st_ref = fam.decode_reference(*cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
+    o, st = fam.chunked(*cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
+    assert_close("o", o_ref, o, 1e-10)
     assert torch.equal(st.hi, st_ref.hi) and torch.equal(st.lo, st_ref.lo)
     assert torch.equal(st.buffer["u"], st_ref.buffer["u"])
 
@@ -205,38 +196,38 @@ def test_delta_rule_chunked_matches_reference(family, text, fold):
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_delta_rule_speculative_one_draft_matches_reference(family):
     """One draft per step: each u is rounded when committed, as decode_reference rounds it when appended."""
-    ref, fam = (gdn_ref, gdn) if family == "gdn" else (kda_ref, kda)
-    inputs = ref.make_inputs(batch=2, seqlen=11, heads=1, value_heads=2, dk=6, dv=5)
+    fam = gdn if family == "gdn" else kda
+    inputs = delta_inputs(family, batch=2, seqlen=11, heads=1, value_heads=2, dk=6, dv=5)
     cfg = ReplayConfig.parse("nvfp4/fp16sr@4#spec=1:0.5#buf=bf16")
     o_ref, st_ref = fam.decode_reference(*inputs, cfg, compute_dtype=torch.float64)
     o, st = fam.speculative_decode_reference(*inputs, cfg, compute_dtype=torch.float64)
-    ref.assert_close("o", o_ref, o, 1e-12)
+    assert_close("o", o_ref, o, 1e-12)
     assert torch.equal(st.hi, st_ref.hi) and torch.equal(st.buffer["u"], st_ref.buffer["u"])
 
 
 def test_mamba2_triton_matches_reference(device):
     """Chunked Triton, the single-token step and verify, against the reference with a bf16 buffer."""
     cfg = ReplayConfig.parse("nvfp4:scale=row/fp16sr@4#buf=bf16")
-    inputs = tuple(t.to(device) for t in m2_ref.make_inputs(batch=2, tokens=7, heads=3, head_dim=5, groups=1,
+    inputs = tuple(t.to(device) for t in mamba2_inputs(batch=2, tokens=7, heads=3, head_dim=5, groups=1,
                                                              d_state=7, dtype=torch.float32))
     y_ref, st_ref = mamba2.decode_reference(*inputs, cfg)
     y, st = mamba2.chunked(*inputs, cfg, backend="triton")
-    m2_ref.assert_close("chunked triton", y_ref, y, 1e-5, flips=0.02)
-    m2_ref.assert_close("chunked triton S_hi", st_ref.hi, st.hi, 1e-5, flips=0.02)
+    assert_close("chunked triton", y_ref, y, 1e-5, flips=0.02)
+    assert_close("chunked triton S_hi", st_ref.hi, st.hi, 1e-5, flips=0.02)
     x, dt, A, B, C, D, state = inputs
     ys = []
     for n in range(x.shape[1]):
         y_n, state = m2_triton.decode_step_triton(x[:, n], dt[:, n], A, B[:, n], C[:, n], D, state, cfg)
         ys.append(y_n)
-    m2_ref.assert_close("decode step", y_ref, torch.stack(ys, 1), 1e-5, flips=0.02)
-    m2_ref.assert_close("decode step S_hi", st_ref.hi, state.hi, 1e-5, flips=0.02)
+    assert_close("decode step", y_ref, torch.stack(ys, 1), 1e-5, flips=0.02)
+    assert_close("decode step S_hi", st_ref.hi, state.hi, 1e-5, flips=0.02)
     assert torch.equal(state.buffer["x"], _rounder("bf16")(state.buffer["x"]))
     spec = cfg.replace(speculative=ReplayConfig.parse("fp32#spec=3:0.5").speculative, window=8)
-    _, committed = mamba2.decode_reference(*m2_ref.sliced(inputs, 0, 2)[:6], inputs[6], spec)
-    drafts = m2_ref.sliced(inputs, 2, 5)[:6]
+    _, committed = mamba2.decode_reference(*sliced(inputs, 0, 2)[:6], inputs[6], spec)
+    drafts = sliced(inputs, 2, 5)[:6]
     out = m2_triton.verify_triton(*drafts, committed, spec)
     y_drafts, _ = mamba2.decode_reference(*drafts, committed, spec.replace(window=16, speculative=None))
-    m2_ref.assert_close("verify", y_drafts, out, 1e-5)
+    assert_close("verify", y_drafts, out, 1e-5)
 
 
 @pytest.mark.parametrize("buf", ["bf16", "fp16"])
@@ -244,15 +235,15 @@ def test_mamba2_triton_fold_rounding_is_exact(buf, device):
     """FP32 checkpoints: the Triton folds equal the reference's to FP32 summation error (1e-7 of the max), far below
     what the fold's rounding moves them (1e-4 to 1e-3 of the max)."""
     cfg = ReplayConfig.parse(f"fp32@3#buf={buf}")
-    inputs = tuple(t.to(device) for t in m2_ref.make_inputs(batch=2, tokens=7, heads=3, head_dim=5, groups=1,
+    inputs = tuple(t.to(device) for t in mamba2_inputs(batch=2, tokens=7, heads=3, head_dim=5, groups=1,
                                                              d_state=7, dtype=torch.float32))
     _, st_ref = mamba2.decode_reference(*inputs, cfg)
     _, st = mamba2.chunked(*inputs, cfg, backend="triton")
-    m2_ref.assert_close("chunked triton S_hi", st_ref.hi, st.hi, 1e-5)
+    assert_close("chunked triton S_hi", st_ref.hi, st.hi, 1e-5)
     x, dt, A, B, C, D, state = inputs
     for n in range(x.shape[1]):
         _, state = m2_triton.decode_step_triton(x[:, n], dt[:, n], A, B[:, n], C[:, n], D, state, cfg)
-    m2_ref.assert_close("decode step S_hi", st_ref.hi, state.hi, 1e-5)
+    assert_close("decode step S_hi", st_ref.hi, state.hi, 1e-5)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
@@ -264,21 +255,21 @@ def test_delta_rule_triton_matches_reference(family, text, fold, rtol, device):
     """Chunked Triton and the single-token step against the reference; the buffers hold rounded u's. With FP32
     checkpoints the engines differ by FP32 summation error (1e-7 of the max), far below what rounding u moves the
     outputs (3e-4 to 2e-3 of the max); quantized checkpoints flip roundings now and then (2e-3)."""
-    ref, fam = (gdn_ref, gdn) if family == "gdn" else (kda_ref, kda)
+    fam = gdn if family == "gdn" else kda
     cfg = ReplayConfig.parse(text).replace(gdn_fold=fold)
-    inputs = ref.make_inputs(batch=2, seqlen=7, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32, device=device)
+    inputs = delta_inputs(family, batch=2, seqlen=7, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32, device=device)
     o_ref, st_ref = fam.decode_reference(*inputs, cfg)
     o, st = fam.chunked(*inputs, cfg, backend="triton")
-    ref.assert_close("chunked triton", o_ref, o, rtol)
-    ref.assert_close("chunked triton u", st_ref.buffer["u"], st.buffer["u"], rtol)
+    assert_close("chunked triton", o_ref, o, rtol)
+    assert_close("chunked triton u", st_ref.buffer["u"], st.buffer["u"], rtol)
     state, outs = inputs[5], []
     for n in range(inputs[0].shape[1]):
-        o_n, state = fam.decode_step_triton(*ref.cut(inputs, n, n + 1), state, cfg)
+        o_n, state = fam.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
         outs.append(o_n)
-    ref.assert_close("decode step", o_ref, torch.cat(outs, 1), rtol)
+    assert_close("decode step", o_ref, torch.cat(outs, 1), rtol)
     if rtol < 1e-4:
-        ref.assert_close("chunked triton S_hi", st_ref.hi, st.hi, rtol)
-        ref.assert_close("decode step S_hi", st_ref.hi, state.hi, rtol)
+        assert_close("chunked triton S_hi", st_ref.hi, st.hi, rtol)
+        assert_close("decode step S_hi", st_ref.hi, state.hi, rtol)
     r = _rounder(cfg.buffer_dtype)
     for name in ("k", "u"):
         assert torch.equal(state.buffer[name], r(state.buffer[name])), name
@@ -289,15 +280,15 @@ def test_gdn_verify_reads_the_rounded_buffer(device):
     """Verification reads the committed u's as buffered (rounded) and solves the drafts' u's in FP32, as the
     reference's output-only verification."""
     cfg = ReplayConfig.parse("nvfp4/fp32@8#spec=4:0.5#buf=bf16")
-    inputs = gdn_ref.make_inputs(batch=2, seqlen=7, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32,
+    inputs = delta_inputs("gdn", batch=2, seqlen=7, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32,
                                  device=device)
     st = inputs[5]
     for n in range(3):
-        _, st = gdn.decode_step_triton(*gdn_ref.cut(inputs, n, n + 1), st, cfg)
+        _, st = gdn.decode_step_triton(*cut(inputs, n, n + 1), st, cfg)
     assert torch.equal(st.buffer["u"], _rounder("bf16")(st.buffer["u"]))
-    o = gdn.verify(*gdn_ref.cut(inputs, 3, 7), st, cfg)
+    o = gdn.verify(*cut(inputs, 3, 7), st, cfg)
     r = _rounder("bf16")
-    q, k, v, g, beta = gdn_ref.cut(inputs, 3, 7)
+    q, k, v, g, beta = cut(inputs, 3, 7)
     for b in range(2):
         ring = {name: t[b].clone() for name, t in st.buffer.items()}
         h = int(st.schedule.count[b])
@@ -305,17 +296,17 @@ def test_gdn_verify_reads_the_rounded_buffer(device):
         ring["g"][h:h + 4] = g[b]
         src = (st.hi if st.schedule.step_read_hi[b] else st.lo)[b].transpose(-1, -2)
         _, o_ref = gdn_verify(src, ring, h, 4, q[b].repeat_interleave(2, 1), v[b], r(beta[b]), 2, None)
-        gdn_ref.assert_close(f"o[{b}]", o_ref, o[b], 1e-5)
+        assert_close(f"o[{b}]", o_ref, o[b], 1e-5)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_fp32_buffer_is_the_default(family):
     """`#buf=fp32` gives the default config's numbers bit for bit (reference, chunked); bf16 changes them."""
     if family == "mamba2":
-        inputs, fam = m2_ref.make_inputs(batch=2, tokens=9, heads=3, head_dim=5, groups=1, d_state=7), mamba2
+        inputs, fam = mamba2_inputs(batch=2, tokens=9, heads=3, head_dim=5, groups=1, d_state=7), mamba2
     else:
-        ref, fam = (gdn_ref, gdn) if family == "gdn" else (kda_ref, kda)
-        inputs = ref.make_inputs(batch=2, seqlen=9, heads=1, value_heads=2, dk=6, dv=5)
+        fam = gdn if family == "gdn" else kda
+        inputs = delta_inputs(family, batch=2, seqlen=9, heads=1, value_heads=2, dk=6, dv=5)
     for fn in (fam.decode_reference, fam.chunked):
         a, st_a = fn(*inputs, "nvfp4/fp16sr@4#buf=fp32", compute_dtype=torch.float64)
         b, st_b = fn(*inputs, ReplayConfig(read="nvfp4", recur="fp16sr", window=4, shared=False),

@@ -3,27 +3,17 @@ fp32 to 1e-5."""
 
 import pytest
 import torch
-from test_delta_reference import CONFIGS, FAMILIES, MATRIX, assert_close, cut, make_inputs, naive_decode, phased_start
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import chunked as chunked_module
 from replayssm_eval.kernels.delta._common import checkpoint_kv
 
+from tests.helpers.compare import assert_close, assert_same_state
+from tests.helpers.delta import FAMILIES, MATRIX, cut, delta_inputs, naive_delta_decode, phased_start
+from tests.helpers.replay import CONFIGS
+
 SPECULATIVE = ["nvfp4/fp16sr@8#spec=3:0.6", "shared:nvfp4@5#spec=2:0.5", "nvfp4/fp8sr@4#spec=4:0.9"]
 FAM = pytest.mark.parametrize("fam", list(FAMILIES))
-
-
-def assert_same_state(ref, got, exact=True, rtol=1e-5):
-    for name in ("hi", "lo"):
-        if exact:
-            assert torch.equal(getattr(ref, name), getattr(got, name)), f"S_{name} differs"
-        else:
-            assert_close(f"S_{name}", getattr(ref, name), getattr(got, name), rtol)
-    for name in ref.buffer:
-        assert_close(f"buffer[{name!r}]", ref.buffer[name], got.buffer[name], 1e-12 if exact else rtol)
-    assert torch.equal(ref.checkpoint, got.checkpoint)
-    for field in ("count", "step_left", "step_read_hi", "steps"):
-        assert torch.equal(getattr(ref.schedule, field), getattr(got.schedule, field)), field
 
 
 @FAM
@@ -32,13 +22,13 @@ def assert_same_state(ref, got, exact=True, rtol=1e-5):
 def test_chunked_matches_reference_fp64(fam, text, window, fold):
     """Per-sequence phases (a continued, stacked state), fp64: outputs to 1e-10 and the very same checkpoints."""
     mod = FAMILIES[fam]
-    inputs = make_inputs(fam, seqlen=11 if window == 1 else 21)
+    inputs = delta_inputs(fam, seqlen=11 if window == 1 else 21)
     cfg = ReplayConfig.parse(text).replace(window=window, gdn_fold=fold)
     start = phased_start(fam, inputs, cfg)
     o_ref, st_ref = mod.decode_reference(*cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
     o, st = mod.chunked(*cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
     assert_close("o", o_ref, o, 1e-10)
-    assert_same_state(st_ref, st)
+    assert_same_state(st_ref, st, buffer_rtol=1e-12, whole_buffer=True)
 
 
 @FAM
@@ -46,13 +36,13 @@ def test_chunked_matches_reference_fp64(fam, text, window, fold):
 @pytest.mark.parametrize("text", SPECULATIVE + ["nvfp4/fp16sr@6#spec=3:0.7#skip=0.5"])
 def test_chunked_speculative_plans_fp64(fam, text, fold):
     mod = FAMILIES[fam]
-    inputs = make_inputs(fam, seqlen=31)
+    inputs = delta_inputs(fam, seqlen=31)
     cfg = ReplayConfig.parse(text).replace(gdn_fold=fold)
     start = phased_start(fam, inputs, cfg, warmup=(0, 2, 5))
     o_ref, st_ref = mod.decode_reference(*cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
     o, st = mod.chunked(*cut(inputs, 0), start, cfg, compute_dtype=torch.float64)
     assert_close("o", o_ref, o, 1e-10)
-    assert_same_state(st_ref, st)
+    assert_same_state(st_ref, st, buffer_rtol=1e-12, whole_buffer=True)
 
 
 @FAM
@@ -60,12 +50,12 @@ def test_chunked_speculative_plans_fp64(fam, text, fold):
 def test_chunked_matches_reference_fp32(fam, text):
     """FP32 compute: the two paths round differently, so only FP32 formats (no grid to flip across) compare tightly."""
     mod = FAMILIES[fam]
-    inputs = make_inputs(fam, seqlen=37, dtype=torch.float32)
+    inputs = delta_inputs(fam, seqlen=37, dtype=torch.float32)
     start = phased_start(fam, inputs, text, dtype=torch.float32)
     o_ref, st_ref = mod.decode_reference(*cut(inputs, 0), start, text)
     o, st = mod.chunked(*cut(inputs, 0), start, text)
     assert_close("o", o_ref, o, 1e-5)
-    assert_same_state(st_ref, st, exact=False)
+    assert_same_state(st_ref, st, rtol=1e-5, buffer_rtol=1e-5, whole_buffer=True)
 
 
 @FAM
@@ -73,45 +63,45 @@ def test_chunked_matches_reference_fp32(fam, text):
 def test_continuation_across_backends(fam, text):
     """chunked for 50 tokens then decode_reference for 27 == decode_reference for 77, and the other way round."""
     mod = FAMILIES[fam]
-    inputs = make_inputs(fam, batch=2, seqlen=77, heads=1, value_heads=2, dk=16, dv=8)
+    inputs = delta_inputs(fam, batch=2, seqlen=77, heads=1, value_heads=2, dk=16, dv=8)
     o_all, st_all = mod.decode_reference(*inputs, text, compute_dtype=torch.float64)
     o1, mid = mod.chunked(*cut(inputs, 0, 50), inputs[5], text, compute_dtype=torch.float64)
     o2, end = mod.decode_reference(*cut(inputs, 50), mid, text, compute_dtype=torch.float64)
     assert_close("o (chunked, reference)", o_all, torch.cat([o1, o2], 1), 1e-10)
-    assert_same_state(st_all, end)
+    assert_same_state(st_all, end, buffer_rtol=1e-12, whole_buffer=True)
     o1, mid = mod.decode_reference(*cut(inputs, 0, 21), inputs[5], text, compute_dtype=torch.float64)
     o2, mid = mod.chunked(*cut(inputs, 21, 60), mid, text, compute_dtype=torch.float64)
     o3, end = mod.chunked(*cut(inputs, 60), mid, text, compute_dtype=torch.float64)
     assert_close("o (reference, chunked, chunked)", o_all, torch.cat([o1, o2, o3], 1), 1e-10)
-    assert_same_state(st_all, end)
+    assert_same_state(st_all, end, buffer_rtol=1e-12, whole_buffer=True)
 
 
 @FAM
 def test_chunked_long_sequence_blocks(fam, monkeypatch):
     """Many segments processed in several precompute blocks give the one-block result."""
     chunked = FAMILIES[fam].chunked
-    inputs = make_inputs(fam, batch=2, seqlen=70, heads=1, value_heads=2, dk=8, dv=8)
+    inputs = delta_inputs(fam, batch=2, seqlen=70, heads=1, value_heads=2, dk=8, dv=8)
     text = "nvfp4/fp16sr@4#closed"
     o_one, st_one = chunked(*inputs, text, compute_dtype=torch.float64)
     monkeypatch.setattr(chunked_module, "BLOCK_ELEMENTS", 1)
     o_many, st_many = chunked(*inputs, text, compute_dtype=torch.float64)
     assert torch.equal(o_one, o_many)
-    assert_same_state(st_one, st_many)
+    assert_same_state(st_one, st_many, buffer_rtol=1e-12, whole_buffer=True)
 
 
 @FAM
 def test_empty_call_keeps_state(fam):
     chunked = FAMILIES[fam].chunked
-    inputs = make_inputs(fam, batch=2, seqlen=6)
+    inputs = delta_inputs(fam, batch=2, seqlen=6)
     _, st = chunked(*inputs, "nvfp4/fp32@4", compute_dtype=torch.float64)
     o, same = chunked(*cut(inputs, 0, 0), st, "nvfp4/fp32@4", compute_dtype=torch.float64)
     assert o.shape == (2, 0, 4, inputs[2].shape[-1])
-    assert_same_state(st, same)
+    assert_same_state(st, same, buffer_rtol=1e-12, whole_buffer=True)
 
 
 @FAM
 def test_bad_backend(fam):
-    inputs = make_inputs(fam, batch=1, seqlen=2, dtype=torch.float32)
+    inputs = delta_inputs(fam, batch=1, seqlen=2, dtype=torch.float32)
     with pytest.raises(ValueError, match="unknown backend 'cuda'; expected one of torch, triton"):
         FAMILIES[fam].chunked(*inputs, "fp32", backend="cuda")
 
@@ -123,18 +113,18 @@ def test_gdn_beta_up_to_two(fold):
     The reference equals the naive recurrence, the chunked form the reference (fp64), and the Triton chunked kernel
     the torch one (fp32) for a split config."""
     gdn = FAMILIES["gdn"]
-    inputs = make_inputs("gdn", seqlen=19)
+    inputs = delta_inputs("gdn", seqlen=19)
     inputs[4] = 2 * inputs[4]
     assert inputs[4].max() > 1.5
     cfg = ReplayConfig.parse("nvfp4/fp16sr@4").replace(gdn_fold=fold)
     o_ref, st_ref = gdn.decode_reference(*cut(inputs, 0), inputs[5], cfg, compute_dtype=torch.float64)
     for b in range(inputs[0].shape[0]):
-        want, want_hi, _ = naive_decode([t[b] for t in inputs], cfg, b)
+        want, want_hi, _ = naive_delta_decode([t[b] for t in inputs], cfg, b)
         assert_close(f"o[{b}]", want, o_ref[b], 1e-10)
         assert torch.equal(want_hi.float(), checkpoint_kv(st_ref)[0][b])
     o, st = gdn.chunked(*cut(inputs, 0), inputs[5], cfg, compute_dtype=torch.float64)
     assert_close("o", o_ref, o, 1e-10)
-    assert_same_state(st_ref, st)
+    assert_same_state(st_ref, st, buffer_rtol=1e-12, whole_buffer=True)
     fp32 = [t.float() for t in inputs]
     o_torch, _ = gdn.chunked(*cut(fp32, 0), fp32[5], cfg)
     o_triton, _ = gdn.chunked(*cut(fp32, 0), fp32[5], cfg, backend="triton")
@@ -164,11 +154,11 @@ def test_kda_fp32_chunked_matches_hf_chunk_kernel():
 def test_kda_strong_decay_stays_finite():
     """Channels decaying by e^-40 per token: the pairwise decays are formed per channel, nothing overflows."""
     kda = FAMILIES["kda"]
-    q, k, v, g, beta, s0 = make_inputs("kda", batch=2, seqlen=20, dtype=torch.float32)
+    q, k, v, g, beta, s0 = delta_inputs("kda", batch=2, seqlen=20, dtype=torch.float32)
     g = g.clone()
     g[..., ::3] = -40.0
     o_ref, st_ref = kda.decode_reference(q, k, v, g, beta, s0, "fp32/fp32@16#closed")
     o, st = kda.chunked(q, k, v, g, beta, s0, "fp32/fp32@16#closed")
     assert torch.isfinite(o).all()
     assert_close("o", o_ref, o, 1e-5)
-    assert_same_state(st_ref, st, exact=False)
+    assert_same_state(st_ref, st, rtol=1e-5, buffer_rtol=1e-5, whole_buffer=True)

@@ -9,14 +9,10 @@ int64, as the kernels do: a Python-int kernel argument gave different bits in th
 GDN's own kernel paths are tested further in test_gdn_triton.py.
 """
 
-from unittest import mock
-
 import pytest
 import torch
 import triton
 import triton.language as tl
-from test_delta_reference import FAMILIES, assert_close, cut, make_inputs, phased_start, plain_recurrence
-from test_mamba2_reference import FLIP_SIZE
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton_chunk as shared
@@ -25,6 +21,10 @@ from replayssm_eval.kernels.delta._common import to_format_layout
 from replayssm_eval.kernels.delta.reference import verify_drafts
 from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.replay.state import write_checkpoint
+
+from tests.helpers.compare import assert_close, mostly_equal
+from tests.helpers.delta import FAMILIES, cut, delta_inputs, phased_start, plain_recurrence
+from tests.helpers.kernel_checks import one_segment_launches, rounds_to
 
 SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
 # grouped heads (HV = 2H), K and V not powers of two
@@ -85,47 +85,12 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
 
 
-def mostly_equal(name, ref, got, fraction=0.98, noise=None):
-    """All but a few elements equal to FP32 noise (a global scale's amax one ulp apart moves a whole row by an ulp);
-    the rest are rounding decisions that flipped, each within FLIP_SIZE * max|ref| (one grid step, not garbage).
-    noise: the per-element FP32 noise bound, 1e-5 max|ref| by default."""
-    err = (got - ref).abs()
-    close = (err <= (1e-5 * ref.abs().max() if noise is None else noise)).float().mean().item()
-    assert close >= fraction, f"{name}: only {close:.1%} of elements agree"
-    worst, bound = err.max().item(), FLIP_SIZE * ref.abs().max().item()
-    assert worst <= bound, f"{name}: an element is {worst:.3e} off (> {bound:.3e}), more than a flipped rounding"
-
-
-def test_mostly_equal_bounds_each_flip():
-    """A 1% flip budget admits 65 of 6,660 elements one grid step off, never 65 elements at 1e6."""
-    ref = torch.randn(6660, generator=torch.Generator().manual_seed(0))
-    stepped, wild = ref.clone(), ref.clone()
-    stepped[:65] += 0.1 * ref.abs().max()
-    wild[:65] = 1e6
-    mostly_equal("stepped", ref, stepped, 0.99)
-    with pytest.raises(AssertionError, match="more than a flipped rounding"):
-        mostly_equal("wild", ref, wild, 0.99)
-
-
-def one_segment_launches():
-    """Every `_chunked_kernel` launch runs one segment (SEGS=1), the launch of copies that torch rounds. On a GPU a
-    different SEGS is a different compiled kernel, whose FP32 folds (tf32x3 dots) may differ in the last bit."""
-    return mock.patch.object(shared, "BLOCK_ELEMENTS", 1)
-
-
-def rounds_to(fold, rounded, cfg) -> bool:
-    """The stored copies of `rounded` are exactly write_checkpoint of the FP32 folds in `fold` (by the torch rounding on
-    CPU: on CUDA write_checkpoint would run the Triton encoder)."""
-    hi, lo = write_checkpoint(fold.hi.cpu(), cfg, 0, rounded.seq_ids.cpu(), rounded.checkpoint.cpu())
-    return torch.equal(hi, rounded.hi.cpu()) and torch.equal(lo, rounded.lo.cpu())
-
-
 @FAM
 @pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@4#closed#skip=0.7", "fp32/fp32@5#spec=3:0.6#closed"])
 def test_chunked_triton_fp32(fam, text, device):
     """Per-sequence phases from carried buffers: == decode_reference to FP32 accuracy."""
     mod = FAMILIES[fam]
-    inputs = make_inputs(fam, seqlen=13, dtype=torch.float32, device=device, **SMALL[fam])
+    inputs = delta_inputs(fam, seqlen=13, dtype=torch.float32, device=device, **SMALL[fam])
     start = phased_start(fam, inputs, text, warmup=(0, 3), dtype=torch.float32)
     o_ref, st_ref = mod.decode_reference(*cut(inputs, 0), start, text)
     o, st = mod.chunked(*cut(inputs, 0), start, text, backend="triton")
@@ -145,7 +110,7 @@ def test_chunked_triton_quantized(fam, text, device):
     == the torch chunked form; awkward sizes (V = 40: two v-blocks, or the whole head for head scales) with one
     segment per launch."""
     mod = FAMILIES[fam]
-    inputs = make_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
+    inputs = delta_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
     o_ref, st_ref = mod.chunked(*inputs, text)
     with one_segment_launches():
         o, st = mod.chunked(*inputs, text, backend="triton")
@@ -160,7 +125,7 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, device):
     """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores."""
     mod = FAMILIES[fam]
     cfg = ReplayConfig.parse("nvfp4:scale=row/fp16sr@4")
-    inputs = make_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **SMALL[fam])
+    inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **SMALL[fam])
     _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg))
     _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
     assert rounds_to(fold, rounded, cfg)
@@ -168,7 +133,7 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, device):
 
 @FAM
 def test_chunked_triton_refuses_fp64(fam, device):
-    inputs = make_inputs(fam, seqlen=3, dtype=torch.float32, device=device, **SMALL[fam])
+    inputs = delta_inputs(fam, seqlen=3, dtype=torch.float32, device=device, **SMALL[fam])
     with pytest.raises(ValueError, match="backend='triton' computes in FP32"):
         FAMILIES[fam].chunked(*inputs, "fp32", backend="triton", compute_dtype=torch.float64)
 
@@ -185,7 +150,7 @@ def test_decode_step_triton(fam, text, exact, phased, device):
     whose read copy re-encodes exactly (row-scaled NVFP4 and SR copies do not: they start from the FP32 state)."""
     mod = FAMILIES[fam]
     cfg = ReplayConfig.parse(text)
-    inputs = make_inputs(fam, batch=2, seqlen=7, dtype=torch.float32, device=device, **AWKWARD[fam])
+    inputs = delta_inputs(fam, batch=2, seqlen=7, dtype=torch.float32, device=device, **AWKWARD[fam])
     start = phased_start(fam, inputs, cfg, warmup=(0, 1), dtype=torch.float32) if phased else inputs[5]
     o_ref, st_ref = mod.decode_reference(*cut(inputs, 0, 5), start, cfg)
     state, outs = start, []
@@ -209,7 +174,7 @@ def test_verify_triton(fam, device):
     """Speculative verification kernel == the reference's output-only verification, per sequence."""
     mod = FAMILIES[fam]
     cfg = ReplayConfig.parse("nvfp4/fp32@8#spec=4:0.5#skip=0.6")
-    inputs = make_inputs(fam, seqlen=7, dtype=torch.float32, device=device, **SMALL[fam])
+    inputs = delta_inputs(fam, seqlen=7, dtype=torch.float32, device=device, **SMALL[fam])
     st = inputs[5]
     for n in range(3):  # committed entries and a packed read copy, from the step kernel
         _, st = mod.decode_step_triton(*cut(inputs, n, n + 1), st, cfg)
@@ -233,7 +198,7 @@ def test_verify_triton(fam, device):
 @FAM
 def test_conventional_step(fam, device):
     """The fused FP32 eager step == the plain recurrence, token by token, state updated in place."""
-    inputs = make_inputs(fam, batch=2, seqlen=3, dtype=torch.float32, device=device, **AWKWARD[fam])
+    inputs = delta_inputs(fam, batch=2, seqlen=3, dtype=torch.float32, device=device, **AWKWARD[fam])
     want, want_state = plain_recurrence(inputs)
     state = to_format_layout(inputs[5]).contiguous()
     outs = []
@@ -250,7 +215,7 @@ def test_verify_family_convention(fam, device):
     are the committed outputs of decode_reference."""
     mod = FAMILIES[fam]
     cfg = "nvfp4/fp32@8#spec=4:1"
-    inputs = make_inputs(fam, seqlen=8, dtype=torch.float32, device=device, **SMALL[fam])
+    inputs = delta_inputs(fam, seqlen=8, dtype=torch.float32, device=device, **SMALL[fam])
     o_ref, _ = mod.decode_reference(*inputs, cfg)
     state = inputs[5]
     for n in range(4):

@@ -1,18 +1,13 @@
 """GDN's own Triton kernel paths against the torch reference (TRITON_INTERPRET=1 on CPU; tests/conftest.py sets it),
 on the device under test (`REPLAYSSM_TEST_DEVICE=cuda` runs the compiled kernels): the chunked kernel at K = V = 128,
 in blocks of segments and with copies rounded by torch, and the single-token kernel's launches. What both delta-rule
-families share is tested in test_delta_triton.py, whose helpers this file uses.
+families share is tested in test_delta_triton.py (the shared checks are in `tests.helpers.kernel_checks`).
 """
 
 import dataclasses
-import warnings
 
 import pytest
 import torch
-from test_delta_reference import assert_close, cut, make_inputs, phased_start
-from test_delta_triton import mostly_equal as _mostly_equal
-from test_delta_triton import one_segment_launches as _one_segment_launches
-from test_delta_triton import rounds_to as _rounds_to
 
 from replayssm_eval.kernels import gdn
 from replayssm_eval.replay.config import ReplayConfig
@@ -23,6 +18,10 @@ from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk
 from replayssm_eval.kernels.gdn import triton_step as gdn_step
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
+
+from tests.helpers.compare import assert_close, mostly_equal
+from tests.helpers.delta import cut, delta_inputs, phased_start
+from tests.helpers.kernel_checks import one_segment_launches, rounds_to, triton_no_fallback
 
 QWEN_HEAD = dict(batch=1, heads=1, value_heads=2, dk=128, dv=128)  # Qwen3.5-4B's head size (K = V = 128), two heads
 AWKWARD = dict(heads=2, value_heads=4, dk=24, dv=40)  # grouped heads (HV = 2H), K and V not powers of two
@@ -36,7 +35,7 @@ def test_chunked_triton_lockstep_k128(text, device):
     from the torch path's (the free-running runs then diverge by the format's noise: not a kernel error)."""
     cfg = ReplayConfig.parse(text)
     c32 = dataclasses.replace(cfg, read="fp32", recur="fp32")  # same window and fold: write_checkpoint is the identity
-    inputs = make_inputs("gdn", seqlen=32, dtype=torch.float32, decay=0.3, device=device, **QWEN_HEAD)
+    inputs = delta_inputs("gdn", seqlen=32, dtype=torch.float32, decay=0.3, device=device, **QWEN_HEAD)
     prep = lambda x, st: gdn.RULE.prepare(*x, st, cfg, layer_idx=0, seq_ids=None, compute_dtype=torch.float32)  # noqa: E731
     state = prep(cut(inputs, 0, 1), inputs[5]).state  # checkpoint 0 as a ReplayState
     for w in (0, 16):
@@ -47,9 +46,9 @@ def test_chunked_triton_lockstep_k128(text, device):
         _, f_t = chunked(*x, state, c32)
         _, f_k = gdn_chunk.chunked_triton(prep(x, state), rounded=False)
         assert_close(f"pre-round fold {w}", f_t.hi, f_k.hi, 1e-5)
-        assert _rounds_to(f_k, st_k, cfg), "in-kernel rounding != write_checkpoint of the kernel's fold"
+        assert rounds_to(f_k, st_k, cfg), "in-kernel rounding != write_checkpoint of the kernel's fold"
         for name, ref, got in (("S_hi", st_t.hi, st_k.hi), ("S_lo", st_t.lo, st_k.lo)):
-            _mostly_equal(f"{name} after window {w}", ref, got, 0.99, noise=1e-6 * (ref.abs() + ref.abs().max()))
+            mostly_equal(f"{name} after window {w}", ref, got, 0.99, noise=1e-6 * (ref.abs() + ref.abs().max()))
         state = st_t
 
 
@@ -61,13 +60,13 @@ def test_chunked_triton_blocks(text, device, monkeypatch):
     stored copies all but a few flipped roundings, the same checkpoints), and the stored copies are exactly
     `write_checkpoint` of the kernel's own pre-round fold."""
     cfg = ReplayConfig.parse(text)
-    inputs = make_inputs("gdn", batch=2, seqlen=10, dtype=torch.float32, device=device, **dict(AWKWARD, heads=1, value_heads=2))
+    inputs = delta_inputs("gdn", batch=2, seqlen=10, dtype=torch.float32, device=device, **dict(AWKWARD, heads=1, value_heads=2))
     start = phased_start("gdn", inputs, cfg, warmup=(0, 3), dtype=torch.float32)
     x = cut(inputs, 3)
     o_t, st_t = chunked(*x, start, cfg)
     monkeypatch.setattr(shared, "chunked_launch_config",
                         lambda *args: {"BV": 32, "num_warps": 4, "DOT": "ieee"})
-    with _one_segment_launches():
+    with one_segment_launches():
         o_k, st_k = chunked(*x, start, cfg, backend="triton")
     assert torch.equal(st_t.checkpoint, st_k.checkpoint) and int((st_k.checkpoint - start.checkpoint).min()) >= 1
     if cfg.recur == "fp32":
@@ -77,8 +76,8 @@ def test_chunked_triton_blocks(text, device, monkeypatch):
         for name in st_ref.buffer:
             assert_close(f"buffer[{name!r}]", st_ref.buffer[name], st_k.buffer[name], 1e-5)
     assert_close("o vs torch", o_t, o_k, 1e-5 if cfg.recur == "fp32" else 2e-3)
-    _mostly_equal("S_hi vs torch", st_t.hi, st_k.hi)
-    _mostly_equal("S_lo vs torch", st_t.lo, st_k.lo)
+    mostly_equal("S_hi vs torch", st_t.hi, st_k.hi)
+    mostly_equal("S_lo vs torch", st_t.lo, st_k.lo)
     _assert_first_fold_rounds_exactly(inputs, cfg)
 
 
@@ -88,17 +87,10 @@ def _assert_first_fold_rounds_exactly(inputs, cfg):
     prep = lambda n, st: gdn.RULE.prepare(*cut(inputs, 0, n), st, cfg, layer_idx=0, seq_ids=None, compute_dtype=torch.float32)  # noqa: E731
     state = prep(1, inputs[5]).state
     n = int(prep(None, state).plan.fold_after[0].nonzero()[0]) + 1
-    with _one_segment_launches():
+    with one_segment_launches():
         _, rounded = gdn_chunk.chunked_triton(prep(n, state))
         _, fold = gdn_chunk.chunked_triton(prep(n, state), rounded=False)
-    assert _rounds_to(fold, rounded, cfg), "stored copies != write_checkpoint of the kernel's fold"
-
-
-def _triton_no_fallback(*args):
-    """chunked(backend="triton"), failing on any UserWarning (such as a fallback's)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        return chunked(*args, backend="triton")
+    assert rounds_to(fold, rounded, cfg), "stored copies != write_checkpoint of the kernel's fold"
 
 
 # copies no program can round (tensor-wide scales, blocks along V); the sequences start 3 tokens apart, so @3 folds
@@ -122,15 +114,15 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     `write_checkpoint` of the kernel's own fold."""
     cfg = ReplayConfig.parse(text)
     assert None in (shared._store_mode(cfg.recur_format, True), shared._store_mode(cfg.read_format, True))
-    inputs = make_inputs("gdn", batch=2, seqlen=17, dtype=torch.float32, device=device, **AWKWARD)
+    inputs = delta_inputs("gdn", batch=2, seqlen=17, dtype=torch.float32, device=device, **AWKWARD)
     ref = tri = start = phased_start("gdn", inputs, cfg, warmup=(0, 3), dtype=torch.float32)
     for first, stop in ((3, 9), (9, 10), (10, 17)):
         x = cut(inputs, first, stop)
         o_t, ref = chunked(*x, ref, cfg)
-        o_k, tri = _triton_no_fallback(*x, tri, cfg)
+        o_k, tri = triton_no_fallback(chunked, *x, tri, cfg)
         assert_close(f"o[{first}:{stop}] vs torch", o_t, o_k, 2e-3)
-        _mostly_equal("S_hi vs torch", ref.hi, tri.hi)
-        _mostly_equal("S_lo vs torch", ref.lo, tri.lo)
+        mostly_equal("S_hi vs torch", ref.hi, tri.hi)
+        mostly_equal("S_lo vs torch", ref.lo, tri.lo)
         assert torch.equal(ref.checkpoint, tri.checkpoint)
         for name in ref.buffer:
             assert_close(f"buffer[{name!r}]", ref.buffer[name], tri.buffer[name], 2e-3)
@@ -139,7 +131,7 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     assert int((tri.checkpoint - start.checkpoint).min()) >= 2
     if cfg.recur == "fp32":
         o_ref, st_ref = decode_reference(*cut(inputs, 3), start, cfg)
-        o_k, st_k = _triton_no_fallback(*cut(inputs, 3), start, cfg)
+        o_k, st_k = triton_no_fallback(chunked, *cut(inputs, 3), start, cfg)
         assert_close("o vs decode_reference", o_ref, o_k, 1e-5)
         assert_close("S_hi vs decode_reference", st_ref.hi, st_k.hi, 1e-5)
     _assert_first_fold_rounds_exactly(inputs, cfg)
@@ -156,17 +148,17 @@ def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     checkpoints and buffers bit for bit those of the in-kernel rounding with one-segment launches too (same folds;
     the torch rounding uses the kernel's keys, Philox counters and checkpoint indices, SR included)."""
     cfg = ReplayConfig.parse(text)
-    inputs = make_inputs("gdn", batch=2, seqlen=12, dtype=torch.float32, device=device, **AWKWARD)
+    inputs = delta_inputs("gdn", batch=2, seqlen=12, dtype=torch.float32, device=device, **AWKWARD)
     start = phased_start("gdn", inputs, cfg, warmup=(0, 3), dtype=torch.float32)
     x = cut(inputs, 3)
-    with _one_segment_launches():
+    with one_segment_launches():
         o_in, st_in = chunked(*x, start, cfg, backend="triton")
     forced = [getattr(cfg, f"{copy}_format") for copy in by_torch.split("/")]
     store_mode = shared._store_mode
     monkeypatch.setattr(shared, "_store_mode",
                         lambda fmt, whole_head: None if fmt in forced else store_mode(fmt, whole_head))
     assert shared._store_mode(cfg.recur_format if by_torch == "recur" else cfg.read_format, True) is None
-    o_out, st_out = _triton_no_fallback(*x, start, cfg)
+    o_out, st_out = triton_no_fallback(chunked, *x, start, cfg)
     assert torch.equal(o_out, o_in)
     assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)
     assert torch.equal(st_out.checkpoint, st_in.checkpoint) and int((st_in.checkpoint - start.checkpoint).min()) >= 2
@@ -226,7 +218,7 @@ def test_replay_step_kernel_matches_reference(text, launch, device, monkeypatch)
     at different phases, so launches without folds and launches mixing folding and reading sequences (speculative
     schedules add S_hi reads without a fold and folds of a token that read the read copy)."""
     cfg = ReplayConfig.parse(text)
-    inputs = make_inputs("gdn", batch=2, seqlen=2, dtype=torch.float32, decay=0.5, device=device, **AWKWARD)
+    inputs = delta_inputs("gdn", batch=2, seqlen=2, dtype=torch.float32, decay=0.5, device=device, **AWKWARD)
     # window: the second sequence folds at step 0, none at step 1; speculative: the first reads S_hi without a fold,
     # the second folds at step 1 after reading the read copy
     counts = [1, 3] if cfg.speculative is None else [0, 1]
@@ -245,8 +237,8 @@ def test_replay_step_kernel_matches_reference(text, launch, device, monkeypatch)
         if exact_hi:
             assert_close(f"S_hi[{n}]", ref.hi, state.hi, 1e-5)
         else:
-            _mostly_equal(f"S_hi[{n}]", ref.hi, state.hi)
-        _mostly_equal(f"S_lo[{n}]", ref.lo, state.lo)
+            mostly_equal(f"S_hi[{n}]", ref.hi, state.hi)
+        mostly_equal(f"S_lo[{n}]", ref.lo, state.lo)
     assert state.checkpoint.tolist() == [0, 1]
 
 
@@ -254,7 +246,7 @@ def test_replay_step_kernel_k128(device):
     """The single-token kernel at Qwen3.5-4B's head size (K = V = 128, default launch), NVFP4 read: one sequence
     folds while the other reads the packed copy."""
     cfg = ReplayConfig.parse("nvfp4:scale=head/fp32@4")
-    inputs = make_inputs("gdn", seqlen=1, dtype=torch.float32, device=device, **dict(QWEN_HEAD, batch=2))
+    inputs = delta_inputs("gdn", seqlen=1, dtype=torch.float32, device=device, **dict(QWEN_HEAD, batch=2))
     state = _phased_state(cfg, inputs[5], QWEN_HEAD["heads"], [1, 3], read_hi=[False, False])
     o_ref, ref = decode_reference(*inputs[:5], state, cfg)
     o, state = gdn.decode_step_triton(*inputs[:5], state, cfg)

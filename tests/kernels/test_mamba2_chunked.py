@@ -4,29 +4,13 @@ import importlib
 
 import pytest
 import torch
-from test_mamba2_reference import CONFIGS, WINDOWS, assert_close, make_inputs, phased_state, sliced
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 
-
-def assert_same_state(ref, got, exact=True, rtol=0.0, flips=0.0):
-    """Checkpoints identical (or close), same schedule, same valid buffer entries, same packed read copy."""
-    for name in ("hi", "lo"):
-        if exact:
-            assert torch.equal(getattr(ref, name), getattr(got, name)), f"checkpoint copy {name} differs"
-        else:
-            assert_close(name, getattr(ref, name), getattr(got, name), rtol, flips=flips)
-    assert torch.equal(ref.checkpoint, got.checkpoint)
-    for field in ("count", "step_left", "step_read_hi", "steps"):
-        assert torch.equal(getattr(ref.schedule, field), getattr(got.schedule, field)), field
-    for key in ref.buffer:
-        for b, count in enumerate(ref.schedule.count.tolist()):
-            assert torch.equal(ref.buffer[key][b, :count], got.buffer[key][b, :count]), f"buffer {key} of sequence {b}"
-    if exact and ref.lo_packed is not None:
-        for field in ("data", "scales", "global_scale"):
-            a, b = getattr(ref.lo_packed, field), getattr(got.lo_packed, field)
-            assert (a is None and b is None) or torch.equal(a, b), f"lo_packed.{field} differs"
+from tests.helpers.compare import assert_close, assert_same_state
+from tests.helpers.mamba2 import mamba2_inputs, phased_state, sliced
+from tests.helpers.replay import CONFIGS, WINDOWS
 
 
 @pytest.mark.parametrize("window", WINDOWS)
@@ -34,7 +18,7 @@ def assert_same_state(ref, got, exact=True, rtol=0.0, flips=0.0):
 def test_chunked_matches_reference_fp64(text, window):
     """Sequences at different phases: FP64 gives the same rounding decisions, so identical checkpoints."""
     config = ReplayConfig.parse(f"{text}@{window}")
-    inputs = make_inputs()
+    inputs = mamba2_inputs()
     state = phased_state(decode_reference, inputs, config, [0, 5, 11])
     main = sliced(inputs, 11, 37)[:6]
     y_ref, st_ref = decode_reference(*main, state, config, compute_dtype=torch.float64)
@@ -48,18 +32,18 @@ def test_chunked_matches_reference_fp64(text, window):
 def test_chunked_matches_reference_fp32(text, window):
     """FP32: 1e-5 relative; quantized formats may flip a rare rounding decision (see assert_close)."""
     config = ReplayConfig.parse(f"{text}@{window}")
-    inputs = make_inputs(dtype=torch.float32, seed=1)
+    inputs = mamba2_inputs(dtype=torch.float32, seed=1)
     y_ref, st_ref = decode_reference(*inputs, config)
     y, st = chunked(*inputs, config)
     flips = 0.0 if config.is_reference else 0.01
     assert_close("y", y_ref, y, 1e-5, flips=flips)
-    assert_same_state(st_ref, st, exact=False, rtol=1e-5, flips=flips)
+    assert_same_state(st_ref, st, rtol=1e-5, flips=flips)
 
 
 @pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "shared:nvfp4@16", "fp16sr@1", "nvfp4/fp8sr@4#skip=0.3"])
 def test_continuation_across_calls(text):
     """chunked 20 -> reference 9 -> chunked 8 equals reference 37, and the other way round."""
-    inputs = make_inputs(groups=1)
+    inputs = mamba2_inputs(groups=1)
     y_all, st_all = decode_reference(*inputs, text, compute_dtype=torch.float64)
     for fns in ((chunked, decode_reference, chunked), (decode_reference, chunked, decode_reference)):
         state, ys = inputs[6], []
@@ -73,7 +57,7 @@ def test_continuation_across_calls(text):
 def test_chunked_empty_call_and_long_block_loop(monkeypatch):
     """T = 0 returns the state unchanged; a tiny block size exercises the per-block state passing."""
     mod = importlib.import_module("replayssm_eval.kernels.mamba2.chunked")  # the package attribute is the function
-    inputs = make_inputs(batch=2, tokens=23)
+    inputs = mamba2_inputs(batch=2, tokens=23)
     y_ref, st_ref = decode_reference(*inputs, "nvfp4/fp16sr@3", compute_dtype=torch.float64)
     monkeypatch.setattr(mod, "_BLOCK_ELEMENTS", 1)
     y, st = chunked(*inputs, "nvfp4/fp16sr@3", compute_dtype=torch.float64)

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from test_mamba2_chunked import assert_same_state
-from test_mamba2_reference import assert_close, make_inputs, sliced
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference, speculative_decode_reference
+
+from tests.helpers.compare import assert_close, assert_same_state
+from tests.helpers.mamba2 import mamba2_inputs, sliced
 
 
 @pytest.mark.parametrize("text", ["nvfp4/fp16sr@8#spec=3:0.6", "shared:nvfp4@4#spec=2:0.5", "nvfp4/fp8sr@16#spec=5:0.8",
@@ -14,7 +15,7 @@ from replayssm_eval.kernels.mamba2 import chunked, decode_reference, speculative
 def test_speculative_equals_plan_decoding(text):
     """FP64: committed outputs and checkpoints equal step decoding and the chunked form of the same plan."""
     config = ReplayConfig.parse(text)
-    inputs = make_inputs(batch=3, tokens=37, groups=1)
+    inputs = mamba2_inputs(batch=3, tokens=37, groups=1)
     y_spec, st_spec = speculative_decode_reference(*inputs, config, seq_ids=[2, 7, 8], compute_dtype=torch.float64)
     y_ref, st_ref = decode_reference(*inputs, config, seq_ids=[2, 7, 8], compute_dtype=torch.float64)
     y_chk, st_chk = chunked(*inputs, config, seq_ids=[2, 7, 8], compute_dtype=torch.float64)
@@ -28,7 +29,7 @@ def test_speculative_equals_plan_decoding(text):
 def test_speculative_split_calls_and_rejected_drafts():
     """A call may end inside a step; the junk written for rejected drafts never reaches a committed output."""
     text = "nvfp4/fp16sr@8#spec=3:0.7"
-    inputs = make_inputs(batch=2, tokens=30)
+    inputs = mamba2_inputs(batch=2, tokens=30)
     y_all, st_all = speculative_decode_reference(*inputs, text, compute_dtype=torch.float64)
     y_a, st = speculative_decode_reference(*sliced(inputs, 0, 13), text, compute_dtype=torch.float64, draft_seed=1)
     assert st.schedule.step_left.any(), "the first call should end inside a step"
@@ -43,7 +44,7 @@ def test_speculative_split_calls_and_rejected_drafts():
 @pytest.mark.parametrize("drafts, accept, window", [(1, 0.5, 4), (2, 0.4, 5), (3, 0.9, 8), (4, 0.6, 16)])
 def test_speculative_fp32_state_equals_eager(drafts, accept, window):
     """With an FP32 state the flush schedule changes no number beyond FP32 round-off: spec == conventional decoding."""
-    inputs = make_inputs(batch=2, tokens=29, groups=1, dtype=torch.float32)
+    inputs = mamba2_inputs(batch=2, tokens=29, groups=1, dtype=torch.float32)
     y_eager, st_eager = decode_reference(*inputs, "fp32")
     y_spec, st_spec = speculative_decode_reference(*inputs, f"shared:fp32@{window}#spec={drafts}:{accept}")
     assert_close("y", y_eager, y_spec, 1e-6)

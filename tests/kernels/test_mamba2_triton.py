@@ -7,13 +7,11 @@ kernel rounds must equal the quant library's rounding of the kernel's own FP32 f
 """
 
 import dataclasses
-import warnings
 
 import pytest
 import torch
 import triton
 import triton.language as tl
-from test_mamba2_reference import assert_close, make_inputs, phased_state, sliced
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
@@ -21,31 +19,23 @@ from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 from replayssm_eval.quant.triton import e2m1_decode, e4m3_decode, e5m2_decode
 
+from tests.helpers.compare import assert_close
+from tests.helpers.kernel_checks import triton_no_fallback
+from tests.helpers.mamba2 import mamba2_inputs, phased_state, sliced
+from tests.helpers.replay import state_to
+
 # the interpreter reports 1/0 in numpy; the kernels handle it as the formats specify (FLT_MAX clamps)
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
 
 def _small(**kw):
-    return make_inputs(**{"batch": 2, "tokens": 13, "heads": 3, "head_dim": 20, "d_state": 24, "dtype": torch.float32,
+    return mamba2_inputs(**{"batch": 2, "tokens": 13, "heads": 3, "head_dim": 20, "d_state": 24, "dtype": torch.float32,
                           "seed": 3, **kw})
 
 
 def _phased(inputs, config, pre, device):
     """`phased_state` on the CPU reference, moved to `device`: sequences at different phases with carried buffers."""
-    state = phased_state(decode_reference, tuple(t.cpu() for t in inputs), config, pre, torch.float32)
-    sched = state.schedule
-    return dataclasses.replace(state, **{f: getattr(state, f).to(device) for f in ("hi", "lo", "checkpoint", "seq_ids")},
-                               buffer={k: v.to(device) for k, v in state.buffer.items()},
-                               schedule=type(sched)(*(getattr(sched, f).to(device) for f in
-                                                      ("count", "step_left", "step_read_hi", "steps"))))
-
-
-def _triton_no_fallback(*args):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = chunked(*args, backend="triton")
-    assert not [w for w in caught if "runs the torch backend" in str(w.message)], "this config must run the kernel"
-    return out
+    return state_to(phased_state(decode_reference, tuple(t.cpu() for t in inputs), config, pre, torch.float32), device)
 
 
 @pytest.mark.parametrize("text, groups", [
@@ -60,7 +50,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 13)[:6]
     y_ref, st_ref = chunked(*main, state, config)
-    y, st = _triton_no_fallback(*main, state, config)
+    y, st = triton_no_fallback(chunked, *main, state, config)
     assert_close("y", y_ref, y, 1e-5, flips=0.01)
     assert_close("hi", st_ref.hi, st.hi, 1e-5, flips=0.01)
     assert_close("lo", st_ref.lo, st.lo, 1e-5, flips=0.01)
@@ -100,7 +90,7 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     for start, stop in ((2, 7), (7, 8), (8, 15)):
         part = sliced(inputs, start, stop)[:6]
         y_ref, ref = chunked(*part, ref, config)
-        y, tri = _triton_no_fallback(*part, tri, config)
+        y, tri = triton_no_fallback(chunked, *part, tri, config)
         assert_close(f"y[{start}:{stop}]", y_ref, y, 1e-5, flips=0.01)
         assert_close("hi", ref.hi, tri.hi, 1e-5, flips=0.01)
         assert_close("lo", ref.lo, tri.lo, 1e-5, flips=0.01)
@@ -135,7 +125,7 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypa
     assert [k is None for k in triton_chunk._kinds(config)] == by_copy
     heads, head_dim, d_state = state.hi.shape[1:]
     monkeypatch.setattr(triton_chunk, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
-    y_out, st_out = _triton_no_fallback(*main, state, config)
+    y_out, st_out = triton_no_fallback(chunked, *main, state, config)
     assert_close("y", y_in, y_out, 1e-5)
     assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)
     assert torch.equal(st_out.checkpoint, st_in.checkpoint) and st_in.checkpoint.min() >= 2

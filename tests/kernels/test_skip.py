@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-import test_delta_reference as gdn_ref
-import test_mamba2_reference as m2_ref
 
 from replayssm_eval.kernels import gdn, mamba2
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.skip import skipped_reads
+
+from tests.helpers.delta import cut, delta_inputs
+from tests.helpers.mamba2 import mamba2_inputs, sliced
 
 
 def _changed(y_skip, y_full):
@@ -27,11 +28,11 @@ def _assert_same_until_fold(skipped, read_hi, changed):
 
 @pytest.mark.parametrize("eps", [0.3, 0.6])
 def test_mamba2_mask_is_the_kernels(eps):
-    inputs = m2_ref.make_inputs(batch=2, tokens=9, heads=3, head_dim=4, groups=1, d_state=5, dtype=torch.float32)
+    inputs = mamba2_inputs(batch=2, tokens=9, heads=3, head_dim=4, groups=1, d_state=5, dtype=torch.float32)
     x, dt, A, B, C, D, s0 = inputs
     cfg = ReplayConfig.parse("fp32/fp32@8")
-    _, first = mamba2.chunked(*m2_ref.sliced(inputs, 0, 3)[:6], s0, cfg)  # carried entries and a phase
-    rest = m2_ref.sliced(inputs, 3, 9)[:6]
+    _, first = mamba2.chunked(*sliced(inputs, 0, 3)[:6], s0, cfg)  # carried entries and a phase
+    rest = sliced(inputs, 3, 9)[:6]
     y_full, _ = mamba2.chunked(*rest, first, cfg)
     y_skip, _ = mamba2.chunked(*rest, first, cfg.replace(skip_read_below=eps))
     skipped, read_hi = skipped_reads(rest[1] * A, first.buffer["dt"] * A, first.schedule,
@@ -41,11 +42,11 @@ def test_mamba2_mask_is_the_kernels(eps):
 
 @pytest.mark.parametrize("eps", [0.3, 0.6])
 def test_gdn_mask_is_the_kernels(eps):
-    inputs = gdn_ref.make_inputs(batch=2, seqlen=9, heads=1, value_heads=2, dk=4, dv=3, dtype=torch.float32,
-                                 decay=1.0)
+    inputs = delta_inputs("gdn", batch=2, seqlen=9, heads=1, value_heads=2, dk=4, dv=3, dtype=torch.float32,
+                          decay=1.0)
     cfg = ReplayConfig.parse("fp32/fp32@8")
-    _, first = gdn.chunked(*gdn_ref.cut(inputs, 0, 3), inputs[5], cfg)
-    rest = gdn_ref.cut(inputs, 3, 9)
+    _, first = gdn.chunked(*cut(inputs, 0, 3), inputs[5], cfg)
+    rest = cut(inputs, 3, 9)
     o_full, _ = gdn.chunked(*rest, first, cfg)
     o_skip, _ = gdn.chunked(*rest, first, cfg.replace(skip_read_below=eps))
     skipped, read_hi = skipped_reads(rest[3], first.buffer["g"], first.schedule, cfg.replace(skip_read_below=eps),

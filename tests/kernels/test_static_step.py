@@ -40,7 +40,7 @@ def test_an_unknown_family_is_refused():
         check_static_family("rwkv7")
 
 
-def _phased(state, window, phased):
+def _at_phases(state, window, phased):
     """state with rows at phases 0, 1, 2 (mod the window): rows flush at different steps; or all at phase 1."""
     count = torch.arange(state.batch, dtype=torch.int64, device=state.hi.device) if phased else torch.ones(
         state.batch, dtype=torch.int64, device=state.hi.device)
@@ -76,7 +76,7 @@ def _cases(configs):
 def _run(family, config, make_inputs, decode, first_state, phased=True):
     """Eager steps from `first_state` vs the static step on a copy of it; compare after every step."""
     cfg = ReplayConfig.parse(config)
-    ref = _phased(first_state, cfg.window, phased)
+    ref = _at_phases(first_state, cfg.window, phased)
     static = StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
     folds, variants = 0, set()
     gen = torch.Generator().manual_seed(1)

@@ -1,12 +1,13 @@
-"""Fixtures of the KL driver tests: the fake model (kl_fakes.py) and a small default run."""
+"""Fixtures of the KL driver tests: the fake model (`tests.helpers.kl_fakes`) and a small default run."""
 
 import dataclasses
 
 import pytest
 import torch
-from kl_fakes import FAKE_MODEL, install
 
 from replayssm_eval.kl.options import KLConfig
+
+from tests.helpers.kl_fakes import FAKE_MODEL, install
 
 
 @pytest.fixture(autouse=True)

@@ -3,9 +3,10 @@
 import json
 
 import pytest
-from kl_fakes import FAKE_MODEL
 
 from replayssm_eval.cli import main
+
+from tests.helpers.kl_fakes import FAKE_MODEL
 
 ARGS = ["kl", "--model", FAKE_MODEL, "--device", "cpu", "--num-docs", "2", "--prompt-len", "16",
         "--tokens", "100", "--segment-len", "32", "--buckets", "log:5"]

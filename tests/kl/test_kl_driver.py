@@ -9,18 +9,17 @@ from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kl.driver import aligned_segment_len, run_kl
 from replayssm_eval.kl.options import KLConfig
 
-RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "document_indices")
+from tests.helpers.kl_fakes import kl_results
 
 
-def _results(run_dir):
-    report = json.loads((run_dir / "kl.json").read_text())
-    return {k: report[k] for k in RESULT_KEYS}, report
+def _report(run_dir) -> dict:
+    return json.loads((run_dir / "kl.json").read_text())
 
 
 def test_fp32_config_gives_exactly_zero(fake, small):
     runners = fake()
     run_dir = run_kl(small(keep_token_metrics=True))
-    _, report = _results(run_dir)
+    report = _report(run_dir)
     assert report["complete"] and report["documents_done"] == 3
     by_name = {c["name"]: c for c in report["configs"]}
     assert by_name["fp32"]["kl_mean"] == 0.0
@@ -53,7 +52,7 @@ def test_resume_equals_uninterrupted(fake, small, tmp_path):
     resumed = run_kl(KLConfig(resume=str(broken)))
     assert resumed == broken
     assert len(runners[0].opened) == 2 * 4  # only documents 1 and 2 were recomputed
-    assert _results(resumed)[0] == _results(straight)[0]
+    assert kl_results(resumed) == kl_results(straight)
     for i in range(3):
         name = f"doc-{i:06d}.npz"
         with np.load(straight / "tokens" / name) as a, np.load(resumed / "tokens" / name) as b:
@@ -86,9 +85,9 @@ def test_segments_are_aligned_to_every_window():
 
 def test_batches_and_segment_lengths_do_not_change_the_numbers(fake, small, tmp_path):
     fake()
-    base = _results(run_kl(small(output=str(tmp_path / "a"))))[0]
-    other = _results(run_kl(small(output=str(tmp_path / "b"), batch_size=2, segment_len=40)))[0]
-    _, report = _results(tmp_path / "b")
+    base = kl_results(run_kl(small(output=str(tmp_path / "a"))))
+    other = kl_results(run_kl(small(output=str(tmp_path / "b"), batch_size=2, segment_len=40)))
+    report = _report(tmp_path / "b")
     assert report["resolved"]["segment_len"] == 48  # rounded up to a multiple of lcm(1, 16, 8)
     for a, b in zip(base["configs"], other["configs"]):
         for x, y in zip(a["buckets"], b["buckets"]):

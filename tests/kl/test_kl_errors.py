@@ -4,11 +4,12 @@ import json
 import os
 
 import pytest
-from kl_fakes import FAKE_MODEL
 
 from replayssm_eval.cli import main
 from replayssm_eval.kl import driver
 from replayssm_eval.results.files import read_json
+
+from tests.helpers.kl_fakes import FAKE_MODEL
 
 ARGS = ["kl", "--model", FAKE_MODEL, "--device", "cpu", "--num-docs", "2", "--prompt-len", "16",
         "--tokens", "40", "--segment-len", "16", "--config", "fp32"]

@@ -12,14 +12,12 @@ import signal
 import numpy as np
 import pytest
 import torch.multiprocessing as mp
-from kl_fakes import crash, ctrl_c, free_port, run_rank
 
 from replayssm_eval.kl import output
 from replayssm_eval.kl.driver import run_kl
 from replayssm_eval.kl.options import KLConfig
 
-RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "document_indices")
-
+from tests.helpers.kl_fakes import crash, ctrl_c, free_port, kl_results, run_rank
 
 @pytest.fixture(autouse=True)
 def _no_plot(monkeypatch):
@@ -32,11 +30,6 @@ def straight(fake, small, tmp_path):
     """The uninterrupted run, with its token metrics."""
     fake()
     return run_kl(small(output=str(tmp_path / "straight"), keep_token_metrics=True))
-
-
-def _results(run_dir):
-    report = json.loads((run_dir / "kl.json").read_text())
-    return {k: report[k] for k in RESULT_KEYS}
 
 
 def _partial(run_dir, first_doc):
@@ -73,7 +66,7 @@ def test_ctrl_c_finishes_the_segment_and_resume_continues_there(fake, small, tmp
     runners = fake()
     resumed = run_kl(KLConfig(resume=str(broken)))
     assert runners[0].extends == 4 * 2 + 4 * 5  # document 1's last 2 segments, document 2's 5
-    assert _results(resumed) == _results(straight)
+    assert kl_results(resumed) == kl_results(straight)
     _assert_same_token_metrics(straight, resumed)
     assert not (resumed / "inflight").exists()
 
@@ -86,7 +79,7 @@ def test_second_ctrl_c_stops_at_once_and_the_batch_restarts(fake, small, tmp_pat
     runners = fake()
     resumed = run_kl(KLConfig(resume=str(broken)))
     assert runners[0].extends == 4 * 5 * 2  # documents 1 and 2 from their start
-    assert _results(resumed) == _results(straight)
+    assert kl_results(resumed) == kl_results(straight)
     _assert_same_token_metrics(straight, resumed)
 
 
@@ -103,7 +96,7 @@ def test_crash_keeps_the_finished_segments_and_resumes(fake, small, tmp_path, st
 
     fake()
     resumed = run_kl(KLConfig(resume=str(broken)))
-    assert _results(resumed) == _results(straight)
+    assert kl_results(resumed) == kl_results(straight)
     _assert_same_token_metrics(straight, resumed)
 
 
@@ -118,7 +111,7 @@ def test_ctrl_c_in_the_last_segment_stores_the_batch_and_stops(fake, small, tmp_
     runners = fake()
     resumed = run_kl(KLConfig(resume=str(broken)))
     assert runners[0].extends == 4 * 5  # document 2
-    assert _results(resumed) == _results(straight)
+    assert kl_results(resumed) == kl_results(straight)
 
 
 @pytest.mark.slow
@@ -132,5 +125,5 @@ def test_each_rank_snapshots_its_own_batch(fake, small, tmp_path, straight):
     assert inflight == ["batch-000000.npz", "batch-000000.pt", "batch-000001.npz", "batch-000001.pt"]
     resumed = KLConfig(resume=options.output)
     mp.start_processes(run_rank, args=(2, free_port(), resumed), nprocs=2, join=True, start_method="fork")
-    assert _results(tmp_path / "two") == _results(straight)
+    assert kl_results(tmp_path / "two") == kl_results(straight)
     _assert_same_token_metrics(straight, tmp_path / "two")

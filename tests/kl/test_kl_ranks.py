@@ -3,9 +3,10 @@
 import json
 
 import torch.multiprocessing as mp
-from kl_fakes import free_port, run_rank
 
 from replayssm_eval.kl.ranks import Ranks, batches_for_rank
+
+from tests.helpers.kl_fakes import free_port, run_rank
 
 
 def test_batches_are_dealt_round_robin():

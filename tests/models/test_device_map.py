@@ -13,10 +13,12 @@ its layer runs on.
 import pytest
 import torch
 import transformers as tf
-from hf_tiny import VOCAB, build, cuts, rel_err, run
 
 from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.tokenizer import save_byte_tokenizer
+
+from tests.helpers.compare import rel_err
+from tests.helpers.hf_tiny import VOCAB, build, cuts, forward_calls
 
 CALLS = cuts(12, (20, 1, 1))
 
@@ -31,7 +33,7 @@ def saved(tmp_path_factory):
 
 def _plain_logits(path, ids):
     rm = load_model(str(path), dtype="fp32", device="cpu")
-    return run(rm, ids, CALLS, rm.new_session("fp32"))
+    return forward_calls(rm, ids, CALLS, rm.new_session("fp32"))
 
 
 def test_load_model_by_path(saved):
@@ -49,7 +51,7 @@ def test_bundled_fixture_by_name_matches_hugging_face(name):
                        return_tensors="pt", padding=True).input_ids[:, :34]
     with torch.no_grad():
         full = rm.model(ids).logits  # a forward without cache is HF's own FP32 scan throughout
-    assert rel_err(run(rm, ids, CALLS, rm.new_session("fp32")), full) < 1e-5
+    assert rel_err(forward_calls(rm, ids, CALLS, rm.new_session("fp32")), full) < 1e-5
 
 
 def test_cpu_and_disk_offload_device_map(saved, tmp_path):
@@ -60,7 +62,7 @@ def test_cpu_and_disk_offload_device_map(saved, tmp_path):
     assert hasattr(rm.model.model.layers[2], "_hf_hook")  # accelerate's hooks are in place
     assert list(rm.layers) == [0, 2]
     session = rm.new_session("fp32")
-    assert rel_err(run(rm, ids, CALLS, session), _plain_logits(saved, ids)) < 1e-5
+    assert rel_err(forward_calls(rm, ids, CALLS, session), _plain_logits(saved, ids)) < 1e-5
     assert {layer: s.device.type for layer, s in session.states.items()} == {0: "cpu", 2: "cpu"}
 
 
@@ -87,8 +89,8 @@ def test_split_across_devices(saved):
     ids = torch.randint(0, VOCAB, (2, CALLS[-1][1]))
     rm = load_model(str(saved), dtype="fp32", device_map=device_map)
     session = rm.new_session("nvfp4/fp16sr@4")
-    assert torch.isfinite(run(rm, ids.cuda(), CALLS, session)).all()
+    assert torch.isfinite(forward_calls(rm, ids.cuda(), CALLS, session)).all()
     expected = {0: "cuda:0", 2: "cuda:1" if second == 1 else "cuda:0"}
     assert {layer: str(s.hi.device) for layer, s in session.states.items()} == expected
     session32 = rm.new_session("fp32")
-    assert rel_err(run(rm, ids.cuda(), CALLS, session32).cpu(), _plain_logits(saved, ids)) < 1e-4
+    assert rel_err(forward_calls(rm, ids.cuda(), CALLS, session32).cpu(), _plain_logits(saved, ids)) < 1e-4

@@ -16,8 +16,6 @@ CPU is slow: few tokens, few configs here; tests/kernels/test_static_step.py cov
 """
 
 import copy
-import functools
-import os
 
 import pytest
 import torch
@@ -26,18 +24,13 @@ from transformers import StaticCache
 from replayssm_eval.generate.batch_rows import join
 from replayssm_eval.generate.decode import decode_session, left_pad, sequence_id
 from replayssm_eval.generate.generation import greedy_generate
-from replayssm_eval.models import load_model
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.session import ReplaySession
 
-DEVICE = os.environ.get("REPLAYSSM_TEST_DEVICE", "cpu")
+from tests.helpers.generation import tiny_model
+
 PROMPTS = ("ROMEO:\nBut soft, what light", "To be")
 NEW_TOKENS = 3
-
-
-@functools.cache
-def model(name):
-    return load_model(name, dtype="fp32", device=DEVICE, backend="triton")
 
 
 def prompt_batch(rm, texts=PROMPTS):
@@ -78,7 +71,7 @@ def assert_same_states(ours: dict, eager: dict, rows=None):
 @pytest.mark.parametrize("name,config", [("tiny-qwen3.5", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "shared:fp8sr@2"),
                                          ("tiny-kimi-linear", "nvfp4/fp8sr@2#closed")])
 def test_static_step_equals_the_triton_step(name, config):
-    rm = model(name)
+    rm = tiny_model(name, "triton")
     ids, mask, seq_ids = prompt_batch(rm)
     eager = decode_session(rm, config, seq_ids, "triton")
     static = decode_session(rm, config, seq_ids, "static")
@@ -96,7 +89,7 @@ def test_static_step_equals_the_triton_step(name, config):
     ("tiny-kimi-linear", "shared:fp8sr@2"),
 ])
 def test_whole_model_step_equals_the_triton_step_on_a_static_cache(name, config):
-    rm = model(name)
+    rm = tiny_model(name, "triton")
     ids, mask, seq_ids = prompt_batch(rm)
     max_len = ids.shape[1] + NEW_TOKENS
     decoder = StaticDecoder(rm, config, ids, mask, seq_ids, max_len=max_len)
@@ -137,7 +130,7 @@ def greedy(step, logits, count):
 @pytest.mark.parametrize("name,config", [("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-qwen3.5", "shared:fp8sr@2"),
                                          ("tiny-kimi-linear", "nvfp4/fp16sr@2")])
 def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
-    rm = model(name)
+    rm = tiny_model(name, "triton")
     first, logits = first_step(rm, config, PROMPTS)
     old = StaticDecoder.from_session(rm, first, steps=3)
     _, old_logits = greedy(old.step, logits, 2)
@@ -161,7 +154,7 @@ def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
 
 @pytest.mark.slow
 def test_graph_step_generates_the_triton_step_tokens():
-    rm = model("tiny-qwen3.5")
+    rm = tiny_model("tiny-qwen3.5", "triton")
     prompts = [rm.tokenizer.encode(t) for t in PROMPTS]
     graph = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=NEW_TOKENS, step="graph")
     triton = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=NEW_TOKENS, step="triton")
@@ -170,6 +163,6 @@ def test_graph_step_generates_the_triton_step_tokens():
 
 @pytest.mark.parametrize("step", ["static", "graph"])
 def test_speculative_config_is_refused(step):
-    rm = model("tiny-qwen3.5")
+    rm = tiny_model("tiny-qwen3.5", "triton")
     with pytest.raises(ValueError, match="fixed windows only"):
         greedy_generate(rm, [[1, 2, 3]], config="nvfp4/fp16sr#spec=4:0.5", max_gen_toks=2, step=step)

@@ -9,6 +9,8 @@ from replayssm_eval.replay.keys import READ_COPY, sr_keys, state_random_bits
 from replayssm_eval.quant import PackedState, get_format
 from replayssm_eval.quant import triton as qt
 
+from tests.helpers.nvfp4 import tie_rows
+
 ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr"]
 FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")] + [
     "fp8:scale=head,max=240", "fp8sr:max=240"]
@@ -235,7 +237,5 @@ def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
 
 def test_encode_triton_nvfp4_order_of_operations(device):
     """The kernel's block scales on the golden E4M3 tie rows (test_nvfp4's order-of-operations rows)."""
-    from tests.quant.test_nvfp4 import _tie_rows
-
-    x, scales = _tie_rows()
+    x, scales = tie_rows()
     assert torch.equal(qt.encode_triton(x.to(device), get_format("nvfp4")).scales.cpu().view(64, 2), scales)

@@ -1,13 +1,12 @@
 """NVFP4 against an independent step-by-step NumPy transcription of TransformerEngine's reference."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 from replayssm_eval.quant import formats, get_format, rounding
+
+from tests.helpers.nvfp4 import tie_rows
 
 F32 = np.float32
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], F32)
@@ -143,22 +142,16 @@ def test_negative_zero_per_format(spec, negative_zero):
     assert bool(torch.signbit(get_format(spec).quantize(x)[0, 0, 0])) == negative_zero
 
 
-def _tie_rows():
-    rows = json.loads((Path(__file__).parent / "nvfp4_ties.json").read_text())["rows"]
-    x = torch.tensor(np.array([[int(h, 16) for h in r["x"]] for r in rows], np.uint32).view(F32))  # [64, 32]
-    return x.view(64, 1, 1, 32), torch.tensor([r["scales"] for r in rows], dtype=torch.uint8)
-
-
 def test_block_scale_order_of_operations_golden():
     """64 rows whose second block scale is an E4M3 tie decided by the order of the FP32 products (scripts/nvfp4_ties.py)."""
-    x, scales = _tie_rows()
+    x, scales = tie_rows()
     assert torch.equal(get_format("nvfp4").encode(x).scales.view(64, 2), scales)
     for fmt in ("nvfp4:scale=row", "nvfp4:scale=tensor"):  # one row per state: the same global group
         assert torch.equal(get_format(fmt).encode(x).scales.view(64, 2), scales)
 
 
 def test_block_scale_other_order_fails_the_golden(monkeypatch):
-    x, scales = _tie_rows()
+    x, scales = tie_rows()
     monkeypatch.setattr(formats, "nvfp4_block_scale", lambda bmax, s_enc: rounding.round_e4m3((bmax / 6.0) * s_enc))
     got = get_format("nvfp4").encode(x).scales.view(64, 2)
     assert torch.equal(got[:, 0], scales[:, 0]) and (got[:, 1] != scales[:, 1]).all()

@@ -1,5 +1,6 @@
-"""`regress --kernel`: the sample adapter conforms, broken ones fail with a readable report."""
+"""`regress --kernel`: the package's Triton step conforms to the reference; broken kernels fail, readably."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from replayssm_eval.cli import main
 from replayssm_eval.regress import conformance
 
-ADAPTERS = Path(__file__).with_name("adapters.py")
+ADAPTERS = Path(__file__).parents[1] / "helpers" / "regress_adapters.py"
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
 
@@ -23,9 +24,36 @@ def test_sample_triton_adapter_conforms(capsys):
     assert "6 passed, 0 failed, 0 skipped" in out
 
 
-def test_reference_adapter_is_exact():
-    results = conformance.check_kernel(conformance.reference_adapter, conformance.grid_cases("quick", ("gdn",)))
-    assert all(r.status == "pass" and r.y_rel_rms == 0.0 for r in results)
+# one split-format case per family: sequences at different phases, flushes, stochastic rounding
+CASES = conformance.grid_cases("quick", configs=("nvfp4/fp16sr@{L}",))
+
+
+def test_triton_step_conforms(device):
+    """The implementation (the package's Triton decode step) against `decode_reference`, every family."""
+    results = conformance.check_kernel(conformance.triton_adapter, CASES, device)
+    assert {r.case.family for r in results} == set(conformance.FAMILIES)
+    assert all(r.status == "pass" for r in results), conformance.format_results(results)
+
+
+def _off_by_one_percent(family, inputs, state, config):
+    """The Triton step with its outputs 1% too large (the state right)."""
+    y, new_state = conformance.triton_adapter(family, inputs, state, config)
+    return 1.01 * y, new_state
+
+
+def _shifted_state(family, inputs, state, config):
+    """The Triton step with every element of S_hi 1e-3 of its largest one too large."""
+    y, new_state = conformance.triton_adapter(family, inputs, state, config)
+    return y, dataclasses.replace(new_state, hi=new_state.hi + 1e-3 * new_state.hi.abs().max())
+
+
+@pytest.mark.parametrize("kernel, problem", [(_off_by_one_percent, "outputs: RMS error ratio"),
+                                             (_shifted_state, "S_hi: 100.0% of elements differ")])
+def test_a_wrong_kernel_fails(kernel, problem, device):
+    """The same check fails kernels a little off the reference, in every family."""
+    results = conformance.check_kernel(kernel, CASES, device)
+    assert [r.status for r in results] == ["FAIL"] * len(results)
+    assert all(problem in r.message for r in results), conformance.format_results(results)
 
 
 @pytest.mark.slow

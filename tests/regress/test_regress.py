@@ -5,7 +5,6 @@ import shutil
 
 import pytest
 import torch
-from adapters import truncate_fp16
 
 from replayssm_eval.cli import main
 from replayssm_eval.quant import PackedState
@@ -13,6 +12,8 @@ from replayssm_eval.quant.formats import ElementwiseFormat, NVFP4Format
 from replayssm_eval.regress import compare
 from replayssm_eval.regress import BASELINE
 from replayssm_eval.regress.suite import run_suite
+
+from tests.helpers.regress_adapters import truncating_fp16_encode
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 CHEAP = ["--part", "format", "--part", "bits"]
@@ -32,14 +33,7 @@ def test_deterministic():
 
 
 def test_fp16_truncation_instead_of_rne_fails(monkeypatch, capsys):
-    original = ElementwiseFormat.encode
-
-    def encode(self, x, **kw):
-        if self.base != "fp16":
-            return original(self, x, **kw)
-        return PackedState(self.name, tuple(x.shape), truncate_fp16(x))
-
-    monkeypatch.setattr(ElementwiseFormat, "encode", encode)
+    monkeypatch.setattr(ElementwiseFormat, "encode", truncating_fp16_encode(ElementwiseFormat.encode))
     assert main(["regress", *CHEAP]) == 1
     out = capsys.readouterr().out
     assert _row(out, "bits/fp16").startswith("REGRESSED") and "changed" in _row(out, "bits/fp16")
@@ -108,8 +102,7 @@ def test_update_records_a_regression_only_when_accepted(tmp_path, monkeypatch, c
     baseline = tmp_path / "baseline.json"
     shutil.copy(BASELINE, baseline)
     before = compare.read_baseline(baseline)["bits/fp16"]
-    monkeypatch.setattr(ElementwiseFormat, "encode", lambda self, x, **kw: PackedState(
-        self.name, tuple(x.shape), truncate_fp16(x) if self.base == "fp16" else x.float().to(self._DTYPES[self.base])))
+    monkeypatch.setattr(ElementwiseFormat, "encode", truncating_fp16_encode(ElementwiseFormat.encode))
     args = ["regress", "--baseline", str(baseline), "--part", "bits", "--update-baseline"]
     assert main(args) == 1
     assert compare.read_baseline(baseline)["bits/fp16"] == before

@@ -3,10 +3,11 @@
 import json
 
 import pytest
-from conftest import kl_report
 
 from replayssm_eval.reports import tables
 from replayssm_eval.reports.load import Result, load_results
+
+from tests.helpers.reports import kl_report
 
 
 def test_accuracy_table_in_the_gpqa_layout(results_dir):

@@ -16,24 +16,20 @@ import weakref
 
 import pytest
 import torch
-from task_helpers import TEST_DEVICE, out_of_memory_at_call
 
 from replayssm_eval.generate import memory
 from replayssm_eval.generate.engine import Engine
 from replayssm_eval.generate.generation import greedy_generate
-from replayssm_eval.models import load_model
 from replayssm_eval.models.fixtures import BUNDLED_MODELS
 from replayssm_eval.models.model_graph import StaticDecoder
+
+from tests.helpers.device import TEST_DEVICE
+from tests.helpers.generation import out_of_memory_at_call, tiny_model
 
 TEXTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce more unto the breach, dear friends", "To be",
          "JULIET:\nO Romeo, Romeo", "HAMLET:\nAlas, poor Yorick! I knew him")
 LIMITS = [5, 2, 7, 3, 4]  # rows stop at different steps: places free up and waiting prompts join
 STEP = "triton" if TEST_DEVICE == "cuda" else "reference"
-
-
-@functools.cache
-def model(name: str):
-    return load_model(name, dtype="fp32", device=TEST_DEVICE, backend="triton" if TEST_DEVICE == "cuda" else "torch")
 
 
 def prompts(rm, texts=TEXTS):
@@ -42,7 +38,7 @@ def prompts(rm, texts=TEXTS):
 
 @functools.cache
 def alone(name: str, config: str, step: str, count: int = len(TEXTS)):
-    rm = model(name)
+    rm = tiny_model(name)
     return [greedy_generate(rm, [p], config=config, max_gen_toks=m, step=step, prefill_segment=10**6)[0].tokens
             for p, m in zip(prompts(rm)[:count], LIMITS)]
 
@@ -51,7 +47,7 @@ def alone(name: str, config: str, step: str, count: int = len(TEXTS)):
 @pytest.mark.parametrize("config", ["fp32", "nvfp4/fp16sr@4", "shared:fp16sr@2"])
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
 def test_continuous_batching_gives_each_prompt_its_tokens_alone(name, config):
-    rm = model(name)
+    rm = tiny_model(name)
     gens = greedy_generate(rm, prompts(rm), config=config, max_gen_toks=LIMITS, step=STEP, max_batch=2,
                            prefill_segment=4, prefill_tokens=8)
     assert [g.tokens for g in gens] == alone(name, config, STEP)
@@ -59,7 +55,7 @@ def test_continuous_batching_gives_each_prompt_its_tokens_alone(name, config):
 
 
 def test_continuous_batching_in_the_triton_interpreter():
-    rm = model("tiny-qwen3.5")
+    rm = tiny_model("tiny-qwen3.5")
     limits = [3, 1, 2]
     gens = Engine(rm, "nvfp4/fp16sr@2", step="triton", max_batch=2, prefill_segment=4, refill=1).generate(
         prompts(rm)[:3], max_gen_toks=limits)
@@ -79,7 +75,7 @@ GRAPH_LIMITS = [3, 1, 4, 2]
     pytest.param("tiny-kimi-linear", "nvfp4/fp16sr@2", marks=pytest.mark.slow),  # KDA
 ])
 def test_graph_step_with_continuous_batching_gives_the_triton_step_tokens(name, config, monkeypatch):
-    rm = model(name)
+    rm = tiny_model(name)
     rows = prompts(rm, GRAPH_TEXTS)
     decoders = []
     from_session = StaticDecoder.from_session.__func__
@@ -97,7 +93,7 @@ def test_graph_step_with_continuous_batching_gives_the_triton_step_tokens(name, 
 @functools.cache
 def triton_tokens(name: str, config: str):
     """Step "triton"'s tokens of GRAPH_TEXTS under the batching of the graph tests."""
-    rm = model(name)
+    rm = tiny_model(name)
     gens = Engine(rm, config, step="triton", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False).generate(
         prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
     return [g.tokens for g in gens]
@@ -105,7 +101,7 @@ def triton_tokens(name: str, config: str):
 
 @pytest.mark.parametrize("name", BUNDLED_MODELS)
 def test_segmented_prefill_keeps_the_anchor_state(name):
-    rm = model(name)
+    rm = tiny_model(name)
     rows = prompts(rm)[:3]
     whole, logits_whole = Engine(rm, "fp32", step=STEP, max_batch=3, prefill_segment=10**6).prefill(rows, [0, 1, 2])
     split, logits_split = Engine(rm, "fp32", step=STEP, max_batch=3, prefill_segment=4, prefill_tokens=8).prefill(rows, [0, 1, 2])
@@ -125,14 +121,14 @@ def test_segmented_prefill_keeps_the_anchor_state(name):
 
 
 def test_entry_order_changes_no_tokens():
-    rm = model("tiny-nemotron-h")
+    rm = tiny_model("tiny-nemotron-h")
     gens = greedy_generate(rm, prompts(rm), config="nvfp4/fp16sr@4", max_gen_toks=LIMITS, step=STEP, max_batch=2,
                            prefill_segment=4, order=[2, 0, 4, 1, 3])
     assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
 
 
 def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_tokens(monkeypatch):
-    rm = model("tiny-nemotron-h")
+    rm = tiny_model("tiny-nemotron-h")
     engine = Engine(rm, "nvfp4/fp16sr@4", step=STEP, max_batch=4, prefill_segment=4)
     calls = out_of_memory_at_call(monkeypatch, engine, 3)
     gens = engine.generate(prompts(rm), max_gen_toks=LIMITS)
@@ -143,7 +139,7 @@ def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_token
 def test_sessions_let_go_are_freed_before_the_next_step(monkeypatch):
     """A session and its HF cache point at each other, so only the cyclic GC frees them: the engine collects
     after a join and after an out-of-memory error, before the next batch needs that memory (GC off here)."""
-    rm = model("tiny-nemotron-h")
+    rm = tiny_model("tiny-nemotron-h")
     engine = Engine(rm, "nvfp4/fp16sr@4", step=STEP, max_batch=2, prefill_segment=4, refill=1)
     step, seen, alive, calls = engine.step_tokens, [], [], []
 
@@ -170,7 +166,7 @@ def test_sessions_let_go_are_freed_before_the_next_step(monkeypatch):
 
 @pytest.mark.slow
 def test_out_of_memory_under_the_graph_step_regenerates_the_same_tokens(monkeypatch):
-    rm = model("tiny-qwen3.5")
+    rm = tiny_model("tiny-qwen3.5")
     engine = Engine(rm, "nvfp4/fp16sr@2", step="graph", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False)
     calls = out_of_memory_at_call(monkeypatch, engine, 4)  # the first step of a two-row decoder (rows 0, 2)
     gens = engine.generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
@@ -190,7 +186,7 @@ def test_a_batch_that_does_not_fit_is_refused_before_any_work_naming_the_size_an
 
 @pytest.mark.slow
 def test_static_step_on_kda_gives_the_triton_step_tokens():
-    rm = model("tiny-kimi-linear")
+    rm = tiny_model("tiny-kimi-linear")
     static = Engine(rm, "shared:fp8sr@2", step="static", max_batch=2, prefill_segment=4, refill=1,
                     stop_at_eos=False).generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
     assert [g.tokens for g in static] == triton_tokens("tiny-kimi-linear", "shared:fp8sr@2")

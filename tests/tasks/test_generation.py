@@ -10,12 +10,13 @@ import functools
 
 import pytest
 import torch
-from task_helpers import TEST_DEVICE
 from transformers import AutoModelForCausalLM
 
 from replayssm_eval.generate.generation import greedy_generate, score_continuations
 from replayssm_eval.models import load_model
 from replayssm_eval.models.fixtures import BUNDLED_MODELS, resolve_model
+
+from tests.helpers.device import TEST_DEVICE
 
 PROMPTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce more unto the breach, dear friends", "To be")
 NEW_TOKENS = 24

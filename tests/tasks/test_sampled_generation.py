@@ -9,11 +9,12 @@ are the greedy path; the sample index and the sampling seed change the draws.
 import functools
 
 import pytest
-from task_helpers import TEST_DEVICE, out_of_memory_at_call
 
 from replayssm_eval.generate.engine import Engine
 from replayssm_eval.generate.sampling import Sampling
-from replayssm_eval.models import load_model
+
+from tests.helpers.device import TEST_DEVICE
+from tests.helpers.generation import out_of_memory_at_call, tiny_model
 
 TEXTS = ("ROMEO:\nBut soft, what light", "To be", "HAMLET:\nAlas, poor Yorick")
 ROWS = [(p, j) for p in range(len(TEXTS)) for j in range(2)]  # (prompt, sample): two samples of each prompt
@@ -22,14 +23,9 @@ HOT = Sampling(1.0, 0.95, 40)  # hot enough that the draws leave the greedy path
 STEP = "triton" if TEST_DEVICE == "cuda" else "reference"
 
 
-@functools.cache
-def model(name: str):
-    return load_model(name, dtype="fp32", device=TEST_DEVICE, backend="triton" if TEST_DEVICE == "cuda" else "torch")
-
-
 def run(name="tiny-nemotron-h", config="fp32", sampling=HOT, seed=0, samples=None, limits=None, step=STEP, **engine):
     """Tokens of ROWS (sample j of prompt p) under `config` with `sampling`; engine keywords go to `Engine`."""
-    rm = model(name)
+    rm = tiny_model(name)
     prompts = [rm.tokenizer.encode(TEXTS[p]) for p, _ in ROWS]
     engine = Engine(rm, config, step=step, max_batch=engine.pop("max_batch", len(ROWS)), sampling_seed=seed,
                     stop_at_eos=False, **engine)
@@ -46,7 +42,7 @@ def reference_tokens(name="tiny-nemotron-h", config="fp32", seed=0):
 def test_same_seed_gives_the_same_samples_under_any_batching_and_entry_order():
     ref = reference_tokens()
     assert run(max_batch=2, prefill_segment=4, prefill_tokens=8, refill=1) == ref  # continuous batching, joins
-    rm = model("tiny-nemotron-h")
+    rm = tiny_model("tiny-nemotron-h")
     prompts = [rm.tokenizer.encode(TEXTS[p]) for p, _ in ROWS]
     gens = Engine(rm, "fp32", step=STEP, max_batch=3, prefill_segment=4, stop_at_eos=False).generate(
         prompts, max_gen_toks=LIMITS, sampling=HOT, samples=[j for _, j in ROWS], order=[5, 2, 0, 4, 1, 3])
@@ -76,7 +72,7 @@ def test_do_sample_false_and_top_k_1_are_the_greedy_path():
 
 
 def test_out_of_memory_restart_redraws_the_same_samples(monkeypatch):
-    rm = model("tiny-nemotron-h")
+    rm = tiny_model("tiny-nemotron-h")
     prompts = [rm.tokenizer.encode(TEXTS[p]) for p, _ in ROWS]
     engine = Engine(rm, "fp32", step=STEP, max_batch=4, prefill_segment=4, stop_at_eos=False)
     out_of_memory_at_call(monkeypatch, engine, 5)

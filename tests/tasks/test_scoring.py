@@ -9,11 +9,10 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from scripted_lm import ScriptedLM
-from task_helpers import evaluate
-
 from replayssm_eval.accuracy import DEFAULT_TASKS, TASKS
 from replayssm_eval.accuracy.yaml.gpqa_diamond.utils import shuffled_choices
+
+from tests.helpers.scoring import ScriptedLM, evaluate
 
 ANSWERS = {  # task -> the answer text for the processed doc
     "gpqa_diamond": lambda doc: f"Let's see. The answer is {doc['answer']}.",

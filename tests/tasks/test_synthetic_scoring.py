@@ -8,14 +8,13 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from scripted_lm import ScriptedLM
-from task_helpers import evaluate
-
 from replayssm_eval import cli
 from replayssm_eval.accuracy import FIXTURES_DIR, TASKS, YAML_DIR
 from replayssm_eval.accuracy.driver import make_plan
 from replayssm_eval.accuracy.options import AccuracyConfig
 from replayssm_eval.accuracy.synthetic import SYNTHETIC_TASKS, generate, main, prompt_and_target
+
+from tests.helpers.scoring import ScriptedLM, evaluate
 
 
 def load(task: str, *, local: bool = True, **metadata):

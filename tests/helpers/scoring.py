@@ -1,5 +1,7 @@
-"""`ScriptedLM`: an lm-eval model that answers from the processed document (needs lm-eval: import it after importorskip)."""
+"""lm-eval helpers: `ScriptedLM`, a model that answers from the processed document, and `evaluate` (need lm-eval:
+import this module after `pytest.importorskip("lm_eval")`)."""
 
+import lm_eval
 from lm_eval.api.model import LM
 
 
@@ -18,3 +20,9 @@ class ScriptedLM(LM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
         raise NotImplementedError
+
+
+def evaluate(lm, task_manager, names, **kwargs) -> dict:
+    """lm-eval's simple_evaluate on tasks `names` with samples kept and no bootstrap."""
+    return lm_eval.simple_evaluate(model=lm, tasks=list(names), task_manager=task_manager, log_samples=True,
+                                   bootstrap_iters=0, **kwargs)

@@ -1,4 +1,4 @@
-"""Sample adapters for `replayssm-eval regress --kernel tests/regress/adapters.py:<name>` (docs/regress.md).
+"""Sample adapters for `replayssm-eval regress --kernel tests/helpers/regress_adapters.py:<name>` (docs/regress.md).
 
 `triton_step` is how an engine's decode kernel is wrapped: it unpacks the token's inputs, hands the
 ReplayState to the kernel and returns the output and the new state. Here the kernel is this
@@ -41,16 +41,20 @@ def truncate_fp16(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.abs() < 2.0 ** -14, x.float(), bits.view(torch.float32)).to(torch.float16)
 
 
-def truncating_recurrence(family, inputs, state, config):
-    """A kernel whose FP16 stores round toward zero instead of to nearest even."""
-    original = ElementwiseFormat.encode
+def truncating_fp16_encode(original):
+    """`ElementwiseFormat.encode` (given as `original`) with FP16 rounded toward zero; other formats as before."""
 
     def encode(self, x, **kw):
         if self.base != "fp16":
             return original(self, x, **kw)
         return PackedState(self.name, tuple(x.shape), truncate_fp16(x))
 
-    with mock.patch.object(ElementwiseFormat, "encode", encode):
+    return encode
+
+
+def truncating_recurrence(family, inputs, state, config):
+    """A kernel whose FP16 stores round toward zero instead of to nearest even."""
+    with mock.patch.object(ElementwiseFormat, "encode", truncating_fp16_encode(ElementwiseFormat.encode)):
         return triton_step(family, inputs, state, config)
 
 

@@ -12,6 +12,7 @@ did not defer); `ctrl_c()` sends SIGINT, as a terminal's Ctrl-C does; `crash` ra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from replayssm_eval.kl import runner as runner_module
 from replayssm_eval.models.tokenizer import VOCAB_SIZE, build_byte_tokenizer
 
 FAKE_MODEL = "fake-byte-lm"
+RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "document_indices")  # what a resume must equal
 HIDDEN = 24
 
 
@@ -174,3 +176,9 @@ def run_rank(rank: int, world: int, port: int, options, fail_after: int | None =
         pass
     finally:
         dist.destroy_process_group()
+
+
+def kl_results(run_dir) -> dict:
+    """The RESULT_KEYS of a run's kl.json: the numbers an interrupted and resumed run must reproduce."""
+    report = json.loads((run_dir / "kl.json").read_text())
+    return {k: report[k] for k in RESULT_KEYS}

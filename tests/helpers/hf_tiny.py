@@ -10,9 +10,11 @@ import torch
 import transformers as tf
 
 VOCAB = 64
-MAMBA2_FAMILIES = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "falcon_h1", "zamba2")
-GDN_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid")
-KDA_FAMILIES = ("kimi_linear",)
+MODEL_TYPES = {  # kernel family: the model types built here
+    "mamba2": ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "falcon_h1", "zamba2"),
+    "gdn": ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"),
+    "kda": ("kimi_linear",),
+}
 _ATTN = {"num_attention_heads": 2, "num_key_value_heads": 1}
 _MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 16,
           "mamba_expand": 1}
@@ -88,11 +90,6 @@ def build(name: str, dtype=torch.float32, seed: int = 0):
     return model.to(dtype)
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max |want|."""
-    return ((got - want).abs().max() / want.abs().max()).item()
-
-
 def cuts(prompt: int, segments: tuple[int, ...]) -> list[tuple[int, int]]:
     """[(start, end)] of the prompt and the later calls."""
     bounds, start = [], 0
@@ -119,5 +116,6 @@ def hf_cached_logits(model, ids: torch.Tensor, calls: list[tuple[int, int]]) -> 
     return torch.cat(out, dim=1)
 
 
-def run(rm, ids: torch.Tensor, calls: list[tuple[int, int]], session) -> torch.Tensor:
+def forward_calls(rm, ids: torch.Tensor, calls: list[tuple[int, int]], session) -> torch.Tensor:
+    """The routed model through `calls` [(start, end)] of `ids` in one session: the logits of every call, joined."""
     return torch.cat([rm.forward(ids[:, start:end], session) for start, end in calls], dim=1)

@@ -1,0 +1,54 @@
+"""The shared comparisons of tests/helpers bound what they admit."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from replayssm_eval.kernels.mamba2 import decode_reference
+
+from tests.helpers.compare import assert_close, assert_same_state, mostly_equal
+from tests.helpers.mamba2 import mamba2_inputs
+
+
+def test_assert_close_bounds_each_flip():
+    """A flip budget of 1% admits 65 of 6,660 elements one grid step off, never 65 elements at 1e6."""
+    ref = torch.randn(6660, generator=torch.Generator().manual_seed(0))
+    stepped = ref.clone()
+    stepped[:65] += 0.1 * ref.abs().max()
+    assert_close("stepped", ref, stepped, 1e-5, flips=0.01)
+    wild = ref.clone()
+    wild[:65] = 1e6
+    with pytest.raises(AssertionError, match="more than a flipped rounding"):
+        assert_close("wild", ref, wild, 1e-5, flips=0.01)
+    with pytest.raises(AssertionError, match=r"allowed 0.50%"):
+        assert_close("too many", ref, stepped, 1e-5, flips=0.005)
+
+
+def test_mostly_equal_bounds_each_flip():
+    """A 1% flip budget admits 65 of 6,660 elements one grid step off, never 65 elements at 1e6."""
+    ref = torch.randn(6660, generator=torch.Generator().manual_seed(0))
+    stepped, wild = ref.clone(), ref.clone()
+    stepped[:65] += 0.1 * ref.abs().max()
+    wild[:65] = 1e6
+    mostly_equal("stepped", ref, stepped, 0.99)
+    with pytest.raises(AssertionError, match="more than a flipped rounding"):
+        mostly_equal("wild", ref, wild, 0.99)
+
+
+def test_assert_same_state_checks_the_valid_buffer_entries():
+    """Entries [0, count) must match; a stale ring slot past the count only with whole_buffer."""
+    _, state = decode_reference(*mamba2_inputs(batch=2, tokens=3), "nvfp4/fp16sr@4", compute_dtype=torch.float64)
+    assert state.schedule.count.tolist() == [3, 3]
+    assert_same_state(state, state)
+
+    def changed(slot):
+        buffer = {k: v.clone() for k, v in state.buffer.items()}
+        buffer["x"][:, slot] += 1.0
+        return dataclasses.replace(state, buffer=buffer)
+
+    assert_same_state(state, changed(3))
+    with pytest.raises(AssertionError, match=r"buffer\['x'\]: max abs error"):
+        assert_same_state(state, changed(3), whole_buffer=True)
+    with pytest.raises(AssertionError, match=r"buffer\['x'\] of sequence 0"):
+        assert_same_state(state, changed(2))
