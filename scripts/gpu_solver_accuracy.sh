@@ -9,7 +9,7 @@
 #       CHECKS=0 leaves out the device checks, SAMPLED=0 the sampled run
 #   scripts/gpu_solver_accuracy.sh score DIR      # CPU, DIR = the unpacked results (or the committed generations/,
 #                                                 # gunzipped): the accuracy runs
-#   scripts/gpu_solver_accuracy.sh kl             # CPU or GPU (needs datasets): the KL runs (2 CPU cores: ~40 min)
+#   scripts/gpu_solver_accuracy.sh kl             # CPU or GPU (needs datasets): the KL runs (2 idle CPU cores: 1 to 3 min a run)
 #   scripts/gpu_solver_accuracy.sh report         # the rendered report of all of them, $DIR/report/
 #
 # The GPU phase also runs the fixed-buffer step checks (benchmarks/gpu_check_graph.py) and the sampler's and the KDA
