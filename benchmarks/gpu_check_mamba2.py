@@ -6,7 +6,7 @@ For each config and shape it runs, on CUDA:
 - chunked(backend="triton") vs chunked(backend="torch") (itself tested against decode_reference);
 - decode_step_triton, token by token from sequences at different phases, vs decode_reference;
 - verify_triton (T drafts, output only) vs decode_reference of the drafts without a flush;
-and checks that the kernel's stored read copy is the quant library's rounding of its fold
+and checks that the kernel's stored read copy is the formats library's rounding of its fold
 (decode(lo_packed) == lo, bit for bit). Pass: max |err| <= 1e-5 max|ref| on all but a fraction of
 `FLIPS` elements (FP32 paths that sum in different orders may round a state on the other side of
 a rounding boundary now and then; see tests/kernels/test_mamba2_reference.py::assert_close).

@@ -23,6 +23,7 @@ LAYERS = (
     ("replay",),
     ("data", "options"),
     ("quant",),
+    ("formats",),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 PACKAGE_DIR = Path(replayssm_eval.__file__).parent

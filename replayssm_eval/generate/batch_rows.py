@@ -17,8 +17,8 @@ import dataclasses
 
 import torch
 
+from replayssm_eval.formats.packed import PackedState
 from replayssm_eval.models.session import ReplaySession
-from replayssm_eval.quant.packed import PackedState
 
 KV_ATTRS = ("keys", "values")  # cache layer tensors [B, H, T, D] whose dim -2 is the token axis
 

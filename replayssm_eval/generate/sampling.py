@@ -14,7 +14,7 @@ A token is drawn by inverse-CDF sampling from one uniform u per row and step:
 3. with w the softmax restricted to the kept tokens, in token-id order, the token is the first id
    whose cumulative weight exceeds u * sum(w).
 
-u = 53 bits of Philox4x32-10 (`quant.philox.philox4x32`) under key = the sampling seed, with counter
+u = 53 bits of Philox4x32-10 (`formats.philox.philox4x32`) under key = the sampling seed, with counter
 words (position, sample index, seq_id low 32 bits, seq_id high 32 bits): position is the index of the
 generated token (0 = the first), seq_id the prompt's `decode.sequence_id`. The bits depend on nothing
 else: not the device, the batch, the row order, when a row joined, or the decode step. Token-id order
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.quant.philox import philox4x32
+from replayssm_eval.formats.philox import philox4x32
 
 _MASK32 = 0xFFFFFFFF
 GEN_KWARGS = ("do_sample", "temperature", "top_p", "top_k")  # what --gen-kwargs accepts

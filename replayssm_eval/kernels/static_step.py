@@ -32,14 +32,15 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm_eval.formats import PackedState
+from replayssm_eval.formats.codec import Group, packed_codec
+from replayssm_eval.formats.triton import encode_triton
 from replayssm_eval.kernels.family import get_family
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.state import ReplayState, encode_keyed
-from replayssm_eval.quant import PackedState
-from replayssm_eval.quant.triton import encode_triton, encode_triton_supports
 
 FOLDS = ("none", "some", "all")
 
@@ -165,9 +166,10 @@ class StaticState:
                packed: PackedState | None) -> None:
         """Encode fold_out's rows `rows` (None: all) in `fmt` with copy `copy`'s Philox keys into `packed`'s fields
         (None: the encoding is not kept) and its decoding into `decoded`, in place: one Triton launch where
-        `encode_triton` covers the format, else torch's encode, decode and selects."""
+        `encode_triton` covers the format (`packed_codec`), else torch's encode, decode and selects."""
         keys = self.keys[copy] if fmt.is_stochastic else None
-        if encode_triton_supports(fmt) and (rows is None or getattr(fmt, "scale", None) != "tensor"):
+        codec = packed_codec(fmt)
+        if codec is not None and (rows is None or codec.group != Group.TENSOR):
             encode_triton(self.fold_out, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
             return
         new = encode_keyed(self.fold_out, fmt, keys, checkpoint)

@@ -42,12 +42,12 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
+from replayssm_eval.formats import PackedState
 from replayssm_eval.replay.state import ReplayState
 from replayssm_eval.kernels.static_step import folds_of
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.session import ReplaySession
 from replayssm_eval.models.static_session import StaticStepSession
-from replayssm_eval.quant import PackedState
 
 
 class StaticDecoder:

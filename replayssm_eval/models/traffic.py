@@ -25,11 +25,11 @@ S(read) / H at a non-flush token, S(recur) / H at a flush.
 
 from __future__ import annotations
 
+from replayssm_eval.formats import get_format
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import get_family
 from replayssm_eval.models.presets import ModelGeometry, geometry_from_config, get_preset
 from replayssm_eval.models.session import as_config
-from replayssm_eval.quant import get_format
 
 BUFFER_BYTES = 2  # bf16 ring-buffer entries
 _NEEDED = ("num_ssm_layers", "num_heads", "head_dim", "state_dim", "n_groups")

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from replayssm_eval.quant.registry import get_format, list_formats
+from replayssm_eval.formats.registry import get_format, list_formats
 
 DISTRIBUTIONS = ("gaussian", "laplace", "student-t3", "ssm")
 

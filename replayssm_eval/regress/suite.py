@@ -146,7 +146,7 @@ def integer_state(shape=(2, 3, 16, 48)) -> torch.Tensor:
 
 
 def bits_metrics(select) -> dict[str, str]:
-    from replayssm_eval.quant import get_format
+    from replayssm_eval.formats import get_format
 
     x = integer_state()
     out = {}

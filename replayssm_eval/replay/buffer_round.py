@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.device import round_bf16, round_fp16
 from replayssm_eval.replay.config import BUFFER_DTYPES, ReplayConfig
-from replayssm_eval.quant.triton import round_bf16, round_fp16
 
 # globals read in @triton.jit are constexpr
 BUF_FP32, BUF_BF16, BUF_FP16 = (tl.constexpr(BUFFER_DTYPES.index(name)) for name in ("fp32", "bf16", "fp16"))

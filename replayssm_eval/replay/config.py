@@ -13,7 +13,7 @@ String form (used on the command line, in result files and in test ids):
                               #buf=DTYPE (buffer dtype: fp32, bf16 or fp16)
 
 Format specs may carry their own options (`nvfp4:axis=headdim,scale=head/fp16sr@16`); they are
-validated and canonicalised through `replayssm_eval.quant.get_format`.
+validated and canonicalised through `replayssm_eval.formats.get_format`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class ReplayConfig:
     buffer_dtype: str = "fp32"
 
     def __post_init__(self):
-        from replayssm_eval.quant import get_format
+        from replayssm_eval.formats import get_format
 
         object.__setattr__(self, "read", get_format(self.read).name)
         object.__setattr__(self, "recur", get_format(self.recur).name)
@@ -99,13 +99,13 @@ class ReplayConfig:
 
     @property
     def read_format(self):
-        from replayssm_eval.quant import get_format
+        from replayssm_eval.formats import get_format
 
         return get_format(self.read)
 
     @property
     def recur_format(self):
-        from replayssm_eval.quant import get_format
+        from replayssm_eval.formats import get_format
 
         return get_format(self.recur)
 

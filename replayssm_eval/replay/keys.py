@@ -1,6 +1,6 @@
 """Philox keys and counters for stochastic rounding of stored states.
 
-Every stored state copy draws its random bits from Philox4x32-10 (`quant.philox.randint`) with
+Every stored state copy draws its random bits from Philox4x32-10 (`formats.philox.randint`) with
 - key = `sr_key(seed, layer, sequence, copy)`: splitmix64 of the run seed, the layer index, the
   sequence id and the copy (0 = recurrence copy S_hi, 1 = read copy S_lo);
 - counter = (checkpoint index << 32) + element index, the element index being row-major in the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.quant.philox import randint
+from replayssm_eval.formats.philox import randint
 
 _MASK64 = (1 << 64) - 1
 RECUR_COPY, READ_COPY = 0, 1

@@ -3,8 +3,8 @@
 A checkpoint is written at prefill (checkpoint 0) and at every flush: the FP32 state S is cast
 independently to the recurrence format (S_hi) and to the read format (S_lo); with a shared
 checkpoint one cast serves both. Stochastic rounding draws its bits from `replay.keys`.
-CUDA states are encoded by `quant.triton.encode_triton` (one launch per copy, same bits) where it
-covers the format; CPU states and the other formats use the torch `fmt.encode`.
+CUDA states are encoded by `formats.triton.encode_triton` (one launch per copy, same bits) where it
+covers the format (`packed_codec`); CPU states and the other formats use the torch `fmt.encode`.
 All tensors here use the formats' layout `[B, H, P, N]` (GDN passes its `[B, HV, K, V]` state
 transposed to `[B, HV, V, K]`).
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from replayssm_eval.formats.codec import packed_codec
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
 from replayssm_eval.replay.schedule import ScheduleState
@@ -76,11 +77,7 @@ def write_checkpoint_packed(
 
 def _use_triton(state: torch.Tensor, fmt) -> bool:
     """Encode with the one-launch Triton encoder: CUDA states in the formats it covers (CPU keeps torch)."""
-    if not state.is_cuda:
-        return False
-    from replayssm_eval.quant.triton import encode_triton_supports
-
-    return encode_triton_supports(fmt)
+    return state.is_cuda and packed_codec(fmt) is not None
 
 
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
@@ -92,7 +89,7 @@ def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
 def encode_keyed(state, fmt, keys, checkpoint):
     """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats)."""
     if _use_triton(state, fmt):
-        from replayssm_eval.quant.triton import encode_triton
+        from replayssm_eval.formats.triton import encode_triton
 
         return encode_triton(state, fmt, keys, checkpoint)  # moves keys and checkpoint to the state's device
     if not fmt.is_stochastic:

@@ -2,7 +2,7 @@
 
 The naive decoder keeps, per sequence, the unrounded state accumulated since the newest checkpoint
 (R = sum dt_i G x_i B_i^T, a recurrence) and the window phase j = n mod L itself; it shares nothing
-with the reference but `write_checkpoint` (the formats are the quant library's).
+with the reference but `write_checkpoint` (the formats are the formats library's).
 """
 
 import torch

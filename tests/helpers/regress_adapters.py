@@ -9,11 +9,11 @@ from unittest import mock
 
 import torch
 
+from replayssm_eval.formats import PackedState
+from replayssm_eval.formats.formats import ElementwiseFormat
 from replayssm_eval.kernels.gdn import decode_step_triton as gdn_step
 from replayssm_eval.kernels.kda import decode_step_triton as kda_step
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton as mamba2_step
-from replayssm_eval.quant import PackedState
-from replayssm_eval.quant.formats import ElementwiseFormat
 
 
 def triton_step(family, inputs, state, config):

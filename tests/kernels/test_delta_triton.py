@@ -3,7 +3,7 @@ sets it), on the device under test (`REPLAYSSM_TEST_DEVICE=cuda` runs the compil
 
 FP32 compute in two different orders can put a value on either side of a rounding midpoint, so
 with quantized formats the stored states are compared for (nearly all) identical elements and
-the outputs loosely; the in-kernel rounding itself (`delta.triton_chunk._store_round`, shared by both
+the outputs loosely; the in-kernel rounding itself (`delta.triton_chunk.store_round`, shared by both
 families) is checked bit for bit on its own. (The Philox key must reach `tl.randint` as a loaded
 int64, as the kernels do: a Python-int kernel argument gave different bits in the interpreter.)
 GDN's own kernel paths are tested further in test_gdn_triton.py.
@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.codec import tile_codec
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta import triton_step as shared_step
@@ -38,30 +39,30 @@ def cases(per_family):
 
 
 @triton.jit
-def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, SCALE: tl.constexpr,
-                       FMT_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
+                       MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(0)
     ks = tl.arange(0, BK)
     vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared._store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, SCALE, FMT_MAX, BK, BV)
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
                                   "nvfp4:scale=row", "nvfp4:scale=head"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
-    """`_store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
+    """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
     x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
     x[0, 1, 3] = 0.0
-    kind, scale, top = shared._store_mode(cfg.recur_format, whole_head=True)
+    kind, group, top = tile_codec(cfg.recur_format).args
     y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
-    _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, KIND=kind, SCALE=scale,
-                               FMT_MAX=top, BK=64, BV=32)
+    _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, KIND=kind, GROUP=group,
+                               MAX=top, BK=64, BV=32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -70,16 +71,16 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
 @pytest.mark.parametrize("spec, bv", [("nvfp4:scale=row", 64), ("nvfp4:scale=head", 128), ("fp16sr", 64), ("fp8sr", 64),
                                       ("fp8:scale=head", 128)])
 def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
-    """`_store_round` at K = V = 128 with the chunked kernels' tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
+    """`store_round` at K = V = 128 with the chunked kernels' tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
     row scales, the whole head for head scales) == write_checkpoint, bit for bit."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
     x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
     x[0, 1, 70] = 0.0  # a zero row in the second v-block
-    kind, scale, top = shared._store_mode(cfg.recur_format, whole_head=True)
+    kind, group, top = tile_codec(cfg.recur_format).args
     y = torch.empty_like(x, device=device)
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
     _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128, KIND=kind,
-                                       SCALE=scale, FMT_MAX=top, BK=128, BV=bv)
+                                       GROUP=group, MAX=top, BK=128, BV=bv)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"

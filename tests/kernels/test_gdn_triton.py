@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+from replayssm_eval.formats.codec import tile_codec
 from replayssm_eval.kernels import gdn
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton_chunk as shared
@@ -103,7 +104,7 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
     "shared:fp8:scale=tensor@4", pytest.param("fp8sr:scale=tensor/fp32@5#skip=0.6", marks=SLOW),
     pytest.param("nvfp4:axis=headdim/fp16sr@4", marks=SLOW), pytest.param("fp16/nvfp4:scale=tensor@3#closed", marks=SLOW),
     pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
-    # formats outside the kernels' device functions (`quant.triton.triton_rounds`)
+    # formats without a kernel codec (`StateFormat.kernel_codec` None)
     "int8:axis=headdim,scale=block:8/fp32@4", pytest.param("nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed", marks=SLOW),
     "shared:int16sr@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4"])
 def test_chunked_triton_torch_rounded_copies(text, device):
@@ -113,7 +114,7 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     checkpoints and buffers), == decode_reference where the recurrence is FP32, and the stored copies are exactly
     `write_checkpoint` of the kernel's own fold."""
     cfg = ReplayConfig.parse(text)
-    assert None in (shared._store_mode(cfg.recur_format, True), shared._store_mode(cfg.read_format, True))
+    assert None in (tile_codec(cfg.recur_format), tile_codec(cfg.read_format))
     inputs = delta_inputs("gdn", batch=2, seqlen=17, dtype=torch.float32, device=device, **AWKWARD)
     ref = tri = start = phased_start("gdn", inputs, cfg, warmup=(0, 3), dtype=torch.float32)
     for first, stop in ((3, 9), (9, 10), (10, 17)):
@@ -154,10 +155,9 @@ def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     with one_segment_launches():
         o_in, st_in = chunked(*x, start, cfg, backend="triton")
     forced = [getattr(cfg, f"{copy}_format") for copy in by_torch.split("/")]
-    store_mode = shared._store_mode
-    monkeypatch.setattr(shared, "_store_mode",
-                        lambda fmt, whole_head: None if fmt in forced else store_mode(fmt, whole_head))
-    assert shared._store_mode(cfg.recur_format if by_torch == "recur" else cfg.read_format, True) is None
+    monkeypatch.setattr(shared, "tile_codec",
+                        lambda fmt, whole_head: None if fmt in forced else tile_codec(fmt, whole_head))
+    assert shared.tile_codec(cfg.recur_format if by_torch == "recur" else cfg.read_format, True) is None
     o_out, st_out = triton_no_fallback(chunked, *x, start, cfg)
     assert torch.equal(o_out, o_in)
     assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)

@@ -3,7 +3,7 @@
 Tolerances: the kernels sum in FP32 in their own order (tl.dot, tl.cumsum), so outputs match the
 reference to ~1e-6 relative; a state within an ulp of a rounding boundary may round the other way
 (see `assert_close`). The in-loop quantizers themselves are checked bit for bit: the copies the
-kernel rounds must equal the quant library's rounding of the kernel's own FP32 fold.
+kernel rounds must equal the formats library's rounding of the kernel's own FP32 fold.
 """
 
 import dataclasses
@@ -13,11 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.codec import tile_codec
+from replayssm_eval.formats.device import (
+    E2M1_F16_SCALE, e2m1_decode, e2m1_f16, e2m1_f16_hi, e4m3_decode, e4m3_fast, e5m2_decode, e5m2_fast,
+)
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
-from replayssm_eval.quant.triton import e2m1_decode, e4m3_decode, e5m2_decode
 
 from tests.helpers.compare import assert_close
 from tests.helpers.kernel_checks import triton_no_fallback
@@ -55,7 +58,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     assert_close("hi", st_ref.hi, st.hi, 1e-5, flips=0.01)
     assert_close("lo", st_ref.lo, st.lo, 1e-5, flips=0.01)
     assert torch.equal(st.checkpoint, st_ref.checkpoint) and st.checkpoint.min() >= 1
-    # bit-exact in-loop quantization: the packed read copy is the quant library's rounding of the kernel's fold
+    # bit-exact in-loop quantization: the packed read copy is the formats library's rounding of the kernel's fold
     assert torch.equal(config.read_format.decode(st.lo_packed), st.lo)
     if config.shared:
         assert torch.equal(st.hi, st.lo)
@@ -74,7 +77,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("fp32/nvfp4:axis=headdim@3", 1, 24),
     ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
     ("fp16/mxfp8@4", 1, 24),
-    # formats outside the kernels' device functions (`quant.triton.triton_rounds`)
+    # formats without a kernel codec (`StateFormat.kernel_codec` None)
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
     ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
     ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
@@ -84,7 +87,7 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     read copy after the kernel, a recurrence copy (or shared checkpoint) between one-segment launches. Three calls in
     a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
-    assert None in triton_chunk._kinds(config), "a copy must be rounded by torch"
+    assert None in triton_chunk._codecs(config), "a copy must be rounded by torch"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))
     ref = tri = _phased(inputs, config, [0, 2], device)
     for start, stop in ((2, 7), (7, 8), (8, 15)):
@@ -119,10 +122,9 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypa
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")
     forced = [getattr(config, f"{copy}_format") for copy in by_torch.split("/")]
-    store_kind = triton_chunk._store_kind
-    monkeypatch.setattr(triton_chunk, "_store_kind", lambda fmt: None if fmt in forced else store_kind(fmt))
+    monkeypatch.setattr(triton_chunk, "tile_codec", lambda fmt: None if fmt in forced else tile_codec(fmt))
     by_copy = [config.recur_format in forced, config.read_format in forced]
-    assert [k is None for k in triton_chunk._kinds(config)] == by_copy
+    assert [k is None for k in triton_chunk._codecs(config)] == by_copy
     heads, head_dim, d_state = state.hi.shape[1:]
     monkeypatch.setattr(triton_chunk, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
     y_out, st_out = triton_no_fallback(chunked, *main, state, config)
@@ -182,15 +184,15 @@ def test_verify_matches_reference(read_hi, device):
 @triton.jit
 def _decode_all_codes(out_ptr):
     code = tl.arange(0, 256)
-    tl.store(out_ptr + code, triton_step._e4m3_fast(code.to(tl.uint8)))
+    tl.store(out_ptr + code, e4m3_fast(code.to(tl.uint8)))
     tl.store(out_ptr + 256 + code, e4m3_decode(code.to(tl.uint8)))
-    tl.store(out_ptr + 512 + code, triton_step._e5m2_fast(code.to(tl.uint8)))
+    tl.store(out_ptr + 512 + code, e5m2_fast(code.to(tl.uint8)))
     tl.store(out_ptr + 768 + code, e5m2_decode(code.to(tl.uint8)))
     nib = code & 15
-    tl.store(out_ptr + 1024 + code, triton_step._e2m1_f16(nib) * triton_step._E2M1_F16_SCALE)
+    tl.store(out_ptr + 1024 + code, e2m1_f16(nib) * E2M1_F16_SCALE)
     tl.store(out_ptr + 1280 + code, e2m1_decode(nib))
-    tl.store(out_ptr + 1536 + code, triton_step._e2m1_f16(code) * triton_step._E2M1_F16_SCALE)  # low nibble of a byte
-    tl.store(out_ptr + 1792 + code, triton_step._e2m1_f16_hi(code) * triton_step._E2M1_F16_SCALE)
+    tl.store(out_ptr + 1536 + code, e2m1_f16(code) * E2M1_F16_SCALE)  # low nibble of a byte
+    tl.store(out_ptr + 1792 + code, e2m1_f16_hi(code) * E2M1_F16_SCALE)
     tl.store(out_ptr + 2048 + code, e2m1_decode(code >> 4))
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from replayssm_eval.cli import main
-from replayssm_eval.quant import PackedState
-from replayssm_eval.quant.formats import ElementwiseFormat, NVFP4Format
+from replayssm_eval.formats import PackedState
+from replayssm_eval.formats.formats import ElementwiseFormat, NVFP4Format
 from replayssm_eval.regress import compare
 from replayssm_eval.regress import BASELINE
 from replayssm_eval.regress.suite import run_suite

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from replayssm_eval.cli import main
+from replayssm_eval.formats import get_format
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.engine_presets import ENGINES, PRESETS
-from replayssm_eval.quant import get_format
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

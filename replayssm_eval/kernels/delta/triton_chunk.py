@@ -4,13 +4,14 @@ The families keep their own kernels where the math differs (a scalar decay per h
 per-channel one); what is the same for both lives here: the state layout [B, HV, V, K] and the formats
 are the same, so are
 
-- the jit helpers `dot` (FP32 product), `_store_round` (in-kernel rounding of a stored copy, Philox
+- the jit helpers `dot` (FP32 product), `store_round` (in-kernel rounding of a stored copy, Philox
   bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `load_copies` and
   `round_copies` (a program's tile of both stored copies), and `forward_substitution`, the chunked
   kernels' delta rule with rounded buffered u's;
-- the host side of the chunked kernels: which copies round in-kernel (`_store_mode`), the launch
-  configuration, and the loop over segment blocks with the torch rounding between one-segment
-  launches of a copy no program can round (`run_segments`).
+- the host side of the chunked kernels: which copies round in-kernel (each format's `tile_codec`),
+  the launch configuration, and the loop over segment blocks with the torch rounding between
+  one-segment launches of a copy no program can round (`run_segments`).
+A kernel takes a format as its codec's constexprs (`KernelCodec.args`: KIND, GROUP, MAX).
 The step kernels' shared pieces are `triton_step`.
 """
 
@@ -20,19 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
+from replayssm_eval.formats.device import round_tile, state_bits
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
-from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
-from replayssm_eval.quant.triton import FP8SR, FP16SR, KINDS, quantize_tile, tile_amax, triton_rounds
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.state import ReplayState, round_folded
 
-# scale groups of the in-kernel store (format kinds are `quant.triton.KINDS`); globals read in @triton.jit are constexpr
-_NONE, _ROW, _HEAD = map(tl.constexpr, range(3))
-_SCALES = {"none": _NONE, "row": _ROW, "head": _HEAD}
 _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales)
-_IDENTITY = (KINDS["fp32"].value, _NONE.value, 1.0)  # the store keeps the FP32 fold
 
 
 @triton.jit
@@ -42,19 +39,16 @@ def dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _store_round(x, key, checkpoint, elem, KIND: tl.constexpr, SCALE: tl.constexpr, FMT_MAX: tl.constexpr,
-                 BK: tl.constexpr, BV: tl.constexpr):
+def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr):
     """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
 
     A format row is one v column (amax over K); a head is the whole tile. elem: [BK, BV] int64
     element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem).
     """
-    bits = tl.zeros((BK, BV), dtype=tl.int64)
-    if (KIND == FP16SR) or (KIND == FP8SR):
-        bits = tl.randint(key, (checkpoint << 32) + elem).to(tl.int64)
+    bits = state_bits(key, (checkpoint << 32) + elem, KIND)
     xt = tl.trans(x)  # [BV, BK]: format rows are v columns, blocks run along K
-    y = quantize_tile(xt, tl.trans(bits), tile_amax(xt, SCALE == _HEAD), KIND, SCALE != _NONE, FMT_MAX, 16, BV, BK)
-    return tl.trans(y)
+    return tl.trans(round_tile(xt, tl.trans(bits), KIND, GROUP, MAX, BV, BK))
 
 
 @triton.jit
@@ -75,7 +69,7 @@ def forward_substitution(a, r, ts, BUF: tl.constexpr, LP: tl.constexpr):
 @triton.jit
 def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
     """A chunked program's tile [BK, BV] (rows k, columns v) of both stored copies [B, HV, V, K] (S_lo is S_hi when
-    SHARED), with its index into them, its mask and its element index in [HV, V, K] (`_store_round`'s counter)."""
+    SHARED), with its index into them, its mask and its element index in [HV, V, K] (`store_round`'s counter)."""
     state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
     smask = (ks < K)[:, None] & (vs < V)[None, :]
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]  # element index in [HV, V, K]
@@ -89,41 +83,24 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 
 @triton.jit
 def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
-                  HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-                  LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                 HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr,
+                 LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
-    s_hi = _store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_SCALE, HI_MAX, BK, BV)
+    s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
     if SHARED:
         s_lo = s_hi
     else:
-        s_lo = _store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+        s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
     return s_hi, s_lo
 
 
-def _store_mode(fmt, whole_head: bool):
-    """(kind, scale group, max) of the in-kernel store of `fmt`, or None when no program sees its scale group (blocks
-    along V, MX blocks, a tensor-wide scale, a head scale with V > _MAX_HEAD_V, formats outside `triton_rounds`):
-    then torch rounds that copy."""
-    if not triton_rounds(fmt):
-        return None
-    if isinstance(fmt, ElementwiseFormat):
-        return KINDS[fmt.base].value, _NONE.value, 1.0
-    if isinstance(fmt, FP8Format):
-        group, top = fmt.scale, fmt.max_value
-    elif isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
-        group, top = fmt.scale, 1.0
-    else:
-        return None
-    if group == "tensor" or (group == "head" and not whole_head):
-        return None
-    return KINDS[fmt.base].value, _SCALES[group].value, top
-
-
 def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
-    """backend="triton" of `chunked` (FP32 only) through the family's `chunked(p, hi_mode, lo_mode, launch)`; a copy
-    whose rounding needs a reduction no program can do is rounded by torch between one-segment launches.
+    """backend="triton" of `chunked` (FP32 only) through the family's `chunked(p, hi_codec, lo_codec, launch)`; a copy
+    whose rounding needs a reduction no program can do (its `tile_codec` is None: blocks along V, MX blocks, a
+    tensor-wide scale, a head scale with V > 128, formats without a kernel codec) is rounded by torch between
+    one-segment launches.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -136,11 +113,11 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     cfg = p.config
     dv = p.v.shape[-1]
     whole_head = dv <= _MAX_HEAD_V
-    modes = [_store_mode(cfg.recur_format, whole_head), _store_mode(cfg.read_format, whole_head)]
-    launch = chunked_launch_config(p.k.shape[-1], dv, any(m is not None and m[1] == _HEAD.value for m in modes))
+    codecs = [tile_codec(cfg.recur_format, whole_head), tile_codec(cfg.read_format, whole_head)]
+    launch = chunked_launch_config(p.k.shape[-1], dv, any(c is not None and c.group == Group.HEAD for c in codecs))
     if not rounded:
-        modes = [_IDENTITY] * 2
-    return chunked(p, modes[0], modes[1], launch)
+        codecs = [FP32_CODEC] * 2
+    return chunked(p, codecs[0], codecs[1], launch)
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
@@ -155,12 +132,13 @@ def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
     return {"BV": min(max(16, triton.next_power_of_2(dv)), 32), "num_warps": 8, "DOT": "tf32x3"}
 
 
-def run_segments(p: Prepared, seg: Segments, lp: int, hi_mode, lo_mode, launch: dict, kernel, inputs: tuple):
+def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | None, lo_codec: KernelCodec | None,
+                 launch: dict, kernel, inputs: tuple):
     """Walk the segments in launches of `kernel` (the family's `_chunked_kernel`) over blocks of segments.
 
     inputs: the family's leading kernel arguments; the kernel then takes fold, last, the checkpoint index at the
     block start, keys_hi, keys_lo, hi, lo, o, u, NS, the block start, HV, K, V and the shared constexprs. A copy
-    without an in-kernel store (mode None) makes every launch one segment: the kernel keeps that copy's FP32 fold and
+    without an in-kernel store (codec None) makes every launch one segment: the kernel keeps that copy's FP32 fold and
     `round_folded` rounds it for the sequences that folded before the next launch (the next segment's u's and outputs
     read S_lo, its fold S_hi). Returns o [B, T, HV, V] and the ReplayState after the call.
     """
@@ -171,8 +149,8 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_mode, lo_mode, launch: 
     lo = hi if cfg.shared else st.lo.float().clone().contiguous()
     keys_hi = sr_keys(cfg.seed, p.layer, p.seq_ids, RECUR_COPY)
     keys_lo = sr_keys(cfg.seed, p.layer, p.seq_ids, READ_COPY)
-    outside = [(hi, cfg.recur_format, keys_hi)] if hi_mode is None else []  # (copy, format, keys) rounded by torch
-    if lo_mode is None and not cfg.shared:
+    outside = [(hi, cfg.recur_format, keys_hi)] if hi_codec is None else []  # (copy, format, keys) rounded by torch
+    if lo_codec is None and not cfg.shared:
         outside.append((lo, cfg.read_format, keys_lo))
     o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=p.q.device)
     u_pad = torch.empty_like(o_pad)
@@ -187,14 +165,14 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_mode, lo_mode, launch: 
     block = 1 if outside else min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
     ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
     fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
-    hi_mode, lo_mode = hi_mode or _IDENTITY, lo_mode or _IDENTITY
+    hi_kind, hi_group, hi_max = (hi_codec or FP32_CODEC).args
+    lo_kind, lo_group, lo_max = (lo_codec or FP32_CODEC).args
     for start in range(0, seg.num, block):
         kernel[grid](
             *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
-            HI_KIND=hi_mode[0], HI_SCALE=hi_mode[1], HI_MAX=hi_mode[2],
-            LO_KIND=lo_mode[0], LO_SCALE=lo_mode[1], LO_MAX=lo_mode[2],
+            HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max,
             DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:

@@ -1,7 +1,7 @@
 """Triton pieces of the decode kernels shared by the delta-rule families (gdn: scalar decay, kda: per-channel decay).
 
-- the packed read copy's tile in the step kernels (`_decode_codes`, `_load_packed`) and its launch
-  arguments (`_read_args`);
+- the packed read copy's tile in the step kernels (`load_packed`) and its launch arguments (`read_args`,
+  from the read format's `packed_codec`; a kernel takes a format as its codec's KIND and GROUP constexprs);
 - the single-token step and verification in the `KernelFamily` call convention (`decode_step`,
   `verify`), around each family's launcher, and the conventional step's launch (`conventional_launch`).
 The chunked kernels' shared pieces are `triton_chunk`.
@@ -13,74 +13,53 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.codec import Group, Kind, packed_codec
+from replayssm_eval.formats.device import (
+    GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode, e4m3_decode,
+)
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
-from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
-from replayssm_eval.quant.triton import _e4m3_fast, _e5m2_fast, e2m1_decode, e4m3_decode, triton_rounds
 from replayssm_eval.replay.buffer_round import buffer_kind
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
-# packed read-copy kinds of the step kernel
-_P_F32, _P_F16, _P_BF16, _P_E4M3, _P_E5M2, _P_NVFP4 = map(tl.constexpr, range(6))
-_S_NONE, _S_ROW, _S_HEAD, _S_TENSOR = map(tl.constexpr, range(4))
-
 
 @triton.jit
-def _decode_codes(raw, KIND: tl.constexpr):
-    """FP32 values of one-byte or 16/32-bit read-copy elements (E4M3, E5M2 through FP16 bit patterns; others cast)."""
-    if KIND == _P_E4M3:
-        x = _e4m3_fast(raw)
-    elif KIND == _P_E5M2:
-        x = _e5m2_fast(raw)
-    else:
-        x = raw.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP,
-                 KIND: tl.constexpr, SCALE: tl.constexpr):
-    """Decode the read copy's tile [BK, BV] (k, v) of (b, hv) from its packed encoding."""
+def load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND: tl.constexpr, GROUP: tl.constexpr):
+    """Decode the read copy's tile [BK, BV] (k, v) of (b, hv) from its packed encoding (`read_args`)."""
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     rowid = (b * HV + hv) * V + vs[None, :]  # format row (b, hv, v)
-    if KIND == _P_NVFP4:
+    if KIND == NVFP4:
         byte = tl.load(data_ptr + rowid.to(tl.int64) * (KP // 2) + ks[:, None] // 2, mask=mask, other=0).to(tl.int32)
         nib = tl.where(ks[:, None] % 2 == 0, byte & 0xF, byte >> 4)
         sb = tl.load(scales_ptr + rowid.to(tl.int64) * (KP // 16) + ks[:, None] // 16, mask=mask, other=0)
         x = (e2m1_decode(nib) * e4m3_decode(sb))
     else:
-        x = _decode_codes(tl.load(data_ptr + rowid.to(tl.int64) * K + ks[:, None], mask=mask, other=0), KIND)
-    if SCALE == _S_ROW:
+        x = decode_elements(tl.load(data_ptr + rowid.to(tl.int64) * K + ks[:, None], mask=mask, other=0), KIND)
+    if GROUP == GROUP_ROW:
         x = x * tl.load(gs_ptr + rowid, mask=vs[None, :] < V, other=1.0)
-    elif SCALE == _S_HEAD:
+    elif GROUP == GROUP_HEAD:
         x = x * tl.load(gs_ptr + b * HV + hv)
-    elif SCALE == _S_TENSOR:
+    elif GROUP == GROUP_TENSOR:
         x = x * tl.load(gs_ptr + b)
     return tl.where(mask, x, 0.0)
 
 
-def _read_args(packed, fmt, hi):
-    """(kind, scale group, data, scales, global scale, padded K) of the read copy for the step kernels: the packed
-    encoding where they decode it (fp32/fp16/bf16, fp8 any scale, nvfp4 axis=dstate), else the decoded FP32 copy
-    (or S_hi [B, HV, V, K] itself when there is no read copy). Unused pointers are `hi`."""
+def read_args(packed, fmt, hi):
+    """(KIND, GROUP, data, scales, global scale, padded K) of the read copy for the step kernels: the packed encoding
+    where they decode it (`packed_codec`: fp32/fp16/bf16, fp8 any scale, nvfp4 axis=dstate), else the decoded FP32
+    copy (or S_hi [B, HV, V, K] itself when there is no read copy). Unused pointers are `hi`."""
     dk = hi.shape[-1]
-    kinds = {"fp32": _P_F32.value, "fp16": _P_F16.value, "fp16sr": _P_F16.value, "bf16": _P_BF16.value}
-    groups = {"none": _S_NONE.value, "row": _S_ROW.value, "head": _S_HEAD.value, "tensor": _S_TENSOR.value}
+    fp32 = int(Kind.FP32), int(Group.NONE)
     if packed is None:
-        return _P_F32.value, _S_NONE.value, hi, hi, hi, dk
-    if not triton_rounds(fmt):
-        return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
-    gs = hi if packed.global_scale is None else packed.global_scale.contiguous()
-    if isinstance(fmt, ElementwiseFormat):
-        return kinds[fmt.base], _S_NONE.value, packed.data.contiguous(), hi, hi, dk
-    if isinstance(fmt, FP8Format):
-        kind = (_P_E5M2 if fmt.base == "fp8e5m2" else _P_E4M3).value
-        return kind, groups[fmt.scale], packed.data.contiguous(), hi, gs, dk
-    if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate":
-        return _P_NVFP4.value, groups[fmt.scale], packed.data.contiguous(), packed.scales.contiguous(), gs, packed.data.shape[-1] * 2
-    return _P_F32.value, _S_NONE.value, fmt.decode(packed).float().contiguous(), hi, hi, dk
+        return *fp32, hi, hi, hi, dk
+    codec = packed_codec(fmt)
+    if codec is None:
+        return *fp32, fmt.decode(packed).float().contiguous(), hi, hi, dk
+    scales, gs = (hi if t is None else t.contiguous() for t in (packed.scales, packed.global_scale))
+    return int(codec.kind), int(codec.group), packed.data.contiguous(), scales, gs, codec.padded(dk)
 
 
 def read_copy_format(config):
+    """The format of the copy the step kernels read: the read copy's, or the recurrence copy's when shared."""
     return config.recur_format if config.shared else config.read_format
 
 

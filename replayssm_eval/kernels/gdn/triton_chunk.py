@@ -15,9 +15,9 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    segment, (I + A)^-1, is solved batched in torch; one launch then walks the segments of each
    (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
    copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
-   `replay.keys`), using the quant library's device roundings. In-kernel formats: fp32, bf16,
-   fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none (|head), nvfp4 axis=dstate with
-   scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
+   `replay.keys`), using the formats' device codecs (`formats.device`, by each format's kernel
+   codec). In-kernel formats: fp32, bf16, fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none
+   (|head), nvfp4 axis=dstate with scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
    A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
    fp8 scale=tensor, blocks along head_dim, MX) is stored as the FP32 fold and rounded by torch
    (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
@@ -45,8 +45,8 @@ def _chunked_kernel(
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
@@ -106,8 +106,8 @@ def _chunked_kernel(
                 else:
                     folded = d_end * s_hi + dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
-                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
+                                          HI_MAX, LO_KIND, LO_GROUP, LO_MAX, BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
             tl.store(u_ptr + out, u, mask=vmask[None, :])
@@ -121,7 +121,7 @@ def chunked_triton(p: Prepared, *, rounded: bool = True):
     return shared.chunked_triton(p, _chunked, rounded=rounded)
 
 
-def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
+def _chunked(p: Prepared, hi_codec, lo_codec, launch: dict):
     """One `_chunked_kernel` launch per block of segments, on T = (I + A)^-1 (and the closed fold's) solved in torch.
 
     The segment loop and the rounding of copies no program can round: `delta.triton_chunk.run_segments`."""
@@ -165,4 +165,4 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
         tinv = a_open.contiguous()
     del decay, a, a_open
     inputs = (k_pad, q_pad, v_pad, uk_pad, gc, d, dc, d_end.contiguous(), beta_pad, rhi, pre, tinv, tinv_c if closed else tinv)
-    return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
+    return shared.run_segments(p, seg, lp, hi_codec, lo_codec, launch, _chunked_kernel, inputs)

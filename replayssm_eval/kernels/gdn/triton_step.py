@@ -9,7 +9,7 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
    weighted sums of buffered u rows, the state terms two row dots S_src^T k, S_src^T q per v row in
    one pass over K in FP32 FMAs; see "single-token step" below). Non-flush rows read the packed
    read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32 scales, or
-   16/32-bit elements) through the fast decoders of `quant.triton` and the buffer, and write no
+   16/32-bit elements) through the fast decoders of `formats.device` and the buffer, and write no
    state; flush rows read S_hi and the buffer and write the FP32 fold (open: rank-1 updates; closed:
    the delta rule re-run over the buffered raw entries), which the host rounds to both copies with
    `write_checkpoint_packed` (one rounding, the read copy also packed). `step_launch_config` gives
@@ -25,11 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.delta.triton_chunk import dot  # a jit helper the kernels read as a global
-from replayssm_eval.kernels.delta.triton_step import (  # jit helpers and constexprs the kernels below read as globals
-    _P_NVFP4, _S_HEAD, _S_ROW, _S_TENSOR, _decode_codes, _load_packed, _read_args, conventional_launch,
+from replayssm_eval.formats.device import (
+    E2M1_F16_SCALE, GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_f16, e2m1_f16_hi, e4m3_fast,
 )
-from replayssm_eval.quant.triton import _E2M1_F16_SCALE, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast
+from replayssm_eval.kernels.delta.triton_chunk import dot  # a jit helper the kernels read as a global
+from replayssm_eval.kernels.delta.triton_step import conventional_launch, load_packed, read_args
 from replayssm_eval.replay.buffer_round import round_buffered
 
 
@@ -38,7 +38,7 @@ def _step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, count_ptr,
     rhi_ptr, hi_ptr, data_ptr, scales_ptr, gs_ptr, u_ptr, o_ptr,
     HV, GROUPS, K, V, KP, CAP, eps,
-    W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
+    W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
     SKIP: tl.constexpr,
 ):
     # new entries: q, k [B, W, H, K]; v [B, W, HV, V]; g, beta [B, W, HV]; width [B] entries used (<= W)
@@ -60,7 +60,7 @@ def _step_kernel(
         state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
         src = tl.load(hi_ptr + state_idx, mask=kmask[:, None] & vmask[None, :], other=0.0)
     else:
-        src = _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
+        src = load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, GROUP)
     # committed buffer: P = sum_i exp(G_h - gc_i) k_i u_i^T
     bk = tl.load(bk_ptr + ((b * CAP + cs[:, None]) * H + h).to(tl.int64) * K + ks[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
     bu = tl.load(bu_ptr + ((b * CAP + cs[:, None]) * HV + hv).to(tl.int64) * V + vs[None, :], mask=valid[:, None] & vmask[None, :], other=0.0)
@@ -95,7 +95,7 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
     bsz, nw, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
-    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, src_hi)
+    kind, group, data, scales, gs, kp = read_args(packed, read_fmt, src_hi)
     u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
     o = torch.zeros_like(u)
     bk = max(16, triton.next_power_of_2(dk))
@@ -106,7 +106,7 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
         width.contiguous(), buffer["k"].contiguous(), buffer["u"].contiguous(), buffer["g"].contiguous(), count.contiguous(),
         read_hi.to(torch.int32).contiguous(), src_hi, data, scales, gs, u, o,
         nv, groups, dk, dv, kp, cap, float(eps or 0.0),
-        W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=bk, BV=bv, KIND=kind, SCALE=scale, SKIP=eps is not None,
+        W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=bk, BV=bv, KIND=kind, GROUP=group, SKIP=eps is not None,
         num_warps=4,
     )
     return u, o
@@ -121,14 +121,14 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
 # so no [K, V] tile is formed. `_replay_step_kernel`, per (sequence, value head, TILES blocks of BLOCK_V v rows): the
 # weights a_i (k_j . k_i), a_i (q_j . k_i) once, then per v block the buffer's u rows and the two row dots
 # S_src^T k_j, S_src^T q_j in one pass over the stored rows (K in chunks of BLOCK_K, FP32 FMAs, no tl.dot). Packed
-# codes go through the fast decoders of `quant.triton`; the NVFP4 block scale multiplies a 16-element partial sum.
+# codes go through the fast decoders of `formats.device`; the NVFP4 block scale multiplies a 16-element partial sum.
 # A folding sequence loads its whole FP32 S_hi block once (row dots and fold) and folds it by rank-1 updates (open) or
 # by re-running the delta rule over the buffered raw entries (closed).
 
 
 @triton.jit
 def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask_v, read_hi,
-             K: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
+             K: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
              BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
     """(S_src^T k, S_src^T q), [BLOCK_V] each, of the state rows `rows` ([BLOCK_V] in [B, HV, V]) in one pass over K:
     S_src = S_hi (FP32) if read_hi else the packed read copy. k_ptr, q_ptr: the token's k, q [K] (FP32)."""
@@ -141,36 +141,36 @@ def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mas
             sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
             sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
     else:
-        if KIND == _P_NVFP4:  # bytes as [BLOCK_V, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
+        if KIND == NVFP4:  # bytes as [BLOCK_V, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
             for c in tl.static_range(0, KP, BLOCK_K):
                 blk = c // 16 + tl.arange(0, BLOCK_K // 16)  # [BLOCK_S] scale block
                 col = blk[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
                 m3 = mask_v[:, None, None] & (col < KP // 2)[None, :, :]
                 byte = tl.load(data_ptr + rows[:, None, None] * (KP // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
-                x_even, x_odd = _e2m1_f16(byte), _e2m1_f16_hi(byte)  # [BLOCK_V, BLOCK_S, 8] elements 2j, 2j+1 * 2^-14
+                x_even, x_odd = e2m1_f16(byte), e2m1_f16_hi(byte)  # [BLOCK_V, BLOCK_S, 8] elements 2j, 2j+1 * 2^-14
                 k_even = tl.load(k_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
                 k_odd = tl.load(k_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
                 q_even = tl.load(q_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
                 q_odd = tl.load(q_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
                 m2 = mask_v[:, None] & (blk < KP // 16)[None, :]
-                sc = _e4m3_fast(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blk[None, :], mask=m2, other=0))
-                sc = sc * _E2M1_F16_SCALE  # [BLOCK_V, BLOCK_S]
+                sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blk[None, :], mask=m2, other=0))
+                sc = sc * E2M1_F16_SCALE  # [BLOCK_V, BLOCK_S]
                 sk += tl.sum(tl.sum(x_even * k_even + x_odd * k_odd, axis=2) * sc, axis=1)
                 sq += tl.sum(tl.sum(x_even * q_even + x_odd * q_odd, axis=2) * sc, axis=1)
         else:
             for c in tl.static_range(0, K, BLOCK_K):
                 ks = c + tl.arange(0, BLOCK_K)
                 m2 = mask_v[:, None] & (ks < K)[None, :]
-                s = _decode_codes(tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0), KIND)
+                s = decode_elements(tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0), KIND)
                 sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
                 sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
-        if SCALE == _S_ROW:
+        if GROUP == GROUP_ROW:
             gs = tl.load(gs_ptr + rows, mask=mask_v, other=1.0)
             sk, sq = sk * gs, sq * gs
-        elif SCALE == _S_HEAD:
+        elif GROUP == GROUP_HEAD:
             gs = tl.load(gs_ptr + bh)
             sk, sq = sk * gs, sq * gs
-        elif SCALE == _S_TENSOR:
+        elif GROUP == GROUP_TENSOR:
             gs = tl.load(gs_ptr + b)
             sk, sq = sk * gs, sq * gs
     return sk, sq
@@ -222,7 +222,7 @@ def _replay_step_kernel(
     u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
-    KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
     BUF: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -277,7 +277,7 @@ def _replay_step_kernel(
                 sq = tl.sum(s_hi * qj[None, :], axis=1)
             else:
                 sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                  read_hi, K, KP, KIND, SCALE, BLOCK_V, BLOCK_K)
+                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
             if CLOSED:
@@ -296,7 +296,7 @@ def _replay_step_kernel(
             sq = tl.zeros([BLOCK_V], dtype=tl.float32)
             if do_read:
                 sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                  read_hi, K, KP, KIND, SCALE, BLOCK_V, BLOCK_K)
+                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
         tl.store(u_ptr + rows, u, mask=mask_v)
@@ -335,7 +335,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
-    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, hi)
+    kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
     cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
@@ -343,7 +343,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
         *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, float(eps or 0.0),
-        K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, SCALE=scale, SKIP=eps is not None,
+        K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
         FOLD=folds, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
     )
 

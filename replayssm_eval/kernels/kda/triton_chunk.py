@@ -39,8 +39,8 @@ def _chunked_kernel(
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_SCALE: tl.constexpr, HI_MAX: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_SCALE: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
     # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
@@ -94,8 +94,8 @@ def _chunked_kernel(
                 else:
                     folded = d_end[:, None] * s_hi + dot(tl.trans(k_end), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_SCALE,
-                                           HI_MAX, LO_KIND, LO_SCALE, LO_MAX, BK, BV)
+                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
+                                          HI_MAX, LO_KIND, LO_GROUP, LO_MAX, BK, BV)
             tl.store(o_ptr + rv, o, mask=vmask[None, :])
             tl.store(u_ptr + rv, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
@@ -143,7 +143,7 @@ def _pad_length(t: torch.Tensor, dim: int, lp: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(shape)], dim=dim)
 
 
-def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
+def _chunked(p: Prepared, hi_codec, lo_codec, launch: dict):
     """One `_chunked_kernel` launch per block of segments on `_segment_tensors`; the segment loop and the rounding of
     copies no program can round: `delta.triton_chunk.run_segments`."""
     seg = segment_layout(p)
@@ -153,7 +153,7 @@ def _chunked(p: Prepared, hi_mode, lo_mode, launch: dict):
     unused = solved[1]
     inputs = (*solved, t["q_hi"], t["q_lo"], t["m"], t["k_end"], t["d_end"],
               t.get("u0_c", unused), t.get("w_c", unused), t["q"], t["read_hi"], t.get("a", unused))
-    return shared.run_segments(p, seg, lp, hi_mode, lo_mode, launch, _chunked_kernel, inputs)
+    return shared.run_segments(p, seg, lp, hi_codec, lo_codec, launch, _chunked_kernel, inputs)
 
 
 # ---------------------------------------------------------------------------------------------- single-token step

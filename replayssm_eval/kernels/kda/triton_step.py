@@ -22,9 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.delta.triton_step import (  # jit helpers the kernels read as globals
-    _load_packed, _read_args, conventional_launch,
-)
+from replayssm_eval.kernels.delta.triton_step import conventional_launch, load_packed, read_args
 from replayssm_eval.replay.buffer_round import round_buffered
 
 
@@ -38,7 +36,7 @@ def _replay_step_kernel(
     u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
     HV, GROUPS, CAP, K, V, KP, eps,
     BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
-    KIND: tl.constexpr, SCALE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
     BUF: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -85,7 +83,7 @@ def _replay_step_kernel(
     if read_hi:
         src = s_hi
     else:
-        src = _load_packed(data_ptr, scale_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
+        src = load_packed(data_ptr, scale_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, GROUP)
     bu = tl.load(bu_ptr + (ent[:, None] * HV + hv) * V + vs[None, :], mask=valid[:, None] & vmask[None, :], other=0.0)
     vj = tl.load(v_ptr + bh * V + vs, mask=vmask, other=0.0)
     u = beta * (vj - tl.sum(src * (d * kj)[:, None], axis=0) - tl.sum(bu * wk[:, None], axis=0))
@@ -136,7 +134,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
-    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, hi)
+    kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
     cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
@@ -146,7 +144,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, dk, dv, kp, float(eps or 0.0),
         BK=max(16, triton.next_power_of_2(dk)), BV=cfg["BV"], BLOCK_E=max(16, triton.next_power_of_2(cap)),
-        KIND=kind, SCALE=scale, SKIP=eps is not None, FOLD=folds, CLOSED=closed, BUF=buf_kind,
+        KIND=kind, GROUP=group, SKIP=eps is not None, FOLD=folds, CLOSED=closed, BUF=buf_kind,
         num_warps=cfg["num_warps"],
     )
 
@@ -156,7 +154,7 @@ def _verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, width_ptr, bk_ptr, bu_ptr, bg_ptr, count_ptr,
     rhi_ptr, hi_ptr, data_ptr, scales_ptr, gs_ptr, u_ptr, o_ptr,
     HV, GROUPS, K, V, KP, CAP, eps,
-    W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, SCALE: tl.constexpr,
+    W: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
     SKIP: tl.constexpr,
 ):
     # drafts: q, k [B, W, H, K]; v [B, W, HV, V]; g [B, W, HV, K]; beta [B, W, HV]; width [B] drafts used (<= W)
@@ -178,7 +176,7 @@ def _verify_kernel(
         state_idx = ((b * HV + hv) * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
         src = tl.load(hi_ptr + state_idx, mask=kmask[:, None] & vmask[None, :], other=0.0)
     else:
-        src = _load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, SCALE)
+        src = load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, GROUP)
     # committed buffer: P = sum_i diag(exp(G_h - gc_i)) k_i u_i^T  [BK, BV]
     m_ck = valid[:, None] & kmask[None, :]
     ent = (b * CAP + cs).to(tl.int64)
@@ -224,7 +222,7 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
     bsz, nw, nv, dv = drafts["v"].shape
     dk = drafts["k"].shape[-1]
     cap = buffer["k"].shape[1]
-    kind, scale, data, scales, gs, kp = _read_args(packed, read_fmt, src_hi)
+    kind, group, data, scales, gs, kp = read_args(packed, read_fmt, src_hi)
     u = torch.zeros(bsz, nw, nv, dv, device=src_hi.device)
     o = torch.zeros_like(u)
     bv = min(max(16, triton.next_power_of_2(dv)), 64)
@@ -234,7 +232,7 @@ def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_h
         read_hi.to(torch.int32).contiguous(), src_hi, data, scales, gs, u, o,
         nv, groups, dk, dv, kp, cap, float(eps or 0.0),
         W=nw, CP=max(16, triton.next_power_of_2(cap)), BK=max(16, triton.next_power_of_2(dk)), BV=bv,
-        KIND=kind, SCALE=scale, SKIP=eps is not None, num_warps=4,
+        KIND=kind, GROUP=group, SKIP=eps is not None, num_warps=4,
     )
     return u, o
 

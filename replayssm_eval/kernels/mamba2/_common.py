@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from replayssm_eval.formats import PackedState
+from replayssm_eval.kernels.validate import check_tensor
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
-from replayssm_eval.kernels.validate import check_tensor
-from replayssm_eval.quant import PackedState
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 BUFFER_KEYS = ("x", "B", "dt")

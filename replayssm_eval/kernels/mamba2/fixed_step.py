@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from replayssm_eval.kernels.mamba2.triton_step import _read_layout, _replay_step_kernel, step_grid, step_launch_config
+from replayssm_eval.kernels.mamba2.triton_step import _replay_step_kernel, read_layout, step_grid, step_launch_config
 from replayssm_eval.replay.buffer_round import buffer_kind
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def fixed_step(st: StaticState, inputs: tuple, fold: torch.Tensor, folds: str) -
     buf = st.buffer
     batch, E, H, P = buf["x"].shape
     G, N = buf["B"].shape[2], buf["B"].shape[3]
-    read, scope, (data, scales, gs), nb = _read_layout(st.replay_state(), st.config)
+    read, group, (data, scales, gs), nb = read_layout(st.replay_state(), st.config)
     y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
     fold8 = fold.to(torch.int8)
     cfg = step_launch_config(batch, H, P, read)
@@ -40,7 +40,7 @@ def fixed_step(st: StaticState, inputs: tuple, fold: torch.Tensor, folds: str) -
         buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, fold8, fold8, st.hi, data,
         data if scales is None else scales, data if gs is None else gs, A.contiguous(), y, st.fold_out if flush else y,
         E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=flush, BUF=buffer_kind(st.config),
+        P=P, N=N, NB=nb, READ=read, GROUP=group, SKIP=skip is not None, FOLD=flush, BUF=buffer_kind(st.config),
         BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N),
         BLOCK_S=max(16, triton.next_power_of_2(nb)) // 16, **cfg,
     )

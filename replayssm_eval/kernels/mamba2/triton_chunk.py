@@ -6,9 +6,9 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
-  whose scale group lies inside one program's tile: fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2
-  with scale=row|head|none; nvfp4 with axis=dstate and scale=row|head (head scales make a program
-  hold the whole head). The other formats (tensor-wide scales, nvfp4 axis=headdim, MX; the default
+  whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
+  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2 with scale=row|head|none; nvfp4 with axis=dstate and
+  scale=row|head (head scales make a program hold the whole head). The other formats (tensor-wide scales, nvfp4 axis=headdim, MX; the default
   `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
@@ -17,8 +17,7 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
   folded before the next launch (`_scan`). FP64 compute falls back to the torch backend, with a
   warning.
-The kernel computes in FP32 (tl.dot with input_precision="ieee", no TF32). The read copy's scale-group numbering
-(`_SCOPES`) is `triton_step`'s.
+The kernel computes in FP32 (tl.dot with input_precision="ieee", no TF32).
 """
 
 from __future__ import annotations
@@ -29,50 +28,16 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
+from replayssm_eval.formats.device import round_tile, state_bits
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
-from replayssm_eval.kernels.mamba2.triton_step import _HEAD, _NONE, _SCOPES
-from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
-from replayssm_eval.quant.triton import FP8SR, FP16SR, KINDS, NVFP4, quantize_tile, tile_amax, triton_rounds
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
 
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
-_IDENTITY = (KINDS["fp32"].value, _NONE, 1.0)  # the loop keeps the FP32 fold: torch rounds that copy
-
-
-def _store_kind(fmt) -> tuple[int, int, float] | None:
-    """(kind, scale scope, FP8 max) of a format the chunk kernel can round in-loop, or None when its scale group spans
-    programs (tensor-wide scale, head_dim blocks, MX blocks) or the device functions lack it (`triton_rounds`): then
-    torch rounds that copy outside the loop."""
-    if not triton_rounds(fmt):
-        return None
-    if isinstance(fmt, ElementwiseFormat):
-        return KINDS[fmt.base].value, _NONE, 1.0
-    if isinstance(fmt, FP8Format) and fmt.scale != "tensor":
-        return KINDS[fmt.base].value, _SCOPES[fmt.scale], fmt.max_value
-    if isinstance(fmt, NVFP4Format) and fmt.axis == "dstate" and fmt.scale != "tensor":
-        return NVFP4.value, _SCOPES[fmt.scale], 1.0
-    return None
-
-
-@triton.jit
-def _bits(key, counter, KIND: tl.constexpr):
-    """Philox words for the stochastic kinds (fp16sr, fp8sr), as `keys.state_random_bits`; zeros otherwise."""
-    if (KIND == FP16SR) | (KIND == FP8SR):
-        bits = tl.randint(key, counter).to(tl.int64)
-    else:
-        bits = tl.zeros(counter.shape, dtype=tl.int64)
-    return bits
-
-
-@triton.jit
-def _quantize_tile(v, bits, KIND: tl.constexpr, SCOPE: tl.constexpr, FP8_MAX: tl.constexpr,
-                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The format's fake quantization of a [BLOCK_P, BLOCK_N] state tile (zero padded), as `fmt.quantize`."""
-    return quantize_tile(v, bits, tile_amax(v, SCOPE == 2), KIND, SCOPE != 0, FP8_MAX, 16, BLOCK_P, BLOCK_N)
 
 
 @triton.jit
@@ -81,8 +46,8 @@ def _chunk_scan_kernel(
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
-    RECUR: tl.constexpr, RECUR_SCOPE: tl.constexpr, RECUR_MAX: tl.constexpr,
-    READ: tl.constexpr, READ_SCOPE: tl.constexpr, READ_MAX: tl.constexpr,
+    RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr,
+    READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -144,14 +109,14 @@ def _chunk_scan_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = _quantize_tile(folded, _bits(key_hi, counter, RECUR), RECUR, RECUR_SCOPE, RECUR_MAX, BLOCK_P, BLOCK_N)
+            hi = round_tile(folded, state_bits(key_hi, counter, RECUR), RECUR, RECUR_GROUP, RECUR_MAX, BLOCK_P, BLOCK_N)
             if LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif SHARED:
                 lo = hi
             else:
-                lo = _quantize_tile(folded, _bits(key_lo, counter, READ), READ, READ_SCOPE, READ_MAX, BLOCK_P, BLOCK_N)
+                lo = round_tile(folded, state_bits(key_lo, counter, READ), READ, READ_GROUP, READ_MAX, BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
     tl.store(hi_ptr + state_off, hi, mask=mask_s)
@@ -161,7 +126,7 @@ def _chunk_scan_kernel(
     tl.store(pre_ptr + state_off, pre, mask=mask_s)
 
 
-def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, outside=None):
+def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, outside=None):
     """Launch over the segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds); hi, lo ([B, H, P, N]
     fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are updated in place.
 
@@ -172,17 +137,17 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, 
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
-    (recur, recur_scope, recur_max), (read, read_scope, read_max) = kinds
+    recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    launch = chunked_launch_config(P, N, _HEAD in (recur_scope, read_scope))
+    launch = chunked_launch_config(P, N, Group.HEAD in (recur.group, read.group))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     _chunk_scan_kernel[(batch, H, triton.cdiv(P, block_p))](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
         S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
-        RECUR=recur, RECUR_SCOPE=recur_scope, RECUR_MAX=recur_max, READ=read, READ_SCOPE=read_scope,
-        READ_MAX=read_max, SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None,
-        BUF=buffer_kind(config),
+        RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, READ=int(read.kind),
+        READ_GROUP=int(read.group), READ_MAX=read.max, SHARED=config.shared, LO_OUTSIDE=outside is not None,
+        SKIP=skip is not None, BUF=buffer_kind(config),
         BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
         DOT=launch["DOT"], num_warps=launch["num_warps"],
     )
@@ -196,23 +161,24 @@ def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict
     return {"BLOCK_P": 16, "num_warps": 2, "DOT": "ieee"}
 
 
-def _kinds(config) -> tuple:
-    """`_store_kind` of (S_hi, S_lo); a shared checkpoint's S_lo is S_hi."""
-    return _store_kind(config.recur_format), _store_kind(config.read_format)
+def _codecs(config) -> tuple:
+    """The codecs of (S_hi, S_lo) the loop rounds (`tile_codec`: a program holds the whole head where a scale needs it),
+    None for a copy torch rounds; a shared checkpoint's S_lo is S_hi."""
+    return tile_codec(config.recur_format), tile_codec(config.read_format)
 
 
-def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, kinds, span, outside=None) -> None:
-    """`_chunk_scan` over span. A recurrence copy the loop cannot round (kinds[0] None) takes one launch per segment
+def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside=None) -> None:
+    """`_chunk_scan` over span. A recurrence copy the loop cannot round (codecs[0] None) takes one launch per segment
     that keeps the FP32 fold in S_hi, which `round_folded` rounds for the sequences that folded before the next
     launch (exactly `write_checkpoint`'s rounding; a shared checkpoint's S_lo is the same tensor)."""
     state, config = inp.state, inp.config
     checkpoint = state.checkpoint.contiguous()
-    recur, read = kinds
+    recur, read = codecs
     if recur is not None:
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, kinds, span, outside)
+        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, outside)
         return
     for s in range(*span):
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, (_IDENTITY, read or _IDENTITY), (s, s + 1),
+        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, (FP32_CODEC, read or FP32_CODEC), (s, s + 1),
                     outside)
         round_folded(hi, config.recur_format, keys[:, 0], checkpoint + s + 1, seg.folds[:, s], seg.folds_host[s])
 
@@ -237,7 +203,7 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
     for s0 in range(0, S, block):
         s1 = min(S, s0 + block)
         k = s1 - s0
-        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, _IDENTITY), (s0, s1), outside=(out, g_lo, s0))
+        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, FP32_CODEC), (s0, s1), outside=(out, g_lo, s0))
         fold = seg.folds[:, s0:s1]  # [B, k]
         if any(any(f) for f in seg.folds_host[s0:s1]):
             new = out[:, 1:k + 1]  # [B, k, H, P, N]
@@ -270,7 +236,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     hi = state.hi.clone().contiguous()
     pre = torch.zeros_like(hi)
     y_grid = torch.empty(*grid[0].shape, dtype=torch.float32, device=hi.device)  # [B, S, L, H, P]
-    recur, read = _kinds(config)
+    recur, read = _codecs(config)
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
     if read_outside:

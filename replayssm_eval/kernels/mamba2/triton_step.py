@@ -4,8 +4,8 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
 
 - `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
   `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
-  sequences read the packed read copy (NVFP4 codes + E4M3 block scales + FP32 global scale, FP8
-  codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write no state; flush sequences
+  sequences read the packed read copy (`read_layout`: NVFP4 codes + E4M3 block scales + FP32 global scale,
+  FP8 codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write no state; flush sequences
   read S_hi and the buffer, and the kernel writes the FP32 fold, which one vectorised pass
   (`write_checkpoint_packed`) rounds to both copies: this pass does the scale reductions of every format.
 - `verify_triton`: output-only verification of T drafts appended after the committed entries.
@@ -19,25 +19,23 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
-from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, NVFP4Format
-from replayssm_eval.quant.triton import (
-    _E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, KINDS, NVFP4, _e2m1_f16, _e2m1_f16_hi, _e4m3_fast, _e5m2_fast,
-    e2m1_decode, e4m3_decode, e5m2_decode, triton_rounds,
+from replayssm_eval.formats.codec import Group, Kind, packed_codec
+from replayssm_eval.formats.device import (
+    E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode,
+    e2m1_f16, e2m1_f16_hi, e4m3_decode, e4m3_fast, e5m2_decode,
 )
+from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
-# scale group of the kernel's quantizer / packed global scale: none, per row of N, per head, per sequence
-_NONE, _ROW, _HEAD, _TENSOR = range(4)
-_SCOPES = {"none": _NONE, "row": _ROW, "head": _HEAD, "tensor": _TENSOR}
+_WIDE_READS = (Kind.FP32, Kind.BF16, Kind.FP16, Kind.FP16SR)  # read copies of 16- and 32-bit elements
 
 
 @triton.jit
 def _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask, H, P, N, NB,
-                    READ: tl.constexpr, GS_SCOPE: tl.constexpr):
-    """Decode a [BLOCK_P, BLOCK_N] tile of the packed read copy (layouts of `quant.formats`)."""
+                    READ: tl.constexpr, GROUP: tl.constexpr):
+    """Decode a [BLOCK_P, BLOCK_N] tile of the packed read copy (layouts of `formats.formats`)."""
     row = (b * H + h).to(tl.int64) * P + offs_p[:, None]  # [BLOCK_P, 1] row in [B, H, P]
     if READ == NVFP4:  # NVFP4, axis=dstate: 2 codes per byte (low nibble first), one E4M3 scale per 16
         byte = tl.load(data_ptr + row * (NB // 2) + offs_n[None, :] // 2, mask=mask, other=0).to(tl.int32)
@@ -50,11 +48,11 @@ def _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask, H, 
         v = e5m2_decode(tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0))
     else:
         v = tl.load(data_ptr + row * N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    if GS_SCOPE == 1:
+    if GROUP == GROUP_ROW:
         v = v * tl.load(gs_ptr + row, mask=offs_p[:, None] < P, other=1.0)
-    elif GS_SCOPE == 2:
+    elif GROUP == GROUP_HEAD:
         v = v * tl.load(gs_ptr + b * H + h)
-    elif GS_SCOPE == 3:
+    elif GROUP == GROUP_TENSOR:
         v = v * tl.load(gs_ptr + b)
     return tl.where(mask, v, 0.0)
 
@@ -66,7 +64,7 @@ def _replay_kernel(
     hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, H, P, N] fp32 and the packed read copy
     A_ptr, y_ptr, out_ptr,  # y [B, T, H, P]; out [B, H, P, N] the fold of all entries (FP32)
     E, T, H, P, N, G, HPG, NB, skip,
-    READ: tl.constexpr, GS_SCOPE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr,
+    READ: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -101,7 +99,7 @@ def _replay_kernel(
     if tl.load(read_hi_ptr + b) != 0:
         src = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
     else:
-        src = _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask_s, H, P, N, NB, READ, GS_SCOPE)
+        src = _load_read_copy(data_ptr, scale_ptr, gs_ptr, b, h, offs_p, offs_n, mask_s, H, P, N, NB, READ, GROUP)
     g_read = tl.exp(cs_q)
     if SKIP:
         g_read = tl.where(g_read < skip, 0.0, g_read)
@@ -119,32 +117,23 @@ def _replay_kernel(
             tl.store(out_ptr + state_off, folded, mask=mask_s)
 
 
-def _read_layout(state: ReplayState, config) -> tuple[int, int, tuple, int]:
-    """(kind, global-scale scope, (data, scales, global_scale), padded N) of the read copy the kernels decode.
-
-    The packed encoding is read for fp32/bf16/fp16(sr), fp8 (any scale) and nvfp4 with axis=dstate;
-    other layouts (nvfp4 head_dim blocks, MX) are read from the decoded FP32 copy `state.lo`.
-    """
+def read_layout(state: ReplayState, config) -> tuple[int, int, tuple, int]:
+    """(KIND, GROUP, (data, scales, global_scale), padded N) of the read copy the kernels decode: its packed encoding
+    where the kernels decode it (`packed_codec`), else the decoded FP32 copy `state.lo`."""
     fmt, packed = config.read_format, state.lo_packed
     n = state.hi.shape[-1]
-    if packed is None or not triton_rounds(fmt) or not (isinstance(fmt, (ElementwiseFormat, FP8Format))
-                              or (isinstance(fmt, NVFP4Format) and fmt.axis == "dstate")):
-        return KINDS["fp32"].value, _NONE, (state.lo.contiguous(), None, None), n
-    scope = _SCOPES[getattr(fmt, "scale", "none")]
-    if isinstance(fmt, NVFP4Format):
-        return NVFP4.value, scope, (packed.data.contiguous(), packed.scales.contiguous(), packed.global_scale.contiguous()), \
-            packed.data.shape[-1] * 2
-    if isinstance(fmt, FP8Format):
-        gs = None if packed.global_scale is None else packed.global_scale.contiguous()
-        return KINDS[fmt.base].value, scope, (packed.data.contiguous(), None, gs), n
-    return KINDS["fp32"].value, _NONE, (packed.data.contiguous(), None, None), n
+    codec = None if packed is None else packed_codec(fmt)
+    if codec is None:
+        return int(Kind.FP32), int(Group.NONE), (state.lo.contiguous(), None, None), n
+    fields = tuple(None if t is None else t.contiguous() for t in (packed.data, packed.scales, packed.global_scale))
+    return int(codec.kind), int(codec.group), fields, codec.padded(n)
 
 
 def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
     """Launch `_replay_kernel`: entries [B, E, ...] (queries at count..count+T-1), returns (y [B, T, H, P], fold or None)."""
     batch, E, H, P = x.shape
     T, G, N = C_q.shape[1], B.shape[2], B.shape[3]
-    read, scope, (data, scales, gs), nb = _read_layout(state, config)
+    read, group, (data, scales, gs), nb = read_layout(state, config)
     y = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)
     do_fold = bool(fold.any())
     out = torch.empty_like(state.hi) if do_fold else y
@@ -154,7 +143,7 @@ def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
         x, B, dt, C_q, count, read_hi.to(torch.int8), fold.to(torch.int8), state.hi.contiguous(), data,
         data if scales is None else scales, data if gs is None else gs, A, y, out,
         E, T, H, P, N, G, H // G, nb, float(skip or 0.0),
-        READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=do_fold,
+        READ=read, GROUP=group, SKIP=skip is not None, FOLD=do_fold,
         BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_P=block_p,
         BLOCK_N=max(16, triton.next_power_of_2(N)),
     )
@@ -172,7 +161,7 @@ def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
 @triton.jit
 def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p, read_hi,
                  H, N: tl.constexpr, NB: tl.constexpr,
-                 READ: tl.constexpr, GS_SCOPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
+                 READ: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
     """sum_n S_src[p, n] C[n] for one [BLOCK_P] tile of rows: S_hi (FP32) if read_hi else the packed read copy.
     c: C [BLOCK_N]; c_even, c_odd: C[2j], C[2j + 1] as [BLOCK_S, 8] (NVFP4 only), j the byte column."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -186,26 +175,20 @@ def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, ro
             col = offs_s[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
             m3 = mask_p[:, None, None] & (col < NB // 2)[None, :, :]
             byte = tl.load(data_ptr + rows[:, None, None] * (NB // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
-            part = tl.sum(_e2m1_f16(byte) * c_even[None, :, :] + _e2m1_f16_hi(byte) * c_odd[None, :, :],
+            part = tl.sum(e2m1_f16(byte) * c_even[None, :, :] + e2m1_f16_hi(byte) * c_odd[None, :, :],
                           axis=2)  # [BLOCK_P, BLOCK_S], * 2^-14
             m2 = mask_p[:, None] & (offs_s < NB // 16)[None, :]
-            sc = _e4m3_fast(tl.load(scale_ptr + rows[:, None] * (NB // 16) + offs_s[None, :], mask=m2, other=0))
-            out = tl.sum(tl.where(m2, part * (sc * _E2M1_F16_SCALE), 0.0), axis=1)
+            sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (NB // 16) + offs_s[None, :], mask=m2, other=0))
+            out = tl.sum(tl.where(m2, part * (sc * E2M1_F16_SCALE), 0.0), axis=1)
         else:
             m2 = mask_p[:, None] & mask_n[None, :]
-            ptr = data_ptr + rows[:, None] * N + offs_n[None, :]
-            if (READ == FP8) | (READ == FP8SR):
-                v = _e4m3_fast(tl.load(ptr, mask=m2, other=0))
-            elif READ == FP8E5M2:
-                v = _e5m2_fast(tl.load(ptr, mask=m2, other=0))
-            else:
-                v = tl.load(ptr, mask=m2, other=0.0).to(tl.float32)
+            v = decode_elements(tl.load(data_ptr + rows[:, None] * N + offs_n[None, :], mask=m2, other=0), READ)
             out = tl.sum(v * c[None, :], axis=1)  # masked elements load as 0 and C is 0 past N
-        if GS_SCOPE == 1:
+        if GROUP == GROUP_ROW:
             out = out * tl.load(gs_ptr + rows, mask=mask_p, other=1.0)
-        elif GS_SCOPE == 2:
+        elif GROUP == GROUP_HEAD:
             out = out * tl.load(gs_ptr + b * H + h)
-        elif GS_SCOPE == 3:
+        elif GROUP == GROUP_TENSOR:
             out = out * tl.load(gs_ptr + b)
     return out
 
@@ -218,7 +201,7 @@ def _replay_step_kernel(
     A_ptr, y_ptr, out_ptr,  # y [B, H, P] (without D x); out [B, H, P, N] the FP32 fold of the folding sequences
     E, H, G, HPG, skip,
     P: tl.constexpr, N: tl.constexpr, NB: tl.constexpr,
-    READ: tl.constexpr, GS_SCOPE: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, BUF: tl.constexpr,
+    READ: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -284,11 +267,11 @@ def _replay_step_kernel(
                 y += g_read * tl.sum(s_hi * c[None, :], axis=1)
             else:
                 y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p,
-                                           read_hi, H, N, NB, READ, GS_SCOPE, BLOCK_N, BLOCK_S)
+                                           read_hi, H, N, NB, READ, GROUP, BLOCK_N, BLOCK_S)
         else:
             if do_read:
                 y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_even, c_odd, b, h, rows, mask_p,
-                                           read_hi, H, N, NB, READ, GS_SCOPE, BLOCK_N, BLOCK_S)
+                                           read_hi, H, N, NB, READ, GROUP, BLOCK_N, BLOCK_S)
         tl.store(y_ptr + rows, y, mask=mask_p)
 
 
@@ -296,8 +279,9 @@ def step_launch_config(batch: int, heads: int, head_dim: int, read: int) -> dict
     """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by benchmarks/kernel_speed.py)."""
     if batch * heads < 4096:
         return {"BLOCK_P": min(16, triton.next_power_of_2(head_dim)), "TILES": 1, "num_warps": 4}
-    # many sequences: one single-warp program per head (the H200 sweep's best at P = 80, batch 128 and 256)
-    block_p = min(8 if read == KINDS["fp32"].value else 16, triton.next_power_of_2(head_dim))
+    # many sequences: one single-warp program per head (the H200 sweep's best at P = 80, batch 128 and 256), 8 rows a
+    # tile for reads of 16- and 32-bit elements
+    block_p = min(8 if read in _WIDE_READS else 16, triton.next_power_of_2(head_dim))
     return {"BLOCK_P": block_p, "TILES": triton.cdiv(head_dim, block_p), "num_warps": 1}
 
 
@@ -310,7 +294,7 @@ def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fol
     sequences with fold[b] also get their FP32 fold of entries 0..count[b]. Returns (y [B, H, P], fold or None)."""
     batch, E, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    read, scope, (data, scales, gs), nb = _read_layout(state, config)
+    read, group, (data, scales, gs), nb = read_layout(state, config)
     y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
     do_fold = fold is not None and bool(fold.any())
     out = torch.empty_like(state.hi) if do_fold else y
@@ -322,7 +306,7 @@ def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fol
         x, B, dt, C, count, read_hi.to(torch.int8), fold.to(torch.int8), state.hi.contiguous(), data,
         data if scales is None else scales, data if gs is None else gs, A, y, out,
         E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GS_SCOPE=scope, SKIP=skip is not None, FOLD=do_fold, BUF=buffer_kind(config),
+        P=P, N=N, NB=nb, READ=read, GROUP=group, SKIP=skip is not None, FOLD=do_fold, BUF=buffer_kind(config),
         BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N), BLOCK_S=block_nb // 16, **cfg,
     )
     return y, (out if do_fold else None)

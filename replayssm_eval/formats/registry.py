@@ -7,8 +7,8 @@ in place of the `N` (no sign, no leading zero). `rot=hadamard:N` applies to ever
 
 from __future__ import annotations
 
-from replayssm_eval.quant.formats import ElementwiseFormat, FP8Format, IntFormat, MXFormat, NVFP4Format, StateFormat
-from replayssm_eval.quant.rotation import ROTATIONS, Rotated
+from replayssm_eval.formats.formats import ElementwiseFormat, FP8Format, IntFormat, MXFormat, NVFP4Format, StateFormat
+from replayssm_eval.formats.rotation import ROTATIONS, Rotated
 
 # name -> format class; the class's `options_for(name)` give the accepted options
 FORMATS: dict[str, type[StateFormat]] = {

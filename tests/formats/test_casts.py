@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayssm_eval.quant import rounding
+from replayssm_eval.formats import rounding
 
 
 def _grid_probes(values: np.ndarray) -> np.ndarray:

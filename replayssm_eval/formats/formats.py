@@ -12,10 +12,9 @@ from typing import ClassVar
 
 import torch
 
-from replayssm_eval.quant import layout, philox, rounding
-from replayssm_eval.quant.packed import PackedState
-
-FLT_MAX = 3.4028234663852886e38
+from replayssm_eval.formats import layout, philox, rounding
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind
+from replayssm_eval.formats.packed import PackedState
 
 
 def _div(a: float | torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
@@ -69,6 +68,17 @@ class StateFormat:
     def random_bits_used(self) -> int:
         """K: the low bits of each random word a stochastic format adds below the rounding point."""
         return int(self.bits)
+
+    @property
+    def default_random(self) -> bool:
+        """Deterministic, or stochastic with the default Philox rounds and random bits (those the kernels draw)."""
+        return not self.is_stochastic or (
+            self.rounds == str(philox.N_ROUNDS) and self.bits == self.options_for(self.base)["bits"][0])
+
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        """What a Triton kernel reads of this format (`codec.KernelCodec`), or None: the kernels leave it to torch."""
+        return None
 
     @property
     def bits_per_element(self) -> float:
@@ -126,6 +136,10 @@ class ElementwiseFormat(StateFormat):
     @property
     def bits_per_element(self) -> float:
         return float(self._DTYPES[self.base].itemsize * 8)
+
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        return KernelCodec(Kind[self.base.upper()]) if self.default_random else None
 
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
@@ -296,6 +310,13 @@ class FP8Format(ScaledFormat):
     def max_value(self) -> float:
         return float(self.max)
 
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        """Covered: axis=dstate with scale row, head, tensor or none."""
+        if self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or not self.default_random:
+            return None
+        return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value)
+
     def _round(self, v, words):
         if self.base == "fp8sr":
             return rounding.sr_e4m3(v, words, self.random_bits_used)
@@ -388,7 +409,7 @@ class NVFP4Format(StateFormat):
     axis: str = "dstate"
     scale: str = "head"
     OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": ("head", "tensor", "row", "rowcol")}
-    BLOCK: ClassVar[int] = 16
+    BLOCK: ClassVar[int] = rounding.NVFP4_BLOCK
 
     @property
     def bits_per_element(self) -> float:
@@ -406,17 +427,24 @@ class NVFP4Format(StateFormat):
         """The scale group of S_dec."""
         return "row" if self.scale == "rowcol" else self.scale
 
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        """Covered: every scale but rowcol."""
+        if self.scale == "rowcol":
+            return None
+        return KernelCodec(Kind.NVFP4, Group[self.scale.upper()], block=self.BLOCK, axis=self.axis)
+
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         xo = layout.orient(layout.as_bhpn(x), self.axis)  # [B, H, R, C]
         col = column_factors(xo) if self.scale == "rowcol" else None  # [B, H, 1, C]
         xo = layout.pad_to(xo if col is None else xo / col, self.BLOCK)  # [B, H, R, Cp]
         amax = layout.group_amax(xo, self.group)  # [B, H|1, R|1, 1]
-        s_enc = torch.clamp(_div(2688.0, amax), max=FLT_MAX)
+        s_enc = torch.clamp(_div(rounding.NVFP4_AMAX, amax), max=rounding.FLT_MAX)
         s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
         s_dec = _div(1.0, s_enc)
         blocks = xo.unflatten(-1, (-1, self.BLOCK))  # [B, H, R, Cp/16, 16]
         s_b = nvfp4_block_scale(blocks.abs().amax(-1), s_enc)  # [B, H, R, Cp/16]
-        enc_b = torch.clamp(_div(1.0, s_b * s_dec), max=FLT_MAX)
+        enc_b = torch.clamp(_div(1.0, s_b * s_dec), max=rounding.FLT_MAX)
         v = blocks * enc_b.unsqueeze(-1)
         q = torch.where(v == 0, 0.0, rounding.round_e2m1(v)).flatten(-2)  # [B, H, R, Cp]; -0.0 -> code 0
         codes = rounding.e2m1_to_bits(q)
@@ -457,7 +485,7 @@ class MXFormat(StateFormat):
     base: str
     axis: str = "dstate"
     OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES}
-    BLOCK: ClassVar[int] = 32
+    BLOCK: ClassVar[int] = rounding.MX_BLOCK
 
     @property
     def fp4(self) -> bool:
@@ -466,6 +494,10 @@ class MXFormat(StateFormat):
     @property
     def emax(self) -> int:
         return 2 if self.fp4 else 8
+
+    @property
+    def kernel_codec(self) -> KernelCodec:
+        return KernelCodec(Kind[self.base.upper()], block=self.BLOCK, axis=self.axis)
 
     @property
     def bits_per_element(self) -> float:

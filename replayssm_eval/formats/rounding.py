@@ -42,9 +42,14 @@ E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
 E2M1_MAX = 6.0
 FP16_MAX = 65504.0
+FP16_OVERFLOW = 65520.0  # the smallest |x| that RNE to FP16 turns into Inf
 FP16_SR_BITS = 13
 E4M3_SR_BITS = 16
 F32_SIXTH = 0.1666666716337204  # fp32(1/6), exact in FP32
+FLT_MAX = 3.4028234663852886e38  # the largest finite FP32
+NVFP4_AMAX = E4M3_MAX * E2M1_MAX  # 2688: NVFP4's S_enc = 2688 / amax maps a group's amax to the largest scaled code
+NVFP4_BLOCK = 16  # elements per NVFP4 block scale
+MX_BLOCK = 32  # elements per MX block scale
 
 # value of E2M1 code c (bit 3 = sign, bits 2:0 = magnitude index)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.quant.philox import philox4x32, randint
+from replayssm_eval.formats.philox import philox4x32, randint
 
 # Random123 kat_vectors, philox4x32_10: counter, key, output
 KAT = [

@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from replayssm_eval.quant import get_format
+from replayssm_eval.formats import get_format
 
 
 def _mx_reference(block: np.ndarray, dtype, emax: int, max_value: float) -> np.ndarray:

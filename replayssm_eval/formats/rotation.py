@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_eval.quant import layout
-from replayssm_eval.quant.formats import StateFormat
-from replayssm_eval.quant.packed import PackedState
+from replayssm_eval.formats import layout
+from replayssm_eval.formats.formats import StateFormat
+from replayssm_eval.formats.packed import PackedState
 
 ROTATIONS = ("none", "hadamard:N")
 

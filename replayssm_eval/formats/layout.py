@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from replayssm_eval.quant import philox
+from replayssm_eval.formats import philox
 
 AXES = ("dstate", "headdim")
 # dims of the oriented [B, H, R, C] tensor that one scale group spans

@@ -3,8 +3,8 @@
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from replayssm_eval.quant.formats import _div
-from replayssm_eval.quant.rotation import hadamard
+from replayssm_eval.formats.formats import _div
+from replayssm_eval.formats.rotation import hadamard
 
 
 class Ops(TorchDispatchMode):

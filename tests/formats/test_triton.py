@@ -5,8 +5,9 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.quant import get_format, rounding
-from replayssm_eval.quant import triton as qt
+from replayssm_eval.formats import get_format, rounding
+from replayssm_eval.formats import device
+from replayssm_eval.formats.triton import quantize_triton
 
 SPECS = ["fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4",
          "fp8:scale=tensor", "fp8sr:scale=head", "fp8e5m2:scale=none", "nvfp4:axis=headdim",
@@ -30,7 +31,7 @@ def test_quantize_triton_bit_exact(spec, shape, device, bits_equal):
     fmt = get_format(spec)
     x = _awkward(shape, device)
     kw = {"seed": 2**40 + 17, "offset": 2**33 + 5} if fmt.is_stochastic else {}
-    bits_equal(qt.quantize_triton(x, fmt, **kw).cpu(), fmt.quantize(x, **kw).cpu())
+    bits_equal(quantize_triton(x, fmt, **kw).cpu(), fmt.quantize(x, **kw).cpu())
 
 
 @pytest.mark.parametrize("spec", ["fp16sr", "fp8sr"])
@@ -38,9 +39,9 @@ def test_random_bits_path(spec, device, bits_equal):
     fmt = get_format(spec)
     x = _awkward((2, 4, 24), device)
     words = torch.randint(0, 2**32, x.shape, generator=torch.Generator().manual_seed(3)).to(device)
-    bits_equal(qt.quantize_triton(x, fmt, random_bits=words).cpu(), fmt.quantize(x, random_bits=words).cpu())
+    bits_equal(quantize_triton(x, fmt, random_bits=words).cpu(), fmt.quantize(x, random_bits=words).cpu())
     with pytest.raises(ValueError, match="seed"):
-        qt.quantize_triton(x, fmt)
+        quantize_triton(x, fmt)
 
 
 def test_non_finite_inputs(device, bits_equal):
@@ -49,7 +50,7 @@ def test_non_finite_inputs(device, bits_equal):
     for spec in SPECS:
         fmt = get_format(spec)
         kw = {"seed": 1} if fmt.is_stochastic else {}
-        bits_equal(qt.quantize_triton(x.to(device), fmt, **kw).cpu(), fmt.quantize(x, **kw))
+        bits_equal(quantize_triton(x.to(device), fmt, **kw).cpu(), fmt.quantize(x, **kw))
 
 
 @triton.jit
@@ -59,19 +60,19 @@ def _elementwise_kernel(x_ptr, bits_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl
     x = tl.load(x_ptr + i, mask=m, other=0.0)
     bits = tl.load(bits_ptr + i, mask=m, other=0)
     if OP == "sr_fp16":
-        y = qt.sr_fp16(x, bits)
+        y = device.sr_fp16(x, bits)
     elif OP == "sr_e4m3":
-        y = qt.sr_e4m3(x, bits)
+        y = device.sr_e4m3(x, bits)
     elif OP == "e4m3_decode":
-        y = qt.e4m3_decode(bits)
+        y = device.e4m3_decode(bits)
     elif OP == "e5m2_decode":
-        y = qt.e5m2_decode(bits)
+        y = device.e5m2_decode(bits)
     elif OP == "e2m1_decode":
-        y = qt.e2m1_decode(bits)
+        y = device.e2m1_decode(bits)
     elif OP == "e4m3_encode":
-        y = qt.e4m3_encode(x).to(tl.float32)
+        y = device.e4m3_encode(x).to(tl.float32)
     else:
-        y = qt.e2m1_encode(x).to(tl.float32)
+        y = device.e2m1_encode(x).to(tl.float32)
     tl.store(out_ptr + i, y, mask=m)
 
 

@@ -3,11 +3,12 @@
 import pytest
 import torch
 
+from replayssm_eval.formats import PackedState, get_format
+from replayssm_eval.formats.codec import packed_codec
+from replayssm_eval.formats.triton import encode_triton
 from replayssm_eval.replay import state as state_mod
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, sr_keys, state_random_bits
-from replayssm_eval.quant import PackedState, get_format
-from replayssm_eval.quant import triton as qt
 
 from tests.helpers.nvfp4 import tie_rows
 
@@ -95,7 +96,7 @@ def _check(spec, hpn, device):
     keys, checkpoints = _keys(fmt, x.shape[0])
     for checkpoint in checkpoints:
         want = _reference(fmt, x, keys, checkpoint)
-        got = qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
+        got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
         packed_equal(got, want)
         assert torch.equal(fmt.decode(got).cpu().view(torch.int32), fmt.decode(want).view(torch.int32))
 
@@ -121,7 +122,7 @@ def test_encode_triton_lead_shapes(spec, device):
         n_seq = xs[..., 0, 0, 0].numel()
         keys, (checkpoint, *_) = _keys(fmt, n_seq)
         want = _reference(fmt, xs, keys, checkpoint)
-        packed_equal(qt.encode_triton(xs.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
+        packed_equal(encode_triton(xs.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
 
 
 @pytest.mark.parametrize("spec", ["fp32", "bf16", "fp16sr", "fp8:scale=head", "nvfp4:scale=row"])
@@ -131,7 +132,7 @@ def test_encode_triton_transposed_input(spec, device):
     x = _states((2, 32, 5), seed=6).transpose(-1, -2)  # [6, 2, 5, 32], strided
     keys, (checkpoint, *_) = _keys(fmt, x.shape[0])
     want = _reference(fmt, x, keys, checkpoint)
-    packed_equal(qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
+    packed_equal(encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
 
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
@@ -151,7 +152,7 @@ def test_encode_triton_in_place_rounds_the_taken_states_only(spec, device):
         out = PackedState(old.format, old.shape, *(None if t is None else t.clone().to(device) for t in
                                                    (old.data, old.scales, old.global_scale)))
         decoded = fmt.decode(old).to(device)
-        got = qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device),
+        got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device),
                                take=None if rows is None else rows.to(device), out=out, decoded=decoded)
         assert got.data is out.data
         sel = torch.ones(6, dtype=torch.bool) if rows is None else rows
@@ -168,11 +169,11 @@ def test_encode_triton_in_place_refuses_a_wrong_target_and_a_tensor_scale_with_t
     fmt = get_format("fp16")
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(ValueError, match=r"decoded must be a contiguous torch.float32 \[2, 2, 3, 32\].*float16"):
-        qt.encode_triton(x, fmt, decoded=torch.zeros(2, 2, 3, 32, dtype=torch.float16, device=device))
+        encode_triton(x, fmt, decoded=torch.zeros(2, 2, 3, 32, dtype=torch.float16, device=device))
     with pytest.raises(ValueError, match="data must be a contiguous torch.float16"):
-        qt.encode_triton(x, fmt, out=PackedState("fp16", (2, 2, 3, 32), torch.zeros(2, 2, 3, 31, device=device)))
+        encode_triton(x, fmt, out=PackedState("fp16", (2, 2, 3, 32), torch.zeros(2, 2, 3, 31, device=device)))
     with pytest.raises(ValueError, match="scales over all of them"):
-        qt.encode_triton(x, get_format("nvfp4:scale=tensor"), take=torch.ones(2, dtype=torch.bool, device=device))
+        encode_triton(x, get_format("nvfp4:scale=tensor"), take=torch.ones(2, dtype=torch.bool, device=device))
 
 
 def _nan_canonical(packed):
@@ -198,7 +199,7 @@ def test_encode_triton_non_finite(spec, device):
     x[1, 1, 0, 20], x[2, 0, 0, 3] = -float("inf"), -float("nan")
     keys, (checkpoint, *_) = _keys(fmt, 3)
     want = _reference(fmt, x, keys, checkpoint)
-    got = qt.encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
+    got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
     for a, b in zip(_nan_canonical(got), _nan_canonical(want)):
         assert (a is None and b is None) or torch.equal(a, b)
 
@@ -206,17 +207,17 @@ def test_encode_triton_non_finite(spec, device):
 def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
-        qt.encode_triton(x, get_format("nvfp4:axis=headdim"))
+        encode_triton(x, get_format("nvfp4:axis=headdim"))
     for spec in ("int8", "int8sr", "fp8:scale=block:16", "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16sr:rounds=7",
                  "fp8sr:bits=8", "fp16:rot=hadamard:32"):
-        assert not qt.encode_triton_supports(get_format(spec))
+        assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):
-            qt.encode_triton(x, get_format(spec))
-    assert qt.encode_triton_supports(get_format("fp8:max=240"))
+            encode_triton(x, get_format(spec))
+    assert packed_codec(get_format("fp8:max=240")) is not None
     with pytest.raises(ValueError, match="keys"):
-        qt.encode_triton(x, get_format("fp8sr"))
+        encode_triton(x, get_format("fp8sr"))
     with pytest.raises(ValueError, match="2 entries"):
-        qt.encode_triton(x, get_format("fp16sr"), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
+        encode_triton(x, get_format("fp16sr"), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("recur, read", [("fp16sr", "nvfp4:scale=head"), ("fp32", "fp8sr"), ("bf16", "mxfp4"),
@@ -228,7 +229,7 @@ def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
     x = _states((2, 3, 32), seed=5)
     seq_ids, checkpoint = torch.arange(6) * 7 + 1, torch.tensor([0, 3, 1, 2**21, 5, 8])
     want = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint)
-    monkeypatch.setattr(state_mod, "_use_triton", lambda state, fmt: qt.encode_triton_supports(fmt))
+    monkeypatch.setattr(state_mod, "_use_triton", lambda state, fmt: packed_codec(fmt) is not None)
     got = state_mod.write_checkpoint_packed(x.to(device), cfg, 2, seq_ids.to(device), checkpoint.to(device))
     for a, b in zip(got[:2], want[:2]):
         assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
@@ -238,4 +239,4 @@ def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
 def test_encode_triton_nvfp4_order_of_operations(device):
     """The kernel's block scales on the golden E4M3 tie rows (test_nvfp4's order-of-operations rows)."""
     x, scales = tie_rows()
-    assert torch.equal(qt.encode_triton(x.to(device), get_format("nvfp4")).scales.cpu().view(64, 2), scales)
+    assert torch.equal(encode_triton(x.to(device), get_format("nvfp4")).scales.cpu().view(64, 2), scales)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayssm_eval.quant import formats, get_format, rounding
+from replayssm_eval.formats import formats, get_format, rounding
 
 from tests.helpers.nvfp4 import tie_rows
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayssm_eval.quant import get_format
+from replayssm_eval.formats import get_format
 
 
 def _ref(x: np.ndarray, qmax: int, group: str, axis: str, words: np.ndarray | None = None, k: int = 16) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayssm_eval.quant import get_format, rounding
+from replayssm_eval.formats import get_format, rounding
 
 # (function, random bits K, grid dtype of the result)
 SR = {"fp16": (rounding.sr_fp16, 13, np.float16), "e4m3": (rounding.sr_e4m3, 16, None)}
@@ -96,7 +96,7 @@ def test_seed_and_offset(spec):
 def test_random_bits_replace_philox():
     fmt = get_format("fp16sr")
     x = torch.randn(4, 5, 6)
-    from replayssm_eval.quant.philox import randint
+    from replayssm_eval.formats.philox import randint
     words = randint(9, 100 + torch.arange(x.numel())).reshape(x.shape)
     assert torch.equal(fmt.quantize(x, random_bits=words), fmt.quantize(x, seed=9, offset=100))
     with pytest.raises(ValueError, match="shape"):

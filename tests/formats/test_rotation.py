@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from replayssm_eval.quant import get_format
-from replayssm_eval.quant.rotation import Rotated, hadamard
+from replayssm_eval.formats import get_format
+from replayssm_eval.formats.rotation import Rotated, hadamard
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 32, 128])

@@ -1,0 +1,39 @@
+"""SSM state formats: exact reference quantizers, their packed layouts, Philox, stochastic rounding, kernel codecs.
+
+    from replayssm_eval.formats import get_format
+    fmt = get_format("nvfp4:axis=dstate,scale=tensor")
+    y = fmt.quantize(state)                     # fake quantization, same shape and dtype
+    packed = fmt.encode(state); fmt.decode(packed)  # the bytes a kernel reads, and back (FP32)
+    get_format("fp16sr").quantize(state, seed=1234, offset=0)
+
+Formats: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, int8, int8sr, nvfp4, mxfp8,
+mxfp4 (`list_formats()`). Spec grammar `name[:key=value,...]` (`registry`): e.g. `int8:scale=block:64`,
+`fp8:scale=head,max=240`, `int8:rot=hadamard:32`, `fp16sr:rounds=7,bits=8`, `nvfp4:scale=rowcol`.
+
+Layout convention. A state tensor is `[..., H, P, N]` = `[..., heads, head_dim, d_state]`. Every
+index of the leading dims is one independent state (one sequence of one layer): no scale couples
+two leading indices. Inputs with fewer than 3 dims get leading size-1 dims. Scale groups:
+`tensor` = one scale per leading index (over H, P, N); `head` = per [P, N]; `row` = per row along
+the block axis; `block:N` = per N consecutive elements along the axis; `rowcol` = a column factor
+per element of the axis times a row scale (`formats.ScaledFormat`). Block axes: `dstate` = consecutive elements along N (last dim), `headdim` = along
+P (dim -2). A blocked dim that is not a multiple of the block is zero-padded (as
+TransformerEngine does); padding shows in the packed data, never in the decoded shape.
+
+Stochastic formats (fp16sr, fp8sr, int8sr, int16sr) need `seed=` (int) or `random_bits=`. The
+Philox4x32-R counter of the element at flat row-major index i of x is `offset + i` (64-bit), key
+`seed`, as `tl.randint(seed, offset + i, R)` (R = `rounds=`, 10 by default). `random_bits` (int64
+tensor of uint32 values, x's shape) replaces Philox; a format uses bits [K-1:0] of each word
+(K = `bits=`: 13 for fp16sr, 16 for fp8sr, int8sr and int16sr by default).
+
+Kernels. `fmt.kernel_codec` (`codec.KernelCodec`, None where torch rounds the format) is all a Triton
+kernel reads of a format: element kind, scale group, scale max, block, axis, and what the kernels can
+do with it. `device` holds the Triton device codecs (roundings, encoders, decoders) every kernel calls;
+`triton` the one-launch encoders `encode_triton` and `quantize_triton`.
+"""
+
+from replayssm_eval.formats.codec import KernelCodec
+from replayssm_eval.formats.formats import StateFormat
+from replayssm_eval.formats.packed import PackedState
+from replayssm_eval.formats.registry import get_format, list_formats
+
+__all__ = ["KernelCodec", "PackedState", "StateFormat", "get_format", "list_formats"]

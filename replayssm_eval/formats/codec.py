@@ -1,0 +1,115 @@
+"""The kernel codec of a state format: what a Triton kernel needs to round, encode or read it.
+
+Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
+`quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
+A format without one (None: integer formats, block:N and rowcol scales, rot=, non-default SR
+rounds= / bits=) is rounded by torch. A new format that rounds like one of the kinds below is its
+class plus its codec.
+
+    kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
+    group   the group of the FP32 global scale (`Group`): none, per row of the blocked axis, per head,
+            per leading index (tensor)
+    max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise)
+    block   elements per block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
+    axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class Kind(enum.IntEnum):
+    """Element kinds (values are the Triton constexprs of `formats.device`).
+
+    FP32, BF16, FP16 (RNE); FP16SR (stochastic, PTX cvt.rs.f16x2.f32); FP8 (E4M3fn, RNE), FP8SR, FP8E5M2;
+    NVFP4 (E2M1 in blocks of 16, E4M3 block scales); MXFP8, MXFP4 (E4M3 / E2M1 in blocks of 32, E8M0 scales).
+    """
+
+    FP32 = 0
+    BF16 = 1
+    FP16 = 2
+    FP16SR = 3
+    FP8 = 4
+    FP8SR = 5
+    FP8E5M2 = 6
+    NVFP4 = 7
+    MXFP8 = 8
+    MXFP4 = 9
+
+
+class Group(enum.IntEnum):
+    """Scale group of the FP32 global scale (values are the Triton constexprs of `formats.device`)."""
+
+    NONE = 0
+    ROW = 1
+    HEAD = 2
+    TENSOR = 3
+
+    @property
+    def scale(self) -> str:
+        """The group's name in the format options and `layout` (`row`, `head`, `tensor`, `none`)."""
+        return self.name.lower()
+
+
+# dtype of the packed `data` field of each kind (4-bit kinds pack two codes per byte)
+_DATA_DTYPES = {Kind.FP32: torch.float32, Kind.BF16: torch.bfloat16, Kind.FP16: torch.float16,
+                Kind.FP16SR: torch.float16}
+
+
+@dataclass(frozen=True)
+class KernelCodec:
+    """One format as the Triton kernels see it (module docstring)."""
+
+    kind: Kind
+    group: Group = Group.NONE
+    max: float = 1.0
+    block: int = 1
+    axis: str = "dstate"
+
+    @property
+    def stochastic(self) -> bool:
+        return self.kind in (Kind.FP16SR, Kind.FP8SR)
+
+    @property
+    def packed(self) -> bool:
+        """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: codes along d_state
+        (axis=dstate) in a kind the kernel decoders read (not MX)."""
+        return self.axis == "dstate" and self.kind not in (Kind.MXFP8, Kind.MXFP4)
+
+    def in_tile(self, whole_head: bool) -> bool:
+        """Whether a kernel program holding whole rows of the state (whole_head: the whole head) rounds this format in
+        its loop: its scale group lies inside the program's tile."""
+        return self.packed and self.group != Group.TENSOR and (whole_head or self.group != Group.HEAD)
+
+    @property
+    def data_dtype(self) -> torch.dtype:
+        """dtype of the packed `data` field (uint8 for the FP8 and FP4 codes)."""
+        return _DATA_DTYPES.get(self.kind, torch.uint8)
+
+    def padded(self, n: int) -> int:
+        """Length of the blocked axis n padded to whole blocks (the packed row's elements)."""
+        return -(-n // self.block) * self.block
+
+    @property
+    def args(self) -> tuple[int, int, float]:
+        """(KIND, GROUP, MAX): the constexprs of a kernel's in-tile rounding (`device.round_tile`)."""
+        return int(self.kind), int(self.group), float(self.max)
+
+
+FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds the copy: the FP32 value itself
+
+
+def tile_codec(fmt, whole_head: bool = True) -> KernelCodec | None:
+    """fmt's codec when a kernel program rounds it in-loop (`KernelCodec.in_tile`), else None: torch rounds it."""
+    codec = fmt.kernel_codec
+    return codec if codec is not None and codec.in_tile(whole_head) else None
+
+
+def packed_codec(fmt) -> KernelCodec | None:
+    """fmt's codec when the kernels encode and decode its packed layout (`KernelCodec.packed`), else None."""
+    codec = fmt.kernel_codec
+    return codec if codec is not None and codec.packed else None

@@ -1,0 +1,358 @@
+"""Triton device codecs of the state formats: the functions every kernel that rounds, encodes or reads a state calls.
+
+Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted):
+    round_bf16, round_fp16, round_e4m3, round_e5m2, round_e2m1   RNE (fp8/fp4 saturating), as `rounding`
+    sr_fp16(x, bits), sr_e4m3(x, bits)                            stochastic, bits = uint32 words
+    e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
+    e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
+    quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
+    state_bits(key, counter, KIND)                                 the Philox words of a stored copy
+They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
+interpreter and any GPU give the same bits as the torch reference. Constants come from `rounding`.
+
+Fast decoders for kernels that stream a packed copy (one integer shift/or and one exact FP16 -> FP32
+cvt per element, same values as the decoders above):
+    e4m3_fast(byte), e5m2_fast(byte), decode_elements(raw, KIND)   codes -> FP32
+    e2m1_f16(byte), e2m1_f16_hi(byte)                              low / high nibble -> E2M1 value * 2^-14
+                                                                   (multiply by E2M1_F16_SCALE, once per block)
+
+A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
+numbering, constexprs FP32 ... MXFP4 here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
+GROUP_TENSOR) and MAX.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm_eval.formats import rounding
+from replayssm_eval.formats.codec import Group, Kind
+
+# the numberings of `codec.Kind` and `codec.Group` (globals read inside @triton.jit must be constexpr)
+FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4 = (tl.constexpr(int(k)) for k in Kind)
+GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR = (tl.constexpr(int(g)) for g in Group)
+
+_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
+# the constants of `rounding` the device functions read
+_CONSTANTS = ("E4M3_MAX", "E5M2_MAX", "E2M1_MAX", "FP16_MAX", "FP16_OVERFLOW", "FP16_SR_BITS", "E4M3_SR_BITS", "NVFP4_AMAX",
+              "F32_SIXTH", "FLT_MAX", "NVFP4_BLOCK", "MX_BLOCK")
+(_E4M3_MAX, _E5M2_MAX, _E2M1_MAX, _FP16_MAX, _FP16_OVERFLOW, _FP16_SR_BITS, _E4M3_SR_BITS, _NVFP4_AMAX, _F32_SIXTH,
+ _FLT_MAX, _NVFP4_BLOCK, _MX_BLOCK) = (tl.constexpr(getattr(rounding, name)) for name in _CONSTANTS)
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as FP32 for int32 e in [-126, 127]."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _copysign(mag, x):
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+    return (mag.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exponent(a):
+    """floor(log2 a) of FP32 a > 0 from its exponent field (-127 for subnormals)."""
+    return ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _rne_grid(x, M: tl.constexpr, EMIN: tl.constexpr):
+    """RNE of finite or NaN x onto the grid with M mantissa bits and smallest normal exponent EMIN."""
+    a = tl.abs(x)
+    e = _exponent(a)
+    e = tl.where(e < EMIN, EMIN, e)
+    y = a * _pow2(M - e)  # exact: |x| in units of the quantum, < 2^(M+1)
+    r = (y + _MAGIC) - _MAGIC
+    return _copysign(r * _pow2(e - M), x)
+
+
+@triton.jit
+def _clamp(x, bound):
+    """clamp to +-bound keeping NaN (comparisons, not min/max, whose NaN rules differ by backend)."""
+    x = tl.where(x > bound, bound, x)
+    return tl.where(x < -bound, -bound, x)
+
+
+@triton.jit
+def round_bf16(x):
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def round_fp16(x):
+    q = _rne_grid(tl.where(tl.abs(x) >= _FP16_OVERFLOW, 0.0, x), 10, -14)
+    return tl.where(tl.abs(x) >= _FP16_OVERFLOW, _copysign(tl.full(x.shape, float("inf"), tl.float32), x), q)
+
+
+@triton.jit
+def round_e4m3(x):
+    return _rne_grid(_clamp(x, _E4M3_MAX), 3, -6)
+
+
+@triton.jit
+def round_e5m2(x):
+    return _rne_grid(_clamp(x, _E5M2_MAX), 2, -14)
+
+
+@triton.jit
+def round_e2m1(x):
+    return _rne_grid(_clamp(x, _E2M1_MAX), 1, 0)
+
+
+@triton.jit
+def _sr_grid(x, bits, K: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr):
+    """sign(x) * q * floor(|x|/q + r/2^K), r = low K bits of `bits`, q = 2^(max(e, EMIN) - M)."""
+    u = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e_field = u >> 23
+    mant24 = ((u & 0x7FFFFF) | 0x800000).to(tl.int64)
+    e = e_field - 127
+    e_eff = tl.where(e < EMIN, EMIN, e)
+    drop = 23 - M + e_eff - e
+    drop = tl.where(drop > 60, 60, drop).to(tl.int64)
+    r = (bits.to(tl.int64) & 0xFFFFFFFF) & (2**K - 1)  # 2**K, not 1 << K: K may be a constexpr (no __rlshift__)
+    kept = (mant24 + (r << (drop - K))) >> drop
+    mag = kept.to(tl.float32) * _pow2(e_eff - M)
+    mag = tl.where(e_field == 0, 0.0, mag)
+    return tl.where(x != x, x, _copysign(mag, x))
+
+
+@triton.jit
+def sr_fp16(x, bits):
+    """FP16 stochastic rounding with bits [12:0] (PTX cvt.rs.f16x2.f32); beyond 65504 -> Inf."""
+    y = _sr_grid(x, bits, _FP16_SR_BITS, 10, -14)
+    return tl.where(tl.abs(y) > _FP16_MAX, _copysign(tl.full(x.shape, float("inf"), tl.float32), y), y)
+
+
+@triton.jit
+def sr_e4m3(x, bits):
+    """E4M3 stochastic rounding with bits [15:0] (PTX cvt.rs.satfinite.e4m3x4.f32), saturating."""
+    return _clamp(_sr_grid(x, bits, _E4M3_SR_BITS, 3, -6), _E4M3_MAX)
+
+
+@triton.jit
+def _decode_minifloat(code, E_BITS: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr):
+    c = code.to(tl.int32)
+    e = (c >> M) & ((1 << E_BITS) - 1)
+    m = (c & ((1 << M) - 1)).to(tl.float32)
+    mag = tl.where(e == 0, m * _pow2(e * 0 + (1 - BIAS - M)), (m + (1 << M)) * _pow2(e - BIAS - M))
+    sign = ((c >> (E_BITS + M)) & 1).to(tl.uint32) << 31
+    return (mag.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_decode(code):
+    v = _decode_minifloat(code, 4, 3, 7)
+    return tl.where((code.to(tl.int32) & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def e5m2_decode(code):
+    v = _decode_minifloat(code, 5, 2, 15)
+    e_all = (code.to(tl.int32) & 0x7C) == 0x7C
+    inf = tl.where((code.to(tl.int32) & 0x80) != 0, -float("inf"), float("inf"))
+    return tl.where(e_all, tl.where((code.to(tl.int32) & 3) == 0, inf, float("nan")), v)
+
+
+@triton.jit
+def e2m1_decode(code):
+    return _decode_minifloat(code, 2, 1, 1)
+
+
+E2M1_F16_SCALE = tl.constexpr(16384.0)  # 2^14: an E2M1 code placed in FP16 bits (exponent low 2 bits) is its value * 2^-14
+
+
+@triton.jit
+def e2m1_f16(c):
+    """E2M1 value * 2^-14 of the low nibble of c (int32) via the FP16 bit pattern: exact, subnormal codes included."""
+    h = ((c & 7) << 9) | ((c & 8) << 12)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_f16_hi(byte):
+    """`e2m1_f16` of the high nibble of bytes (int32, 0..255), without shifting the nibble down first."""
+    h = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e4m3_fast(code):
+    """E4M3fn bytes -> FP32 through the FP16 bit pattern (= `e4m3_decode`, NaN for 0x7F/0xFF)."""
+    c = code.to(tl.int32) & 0xFF
+    h = ((c & 0x7F) << 7) | ((c & 0x80) << 8)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def e5m2_fast(code):
+    """E5M2 bytes -> FP32: an E5M2 byte is the high byte of the FP16 with the same value (= `e5m2_decode`)."""
+    h = (code.to(tl.int32) & 0xFF) << 8
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _minifloat_byte(v, M: tl.constexpr, BIAS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_STEPS: tl.constexpr):
+    """Byte (int32) of an on-grid FP32 value in a 1-sign, 7-M-exponent, M-mantissa format; NaN -> 0x7F with its sign.
+    MIN_NORMAL: the smallest normal value; SUB_STEPS: 1 / the subnormal step."""
+    a = tl.abs(v)
+    mant = (a.to(tl.int32, bitcast=True) >> (23 - M)) & ((1 << M) - 1)
+    mag = tl.where(a < MIN_NORMAL, (a * SUB_STEPS).to(tl.int32), ((_exponent(a) + BIAS) << M) | mant)
+    mag = tl.where(v != v, 0x7F, mag)
+    return mag | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
+def e4m3_encode(v):
+    """E4M3fn byte (int32) of an on-grid FP32 value; NaN -> 0x7F with its sign."""
+    return _minifloat_byte(v, 3, 7, 0.015625, 512.0)
+
+
+@triton.jit
+def e5m2_encode(v):
+    """E5M2 byte (int32) of an on-grid finite FP32 value; NaN -> 0x7F with its sign (as torch's cast)."""
+    return _minifloat_byte(v, 2, 15, 0.00006103515625, 65536.0)
+
+
+@triton.jit
+def e2m1_encode(v):
+    """E2M1 nibble (int32) of an on-grid FP32 value in [-6, 6]; NaN -> 0."""
+    a = tl.where(v != v, 0.0, tl.abs(v))
+    idx = tl.where(a < 2.0, a * 2.0, tl.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).to(tl.int32)
+    sign = tl.where(v != v, 0, (v.to(tl.int32, bitcast=True) >> 28) & 8)
+    return idx | sign
+
+
+@triton.jit
+def round_kind(v, bits, KIND: tl.constexpr):
+    """Element rounding of the unscaled kinds (bits: uint32 words as int64, used by the SR kinds)."""
+    if KIND == BF16:
+        q = round_bf16(v)
+    elif KIND == FP16:
+        q = round_fp16(v)
+    elif KIND == FP16SR:
+        q = sr_fp16(v, bits)
+    elif KIND == FP8SR:
+        q = sr_e4m3(v, bits)
+    elif KIND == FP8E5M2:
+        q = round_e5m2(v)
+    elif KIND == FP8:
+        q = round_e4m3(v)
+    else:
+        q = v
+    return q
+
+
+@triton.jit
+def tile_amax(x, WHOLE: tl.constexpr):
+    """[R, 1] amax of each row of x [R, C], or of the whole tile broadcast to every row."""
+    amax = tl.max(tl.abs(x), axis=1)[:, None]
+    if WHOLE:
+        amax = tl.max(amax, axis=0)[None, :] + tl.zeros_like(amax)
+    return amax
+
+
+@triton.jit
+def nvfp4_tile(x, amax, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """NVFP4 of x [BLOCK_R, BLOCK_C] in TransformerEngine's order of operations (amax [BLOCK_R, 1]).
+
+    Returns q [BLOCK_R, BLOCK_C // 16, 16] E2M1 values, s_b [BLOCK_R, BLOCK_C // 16] E4M3 block
+    scales and s_dec [BLOCK_R, 1]; the value is (q * s_b) * s_dec.
+    """
+    s_enc = tl.math.div_rn(tl.full(amax.shape, _NVFP4_AMAX, tl.float32), amax)
+    s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    xb = tl.reshape(x, (BLOCK_R, BLOCK_C // _NVFP4_BLOCK, _NVFP4_BLOCK))
+    bmax = tl.max(tl.abs(xb), axis=2)  # [BLOCK_R, BLOCK_C // 16]
+    s_b = round_e4m3(bmax * (s_enc * _F32_SIXTH))
+    enc_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+    enc_b = tl.where(enc_b > _FLT_MAX, _FLT_MAX, enc_b)
+    v = xb * enc_b[:, :, None]
+    q = tl.where(v == 0.0, 0.0, round_e2m1(v))  # a zero (-0.0 included) is code 0
+    return q, s_b, s_dec
+
+
+@triton.jit
+def group_scale(amax, MAX: tl.constexpr):
+    """Scale s = amax / MAX of a scaled elementwise kind, 1 for an all-zero group (NaN and Inf kept)."""
+    s = tl.math.div_rn(amax, tl.full(amax.shape, MAX, tl.float32))
+    return tl.where(s == 0.0, 1.0, s)
+
+
+@triton.jit
+def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """`fmt.quantize` of a tile x [BLOCK_R, BLOCK_C] of format rows, blocks running along C (a `KernelCodec`'s
+    kind, group and max).
+
+    bits: [BLOCK_R, BLOCK_C] uint32 words (SR kinds); amax: [BLOCK_R, 1] amax of each row's global-scale
+    group (NVFP4's S_enc; the scale amax / MAX of an elementwise kind with a group). Padding must be zero
+    (it never raises a block max).
+    """
+    if KIND == NVFP4:
+        q, s_b, s_dec = nvfp4_tile(x, amax, BLOCK_R, BLOCK_C)
+        y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
+    elif (KIND == MXFP8) or (KIND == MXFP4):
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // _MX_BLOCK, _MX_BLOCK))
+        ab = tl.abs(xb)
+        bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
+        bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
+        EMAX: tl.constexpr = 2 if KIND == MXFP4 else 8
+        code = _exponent(bmax) - EMAX + 127
+        code = tl.where(code < 0, 0, tl.where(code > 254, 254, code))
+        code = tl.where(bmax == 0.0, 127, code)
+        # X = 2^(code - 127) and 1/X, both exact FP32 (2^-127 is subnormal: built from its bits)
+        scale = tl.where(code == 0, (1 << 22) + tl.zeros_like(code), (code << 23)).to(tl.float32, bitcast=True)
+        inv = tl.where(code == 254, (1 << 22) + tl.zeros_like(code), ((254 - code) << 23)).to(tl.float32, bitcast=True)
+        v = xb * inv[:, :, None]
+        if KIND == MXFP4:
+            q = round_e2m1(v)
+        else:
+            q = round_e4m3(v)
+        q = q * scale[:, :, None]
+        y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
+    elif GROUP != GROUP_NONE:
+        s = group_scale(amax, MAX)
+        y = round_kind(tl.math.div_rn(x, s + tl.zeros_like(x)), bits, KIND) * s
+    else:
+        y = round_kind(x, bits, KIND)
+    return y
+
+
+@triton.jit
+def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """`quantize_tile` of a tile x [BLOCK_R, BLOCK_C] holding whole format rows (padding zero) whose scale groups lie
+    inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the whole tile (GROUP_HEAD)."""
+    return quantize_tile(x, bits, tile_amax(x, GROUP == GROUP_HEAD), KIND, GROUP, MAX, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def state_bits(key, counter, KIND: tl.constexpr):
+    """Philox words `tl.randint(key, counter)` (int64) for the stochastic kinds, as `replay.keys.state_random_bits`;
+    zeros for the others (key: a loaded int64; counter: (checkpoint << 32) + element index)."""
+    if (KIND == FP16SR) | (KIND == FP8SR):
+        bits = tl.randint(key, counter).to(tl.int64)
+    else:
+        bits = tl.zeros(counter.shape, dtype=tl.int64)
+    return bits
+
+
+@triton.jit
+def decode_elements(raw, KIND: tl.constexpr):
+    """FP32 values of one packed row's elements of the elementwise kinds: FP8 bytes through FP16 bit patterns
+    (`e4m3_fast`, `e5m2_fast`), the 16- and 32-bit kinds cast."""
+    if (KIND == FP8) | (KIND == FP8SR):
+        x = e4m3_fast(raw)
+    elif KIND == FP8E5M2:
+        x = e5m2_fast(raw)
+    else:
+        x = raw.to(tl.float32)
+    return x

@@ -1,0 +1,240 @@
+"""Triton versions of the state formats' encoders: `encode_triton` and `quantize_triton`, kernels on `device`.
+
+`encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
+flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
+`quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
+`kernel_codec` only. Group amax reductions (FP8 row/head/tensor scales, NVFP4 global scales) run in
+torch on the host; block maxima, scales, rounding and Philox (`tl.randint(seed, offset + flat index)`)
+run in the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.formats import layout
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, packed_codec
+from replayssm_eval.formats.device import (
+    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, NVFP4, e2m1_encode, e4m3_encode, e5m2_encode,
+    group_scale, nvfp4_tile, quantize_tile, round_kind,
+)
+from replayssm_eval.formats.formats import StateFormat
+from replayssm_eval.formats.packed import PackedState
+
+_NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # where quantize_triton's random words come from
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, y_ptr, amax_ptr, bits_ptr, seed, offset, n_rows, n_cols,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    idx = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    x = tl.load(x_ptr + idx, mask=mask, other=0.0)  # [BLOCK_R, BLOCK_C]
+    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+    if BITS == _BITS_GIVEN:
+        bits = tl.load(bits_ptr + idx, mask=mask, other=0)
+    elif BITS == _BITS_PHILOX:
+        bits = tl.randint(seed, offset.to(tl.int64) + idx).to(tl.int64)
+    amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
+    y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, BLOCK_R, BLOCK_C)
+    tl.store(y_ptr + idx, y, mask=mask)
+
+
+def _row_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor | None:
+    """Per-row amax of the row's global scale group, `[B*H*R]`, or None when the format has none."""
+    if codec.group == Group.NONE:
+        return None
+    return layout.group_amax(xo, codec.group.scale).expand(*xo.shape[:3], 1).reshape(-1).contiguous()
+
+
+def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = None, offset: int = 0,
+                    random_bits: torch.Tensor | None = None) -> torch.Tensor:
+    """`fmt.quantize(x, ...)` computed by one Triton kernel; identical bits."""
+    codec = fmt.kernel_codec
+    if codec is None:
+        raise NotImplementedError(f"quantize_triton does not cover format '{fmt.name}' (it has no `kernel_codec`)")
+    xo = layout.orient(layout.as_bhpn(x), codec.axis).contiguous()  # [B, H, R, C]
+    n_cols = xo.shape[-1]
+    n_rows = xo.numel() // max(n_cols, 1)
+    mode = _NO_BITS
+    bits = xo
+    if fmt.is_stochastic:
+        if random_bits is not None:
+            bits = layout.random_words(x, seed, offset, random_bits).contiguous()
+            mode = _BITS_GIVEN
+        elif seed is None:
+            layout.random_words(x, seed, offset, None)  # raises the missing-seed error
+        else:
+            mode = _BITS_PHILOX
+    amax = _row_amax(xo, codec)
+    block_c = min(max(triton.next_power_of_2(n_cols), codec.block), 1024)
+    block_r = max(1, min(64, 2048 // block_c))
+    y = torch.empty_like(xo)
+    if xo.numel():
+        grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
+        _quantize_kernel[grid](
+            xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
+            *codec.args, BITS=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
+        )
+    return layout.unorient(y, codec.axis).reshape(x.shape).to(x.dtype)
+
+
+@triton.jit
+def _encode_kernel(
+    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_rows, n_cols, group_rows,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    TAKE: tl.constexpr, DECODED: tl.constexpr,
+):
+    # x: [B, n_rows, n_cols] FP32 (n_rows = H * P), one program = BLOCK_R whole rows of sequence b;
+    # amax: [B * n_rows // group_rows] (head and tensor groups, reduced by torch); key, ck: [B] Philox key and
+    # checkpoint (SR kinds);
+    # take: [B] int8, TAKE: only sequences with take[b] != 0 are read and written; dec: [B, n_rows, n_cols]
+    # FP32, DECODED: the decoded value is stored there too
+    b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    row_ok = rows < n_rows
+    if TAKE:
+        row_ok = row_ok & (tl.load(take_ptr + b) != 0)
+    mask = row_ok[:, None] & (cols[None, :] < n_cols)
+    elem = rows[:, None].to(tl.int64) * n_cols + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [H, P, N]
+    row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
+    x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
+    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+    if (KIND == FP16SR) | (KIND == FP8SR):  # counters of `replay.keys.state_random_bits`
+        bits = tl.randint(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem).to(tl.int64)
+    group = row_g // group_rows  # [BLOCK_R] global scale group
+    amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
+    if GROUP == GROUP_ROW:  # NaN-propagating like torch's amax (tl.max's NaN rule differs by backend)
+        a = tl.abs(x)
+        nan = tl.max((a != a).to(tl.int32), axis=1)[:, None]
+        amax = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=1)[:, None])
+    elif GROUP != GROUP_NONE:
+        amax = tl.load(amax_ptr + group, mask=row_ok, other=1.0)[:, None]
+    first = row_ok & (row_g % group_rows == 0)  # the row that stores its group's global scale
+    if KIND == NVFP4:
+        q, s_b, s_dec = nvfp4_tile(x, amax, BLOCK_R, BLOCK_C)
+        codes = tl.reshape(e2m1_encode(q), (BLOCK_R, BLOCK_C // 2, 2))
+        lo, hi = tl.split(codes)  # elements 2j, 2j + 1
+        n_bytes = (n_cols + 15) // 16 * 8
+        j = tl.arange(0, BLOCK_C // 2)
+        tl.store(data_ptr + row_g[:, None] * n_bytes + j[None, :], (lo | (hi << 4)).to(tl.uint8),
+                 mask=row_ok[:, None] & (j[None, :] < n_bytes))
+        k = tl.arange(0, BLOCK_C // 16)
+        tl.store(scales_ptr + row_g[:, None] * (n_bytes // 8) + k[None, :], e4m3_encode(s_b).to(tl.uint8),
+                 mask=row_ok[:, None] & (k[None, :] < n_bytes // 8))
+        tl.store(gs_ptr + group[:, None], s_dec, mask=first[:, None])
+        if DECODED:
+            y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+    else:
+        v = x
+        if GROUP != GROUP_NONE:
+            s = group_scale(amax, MAX)
+            v = tl.math.div_rn(x, s + tl.zeros_like(x))
+            tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
+        q = round_kind(v, bits, KIND)
+        if DECODED:  # the decoded element is q, on the format's grid, times the scale
+            y = q * s if GROUP != GROUP_NONE else q
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+        out = data_ptr + b.to(tl.int64) * n_rows * n_cols + elem
+        if (KIND == FP8) | (KIND == FP8SR):
+            tl.store(out, e4m3_encode(q).to(tl.uint8), mask=mask)
+        elif KIND == FP8E5M2:
+            tl.store(out, e5m2_encode(q).to(tl.uint8), mask=mask)
+        elif KIND == BF16:  # the high half of the rounded FP32 (data viewed as int16)
+            tl.store(out, (q.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+        elif (KIND == FP16) | (KIND == FP16SR):
+            tl.store(out, q.to(tl.float16), mask=mask)  # exact: q is on the FP16 grid
+        else:
+            tl.store(out, q, mask=mask)
+
+
+def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None = None,
+                  checkpoint: torch.Tensor | None = None, *, take: torch.Tensor | None = None,
+                  out: PackedState | None = None, decoded: torch.Tensor | None = None) -> PackedState:
+    """`fmt.encode` of a state x `[..., H, P, N]` in one kernel launch; every field bit-identical.
+
+    For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
+    state's Philox key and checkpoint index, and the result equals
+    `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
+    deterministic formats ignore them and equal `fmt.encode(x)`. Head- and tensor-wide scales take
+    one torch amax reduction first; row scales are reduced in the kernel.
+
+    In place, for a flush that rounds some sequences only: out: a PackedState of this format and
+    shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
+    of x's shape that receives `fmt.decode` of the result; take: [B] bool, only those states are read
+    and written (not with scale=tensor, whose one scale spans every state).
+    """
+    codec = packed_codec(fmt)
+    if codec is None:
+        raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
+                                  "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr, fp8, fp8sr, fp8e5m2 with scale "
+                                  "row, head, tensor or none, nvfp4 with axis=dstate and scale head, tensor or row; "
+                                  "default rounds= and bits=)")
+    x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
+    n_seq, h, p, n = x4.shape
+    shape = tuple(x.shape)
+    lead = layout.shape3(shape)[:-3]
+    group = codec.group
+    if take is not None and group == Group.TENSOR:
+        raise ValueError(f"take= rounds some states only; format '{fmt.name}' scales over all of them")
+    fields = {"data": None, "scales": None, "global_scale": None}  # name: (shape, dtype) of each packed field
+    if codec.block == 1:
+        fields["data"] = shape, codec.data_dtype
+    else:  # NVFP4: two codes per byte, one E4M3 scale per block
+        n_blocks = -(-n // codec.block)
+        fields["data"] = (*lead, h, p, n_blocks * codec.block // 2), torch.uint8
+        fields["scales"] = (*lead, h, p, n_blocks), torch.uint8
+    if group != Group.NONE:
+        fields["global_scale"] = tuple(layout.group_shape(shape, group.scale)), torch.float32
+    data, scales, gs = (_field(name, spec, None if out is None else getattr(out, name), x.device)
+                        for name, spec in fields.items())
+    if decoded is not None:
+        decoded = _field("decoded", (shape, torch.float32), decoded, x.device)
+    amax = None  # row scales are reduced in the kernel, head and tensor scales by torch first
+    if group in (Group.HEAD, Group.TENSOR):
+        amax = layout.group_amax(x4, group.scale).reshape(-1)  # [B * (H | 1)]
+    if not fmt.is_stochastic:
+        keys = checkpoint = None
+    elif keys is None or checkpoint is None:
+        raise ValueError(f"stochastic format '{fmt.name}' needs keys= and checkpoint= ([B] int64); got None")
+    else:
+        keys = keys.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
+        checkpoint = checkpoint.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
+        if keys.numel() != n_seq or checkpoint.numel() != n_seq:
+            raise ValueError(f"keys and checkpoint need {n_seq} entries (one per state); "
+                             f"got {keys.numel()} and {checkpoint.numel()}")
+    if x4.numel():
+        block_c = max(triton.next_power_of_2(n), codec.block)
+        block_r = max(1, min(64, 2048 // block_c))
+        grid = (n_seq, triton.cdiv(h * p, block_r))
+        _encode_kernel[grid](
+            x4, data.view(torch.int16) if codec.kind == Kind.BF16 else data, x4 if scales is None else scales,
+            x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
+            x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
+            x4 if decoded is None else decoded, h * p, n, {Group.HEAD: p, Group.TENSOR: h * p}.get(group, 1),
+            *codec.args, BLOCK_R=block_r, BLOCK_C=block_c,
+            TAKE=take is not None, DECODED=decoded is not None,
+        )
+    return PackedState(fmt.name, shape, data, scales, gs)
+
+
+def _field(name: str, spec: tuple | None, given: torch.Tensor | None, device) -> torch.Tensor | None:
+    """A packed field of (shape, dtype) `spec` (None: the format has none): `given` (an in-place target, checked
+    to match and be contiguous) or a new tensor."""
+    if spec is None or given is None:
+        return None if spec is None else torch.empty(spec[0], dtype=spec[1], device=device)
+    if tuple(given.shape) != tuple(spec[0]) or given.dtype != spec[1] or not given.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous {spec[1]} {list(spec[0])} to be written in place, got "
+                         f"{given.dtype} {list(given.shape)}" + ("" if given.is_contiguous() else " (not contiguous)"))
+    return given
+

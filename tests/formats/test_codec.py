@@ -1,0 +1,162 @@
+"""Each format's kernel codec against the torch rounding, and a new format added as its class plus its codec.
+
+Every format with a `kernel_codec` is rounded by the Triton device codecs exactly as its torch
+`quantize` / `encode` (interpreter on CPU): through `quantize_triton`, `encode_triton` and the
+in-tile rounding of the chunked kernels (`device.round_tile` with the Philox words of
+`replay.keys`). A toy format (BF16 codes times an FP32 scale per row, `scale = amax / 256`) is
+registered with only its class and its codec, and runs through the references and the
+conformance check of the Triton decode steps.
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.formats import device, get_format, list_formats, registry, rounding
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, packed_codec, tile_codec
+from replayssm_eval.formats.formats import ScaledFormat
+from replayssm_eval.formats.triton import encode_triton, quantize_triton
+from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.keys import state_random_bits
+from replayssm_eval.regress import conformance
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter reports 1/0 in numpy
+
+# every registered format, plus the options that change its codec
+SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5m2:scale=none", "nvfp4:scale=row",
+                          "nvfp4:scale=tensor", "nvfp4:axis=headdim", "mxfp4:axis=headdim", "fp16sr:bits=8",
+                          "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8"]
+
+
+@dataclass(frozen=True)
+class ToyFormat(ScaledFormat):
+    """toybf16: BF16 codes of x / s, s = amax / 256 over the scale group (`ScaledFormat`); data: bfloat16."""
+
+    base: str = "toybf16"
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": ("dstate",), "scale": ("row", "head", "tensor", "none")}
+
+    @property
+    def max_value(self) -> float:
+        return 256.0
+
+    @property
+    def code_bytes(self) -> int:
+        return 2
+
+    def _round(self, v, words):
+        return rounding.round_bf16(v)
+
+    def _to_codes(self, q):
+        return q.to(torch.bfloat16)
+
+    def _from_codes(self, data):
+        return data.float()
+
+    @property
+    def kernel_codec(self) -> KernelCodec:
+        return KernelCodec(Kind.BF16, Group[self.scale.upper()], self.max_value)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(registry.FORMATS, "toybf16", ToyFormat)
+    return "toybf16"
+
+
+def _states(shape=(3, 2, 5, 40), seed=0) -> torch.Tensor:
+    """[B, H, P, N] states with rows of mixed magnitude, a zero row and a zero head."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, shape[:-1], generator=g).float())[..., None]
+    x[0, 1, 2] = 0.0
+    x[1, 0] = 0.0
+    return x
+
+
+@triton.jit
+def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
+                       MAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
+    b = tl.program_id(0)
+    rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
+    x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
+    bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, KIND)
+    y = device.round_tile(x, bits, KIND, GROUP, MAX, BLOCK_R, BLOCK_C)
+    tl.store(y_ptr + b * R * C + elem, y, mask=mask)
+
+
+def _check_codec(fmt, device_name, bits_equal):
+    """fmt's codec rounds as its torch reference: quantize_triton, encode_triton and the in-tile rounding."""
+    codec = fmt.kernel_codec
+    x = _states()
+    keys, checkpoint = torch.tensor([11, 2**40 + 3, 7]), torch.tensor([0, 5, 2**20])
+    words = state_random_bits(keys, checkpoint, tuple(x.shape[1:]))  # [B, H, P, N] the Philox words of `replay.keys`
+    bits = {"random_bits": words} if fmt.is_stochastic else {}
+    want = fmt.quantize(x, **bits)
+    bits_equal(quantize_triton(x.to(device_name), fmt, **bits).cpu(), want)
+    if codec.packed:
+        got = encode_triton(x.to(device_name), fmt, keys.to(device_name), checkpoint.to(device_name))
+        ref = fmt.encode(x, **bits)
+        assert got.format == ref.format and got.data.dtype == codec.data_dtype == ref.data.dtype
+        for name in got.FIELDS:
+            a, b = getattr(got, name), getattr(ref, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert torch.equal(a.cpu().view(torch.uint8), b.view(torch.uint8)), name
+    if tile_codec(fmt) is not None:  # one program per state of one head, as the chunked kernels with head scales
+        xs = x[:, :1].contiguous()  # [B, 1, P, N]
+        y = torch.empty_like(xs, device=device_name)
+        _round_tile_kernel[(xs.shape[0],)](xs.to(device_name), y, keys.to(device_name), checkpoint.to(device_name),
+                                           xs.shape[2], xs.shape[3], *codec.args, BLOCK_R=8, BLOCK_C=64)
+        tile_bits = {"random_bits": words[:, :1]} if fmt.is_stochastic else {}
+        bits_equal(y.cpu(), fmt.quantize(xs, **tile_bits))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_codec_rounds_as_torch(spec, device, bits_equal):
+    fmt = get_format(spec)
+    if fmt.kernel_codec is None:
+        with pytest.raises(NotImplementedError, match="kernel_codec"):
+            quantize_triton(torch.zeros(1, 2, 16), fmt)
+        return
+    _check_codec(fmt, device, bits_equal)
+
+
+def test_capabilities():
+    """What the kernels do with each format is read from its codec alone."""
+    codec = get_format("nvfp4:scale=head").kernel_codec
+    assert codec.packed and codec.in_tile(whole_head=True) and not codec.in_tile(whole_head=False)
+    assert codec.padded(40) == 48 and codec.args == (int(Kind.NVFP4), int(Group.HEAD), 1.0)
+    assert not get_format("fp8:scale=tensor").kernel_codec.in_tile(whole_head=True)
+    assert not get_format("mxfp8").kernel_codec.packed and get_format("nvfp4:axis=headdim").kernel_codec.axis == "headdim"
+    assert get_format("fp8sr:max=240").kernel_codec == KernelCodec(Kind.FP8SR, Group.ROW, 240.0)
+    for spec in ("int8", "fp8:scale=block:16", "nvfp4:scale=rowcol", "fp16sr:rounds=7", "bf16:rot=hadamard:8"):
+        assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
+
+
+@pytest.mark.parametrize("scale", ["row", "head", "tensor", "none"])
+def test_toy_format_codec(toy, scale, device, bits_equal):
+    """The toy format's class and codec are all the kernels need: the Triton roundings equal its torch reference."""
+    fmt = get_format(f"{toy}:scale={scale}")
+    assert fmt.name == toy + ("" if scale == "row" else f":scale={scale}")
+    _check_codec(fmt, device, bits_equal)
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f == "kda" else f
+                                    for f in conformance.FAMILIES])  # kda: the delta-rule step kernels again
+def test_toy_format_conforms(toy, family):
+    """The toy format as a read copy and as a shared checkpoint: the reference stores its grid, and the Triton decode
+    step, which reads its packed encoding through the codec, conforms with the reference."""
+    configs = (f"{toy}/fp16sr@{{L}}", f"shared:{toy}:scale=head@{{L}}")
+    cases = conformance.grid_cases("quick", (family,), configs)
+    for result in conformance.check_kernel(conformance.triton_adapter, cases):
+        assert result.status == "pass", result.message
+    config = ReplayConfig.parse(configs[0].format(L=4))
+    inputs, anchor = conformance.make_inputs(family, "small", 0, 6)
+    _, state = conformance.reference_decode(family, inputs, anchor, config)
+    assert torch.equal(config.read_format.quantize(state.lo), state.lo) and not torch.equal(state.lo, state.hi)
