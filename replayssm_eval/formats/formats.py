@@ -17,7 +17,7 @@ from replayssm_eval.formats.codec import Group, KernelCodec, Kind
 from replayssm_eval.formats.packed import PackedState
 
 
-def _div(a: float | torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
+def div_rn(a: float | torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
     """a / b correctly rounded in FP32; torch turns `c / t` into reciprocal(t) * c, so scalars become tensors
     (filled on the device, not copied there: a CUDA graph capture allows no host-to-device copy)."""
     ref = a if isinstance(a, torch.Tensor) else b
@@ -230,7 +230,7 @@ class ScaledFormat(StateFormat):
         raise NotImplementedError
 
     def _scale(self, amax: torch.Tensor) -> torch.Tensor:
-        s = _div(amax, self.max_value)
+        s = div_rn(amax, self.max_value)
         return torch.where(s == 0, 1.0, s)
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
@@ -439,12 +439,12 @@ class NVFP4Format(StateFormat):
         col = column_factors(xo) if self.scale == "rowcol" else None  # [B, H, 1, C]
         xo = layout.pad_to(xo if col is None else xo / col, self.BLOCK)  # [B, H, R, Cp]
         amax = layout.group_amax(xo, self.group)  # [B, H|1, R|1, 1]
-        s_enc = torch.clamp(_div(rounding.NVFP4_AMAX, amax), max=rounding.FLT_MAX)
+        s_enc = torch.clamp(div_rn(rounding.NVFP4_AMAX, amax), max=rounding.FLT_MAX)
         s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
-        s_dec = _div(1.0, s_enc)
+        s_dec = div_rn(1.0, s_enc)
         blocks = xo.unflatten(-1, (-1, self.BLOCK))  # [B, H, R, Cp/16, 16]
         s_b = nvfp4_block_scale(blocks.abs().amax(-1), s_enc)  # [B, H, R, Cp/16]
-        enc_b = torch.clamp(_div(1.0, s_b * s_dec), max=rounding.FLT_MAX)
+        enc_b = torch.clamp(div_rn(1.0, s_b * s_dec), max=rounding.FLT_MAX)
         v = blocks * enc_b.unsqueeze(-1)
         q = torch.where(v == 0, 0.0, rounding.round_e2m1(v)).flatten(-2)  # [B, H, R, Cp]; -0.0 -> code 0
         codes = rounding.e2m1_to_bits(q)

@@ -3,7 +3,7 @@
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from replayssm_eval.formats.formats import _div
+from replayssm_eval.formats.formats import div_rn
 from replayssm_eval.formats.rotation import hadamard
 
 
@@ -22,7 +22,7 @@ class Ops(TorchDispatchMode):
 
 def test_scalar_division_fills_its_operand_on_the_device():
     x = torch.ones(3, device="meta")
-    for make in (lambda: _div(x, 127.0), lambda: _div(2688.0, x)):
+    for make in (lambda: div_rn(x, 127.0), lambda: div_rn(2688.0, x)):
         with Ops() as mode:
             make()
         # a scalar copied from the host (torch.as_tensor) reaches no op; one filled on the device is aten.full
