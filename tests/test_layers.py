@@ -1,5 +1,5 @@
 """The package's layer order (docs/architecture.md): a package imports only packages below it, never a peer or
-anything above, at module level or inside a function."""
+anything above, at module level or inside a function; and no module imports another folder's private names."""
 
 import ast
 from pathlib import Path
@@ -29,18 +29,23 @@ RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 PACKAGE_DIR = Path(replayssm_eval.__file__).parent
 
 
-def imports(path: Path) -> list[str]:
-    """The replayssm_eval modules (and packages) that a source file imports, anywhere in it."""
+def imported_names(path: Path) -> list[tuple[str, list[str]]]:
+    """(replayssm_eval module or package, the names taken from it) of every import in a source file, anywhere in it."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "replayssm_eval":
             if node.module == "replayssm_eval":
-                found += [f"replayssm_eval.{alias.name}" for alias in node.names]
+                found += [(f"replayssm_eval.{alias.name}", []) for alias in node.names]
             else:
-                found.append(node.module)
+                found.append((node.module, [alias.name for alias in node.names]))
         elif isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names if alias.name.startswith("replayssm_eval.")]
+            found += [(alias.name, []) for alias in node.names if alias.name.startswith("replayssm_eval.")]
     return found
+
+
+def imports(path: Path) -> list[str]:
+    """The replayssm_eval modules (and packages) that a source file imports."""
+    return [module for module, _ in imported_names(path)]
 
 
 def layer_of(module: str) -> str:
@@ -65,9 +70,28 @@ def test_imports_go_down_the_layers(path):
     assert not upward, f"{source} (layer {RANK[source]}) imports a peer or a layer above: {upward}"
 
 
-
 def test_an_import_inside_a_function_is_seen_and_upward_is_refused(tmp_path):
     module = tmp_path / "fake.py"
     module.write_text("import replayssm_eval.replay.config\n\n\ndef f():\n    from replayssm_eval.kl.driver import run_kl\n")
     assert imports(module) == ["replayssm_eval.replay.config", "replayssm_eval.kl.driver"]
     assert RANK[layer_of("replayssm_eval.kl.driver")] < RANK["kernels"] < RANK[layer_of("replayssm_eval.replay.config")]
+
+
+def private_imports(path: Path, folder: tuple[str, ...]) -> list[str]:
+    """The private names that `path`, a module in `folder` of the package, imports from modules of other folders."""
+    return [f"{module}.{name}" for module, names in imported_names(path) for name in names
+            if name.startswith("_") and not name.startswith("__")
+            and folder not in (tuple(module.split(".")[1:-1]), tuple(module.split(".")[1:]))]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_no_private_names_from_another_folder(path):
+    private = private_imports(path, path.relative_to(PACKAGE_DIR).parent.parts)
+    assert not private, f"private names imported across folders: {private}"
+
+
+def test_a_private_name_from_another_folder_is_seen(tmp_path):
+    module = tmp_path / "fake.py"
+    module.write_text("from replayssm_eval.formats.rounding import _hidden, visible\n"
+                      "from replayssm_eval.kernels.mamba2.triton_step import _own_folder\n")
+    assert private_imports(module, ("kernels", "mamba2")) == ["replayssm_eval.formats.rounding._hidden"]
