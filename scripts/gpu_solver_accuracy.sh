@@ -6,7 +6,9 @@
 #   scripts/gpu_solver_accuracy.sh prepare        # CPU: the requests (greedy and sampled) under $DIR
 #   OUT=out scripts/gpu_solver_accuracy.sh gpu    # GPU: the generations into $OUT/results.tgz (H200: ~8 min)
 #       GPU_SECONDS (default 470): then everything is packed, whatever is unfinished;
-#       CHECKS=0 leaves out the device checks, SAMPLED=0 the sampled run
+#       CHECKS=0 leaves out the device checks, SAMPLED=0 the sampled run;
+#       SOLVERS=model,...: only those models; RESUME=model,...: those models start from their committed generations (same weights): only the configs
+#       missing there run
 #   scripts/gpu_solver_accuracy.sh score DIR      # CPU, DIR = the unpacked results (or the committed generations/,
 #                                                 # gunzipped): the accuracy runs
 #   scripts/gpu_solver_accuracy.sh kl             # CPU or GPU (needs datasets): the KL runs (2 idle CPU cores: 1 to 3 min a run)
@@ -17,7 +19,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MODELS=(tiny-nemotron-h-solver tiny-qwen3.5-solver)
+MODELS=()  # the scoring fixtures the package holds
+for model in tiny-nemotron-h-solver tiny-qwen3.5-solver tiny-kimi-linear-solver; do
+  [[ -d replayssm_eval/models/fixtures/$model && ,${SOLVERS:-$model}, == *,$model,* ]] && MODELS+=("$model")
+done
 TASKS=synth_sum,synth_swap
 CONFIGS=fp32,shared:nvfp4,nvfp4/fp16sr,nvfp4/fp32,nvfp4/fp8sr,shared:fp8sr,vllm:replay-fp16sr,vllm:fp16sr,sglang:fp8,flashinfer:int16,vllm:int8,modelopt:int8-hadamard
 GROUPS_OF=(  # the configs after fp32, in four concurrent groups per model, the paper's configs first
@@ -63,6 +68,9 @@ case "${1:-}" in
     }
     for model in "${MODELS[@]}"; do
       (
+        if [[ ,${RESUME:-}, == *,$model,* ]]; then
+          gunzip -c "$DIR/generations/gens-$model.jsonl.gz" > "$work/gens-$model-fp32.jsonl"
+        fi
         generate "$model" fp32 "$work/gens-$model-fp32.jsonl" "$DIR/requests.jsonl"
         for g in "${!GROUPS_OF[@]}"; do  # fp32 first in each group's file: it sets the order of the others
           cp "$work/gens-$model-fp32.jsonl" "$work/gens-$model-$g.jsonl"

@@ -24,7 +24,8 @@ export PYTHONPATH="$PWD/scripts:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT" out/solvers
 declare -A SCAN=([tiny-nemotron-h-solver]=torch [tiny-qwen3.5-solver]=torch [tiny-kimi-linear-solver]=fla)
 if [[ ,$MODELS, == *,tiny-kimi-linear-solver,* ]]; then
-  python -m pip install -q --no-index --no-deps --target out/fla-site .whl/fla_core-*.whl .whl/einops-*.whl || exit
+  [[ -d out/fla-site/fla ]] ||  # concurrent invocations: install it first, once
+    python -m pip install -q --no-index --no-deps --target out/fla-site .whl/fla_core-*.whl .whl/einops-*.whl || exit
 fi
 for model in ${MODELS//,/ }; do
   (

@@ -21,21 +21,23 @@ answer; "answer is (X)"): training.json records the command, time, the loss curv
 accuracy overall and in the longest quarter of gold lengths, and the decay tables.
 
 Every run trains on transformers' plain torch paths, but `--scan-kernels fla` trains KDA with fla's Triton
-`chunk_kda` (transformers' torch chunk rule runs 3 s a step at 4 x 5,120 tokens on an H200): it is checked
-against the torch rule first (outputs and gradients, strong decays included) and recorded in training.json.
+`chunk_kda` (transformers' torch chunk rule runs 3 s a step at 4 x 5,120 tokens on an H200), one config per
+kernel (autotuning them all compiled for over 6 minutes): it is checked against the torch rule first (outputs and gradients, strong decays included) and recorded in training.json.
 The stored weights are the same kind either way; evaluation never uses fla.
 
 Run from the repository root (the package importable):
 
     PYTHONUNBUFFERED=1 python scripts/train_solvers.py --model tiny-qwen3.5-solver --out out/solvers --time-budget 420
     # CPU smoke test:
-    python scripts/train_solvers.py --model tiny-nemotron-h-solver --out out/sx --max-steps 2 --seq-len 512 \
-        --batch-size 2 --workers 0 --eval-questions 2 --eval-max-gen-toks 16
+    python scripts/train_solvers.py --model tiny-nemotron-h-solver --out out/sx --max-steps 2 --batch-size 1 \
+        --workers 0 --eval-questions 2 --eval-max-gen-toks 16
 """
 
 import dataclasses
+import faulthandler
 import itertools
 import json
+import math
 import re
 import shlex
 import sys
@@ -79,6 +81,7 @@ class SolverConfig(RunConfig):
     eval_batch: int = 128
     init_from: str = ""  # a model folder (a solver trained before) to continue from, instead of a fresh init
     scan_kernels: str = "torch"  # torch | fla: KDA's chunk rule from fla's Triton kernels (a GPU, training only)
+    swap_share: float = 0.5  # the share of synth_swap examples in the training rows (the rest synth_sum)
 
 
 # ---- data
@@ -94,19 +97,25 @@ def encode_example(task: str, row: dict) -> tuple[list[int], list[int]]:
 class PackedExamples(torch.utils.data.IterableDataset):
     """Endless rows of seq_len + 1 ids (and their loss mask), packed with whole training examples.
 
-    Worker w of the DataLoader draws training seeds seed * 1e9 + w * 1e6 + 0, 1, 2, ...; tasks alternate.
+    Example i is a `synth_swap` example where floor((i + 1) * swap_share) > floor(i * swap_share), else a
+    `synth_sum` one (share 0.5: the tasks alternate). Worker w draws each task's rows ROWS_PER_DRAW at a time
+    from training seeds seed * 1e9 + w * 1e6 + 0, 1, 2, ...
     """
 
-    def __init__(self, seq_len: int, seed: int):
-        self.width, self.seed = seq_len + 1, seed
+    def __init__(self, seq_len: int, seed: int, swap_share: float):
+        self.width, self.seed, self.swap_share = seq_len + 1, seed, swap_share
 
     def examples(self, worker: int):
-        for draw in itertools.count():
-            seed = self.seed * 10**9 + worker * 10**6 + draw
-            rows = {task: generate(task, "train", ROWS_PER_DRAW, seed=seed) for task in SYNTHETIC_TASKS}
-            for i in range(ROWS_PER_DRAW):
-                for task in SYNTHETIC_TASKS:
-                    yield encode_example(task, rows[task][i])
+        draws = {task: itertools.count() for task in SYNTHETIC_TASKS}
+        rows = {task: iter(()) for task in SYNTHETIC_TASKS}
+        for i in itertools.count():
+            task = "synth_swap" if int((i + 1) * self.swap_share) > int(i * self.swap_share) else "synth_sum"
+            row = next(rows[task], None)
+            if row is None:
+                seed = self.seed * 10**9 + worker * 10**6 + next(draws[task])
+                rows[task] = iter(generate(task, "train", ROWS_PER_DRAW, seed=seed))
+                row = next(rows[task])
+            yield encode_example(task, row)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -123,7 +132,7 @@ class PackedExamples(torch.utils.data.IterableDataset):
 
 def batches(cfg: SolverConfig):
     """(ids [B, L+1], mask [B, L+1]) batches on the device."""
-    loader = torch.utils.data.DataLoader(PackedExamples(cfg.seq_len, cfg.seed), batch_size=cfg.batch_size,
+    loader = torch.utils.data.DataLoader(PackedExamples(cfg.seq_len, cfg.seed, cfg.swap_share), batch_size=cfg.batch_size,
                                          num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
     for ids, mask in loader:
         yield ids.to(cfg.device, non_blocking=True), mask.to(cfg.device, non_blocking=True)
@@ -132,27 +141,64 @@ def batches(cfg: SolverConfig):
 # ---- train
 
 
-def use_fla_kda(device: str) -> str:
-    """Bind fla's `chunk_kda` as the KDA chunk rule of transformers' kimi_linear, once it matches transformers'
-    torch rule on random inputs (decays down to -8 per step); returns fla's version."""
-    import fla
-    from fla.ops.kda import chunk_kda
-    from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+# architecture -> (transformers module, its chunk-rule name, fla module, fla function, decay per channel). Not GDN:
+# fla 0.6.0 refuses GDN's gated backward on Hopper with Triton < 3.7.1, which gives wrong results there.
+FLA_RULES = {
+    "tiny-kimi-linear": ("kimi_linear.modeling_kimi_linear", "chunk_kimi_delta_attention", "fla.ops.kda", "chunk_kda",
+                         True),
+}
 
-    torch_rule = getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
+
+def one_config_each(package: str = "fla.ops") -> int:
+    """Give every Triton autotuner of the imported `package` modules one config (fewest stages, smallest tiles,
+    fewest warps), so the first step compiles one variant per kernel rather than autotuning them all (fla's KDA
+    backward alone compiled for over 6 minutes on an H200); returns the number of autotuners trimmed. The parity
+    check runs after it."""
+    from triton.runtime.autotuner import Autotuner
+
+    def cost(config):
+        return config.num_stages, math.prod(config.kwargs.values()), config.num_warps
+
+    trimmed = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(package):
+            continue
+        for kernel in vars(module).values():
+            while kernel is not None and not isinstance(kernel, Autotuner):
+                kernel = getattr(kernel, "fn", None) if hasattr(kernel, "run") else None  # through @heuristics
+            if kernel is not None and len(kernel.configs) > 1:
+                kernel.configs = [min(kernel.configs, key=cost)]
+                trimmed += 1
+    return trimmed
+
+
+def use_fla(architecture: str, device: str) -> str:
+    """Bind fla's chunk rule (KDA's `chunk_kda`) as the chunk rule of the architecture's transformers model, once it matches transformers' torch rule on random inputs (decays down to
+    -8 per step), outputs and gradients; returns fla's version."""
+    import importlib
+
+    import fla
+
+    module_name, rule_name, fla_module, fla_name, per_channel = FLA_RULES[architecture]
+    module = importlib.import_module(f"transformers.models.{module_name}")
+    torch_rule = getattr(module, rule_name)
+    torch_rule = getattr(torch_rule, "__wrapped__", torch_rule)
+    fla_rule = getattr(importlib.import_module(fla_module), fla_name)
+    print(f"[fla] {one_config_each()} autotuned kernels given one config each", flush=True)
     gen = torch.Generator(device).manual_seed(0)
     shape = (2, 300, 4, 64)  # [B, T, H, K]
     q, k, v = (torch.randn(shape, device=device, generator=gen).requires_grad_() for _ in range(3))
-    g = (-8 * torch.rand(shape, device=device, generator=gen) ** 4).requires_grad_()  # log decays in (-8, 0]
+    g_shape = shape if per_channel else shape[:3]  # KDA: [B, T, H, K]; GDN: [B, T, H]
+    g = (-8 * torch.rand(g_shape, device=device, generator=gen) ** 4).requires_grad_()  # log decays in (-8, 0]
     beta = torch.rand(shape[:3], device=device, generator=gen).requires_grad_()
     inputs = (q, k, v, g, beta)
     results = []
-    for rule in (torch_rule, chunk_kda):
+    for rule in (torch_rule, fla_rule):
         out, _ = rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)  # [B, T, H, V]
         results.append((out, *torch.autograd.grad((out * torch.cos(out)).sum(), inputs)))
     for name, ref, got in zip(("output", "dq", "dk", "dv", "dg", "dbeta"), *results):
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-3 * ref.abs().max().item(), msg=lambda m: f"fla {name}: {m}")
-    kimi.chunk_kimi_delta_attention = chunk_kda
+    setattr(module, rule_name, fla_rule)
     return fla.__version__
 
 
@@ -165,6 +211,7 @@ def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]
     curve, beta, step = [], None, 0
     model.train()
     data = batches(cfg)
+    faulthandler.dump_traceback_later(120, repeat=True)  # where the first step's compile and warm-up is, if it is slow
     start = last_time = time.perf_counter()
     last_step = 0
     while step < cfg.max_steps and time.perf_counter() - start < cfg.time_budget:
@@ -178,6 +225,8 @@ def train(model: torch.nn.Module, cfg: SolverConfig, long_heads: list[list[int]]
         loss = (losses * weight).sum() / weight.sum().clamp(min=1)
         beta = optimizer_step(model, optimizer, loss, penalty, cfg)
         step += 1
+        if step == 1:
+            faulthandler.cancel_dump_traceback_later()
         if step == 1 or step % cfg.log_every == 0 or step == cfg.max_steps:  # step 1: the compile and warm-up time
             now, value = time.perf_counter(), loss.item()
             curve.append([step, round(now - start, 1), round(value, 5)])
@@ -247,17 +296,19 @@ def earlier_runs(init_from: str, result: dict) -> dict:
 
 def parse_args() -> SolverConfig:
     cfg = parse_config(SolverConfig, SOLVERS, __doc__.split("\n\n")[0])
+    if not 0 <= cfg.swap_share <= 1:
+        raise SystemExit(f"--swap-share {cfg.swap_share}: expected a fraction in [0, 1]")
     if cfg.scan_kernels not in ("torch", "fla"):
         raise SystemExit(f"--scan-kernels {cfg.scan_kernels!r}: expected torch or fla")
-    if cfg.scan_kernels == "fla" and (SOLVERS[cfg.model] != "tiny-kimi-linear" or not cfg.device.startswith("cuda")):
-        raise SystemExit(f"--scan-kernels fla trains KDA on a GPU only; got {cfg.model} on {cfg.device}")
+    if cfg.scan_kernels == "fla" and (SOLVERS[cfg.model] not in FLA_RULES or not cfg.device.startswith("cuda")):
+        raise SystemExit(f"--scan-kernels fla trains {sorted(FLA_RULES)} on a GPU only; got {cfg.model} on {cfg.device}")
     return cfg
 
 
 def main() -> None:
     cfg = parse_args()
     check_torch_paths(allowed=("fla",) if cfg.scan_kernels == "fla" else ())
-    scan_kernels = {"fla": use_fla_kda(cfg.device)} if cfg.scan_kernels == "fla" else {}
+    scan_kernels = {"fla": use_fla(SOLVERS[cfg.model], cfg.device)} if cfg.scan_kernels == "fla" else {}
     torch.manual_seed(cfg.seed)
     config_fn, model_cls = MODELS[SOLVERS[cfg.model]]
     if cfg.init_from:

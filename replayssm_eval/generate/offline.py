@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from replayssm_eval.generate import DECODE_STEPS
@@ -72,6 +73,7 @@ def generate_requests(requests_path, out_path, *, model: str, configs: list[str]
                                                                       requests[rows[k][0]]["doc_id"], rows[k][1]), 0))
         fit = plan_rows(rm, config, batch_size, max(len(p) + m for p, m in zip(prompts, limits)), step=step,
                         prefill_segment=prefill_segment, prefill_tokens=prefill_tokens, default=32)
+        start = time.perf_counter()
         engine = Engine(rm, config, step=step, max_batch=min(fit, len(prompts)), prefill_segment=prefill_segment,
                         prefill_tokens=prefill_tokens, sampling_seed=seed)
         gens = engine.generate(prompts, max_gen_toks=limits, until=[requests[i]["until"] for i, _ in rows], order=order,
@@ -84,7 +86,7 @@ def generate_requests(requests_path, out_path, *, model: str, configs: list[str]
             f.writelines(json.dumps(line) + "\n" for line in lines)
         written += lines
         print(f"{config}: {len(lines)} generations, mean {sum(x['gen_tokens'] for x in lines) / len(lines):.0f} tokens, "
-              f"batch {engine.max_batch}", flush=True)
+              f"batch {engine.max_batch}, {time.perf_counter() - start:.0f} s", flush=True)
     return out_path
 
 

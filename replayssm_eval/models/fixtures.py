@@ -12,6 +12,7 @@ gaps are real; same architectures, trained on those tasks by `scripts/train_solv
 
     tiny-nemotron-h-solver  the tiny-nemotron-h architecture (Mamba-2)
     tiny-qwen3.5-solver     the tiny-qwen3.5 architecture (GDN)
+    tiny-kimi-linear-solver the tiny-kimi-linear architecture (KDA)
 """
 
 import os
@@ -22,7 +23,7 @@ from urllib.parse import urlparse
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 BUNDLED_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
-SCORING_MODELS = ("tiny-nemotron-h-solver", "tiny-qwen3.5-solver")
+SCORING_MODELS = ("tiny-nemotron-h-solver", "tiny-qwen3.5-solver", "tiny-kimi-linear-solver")
 ACCEPTED = f"a bundled fixture ({', '.join(BUNDLED_MODELS + SCORING_MODELS)}), a local model directory (with config.json) or a hub id"
 HUB_PROBE_TIMEOUT_S = 3.0
 
