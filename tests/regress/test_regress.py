@@ -112,6 +112,6 @@ def test_update_records_a_regression_only_when_accepted(tmp_path, monkeypatch, c
 
 def test_bad_options(capsys):
     assert main(["regress", "--part", "speed"]) == 2
-    assert "unknown --part 'speed'; known: format, bits, kernel, chunked, kl" in capsys.readouterr().err
+    assert "unknown --part 'speed'; known: format, bits, kernel, chunked, kl, stats" in capsys.readouterr().err
     assert main(["regress", "--baseline", "/nonexistent.json"]) == 2
     assert "create it with --update-baseline" in capsys.readouterr().err
