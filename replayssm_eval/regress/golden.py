@@ -18,9 +18,11 @@ import torch
 
 SCALE_ORDER_FILE = Path(__file__).with_name("nvfp4_ties.json")
 
-# midpoints of the E2M1 grid, of FP16 / BF16 / E4M3 / E5M2 (scale 1: a row holding 448) and of the integers
+# midpoints of the E2M1 grid, of FP16 / BF16 / E4M3 / E5M2 (scale 1: a row holding 448) and of the integers; each
+# FP grid has one midpoint above an even code (RNE rounds down) and one above an odd code (RNE rounds up)
 E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-FP_TIES = (1 + 2**-11, 1 + 2**-8, 1.0625, 17.0, 1.125, 144.0, 2**-10 + 2**-11, 2**-17, 2**-25)
+FP_TIES = (1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 1.0625, 1.1875, 17.0, 144.0, 1.125, 1.375,
+           2**-10 + 2**-11, 2**-17, 2**-25)
 INT_TIES = (0.5, 1.5, 2.5, 3.5, 64.5, 125.5, 126.5)
 
 
