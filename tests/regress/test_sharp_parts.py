@@ -1,6 +1,7 @@
 """The suite's golden, reference, statistics and KL-formula metrics catch the bugs they are there for; the gate
 refuses to check nothing; output paths and --only are checked before the suite runs."""
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from replayssm_eval.cli import main
 from replayssm_eval.formats import formats, get_format, rounding
 from replayssm_eval.formats.formats import IntFormat
+from replayssm_eval.formats.rotation import Rotated
 from replayssm_eval.generate import degeneration
 from replayssm_eval.kl import metrics as kl_metrics
 from replayssm_eval.regress import BASELINE, compare, golden, suite
@@ -80,6 +82,15 @@ def test_int8_scale_off_by_one_fails(monkeypatch, capsys):
     assert not any(name.startswith(("bits/fp8", "bits/nvfp4")) for name in failed)
 
 
+def test_hadamard_decode_without_the_inverse_fails(monkeypatch, capsys):
+    monkeypatch.setattr(Rotated, "decode", lambda self, packed: self.inner.decode(
+        dataclasses.replace(packed, format=self.inner.name)))
+    assert main(["regress", "--part", "format"]) == 1
+    failed = _regressed(capsys.readouterr().out)
+    assert failed == {f"format/{spec}/{d}/rel_rms" for spec in suite.FORMATS if "hadamard" in spec
+                      for d in suite.DISTRIBUTIONS}
+
+
 def test_kl_direction_and_interval_dof_fail(monkeypatch, capsys):
     forward = kl_metrics._kl
     monkeypatch.setattr(kl_metrics, "_kl", lambda logp, logq: forward(logq, logp))  # KL(q||p) in both columns' place
@@ -144,3 +155,13 @@ def test_output_and_only_are_checked_before_the_suite_runs(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert "--only 'nothing*' matches no metric" in err and "bits/bf16, chunked/gdn/*" in err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_triton_encoder_hashes_equal_the_torch_encoders():
+    """The baseline's `kernel/encode` hashes (Triton) are the `bits` hashes (torch) of the same inputs."""
+    base = compare.read_baseline(BASELINE)
+    for spec in suite.ENCODE_FORMATS:
+        assert base[f"kernel/encode/{spec}/integer"] == base[f"bits/{spec}"], spec
+        assert base[f"kernel/encode/{spec}/ties"] == base[f"bits/{spec}/ties"], spec
+    assert {base[f"{p}/{spec}/scale_order"]["value"] for p in ("bits", "kernel/encode")
+            for spec in suite.NVFP4_SCALE_ORDER} == {0}
