@@ -6,7 +6,7 @@ rounding midpoint (so the stored block scale byte differs). Row: 32 FP32 values,
 row's amax (the global scale group is the row), block 1 a max bmax set near `m * 6 / S_enc` for an
 E4M3 midpoint m, then nudged by a few ulps.
 
-    python scripts/nvfp4_ties.py tests/helpers/nvfp4_ties.json
+    python scripts/nvfp4_ties.py replayssm_eval/regress/nvfp4_ties.json
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from pathlib import Path
 from replayssm_eval.cli import command
 from replayssm_eval.options import option
 from replayssm_eval.regress import BASELINE
+from replayssm_eval.results.files import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class RegressConfig:
                                            "with --accept-regressions)")
     accept_regressions: bool = option(False, "with --update-baseline: record regressed metrics too "
                                               "(an intended numerics change)")
-    part: tuple[str, ...] = option((), "suite part to run: format, bits, kernel, chunked, kl (default: all)")
+    part: tuple[str, ...] = option((), "suite part to run: format, bits, kernel, chunked, kl, stats (default: all)")
     only: tuple[str, ...] = option((), "run only the metrics matching this glob, e.g. 'kernel/mamba2/*'")
     show_all: bool = option(False, "list every metric, not only those that moved")
     json_output: str | None = option(None, "write the metrics and their status to this JSON file")
@@ -48,11 +49,13 @@ class RegressConfig:
 
 @command("regress")
 def regress_command(config: RegressConfig) -> int:
+    if config.json_output:
+        _check_output_file(config.json_output)
     if config.kernel:
         return _conformance(config)
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
     from replayssm_eval.regress import compare
-    from replayssm_eval.regress.suite import PARTS, run_suite
+    from replayssm_eval.regress.suite import PARTS, metric_kinds, run_suite
 
     parts = config.part or PARTS
     unknown = [p for p in parts if p not in PARTS]
@@ -65,22 +68,22 @@ def regress_command(config: RegressConfig) -> int:
     in_parts = lambda name: name.split("/", 1)[0] in parts and (  # noqa: E731
         not config.only or any(fnmatch.fnmatchcase(name, p) for p in config.only))
     baseline = {k: v for k, v in baseline_all.items() if in_parts(k)}
-    if not config.update_baseline:  # the baseline names every metric of the suite
-        _check_only_matches(config.only, set(baseline_all))
+    known = {*metric_kinds(tuple(parts)), *(k for k in baseline_all if k.split("/", 1)[0] in parts)}
+    _check_only_matches(config.only, known, parts)
 
     start = time.perf_counter()
     current = run_suite(tuple(parts), only=config.only, log=lambda line: print(f"  {line}", file=sys.stderr))
     elapsed = time.perf_counter() - start
-    _check_only_matches(config.only, {*current, *baseline_all})  # with --update-baseline: new metrics too
     rows = compare.compare(current, baseline)
     print(compare.format_table(rows, show_all=config.show_all))
     failed = [r for r in rows if r.failed]
     improved = [r for r in rows if r.status in ("improved", "new")]
+    checked = [r for r in rows if r.status in ("ok", "improved", "REGRESSED")]
     if config.json_output:
-        Path(config.json_output).write_text(json.dumps({
+        atomic_write_bytes(Path(config.json_output), (json.dumps({
             "seconds": elapsed, "baseline": str(path),
             "metrics": [{"name": r.name, "kind": r.kind, "baseline": r.baseline, "current": r.current,
-                         "status": r.status} for r in rows]}, indent=2) + "\n")
+                         "status": r.status} for r in rows]}, indent=2) + "\n").encode())
     if config.update_baseline:
         kept = {k: v for k, v in baseline_all.items() if not in_parts(k)}
         new = compare.updated_metrics(rows, current, baseline, config.accept_regressions)
@@ -91,19 +94,37 @@ def regress_command(config: RegressConfig) -> int:
             failed = []
     elif improved:
         print(f"{len(improved)} metric(s) improved or new: record them with --update-baseline")
+    if not checked and not config.update_baseline:  # a gate that compared nothing passes nothing
+        print(f"{len(rows)} metrics in {elapsed:.0f} s: none compared with the baseline (FAILED: a gate must check "
+              f"at least one metric)")
+        return 1
     print(f"{len(rows)} metrics in {elapsed:.0f} s: " + (f"{len(failed)} REGRESSED" if failed else "no regression"))
     return 1 if failed else 0
 
 
-def _check_only_matches(patterns: tuple[str, ...], names: set[str]) -> None:
-    """ValueError naming the first --only pattern that matches no metric, with an example name of each part."""
+def _check_output_file(path: str) -> None:
+    """ValueError unless `path` can be written as a file: not a folder, in an existing writable folder."""
+    target = Path(path)
+    accepted = "accepted: a file path in an existing writable folder"
+    if target.is_dir():
+        raise ValueError(f"--json-output {path!r} is a folder; {accepted}")
+    folder = target.absolute().parent
+    if not folder.is_dir():
+        raise ValueError(f"--json-output {path!r}: folder {str(folder)!r} does not exist; {accepted}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"--json-output {path!r} is not writable (read-only filesystem or permissions); {accepted}")
+
+
+def _check_only_matches(patterns: tuple[str, ...], names: set[str], parts: tuple[str, ...]) -> None:
+    """ValueError naming the first --only pattern that matches no metric of `parts`, with an example name of each part."""
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
             examples = {}
             for name in sorted(names):
-                parts = name.split("/")
-                examples.setdefault(parts[0], name if len(parts) <= 2 else "/".join(parts[:2]) + "/*")
-            raise ValueError(f"--only {pattern!r} matches no metric; known, e.g.: {', '.join(examples.values())}")
+                pieces = name.split("/")
+                examples.setdefault(pieces[0], name if len(pieces) <= 2 else "/".join(pieces[:2]) + "/*")
+            raise ValueError(f"--only {pattern!r} matches no metric of --part {','.join(parts)}; known, e.g.: "
+                             f"{', '.join(examples.values())}")
 
 
 def _conformance(config: RegressConfig) -> int:
@@ -123,7 +144,7 @@ def _conformance(config: RegressConfig) -> int:
     results = conformance.check_kernel(adapter, cases, device=config.device)
     print(conformance.format_results(results))
     if config.json_output:
-        Path(config.json_output).write_text(json.dumps([
+        atomic_write_bytes(Path(config.json_output), (json.dumps([
             {"case": r.case.name, "status": r.status, "y_rel_rms": r.y_rel_rms, "hi_flips": r.hi_flips,
-             "lo_flips": r.lo_flips, "message": r.message} for r in results], indent=2) + "\n")
+             "lo_flips": r.lo_flips, "message": r.message} for r in results], indent=2) + "\n").encode())
     return 1 if any(r.status == "FAIL" for r in results) or not any(r.status == "pass" for r in results) else 0

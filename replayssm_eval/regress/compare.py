@@ -2,8 +2,8 @@
 
 Status of a metric, with its kind's `suite.TOLERANCES` entry:
     ok          within the tolerance (or equal, for exact kinds)
-    REGRESSED   worse than the baseline beyond the tolerance, a changed hash, a non-finite value,
-                or a baseline metric the suite no longer produces (MISSING)
+    REGRESSED   worse than the baseline beyond the tolerance (for a two-sided kind: moved either way), a
+                changed hash, a non-finite value, or a baseline metric the suite no longer produces (MISSING)
     improved    better than the baseline beyond the tolerance
     new         not in the baseline
 """
@@ -51,9 +51,11 @@ def status_of(kind: str, baseline, current) -> str:
     if current is None or not math.isfinite(current):
         return "REGRESSED"
     delta = current - baseline
+    bound = tol.atol + tol.rtol * abs(baseline)
+    if tol.lower_is_better is None:  # a fixed value: a move either way regresses
+        return "ok" if abs(delta) <= bound else "REGRESSED"
     if not tol.lower_is_better:
         delta = -delta
-    bound = tol.atol + tol.rtol * abs(baseline)
     if delta > bound:
         return "REGRESSED"
     if -delta > bound:

@@ -57,12 +57,13 @@ LAYER = 2  # a layer index and sequence ids other than 0.. catch adapters that i
 SEQ_ID_BASE = 5
 
 _CONFIGS = ("fp32", "fp16", "shared:nvfp4@{L}", "nvfp4/fp32@{L}", "nvfp4/fp16sr@{L}", "nvfp4/fp8sr@{L}",
-            "fp8/fp16sr@{L}", "bf16/fp16@{L}", "nvfp4:scale=row/fp16sr@{L}#skip=0.3")
-_GDN_EXTRA = ("nvfp4/fp16sr@{L}#closed", "shared:nvfp4@{L}#closed")
+            "fp8/fp16sr@{L}", "bf16/fp16@{L}", "nvfp4:scale=row/fp16sr@{L}#skip=0.3", "fp32@{L}#buf=bf16")
+_GDN_EXTRA = ("nvfp4/fp16sr@{L}#closed", "shared:nvfp4@{L}#closed", "fp32@{L}#closed#buf=fp16")
 GRIDS = {
     # configs (with {L} for each window), windows, shapes, seeds
     "full": {"configs": _CONFIGS + _GDN_EXTRA, "windows": (4, 16), "shapes": ("small", "grouped"), "seeds": (0, 1)},
-    "quick": {"configs": ("fp16", "shared:nvfp4@{L}", "nvfp4/fp16sr@{L}", "nvfp4/fp8sr@{L}", "nvfp4/fp16sr@{L}#closed"),
+    "quick": {"configs": ("fp16", "shared:nvfp4@{L}", "nvfp4/fp16sr@{L}", "nvfp4/fp8sr@{L}", "nvfp4/fp16sr@{L}#closed",
+                          "fp32@{L}#buf=bf16"),
               "windows": (4,), "shapes": ("small",), "seeds": (0,)},
 }
 

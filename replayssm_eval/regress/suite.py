@@ -1,22 +1,30 @@
 """The fixed numerics suite of `replayssm-eval regress`: every number is deterministic (fixed seeds, CPU).
 
-    from replayssm_eval.regress.suite import run_suite
+    from replayssm_eval.regress.suite import run_suite, metric_kinds
     metrics = run_suite()          # {name: {"kind": ..., "value": ...}}
+    metric_kinds(("bits",))        # {name: kind} of every metric of a part, without computing any
 
 Parts (metric names start with the part):
-- `format/<fmt>/<distribution>/rel_rms`: round-trip error of every state format
+- `format/<fmt>/<distribution>/rel_rms`: round-trip error of every state format and option
   (`quant.measure.format_error_table`) on random Gaussian and Mamba-2-like states.
-- `bits/<fmt>`: SHA-256 (16 hex digits) of the packed bytes (codes, block scales, global scales)
-  of a state built from integers only, so every input value and every rounding is exact IEEE
-  arithmetic: any change of a rounding mode, a scale or a packing changes it.
-- `kernel/<family>/<config>/{y,hi}_rel_rms`: this package's Triton decode step (under
-  TRITON_INTERPRET=1 on the CPU) against `decode_reference`, token by token from sequences at
-  different phases (`conformance.run_case`); `kernel/<family>/chunked_triton/...`: the Triton
-  chunked kernel against the torch chunked form.
-- `chunked/<family>/<config>/{y,hi}_rel_rms`: the teacher-forced chunked form against the
-  step-by-step reference.
-- `kl/<model>/<config>/<start>-<end>`: mean KL of the bundled tiny models at 256 generated
-  tokens (1 document, prompt 64) per length bucket, through the KL driver (`kl.run_kl`).
+- `bits/<fmt>` and `bits/<fmt>/ties`: SHA-256 (16 hex digits) of the packed bytes (codes, scales) of
+  `golden.integer_state` and of `golden.tie_state` (values on rounding midpoints); `bits/<fmt>/scale_order`: NVFP4
+  block scales that differ from TransformerEngine's order on the golden rows; `bits/buffer/<dtype>`: the `#buf=`
+  rounding of both states. Every input value is exact, so any change of a rounding mode, a tie rule, a scale
+  or a packing changes them.
+- `kernel/<family>/<config>/{y,hi}_rel_rms`: this package's Triton decode step (under TRITON_INTERPRET=1 on
+  the CPU) against `decode_reference`, token by token from sequences at different phases
+  (`conformance.run_case`); `.../ref_rel_rms`: `decode_reference` under the config against FP32
+  (what the config's rounding costs); `kernel/<family>/chunked_triton/...`: the Triton chunked kernel against
+  the torch chunked form; `kernel/encode/<fmt>/<input>`: the hash of the Triton encoder's bytes (as `bits`).
+- `chunked/<family>/<config>/{y,hi}_rel_rms`: the teacher-forced chunked form against the step-by-step
+  reference.
+- `kl/<model>/<config>/<start>-<end>[/ci_low|/ci_high|/reverse]`: mean KL (its 95% interval over 2
+  documents, the reverse KL) of the bundled tiny models per length bucket, through the KL driver
+  (`kl.run_kl`); `kl/formula/...`, `kl/buckets/...`: the KL formulas and bucket statistics on hand-made
+  inputs (`fixed_cases`).
+- `stats/accuracy/...`, `stats/loop/...`: accuracy.json's statistics and the loop detector on hand-made
+  inputs (`fixed_cases`).
 
 Tolerances are per kind (`TOLERANCES`, see docs/regress.md), never per baseline entry, so a
 baseline update cannot loosen them.
@@ -26,68 +34,107 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import hashlib
 import io
 import os
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-SUITE_VERSION = 1
-PARTS = ("format", "bits", "kernel", "chunked", "kl")
+from replayssm_eval.regress import fixed_cases, golden
 
-# every registered format plus the options the kernels treat differently
-FORMATS = ("fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4",
-           "nvfp4:scale=row", "nvfp4:axis=headdim,scale=head", "fp8:scale=head", "fp8sr:scale=tensor",
-           "mxfp4:axis=headdim")
+SUITE_VERSION = 2
+PARTS = ("format", "bits", "kernel", "chunked", "kl", "stats")
+
+# every registered format and every option value the formats treat differently
+FORMATS = ("fp32", "bf16", "fp16", "fp16sr", "fp16sr:rounds=7",
+           "fp8", "fp8sr", "fp8e5m2", "fp8:scale=head", "fp8sr:scale=tensor", "fp8:scale=block:16", "fp8:scale=rowcol",
+           "fp8:scale=none", "fp8:max=240", "fp8e5m2:scale=head,max=1024", "fp8sr:bits=12", "fp8sr:rounds=7",
+           "int8", "int8sr", "int16", "int16sr", "int8:scale=head", "int8:scale=tensor", "int8:scale=block:16",
+           "int8:scale=rowcol", "int8:scale=none", "int8:axis=headdim", "int16:scale=block:32", "int8sr:bits=8",
+           "int16sr:rounds=7,bits=24",
+           "nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor", "nvfp4:scale=rowcol", "nvfp4:axis=headdim,scale=head",
+           "mxfp8", "mxfp4", "mxfp4:axis=headdim", "mxfp8:axis=headdim",
+           "int8:rot=hadamard:16", "int8sr:axis=headdim,rot=hadamard:16", "fp8:rot=hadamard:16",
+           "nvfp4:rot=hadamard:16")  # hadamard:16: 1/4 is exact, so the rotated integer state is exact in FP64
+NVFP4_SCALE_ORDER = ("nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor")  # one golden row per state: one global group
+BUFFER_DTYPES = ("bf16", "fp16")
 FORMAT_GEOMETRY = (4, 32, 64)
 DISTRIBUTIONS = ("gaussian", "ssm")
 SR_SEED = 1234
-KERNEL_CONFIGS = ("fp16", "shared:nvfp4@4", "nvfp4/fp16sr@4", "nvfp4/fp8sr@4", "nvfp4/fp16sr@4#closed")
-CHUNKED_CONFIGS = ("shared:nvfp4@4", "nvfp4/fp16sr@4", "nvfp4/fp8sr@8", "fp16/fp32@4", "nvfp4/fp16sr@4#closed")
-CHUNKED_TRITON_CONFIGS = ("nvfp4:scale=row/fp16sr@4", "shared:fp8sr:scale=head@4")
+KERNEL_CONFIGS = ("fp16", "shared:nvfp4@4", "nvfp4/fp16sr@4", "nvfp4/fp8sr@4", "nvfp4/fp16sr@4#closed",
+                  "fp32@4#buf=bf16", "fp32@4#closed#buf=fp16")
+CHUNKED_CONFIGS = ("shared:nvfp4@4", "nvfp4/fp16sr@4", "nvfp4/fp8sr@8", "fp16/fp32@4", "nvfp4/fp16sr@4#closed",
+                   "fp32@4#buf=fp16", "fp32@4#closed#buf=bf16")
+CHUNKED_TRITON_CONFIGS = ("nvfp4:scale=row/fp16sr@4", "shared:fp8sr:scale=head@4", "fp32@4#buf=bf16")
+# the Triton encoder (a flush's checkpoint write) on the golden inputs: formats of FORMATS, so the hashes equal `bits`
+ENCODE_FORMATS = ("nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor", "fp8", "fp8:scale=head", "fp8:scale=none",
+                  "fp8:max=240", "fp8e5m2:scale=head,max=1024", "fp16", "bf16")
 KL_RUNS = {
     "tiny-nemotron-h": ("fp16", "shared:nvfp4", "nvfp4/fp16sr", "nvfp4/fp8sr"),
     "tiny-qwen3.5": ("shared:nvfp4", "nvfp4/fp16sr#closed", "nvfp4/fp8sr"),
 }
-KL_OPTIONS = {"tokens": 256, "prompt_len": 64, "num_docs": 1, "buckets": "1,16,64", "segment_len": 64}
+KL_OPTIONS = {"tokens": 128, "prompt_len": 64, "num_docs": 2, "buckets": "1,16,64", "segment_len": 64}
 
 
 @dataclass(frozen=True)
 class Tolerance:
     """How far a metric may move from its baseline: |current - baseline| <= atol + rtol |baseline|.
 
-    exact: compared for equality (hashes). lower_is_better: the direction that is an improvement
-    (errors and KL); a move beyond the tolerance the other way is a regression.
+    exact: compared for equality (hashes, counts). lower_is_better: the direction that is an improvement
+    (errors and KL), a move beyond the tolerance the other way is a regression; None: a fixed value
+    (an interval, a p-value, a rate), a move either way is a regression.
     """
 
     rtol: float = 0.0
     atol: float = 0.0
     exact: bool = False
-    lower_is_better: bool = True
+    lower_is_better: bool | None = True
     why: str = ""
 
     def describe(self) -> str:
         if self.exact:
             return "exact"
-        return f"atol {self.atol:g} + rtol {self.rtol:g}"
+        return f"atol {self.atol:g} + rtol {self.rtol:g}" + ("" if self.lower_is_better is not None else " both ways")
 
 
 TOLERANCES = {
-    "bits": Tolerance(exact=True, why="integer-built input, exact IEEE rounding and integer packing: bit equality"),
+    "bits": Tolerance(exact=True, why="exact inputs, exact IEEE rounding and integer packing: bit equality"),
     "format_error": Tolerance(rtol=1e-4, why="elementwise rounding of torch.randn states and one FP64 norm; "
                               "ulp-level differences of randn between CPU builds move it far less"),
     "kernel_error": Tolerance(rtol=9.0, atol=1e-5, why="two FP32 summation orders (Triton interpreter via numpy "
                               "vs torch): noise of ~1e-7; a state element rounded the other way (one FP16 ulp) "
-                              "gives ~3e-6; a real bug (a lost term, a wrong scale) gives >1e-3"),
+                              "gives ~3e-6; a real bug (a lost term, a wrong scale, an unrounded buffer) gives >1e-4"),
     "chunked_error": Tolerance(rtol=9.0, atol=1e-5, why="as kernel_error: the chunked and step forms sum in "
                                "different orders"),
+    "reference_error": Tolerance(rtol=0.03, lower_is_better=None, why="the reference's error against FP32: a few "
+                                 "thousand stored elements, one rounded the other way on another CPU moves it "
+                                 "< 0.5%; a dropped or wrong rounding moves it by 2x or more"),
     "kl": Tolerance(rtol=0.1, atol=1e-6, why="the tiny models run matmuls on the CPU's BLAS: other CPUs "
                     "change logits at 1e-6 and can flip a stored element; a format bug moves KL by far more"),
+    "kl_interval": Tolerance(rtol=0.1, atol=1e-6, lower_is_better=None, why="as kl; the t quantile of a wrong "
+                             "degrees of freedom moves the 2-document interval 3x"),
+    "statistic": Tolerance(rtol=1e-5, atol=1e-6, lower_is_better=None, why="hand-made small-integer inputs: "
+                           "FP32 exp/log differ between CPUs by a few ulps (< 1e-6); a wrong formula (direction, "
+                           "degrees of freedom, bucket, threshold) moves a value by > 1%"),
 }
-KINDS = {"format": "format_error", "bits": "bits", "kernel": "kernel_error", "chunked": "chunked_error", "kl": "kl"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One computation of the suite: its metrics (name -> kind) and `compute(names)`, the values of (at least) the
+    metrics named."""
+
+    metrics: dict[str, str]
+    compute: Callable[[set[str]], dict]
+
+
+def metric_kinds(parts: tuple[str, ...] = PARTS) -> dict[str, str]:
+    """{name: kind} of every metric of `parts`, nothing computed."""
+    _check_parts(parts)
+    return {name: kind for part in parts for case in _PART_CASES[part]() for name, kind in case.metrics.items()}
 
 
 def run_suite(parts: tuple[str, ...] = PARTS, log=None, only: tuple[str, ...] = ()) -> dict[str, dict]:
@@ -95,9 +142,7 @@ def run_suite(parts: tuple[str, ...] = PARTS, log=None, only: tuple[str, ...] = 
 
     only: glob patterns of metric names (fnmatch); cases with no selected metric are not run.
     """
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown:
-        raise ValueError(f"unknown suite part {unknown[0]!r}; known: {', '.join(PARTS)}")
+    _check_parts(parts)
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels run on CPU tensors
     select = (lambda name: any(fnmatch.fnmatchcase(name, p) for p in only)) if only else (lambda name: True)
     metrics = {}
@@ -105,18 +150,43 @@ def run_suite(parts: tuple[str, ...] = PARTS, log=None, only: tuple[str, ...] = 
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only cost time (and one thread fixes the sum order)
     try:
         for part in parts:
-            start = time.perf_counter()
-            values = {k: v for k, v in _PART_FUNCTIONS[part](select).items() if select(k)}
-            for name, value in values.items():
-                metrics[name] = {"kind": KINDS[part], "value": value}
+            start, count = time.perf_counter(), 0
+            for case in _PART_CASES[part]():
+                wanted = {name for name in case.metrics if select(name)}
+                if wanted:
+                    values = case.compute(wanted)
+                    metrics.update({name: {"kind": case.metrics[name], "value": values[name]} for name in wanted})
+                    count += len(wanted)
             if log:
-                log(f"{part}: {len(values)} metrics in {time.perf_counter() - start:.1f} s")
+                log(f"{part}: {count} metrics in {time.perf_counter() - start:.1f} s")
     finally:
         torch.set_num_threads(threads)
     return dict(sorted(metrics.items()))
 
 
-def format_metrics(select) -> dict[str, float]:
+def _check_parts(parts) -> None:
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown suite part {unknown[0]!r}; known: {', '.join(PARTS)}")
+
+
+def _case(kind: str, compute: Callable[[], dict], names) -> Case:
+    """A Case whose metrics all have `kind` and whose `compute` takes no selection (cheap: computes them all)."""
+    return Case(dict.fromkeys(names, kind), lambda wanted: compute())
+
+
+def _computed(kind: str, compute: Callable[[], dict]) -> Case:
+    """A Case of a hand-made computation that takes well under a second: computed now, its names being its keys."""
+    values = compute()
+    return Case(dict.fromkeys(values, kind), lambda wanted: values)
+
+
+def format_cases() -> list[Case]:
+    names = [f"format/{spec}/{d}/rel_rms" for d in DISTRIBUTIONS for spec in FORMATS]
+    return [_case("format_error", format_metrics, names)]
+
+
+def format_metrics() -> dict[str, float]:
     from replayssm_eval.quant.measure import format_error_table
 
     out = {}
@@ -127,88 +197,112 @@ def format_metrics(select) -> dict[str, float]:
     return out
 
 
-def integer_state(shape=(2, 3, 16, 48)) -> torch.Tensor:
-    """An FP32 state whose every value is an integer times an exact power of two (no rounding anywhere).
-
-    A multiplicative hash of the flat index gives a 20-bit signed mantissa and an exponent in
-    [-12, 11]; each head is scaled by a further 2^(4h) so heads differ in magnitude; every 7th
-    block of 16 along the last dim is zero (zero blocks take the formats' special paths).
-    """
-    idx = torch.arange(torch.Size(shape).numel(), dtype=torch.int64)
-    h = (idx * 2654435761) % (1 << 32)
-    mantissa = ((h >> 8) % (1 << 20)) - (1 << 19)
-    powers = torch.tensor([2.0 ** e for e in range(-40, 41)], dtype=torch.float32)
-    exponent = (h % 24) - 12 - 19  # the mantissa is a 20-bit integer
-    x = mantissa.to(torch.float32) * powers[exponent + 40]
-    x = x.view(shape) * powers[4 * torch.arange(shape[-3]) + 40].view(-1, 1, 1)
-    blocks = torch.arange(shape[-1]) // 16
-    return torch.where((blocks % 7 == 3), 0.0, x)
+def bits_cases() -> list[Case]:
+    names = [f"bits/{spec}{suffix}" for spec in FORMATS for suffix in ("", "/ties")]
+    names += [f"bits/{spec}/scale_order" for spec in NVFP4_SCALE_ORDER] + [f"bits/buffer/{d}" for d in BUFFER_DTYPES]
+    return [_case("bits", bits_metrics, names)]
 
 
-def bits_metrics(select) -> dict[str, str]:
+def bits_metrics() -> dict[str, str | int]:
     from replayssm_eval.formats import get_format
+    from replayssm_eval.replay.config import ReplayConfig
 
-    x = integer_state()
+    states = {"": golden.integer_state(), "/ties": golden.tie_state()}
     out = {}
     for spec in FORMATS:
         fmt = get_format(spec)
-        packed = fmt.encode(x, seed=SR_SEED if fmt.is_stochastic else None)
-        digest = hashlib.sha256()
-        for t in packed.tensors():
-            if t is not None:
-                digest.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
-                digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-        out[f"bits/{spec}"] = digest.hexdigest()[:16]
+        for suffix, x in states.items():
+            out[f"bits/{spec}{suffix}"] = golden.digest(fmt.encode(x, seed=SR_SEED if fmt.is_stochastic else None).tensors())
+    x, scales = golden.scale_order_rows()
+    for spec in NVFP4_SCALE_ORDER:
+        out[f"bits/{spec}/scale_order"] = int((get_format(spec).encode(x).scales.view(scales.shape) != scales).sum())
+    for dtype in BUFFER_DTYPES:
+        config = ReplayConfig.parse(f"fp32@4#buf={dtype}")
+        out[f"bits/buffer/{dtype}"] = golden.digest(config.round_buffered(s) for s in states.values())
     return out
 
 
-def kernel_metrics(select) -> dict[str, float]:
-    from replayssm_eval.replay.config import ReplayConfig
+def _families(configs):
+    """(family, config text) of every family, closed-fold configs only where the family has that fold."""
     from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
 
-    out = {}
-    for family in conformance.FAMILIES:
-        for text in KERNEL_CONFIGS:
-            if "#closed" in text and not get_family(family).closed_fold:
-                continue
-            if not _wanted(select, f"kernel/{family}/{text}"):
-                continue
-            case = conformance.Case(family, text, "small", 0)
-            result = conformance.run_case(conformance.triton_adapter, case)
-            out[f"kernel/{family}/{text}/y_rel_rms"] = result.y_rel_rms
-            out[f"kernel/{family}/{text}/hi_rel_rms"] = result.hi_rel_rms
-        for text in CHUNKED_TRITON_CONFIGS:
-            if not _wanted(select, f"kernel/{family}/chunked_triton/{text}"):
-                continue
-            config = ReplayConfig.parse(text)
-            y_ref, st_ref, y, st = _chunked_pair(family, config, backends=("torch", "triton"))
-            out[f"kernel/{family}/chunked_triton/{text}/y_rel_rms"] = conformance.rel_rms(y_ref, y)
-            out[f"kernel/{family}/chunked_triton/{text}/hi_rel_rms"] = conformance.rel_rms(st_ref.hi, st.hi)
-    return out
+    return [(family, text) for family in conformance.FAMILIES for text in configs
+            if "#closed" not in text or get_family(family).closed_fold]
 
 
-def chunked_metrics(select) -> dict[str, float]:
-    from replayssm_eval.replay.config import ReplayConfig
-    from replayssm_eval.kernels.family import get_family
+def kernel_cases() -> list[Case]:
+    cases = []
+    for family, text in _families(KERNEL_CONFIGS):
+        prefix = f"kernel/{family}/{text}"
+        metrics = {f"{prefix}/y_rel_rms": "kernel_error", f"{prefix}/hi_rel_rms": "kernel_error",
+                   f"{prefix}/ref_rel_rms": "reference_error"}
+        cases.append(Case(metrics, lambda wanted, family=family, text=text: _kernel_case(family, text, wanted)))
+    for family, text in _families(CHUNKED_TRITON_CONFIGS):
+        prefix = f"kernel/{family}/chunked_triton/{text}"
+        cases.append(_case("kernel_error", lambda family=family, text=text, prefix=prefix: _chunked_case(
+            family, text, ("torch", "triton"), prefix), (f"{prefix}/y_rel_rms", f"{prefix}/hi_rel_rms")))
+    names = [f"kernel/encode/{spec}/{name}" for spec in ENCODE_FORMATS for name in ("integer", "ties")]
+    names += [f"kernel/encode/{spec}/scale_order" for spec in ENCODE_FORMATS if spec in NVFP4_SCALE_ORDER]
+    return cases + [_case("bits", encode_metrics, names)]
+
+
+def _kernel_case(family: str, text: str, wanted: set[str]) -> dict[str, float]:
     from replayssm_eval.regress import conformance
 
-    out = {}
-    for family in conformance.FAMILIES:
-        for text in CHUNKED_CONFIGS:
-            if ("#closed" in text and not get_family(family).closed_fold) or not _wanted(select, f"chunked/{family}/{text}"):
-                continue
-            y_ref, st_ref, y, st = _chunked_pair(family, ReplayConfig.parse(text), backends=("step", "torch"))
-            out[f"chunked/{family}/{text}/y_rel_rms"] = conformance.rel_rms(y_ref, y)
-            out[f"chunked/{family}/{text}/hi_rel_rms"] = conformance.rel_rms(st_ref.hi, st.hi)
+    prefix, out = f"kernel/{family}/{text}", {}
+    if wanted - {f"{prefix}/ref_rel_rms"}:
+        result = conformance.run_case(conformance.triton_adapter, conformance.Case(family, text, "small", 0))
+        out.update({f"{prefix}/y_rel_rms": result.y_rel_rms, f"{prefix}/hi_rel_rms": result.hi_rel_rms})
+    if f"{prefix}/ref_rel_rms" in wanted:
+        out[f"{prefix}/ref_rel_rms"] = reference_error(family, text)
     return out
 
 
-def _chunked_pair(family, config, backends):
+def reference_error(family: str, text: str) -> float:
+    """rel RMS of `decode_reference`'s outputs under config `text` against FP32 (no rounding), 3L + 5 tokens."""
+    from replayssm_eval.regress import conformance
+    from replayssm_eval.replay.config import ReplayConfig
+
+    config = ReplayConfig.parse(text)
+    inputs, anchor = conformance.make_inputs(family, "small", 0, 3 * config.window + 5)
+    y, _ = conformance.reference_decode(family, inputs, anchor, config)
+    y_fp32, _ = conformance.reference_decode(family, inputs, anchor, ReplayConfig.parse(f"fp32@{config.window}"))
+    return conformance.rel_rms(y_fp32, y)
+
+
+def encode_metrics() -> dict[str, str | int]:
+    """`kernel/encode/<fmt>/<input>`: the Triton encoder's bytes on the golden inputs (as `bits`)."""
+    from replayssm_eval.formats import get_format
+    from replayssm_eval.formats.triton import encode_triton
+
+    out = {}
+    for spec in ENCODE_FORMATS:
+        for name, x in (("integer", golden.integer_state()), ("ties", golden.tie_state())):
+            out[f"kernel/encode/{spec}/{name}"] = golden.digest(encode_triton(x, get_format(spec)).tensors())
+    x, scales = golden.scale_order_rows()
+    for spec in NVFP4_SCALE_ORDER:
+        got = encode_triton(x, get_format(spec)).scales.view(scales.shape)
+        out[f"kernel/encode/{spec}/scale_order"] = int((got != scales).sum())
+    return out
+
+
+def chunked_cases() -> list[Case]:
+    cases = []
+    for family, text in _families(CHUNKED_CONFIGS):
+        prefix = f"chunked/{family}/{text}"
+        cases.append(_case("chunked_error", lambda family=family, text=text, prefix=prefix: _chunked_case(
+            family, text, ("step", "torch"), prefix), (f"{prefix}/y_rel_rms", f"{prefix}/hi_rel_rms")))
+    return cases
+
+
+def _chunked_case(family: str, text: str, backends: tuple[str, str], prefix: str) -> dict[str, float]:
     """Two paths over 3L + 5 tokens from a phased state: "step" (decode_reference) or a chunked backend."""
     from replayssm_eval.kernels.family import get_family
     from replayssm_eval.regress import conformance
+    from replayssm_eval.replay.config import ReplayConfig
 
+    config = ReplayConfig.parse(text)
     batch = get_family(family).test_shapes["grouped"]["B"]
     warm = conformance.warmup_lengths(batch, config.window)
     tokens = 3 * config.window + 5
@@ -222,39 +316,46 @@ def _chunked_pair(family, config, backends):
             results += conformance.reference_decode(family, main, state, config)
         else:
             results += conformance.chunked_decode(family, main, state, config, backend=backend)
-    return results
+    y_ref, st_ref, y, st = results
+    return {f"{prefix}/y_rel_rms": conformance.rel_rms(y_ref, y), f"{prefix}/hi_rel_rms": conformance.rel_rms(st_ref.hi, st.hi)}
 
 
-def kl_metrics(select) -> dict[str, float]:
+_KL_STATISTICS = {"": ("kl_mean", "kl"), "/reverse": ("reverse_kl_mean", "kl"), "/ci_low": ("kl_ci_low", "kl_interval"),
+                  "/ci_high": ("kl_ci_high", "kl_interval")}
+
+
+def kl_cases() -> list[Case]:
     from replayssm_eval.replay.config import ReplayConfig
+    from replayssm_eval.results.buckets import parse_buckets
+
+    buckets = parse_buckets(KL_OPTIONS["buckets"], KL_OPTIONS["tokens"])
+    cases = []
+    for model, configs in KL_RUNS.items():
+        metrics = {f"kl/{model}/{ReplayConfig.parse(c).name}/{b.start}-{b.end}{suffix}": kind
+                   for c in configs for b in buckets for suffix, (_, kind) in _KL_STATISTICS.items()}
+        cases.append(Case(metrics, lambda wanted, model=model, configs=configs: _kl_run(model, configs, wanted)))
+    return cases + [_computed("statistic", fixed_cases.kl_formula_metrics), _computed("statistic", fixed_cases.kl_bucket_metrics)]
+
+
+def _kl_run(model: str, configs: tuple[str, ...], wanted: set[str]) -> dict[str, float]:
     from replayssm_eval.kl import KLConfig, run_kl
+    from replayssm_eval.replay.config import ReplayConfig
     from replayssm_eval.results.files import read_json
 
-    out = {}
-    for model, configs in KL_RUNS.items():
-        configs = tuple(c for c in configs if _wanted(select, f"kl/{model}/{ReplayConfig.parse(c).name}", buckets=True))
-        if not configs:
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            options = KLConfig(model=model, config=configs, device="cpu", dtype="float32", backend="torch",
-                               output=os.path.join(tmp, "run"), **KL_OPTIONS)
-            with contextlib.redirect_stderr(io.StringIO()):  # progress bar
-                run_dir = run_kl(options)
-            report = read_json(run_dir / "kl.json")
-        for config in report["configs"]:
-            for b in config["buckets"]:
-                out[f"kl/{model}/{config['name']}/{b['start']}-{b['end']}"] = b["kl_mean"]
-    return out
+    configs = tuple(c for c in configs if any(n.startswith(f"kl/{model}/{ReplayConfig.parse(c).name}/") for n in wanted))
+    with tempfile.TemporaryDirectory() as tmp:
+        options = KLConfig(model=model, config=configs, device="cpu", dtype="float32", backend="torch",
+                           output=os.path.join(tmp, "run"), **KL_OPTIONS)
+        with contextlib.redirect_stderr(io.StringIO()):  # progress bar
+            run_dir = run_kl(options)
+        report = read_json(run_dir / "kl.json")
+    return {f"kl/{model}/{config['name']}/{b['start']}-{b['end']}{suffix}": b[key]
+            for config in report["configs"] for b in config["buckets"] for suffix, (key, _) in _KL_STATISTICS.items()}
 
 
-def _wanted(select, prefix: str, buckets: bool = False) -> bool:
-    """Whether any metric of the case `prefix` is selected."""
-    if buckets:
-        starts = [int(s) for s in KL_OPTIONS["buckets"].split(",")]
-        ends = [s - 1 for s in starts[1:]] + [KL_OPTIONS["tokens"]]
-        return any(select(f"{prefix}/{a}-{b}") for a, b in zip(starts, ends))
-    return any(select(f"{prefix}/{m}") for m in ("y_rel_rms", "hi_rel_rms"))
+def stats_cases() -> list[Case]:
+    return [_computed("statistic", fixed_cases.accuracy_metrics), _computed("statistic", fixed_cases.loop_metrics)]
 
 
-_PART_FUNCTIONS = {"format": format_metrics, "bits": bits_metrics, "kernel": kernel_metrics,
-                   "chunked": chunked_metrics, "kl": kl_metrics}
+_PART_CASES = {"format": format_cases, "bits": bits_cases, "kernel": kernel_cases, "chunked": chunked_cases,
+               "kl": kl_cases, "stats": stats_cases}

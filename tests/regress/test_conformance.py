@@ -93,6 +93,8 @@ def test_grid_cases():
     full = conformance.grid_cases("full")
     assert {c.family for c in full} == {"mamba2", "gdn", "kda"}
     assert not [c for c in full if c.family == "mamba2" and "closed" in c.config]
-    assert {"nvfp4/fp16sr#seed=1", "fp32", "nvfp4/fp8sr@4"} <= {c.config for c in full}
+    assert {"nvfp4/fp16sr#seed=1", "fp32", "nvfp4/fp8sr@4", "shared:fp32@4#buf=bf16"} <= {c.config for c in full}
+    assert {c.family for c in full if c.config == "shared:fp32@4#closed#buf=fp16"} == {"gdn", "kda"}
+    assert len(full) == 264 and len(conformance.grid_cases("quick")) == 17
     with pytest.raises(ValueError, match="unknown conformance grid 'huge'; known: full, quick"):
         conformance.grid_cases("huge")

@@ -1,5 +1,6 @@
 """`replayssm-eval regress`: a broken rounding mode, format or kernel fails with a readable diff; updates."""
 
+import dataclasses
 import json
 import shutil
 
@@ -7,7 +8,6 @@ import pytest
 import torch
 
 from replayssm_eval.cli import main
-from replayssm_eval.formats import PackedState
 from replayssm_eval.formats.formats import ElementwiseFormat, NVFP4Format
 from replayssm_eval.regress import compare
 from replayssm_eval.regress import BASELINE
@@ -49,7 +49,7 @@ def test_nvfp4_scale_off_by_one_code_fails(monkeypatch, capsys):
     def encode(self, x, **kw):
         packed = original(self, x, **kw)
         scales = torch.where(packed.scales > 0, packed.scales + 1, packed.scales)  # one E4M3 code up
-        return PackedState(packed.format, packed.shape, packed.data, scales, packed.global_scale)
+        return dataclasses.replace(packed, scales=scales)
 
     monkeypatch.setattr(NVFP4Format, "encode", encode)
     assert main(["regress", *CHEAP]) == 1
@@ -112,6 +112,6 @@ def test_update_records_a_regression_only_when_accepted(tmp_path, monkeypatch, c
 
 def test_bad_options(capsys):
     assert main(["regress", "--part", "speed"]) == 2
-    assert "unknown --part 'speed'; known: format, bits, kernel, chunked, kl" in capsys.readouterr().err
+    assert "unknown --part 'speed'; known: format, bits, kernel, chunked, kl, stats" in capsys.readouterr().err
     assert main(["regress", "--baseline", "/nonexistent.json"]) == 2
     assert "create it with --update-baseline" in capsys.readouterr().err
