@@ -71,10 +71,19 @@ class ReplayModel:
         backend (default: the model's). See `ReplaySession`.
         """
         return ReplaySession(
-            self.config if config is None else config, seq_ids=seq_ids, engine=engine,
+            self.check_config(self.config if config is None else config), seq_ids=seq_ids, engine=engine,
             backend=self.backend if backend is None else backend, compute_dtype=compute_dtype,
             new_cache=self._new_cache,
         )
+
+    def check_config(self, config: ReplayConfig | str) -> ReplayConfig:
+        """`config` as a ReplayConfig; ValueError if it asks for what this model's kernel family lacks."""
+        config = as_config(config)
+        if config.gdn_fold == "closed" and not self.model_type.kernels.closed_fold:
+            raise ValueError(f"config {config.name!r}: #closed is a fold of the delta-rule families and this "
+                             f"{self.model_type.model_type} model is {self.model_type.family}; accepted: the config "
+                             "without #closed")
+        return config
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, session: ReplaySession, *, attention_mask=None, logits_to_keep=0):
