@@ -39,6 +39,7 @@ import torch
 
 from replayssm_eval.accuracy import FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task
 from replayssm_eval.accuracy.options import DATA_SOURCES, AccuracyConfig
+from replayssm_eval.accuracy.quiet import quiet_lm_eval
 from replayssm_eval.generate import FIXED_BUFFER_STEPS, split_configs
 from replayssm_eval.generate.sampling import Sampling
 from replayssm_eval.replay.config import ReplayConfig
@@ -179,12 +180,14 @@ def _evaluate(lm, plan: Plan, manager, spec: TaskSpec, doc_ids: list[int] | None
     import lm_eval
 
     options = plan.options
-    return lm_eval.simple_evaluate(
-        model=lm, tasks=[_load_task(manager, plan, spec)], task_manager=manager,
-        limit=None if doc_ids else options.limit, samples={plan.task_name(spec): doc_ids} if doc_ids else None,
-        log_samples=True, bootstrap_iters=0, apply_chat_template=options.chat_template,
-        gen_kwargs=plan.gen_kwargs,
-    )
+    task = _load_task(manager, plan, spec)
+    with quiet_lm_eval():
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=[task], task_manager=manager,
+            limit=None if doc_ids else options.limit, samples={plan.task_name(spec): doc_ids} if doc_ids else None,
+            log_samples=True, bootstrap_iters=0, apply_chat_template=options.chat_template,
+            gen_kwargs=plan.gen_kwargs,
+        )
 
 
 def _export_requests(plan: Plan, manager, tasks) -> Path:
@@ -204,7 +207,8 @@ def _load_task(manager, plan: Plan, spec: TaskSpec):
     """The lm-eval task object, its dataset loaded; a dataset that cannot be read is a clear ValueError."""
     name = plan.task_name(spec)
     try:
-        return manager.load([name])["tasks"][name]
+        with quiet_lm_eval():
+            return manager.load([name])["tasks"][name]
     except Exception as err:  # datasets raises many types; the cause is kept and shown
         raise ValueError(f"missing dataset for task {spec.name} ({name}): {type(err).__name__}: {err}; "
                          f"--data accepts {DATA_SOURCES}") from err
