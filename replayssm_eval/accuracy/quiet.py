@@ -28,7 +28,7 @@ LM_EVAL_NOISE = {
 
 
 def git_describe() -> str | None:
-    """What lm-eval's `get_git_commit_hash` records (`git describe --always` here), git's stderr kept; None
+    """What lm-eval's `get_git_commit_hash` records (`git describe --always` here), with git's stderr captured; None
     outside a checkout."""
     try:
         done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
