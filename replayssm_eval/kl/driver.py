@@ -113,7 +113,7 @@ def make_plan(options: KLConfig) -> RunPlan:
                          f"accepted: windows of at most {options.tokens} tokens")
     device = options.device if options.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
+        raise ValueError("--device cuda: no CUDA device is available; accepted here: --device cpu or auto")
     dtype = options.dtype if options.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     backend = options.backend if options.backend != "auto" else ("triton" if device == "cuda" else "torch")
     if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
