@@ -35,14 +35,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
 from replayssm_eval.accuracy import FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task
 from replayssm_eval.accuracy.options import DATA_SOURCES, AccuracyConfig
+from replayssm_eval.accuracy.quiet import quiet_lm_eval
 from replayssm_eval.generate import FIXED_BUFFER_STEPS, split_configs
 from replayssm_eval.generate.sampling import Sampling
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.results.accuracy_store import RUN_FILE, config_dir, save_task
 from replayssm_eval.results.buckets import parse_spec
-from replayssm_eval.results.files import atomic_write_bytes, atomic_write_json, read_json
+from replayssm_eval.results.files import atomic_write_bytes, atomic_write_json, check_output_dir, read_json
 
 REFERENCE = ReplayConfig()
 # options that must match when a run directory is continued (the others only say how to compute)
@@ -106,6 +109,15 @@ def make_plan(options: AccuracyConfig) -> Plan:
         data_dir = str(Path(options.data).resolve())
     else:
         raise ValueError(f"--data {options.data!r} is not a directory; accepted: {DATA_SOURCES}")
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available; accepted here: --device cpu or auto")
+    if options.generations and not Path(options.generations).is_file():
+        raise ValueError(f"--generations {options.generations!r} is not a file; accepted: a generations .jsonl "
+                         "written by `python -m replayssm_eval.generate.offline`")
+    if options.export_requests:
+        check_output_dir(Path(options.export_requests).parent, "--export-requests")
+    elif options.output:
+        check_output_dir(Path(options.output))
     return Plan(options, tasks, tuple(configs), data_dir, sampling)
 
 
@@ -124,21 +136,24 @@ def run_accuracy(options: AccuracyConfig) -> Path:
     plan = make_plan(options)
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("run accuracy in the main thread: math_verify scores with signal.alarm, main thread only")
+    recorded = RecordedLM(options.generations, sampling_seed=options.sampling_seed) if options.generations else None
     # our YAMLs include lm-eval's by path (task_base.IncludedTask): indexing lm-eval's own thousands is not needed
     manager = TaskManager(include_path=str(YAML_DIR), include_defaults=False,
                           metadata={"data_dir": plan.data_dir} if plan.data_dir else None)
     tasks = {spec.name: _load_task(manager, plan, spec) for spec in plan.tasks}
-    run_dir = None if options.export_requests else _run_dir(plan)
     if options.export_requests:
         return _export_requests(plan, manager, tasks)
-    if options.generations:
-        lm = RecordedLM(options.generations, sampling_seed=options.sampling_seed)
+    if recorded is not None:
+        lm = recorded
     else:
         lm = ReplaySSMLM(pretrained=options.model, device=options.device, dtype=options.dtype,
                          batch_size=options.max_batch_size, prefill_segment=options.prefill_segment,
                          prefill_tokens=options.prefill_tokens, device_map=options.device_map, step=options.step,
                          sampling_seed=options.sampling_seed)
         lm.samples = options.samples  # every sample of a question in one engine run
+        for config in plan.configs:
+            lm.rm.check_config(config)
+    run_dir = _run_dir(plan)
     header = _header(plan, tasks)
     for config in plan.configs:
         lm.config = config
@@ -165,12 +180,14 @@ def _evaluate(lm, plan: Plan, manager, spec: TaskSpec, doc_ids: list[int] | None
     import lm_eval
 
     options = plan.options
-    return lm_eval.simple_evaluate(
-        model=lm, tasks=[_load_task(manager, plan, spec)], task_manager=manager,
-        limit=None if doc_ids else options.limit, samples={plan.task_name(spec): doc_ids} if doc_ids else None,
-        log_samples=True, bootstrap_iters=0, apply_chat_template=options.chat_template,
-        gen_kwargs=plan.gen_kwargs,
-    )
+    task = _load_task(manager, plan, spec)
+    with quiet_lm_eval():
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=[task], task_manager=manager,
+            limit=None if doc_ids else options.limit, samples={plan.task_name(spec): doc_ids} if doc_ids else None,
+            log_samples=True, bootstrap_iters=0, apply_chat_template=options.chat_template,
+            gen_kwargs=plan.gen_kwargs,
+        )
 
 
 def _export_requests(plan: Plan, manager, tasks) -> Path:
@@ -190,7 +207,8 @@ def _load_task(manager, plan: Plan, spec: TaskSpec):
     """The lm-eval task object, its dataset loaded; a dataset that cannot be read is a clear ValueError."""
     name = plan.task_name(spec)
     try:
-        return manager.load([name])["tasks"][name]
+        with quiet_lm_eval():
+            return manager.load([name])["tasks"][name]
     except Exception as err:  # datasets raises many types; the cause is kept and shown
         raise ValueError(f"missing dataset for task {spec.name} ({name}): {type(err).__name__}: {err}; "
                          f"--data accepts {DATA_SOURCES}") from err

@@ -10,8 +10,9 @@ Model args: `pretrained` (bundled fixture name, folder or hub id); the state eit
 tokens, `generate.sampling`) and `sample` (the sample index of the first answer to a request: its j-th repeat in
 lm-eval's `repeats` is sample `sample + j`); `step` (the decode step of
 `generate.engine.Engine`: auto = triton on cuda, reference elsewhere; or reference, triton, static, graph:
-the whole model's step captured as a CUDA graph, fixed-window configs only); `device` (auto, or lm-eval's
-`--device`; cpu when CUDA is absent), `dtype` (auto: bfloat16 on cuda, float32 on cpu); `gen_log=PATH` appends one JSON line
+the whole model's step captured as a CUDA graph, fixed-window configs only); `device` (auto, cpu or cuda;
+without it lm-eval's `--device`, whose default cuda:0 means cpu when CUDA is absent), `dtype` (auto:
+bfloat16 on cuda, float32 on cpu); `gen_log=PATH` appends one JSON line
 per generation (task, doc_id, gen_tokens, hit_max_gen_toks, max_gen_toks, loop), which lm-eval's own
 samples lack; `prefill_segment` (prompt tokens per row and prefill call), `prefill_tokens` (per
 call), `device_map` (e.g. auto: a large model over several GPUs, accelerate). lm-eval's `--batch_size`
@@ -44,8 +45,28 @@ from replayssm_eval.generate.generation import score_continuations
 from replayssm_eval.generate.memory import plan_rows
 from replayssm_eval.replay.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.models import load_model
+from replayssm_eval.results.files import check_output_dir
 
 CPU_BATCH = 8  # --batch_size auto on cpu
+
+
+KNOWN_ARGS = ("pretrained, config, read, recur, window, seed, device, dtype, gen_log, prefill_segment, prefill_tokens, "
+              "device_map, step, sampling_seed, sample (batch size: lm-eval's --batch_size)")
+
+
+class ModelArgsError(ValueError):
+    """A bad `replayssm` model arg; `python -m replayssm_eval.accuracy` prints it as one line."""
+
+
+def int_arg(name: str, value, minimum: int) -> int:
+    """A model arg as an int >= `minimum`: an int, an integer string, or the float lm-eval's CLI makes of '-3'."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is out of range; accepted: an integer >= {minimum}")
+    return value
 
 
 def replay_config(config=None, read=None, recur=None, window=None, seed=None) -> ReplayConfig:
@@ -56,10 +77,21 @@ def replay_config(config=None, read=None, recur=None, window=None, seed=None) ->
         if given:
             raise ValueError(f"give the state either as config= or as read/recur/window/seed, not both ({', '.join(given)})")
         return ReplayConfig.parse(str(config))
+    seed = 0 if seed is None else int_arg("seed", seed, 0)
     if read is None and recur is None and window is None:
-        return ReplayConfig(seed=int(seed or 0))
-    text = f"{read or 'fp32'}/{recur or 'fp32'}@{window or DEFAULT_REPLAY_WINDOW}"
-    return ReplayConfig.parse(text + (f"#seed={seed}" if seed else ""))
+        return ReplayConfig(seed=seed)
+    window = DEFAULT_REPLAY_WINDOW if window is None else int_arg("window", window, 1)
+    return ReplayConfig.parse(f"{read or 'fp32'}/{recur or 'fp32'}@{window}" + (f"#seed={seed}" if seed else ""))
+
+
+def resolve_device(device) -> str:
+    """`device` as given, or for auto cuda if available, else cpu; cuda without a CUDA device is a ValueError."""
+    device = str(device)
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: no CUDA device is available; accepted here: cpu or auto")
+    return device
 
 
 @register_model("replayssm")
@@ -70,43 +102,64 @@ class ReplaySSMLM(TemplateLM):
                  device="auto", dtype="auto", gen_log=None, prefill_segment=PREFILL_SEGMENT,
                  prefill_tokens=PREFILL_TOKENS, device_map=None, step="auto", sampling_seed=0, sample=0, **unknown):
         super().__init__()
-        if unknown:
-            raise ValueError(f"unknown model args {', '.join(unknown)}; known: pretrained, config, read, recur, window, "
-                             "seed, device, dtype, gen_log, prefill_segment, prefill_tokens, device_map, step, "
-                             "sampling_seed, sample (batch size: lm-eval's --batch_size)")
-        if step != "auto" and step not in DECODE_STEPS:
-            raise ValueError(f"step must be auto or one of {', '.join(DECODE_STEPS)}, got {step!r}")
-        if str(batch_size) != "auto" and (not str(batch_size).isdigit() or int(batch_size) < 1):
-            raise ValueError(f"batch_size must be a positive integer or auto, got {batch_size!r}")
-        for name, value in (("prefill_segment", prefill_segment), ("prefill_tokens", prefill_tokens)):
-            if not str(value).isdigit() or int(value) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, value in (("sampling_seed", sampling_seed), ("sample", sample)):
-            if not str(value).isdigit():
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        self.sampling_seed, self.sample = int(sampling_seed), int(sample)
+        try:  # every arg is checked before the model loads
+            if pretrained is None:
+                raise ValueError("pretrained= is missing; accepted: a bundled fixture name, a local directory or a hub id")
+            if unknown:
+                raise ValueError(f"unknown model args {', '.join(unknown)}; known: {KNOWN_ARGS}")
+            if step != "auto" and step not in DECODE_STEPS:
+                raise ValueError(f"step must be auto or one of {', '.join(DECODE_STEPS)}, got {step!r}")
+            self.batch_size = "auto" if str(batch_size) == "auto" else int_arg("batch_size", batch_size, 1)
+            self.prefill_segment = int_arg("prefill_segment", prefill_segment, 1)
+            self.prefill_tokens = int_arg("prefill_tokens", prefill_tokens, 1)
+            self.sampling_seed, self.sample = int_arg("sampling_seed", sampling_seed, 0), int_arg("sample", sample, 0)
+            self.config = replay_config(config, read, recur, window, seed)
+            if step in FIXED_BUFFER_STEPS and self.config.speculative is not None:
+                raise ValueError(f"step {step!r} covers fixed windows only, got speculative config "
+                                 f"{self.config.name!r}; use step triton")
+            device = resolve_device(device)
+            if gen_log:
+                if Path(gen_log).is_dir():
+                    raise ValueError(f"gen_log={str(gen_log)!r} is a folder; accepted: a file path (lines are appended)")
+                check_output_dir(Path(gen_log).parent, "gen_log's folder")
+        except ValueError as err:
+            raise ModelArgsError(f"replayssm model args: {err}") from None
         self.samples = 1  # samples generated per request at once (the accuracy driver's --samples)
         self._ahead: dict[tuple, tuple[str, dict]] = {}  # (config, task, doc_id, sample) -> (text, record), kept
-        self.config = replay_config(config, read, recur, window, seed)
-        if step in FIXED_BUFFER_STEPS and self.config.speculative is not None:
-            raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {self.config.name!r}; "
-                             "use step triton")
         self._step = step
-        self.batch_size = "auto" if str(batch_size) == "auto" else int(batch_size)
-        self.prefill_segment, self.prefill_tokens = int(prefill_segment), int(prefill_tokens)
         self.length_hint: dict | None = None
-        if device == "auto" or (str(device).startswith("cuda") and not torch.cuda.is_available()):
-            device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's CLI asks for cuda:0 by default
-        cuda = str(device).startswith("cuda")
+        cuda = device.startswith("cuda")
         dtype = dtype if dtype != "auto" else ("bfloat16" if cuda else "float32")
         self.rm = load_model(pretrained, dtype=dtype, device=device, device_map=device_map,
                              backend="triton" if cuda else "torch")
+        try:
+            self.rm.check_config(self.config)
+        except ValueError as err:
+            raise ModelArgsError(f"replayssm model args: {err}") from None
         self.tokenizer = self.rm.tokenizer
         self._device = self.rm.model.device
         self.gen_log = gen_log
         if gen_log:
             Path(gen_log).parent.mkdir(parents=True, exist_ok=True)  # before the generation work, not after
         self.records: list[dict] = []  # one per generate_until request, in request order
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "ReplaySSMLM":
+        """lm-eval's construction: the model args win; lm-eval's own settings (batch_size, device) fill the rest.
+        lm-eval's --device defaults to cuda:0, so from there a CUDA device that is absent means cpu."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            extra["device"] = "cpu"
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "ReplaySSMLM":
+        """`create_from_arg_obj` of "key=value,key=value" (values stay strings: the constructor reads them)."""
+        items = [item for item in arg_string.split(",") if item.strip()]
+        bad = [item for item in items if "=" not in item]
+        if bad:
+            raise ModelArgsError(f"replayssm model args: {bad[0]!r} is not key=value; known keys: {KNOWN_ARGS}")
+        return cls.create_from_arg_obj(dict(item.strip().split("=", 1) for item in items), additional_config)
 
     @property
     def eot_token_id(self) -> int:

@@ -10,6 +10,20 @@ from lm_eval.api.model import LM
 from replayssm_eval.accuracy.requests import request_kwargs, sample_indices
 
 
+def read_generations(path: str | Path) -> list[dict]:
+    """The records of a generations .jsonl; ValueError naming the file and line if one is not a JSON record."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"--generations {str(path)!r} line {number} is not valid JSON ({err}; a truncated "
+                                 "file?); accepted: a generations .jsonl written by "
+                                 "`python -m replayssm_eval.generate.offline`") from err
+    return records
+
+
 class _GenerationOnly(LM):
     def loglikelihood(self, requests, disable_tqdm=False):
         raise NotImplementedError("the offline accuracy run covers generation tasks only")
@@ -43,8 +57,7 @@ class RecordedLM(_GenerationOnly):
         super().__init__()
         self.config, self.sampling_seed, self.sample = config, sampling_seed, 0
         self.records: list[dict] = []
-        with open(path, encoding="utf-8") as f:
-            self._answers = {(a["config"], a["task"], a["doc_id"], a.get("sample", 0)): a for a in map(json.loads, f)}
+        self._answers = {(a["config"], a["task"], a["doc_id"], a.get("sample", 0)): a for a in read_generations(path)}
 
     def generate_until(self, requests, disable_tqdm=False):
         from replayssm_eval.generate.sampling import Sampling

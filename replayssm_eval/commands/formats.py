@@ -36,6 +36,8 @@ class FormatsConfig:
 def run_formats(config: FormatsConfig) -> int:
     if config.states < 1:
         raise ValueError(f"--states {config.states} is out of range; accepted: an integer >= 1")
+    if config.seed < 0:
+        raise ValueError(f"--seed {config.seed} is out of range; accepted: an integer >= 0")
     if config.presets:
         return _print_presets(config.json)
     h, p, n = state_shape(config.geometry)

@@ -29,11 +29,13 @@ class ReportConfig:
 @command("report")
 def report_command(config: ReportConfig) -> int:
     from replayssm_eval.reports import render_report
+    from replayssm_eval.results.files import check_output_dir
 
     if not config.results:
         raise ValueError("no result directories given; pass one or more kl / accuracy run directories")
     output = Path(config.output) if config.output else (
         Path("reports") / f"report-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}")
+    check_output_dir(output)  # before any result is read
     html_path, md_path = render_report(config.results, output, title=config.title)
     print(f"wrote {html_path} and {md_path}", file=sys.stderr)
     return 0

@@ -48,7 +48,7 @@ from replayssm_eval.kl.options import DEFAULT_CONFIGS, MAX_TOKENS, KLConfig
 from replayssm_eval.kl.output import write_outputs
 from replayssm_eval.kl.ranks import Ranks, barrier, batches_for_rank, gather_on_main, init_ranks, on_main
 from replayssm_eval.results.buckets import Bucket, parse_buckets
-from replayssm_eval.results.files import atomic_write_json, read_json
+from replayssm_eval.results.files import atomic_write_json, check_output_dir, read_json
 from replayssm_eval.results.kl_store import (
     INFLIGHT_DIR,
     PROGRESS_FILE,
@@ -99,13 +99,21 @@ def make_plan(options: KLConfig) -> RunPlan:
     """Check every option that needs no model or data; errors name the value and what is accepted."""
     if not 1 <= options.tokens <= MAX_TOKENS:
         raise ValueError(f"--tokens {options.tokens} is out of range; accepted: 1..{MAX_TOKENS}")
+    if options.window is not None and options.window < 1:
+        raise ValueError(f"--window {options.window} is out of range; accepted: an integer >= 1")
     for name in ("prompt_len", "num_docs", "batch_size", "segment_len"):
         if getattr(options, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
+    if options.min_doc_tokens < 0:
+        raise ValueError(f"--min-doc-tokens must be >= 0, got {options.min_doc_tokens}")
     configs = resolve_configs(options)
+    too_long = [c.name for c in configs if c.speculative is None and c.window > options.tokens]
+    if too_long:
+        raise ValueError(f"config {', '.join(too_long)} has a window longer than the run (--tokens {options.tokens}); "
+                         f"accepted: windows of at most {options.tokens} tokens")
     device = options.device if options.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
+        raise ValueError("--device cuda: no CUDA device is available; accepted here: --device cpu or auto")
     dtype = options.dtype if options.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     backend = options.backend if options.backend != "auto" else ("triton" if device == "cuda" else "torch")
     if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -128,7 +136,8 @@ def resolve_configs(options: KLConfig) -> tuple[ReplayConfig, ...]:
     configs = [ReplayConfig.parse(text) for text in options.config]
     short = (options.read, options.recur, options.window)
     if any(v is not None for v in short):
-        text = f"{options.read or 'fp32'}/{options.recur or 'fp32'}@{options.window or DEFAULT_REPLAY_WINDOW}"
+        window = DEFAULT_REPLAY_WINDOW if options.window is None else options.window
+        text = f"{options.read or 'fp32'}/{options.recur or 'fp32'}@{window}"
         configs.append(ReplayConfig.parse(text + (f"#seed={options.seed}" if options.seed else "")))
     elif options.seed is not None:
         raise ValueError(f"--seed {options.seed} belongs to the short form (--read/--recur/--window); "
@@ -172,6 +181,8 @@ def run_kl(options: KLConfig) -> Path:
     runner = runner_module.load_runner(
         options.model, device=device, dtype=plan.dtype, backend=plan.backend, device_map=options.device_map
     )
+    for config in plan.configs:
+        runner.check(config)
     barrier(ranks)
     if ranks.is_main and not options.resume:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +243,15 @@ def options_for_resume(given: KLConfig) -> KLConfig:
     run_dir = Path(given.resume)
     if not (run_dir / RUN_FILE).is_file():
         raise ValueError(f"--resume {str(run_dir)!r}: no {RUN_FILE} there; it is not a kl run directory")
+    if given.output is not None and Path(given.output) != run_dir:
+        raise ValueError(f"--output {given.output!r} differs from --resume {given.resume!r}: a resumed run stays in "
+                         "its directory; leave --output out")
     stored = read_json(run_dir / RUN_FILE)["options"]
+    foreign = sorted(set(stored) - {f.name for f in dataclasses.fields(KLConfig)})
+    if foreign:
+        named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ValueError(f"--resume {str(run_dir)!r} holds another kind of run (its {RUN_FILE} has {named}); "
+                         "accepted: a kl run directory")
     stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
     for f in dataclasses.fields(KLConfig):
         if f.name in ("resume", "output"):
@@ -268,21 +287,7 @@ def _output_dir(options: KLConfig) -> Path:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"--output {str(path)!r} exists and is not an empty directory; "
                          f"choose another, or continue it with --resume {path}")
-    _check_creatable(path)
-    return path
-
-
-def _check_creatable(path: Path) -> None:
-    """ValueError unless `path` can be created: its nearest existing ancestor is a writable directory."""
-    ancestor = path.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"--output {str(path)!r} cannot be created: {ancestor} is a file; "
-                         f"accepted: a new or empty directory in a writable place")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"--output {str(path)!r} cannot be created: {ancestor} is not writable (read-only "
-                         f"filesystem or permissions); accepted: a new or empty directory in a writable place")
+    return check_output_dir(path)
 
 
 def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Ranks, on_document) -> dict:
@@ -293,7 +298,7 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
     done = load_documents(run_dir, [i for batch in batches for i in batch], names, options.tokens)
     pending = [batch for batch in batches if any(i not in done for i in batch)]
     for batch in pending:
-        check_snapshot(run_dir, batch)
+        check_snapshot(run_dir, batch, len(plan.configs))
     bar = tqdm(total=sum(len(b) for b in pending) * options.tokens, unit="tok", unit_scale=True,
                desc=f"generated tokens x (fp32 + {len(plan.configs)} configs)", disable=not ranks.is_main)
     map_location = None if options.device_map else runner.device  # a device_map model keeps its devices

@@ -5,6 +5,7 @@ The driver needs:
     load_tokenizer(model) -> tokenizer           (before any model work, to check the text suffices)
     load_runner(model, device=, dtype=, backend=, device_map=) -> Runner
     Runner.device                                where input token ids go
+    Runner.check(config)                         ValueError if the model cannot run `config` (before any stream)
     Runner.open(config, seq_ids) -> Stream       one model state (SSM, conv, KV) in one ReplayConfig
     Runner.restore(config, seq_ids, saved) -> Stream   a stream continuing from `Stream.save()`
     Runner.state_traffic(config) -> dict | None  SSM state bytes per decode token (models.traffic)
@@ -65,6 +66,9 @@ class ModelRunner:
     def _layer_done(self, fraction: float) -> None:
         if self.on_layer is not None:
             self.on_layer(fraction)
+
+    def check(self, config: ReplayConfig) -> None:
+        self.replay_model.check_config(config)
 
     def open(self, config: ReplayConfig, seq_ids: torch.Tensor) -> "ModelStream":
         return ModelStream(self, self.replay_model.new_session(config, seq_ids=seq_ids))

@@ -27,6 +27,7 @@ from replayssm_eval.models import routing
 from replayssm_eval.models.model_types import find_ssm_layers, model_type_of
 from replayssm_eval.models.fixtures import resolve_model
 from replayssm_eval.models.hooks import REPLACEMENTS
+from replayssm_eval.models.quiet import quiet_logs
 from replayssm_eval.models.session import ReplaySession, as_config, session_of
 
 _CACHE_ARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.24, then 5.17 names
@@ -71,10 +72,19 @@ class ReplayModel:
         backend (default: the model's). See `ReplaySession`.
         """
         return ReplaySession(
-            self.config if config is None else config, seq_ids=seq_ids, engine=engine,
+            self.check_config(self.config if config is None else config), seq_ids=seq_ids, engine=engine,
             backend=self.backend if backend is None else backend, compute_dtype=compute_dtype,
             new_cache=self._new_cache,
         )
+
+    def check_config(self, config: ReplayConfig | str) -> ReplayConfig:
+        """`config` as a ReplayConfig; ValueError if it asks for what this model's kernel family lacks."""
+        config = as_config(config)
+        if config.gdn_fold == "closed" and not self.model_type.kernels.closed_fold:
+            raise ValueError(f"config {config.name!r}: #closed is a fold of the delta-rule families and this "
+                             f"{self.model_type.model_type} model is {self.model_type.family}; accepted: the config "
+                             "without #closed")
+        return config
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, session: ReplaySession, *, attention_mask=None, logits_to_keep=0):
@@ -102,7 +112,8 @@ class ReplayModel:
             else:
                 positions = (session.attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
             kwargs["position_ids"] = positions
-        out = self.model(input_ids=input_ids, **kwargs)
+        with quiet_logs():
+            out = self.model(input_ids=input_ids, **kwargs)
         session.tokens += length
         return out.logits
 
@@ -148,8 +159,9 @@ def load_model(
             raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
         dtype = DTYPES[dtype]
     path = resolve_model(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **from_pretrained_kwargs)
+    with quiet_logs():
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **from_pretrained_kwargs)
     if device_map is None:
         model = model.to(device)
     return ReplayModel(model, tokenizer, config=config, backend=backend)

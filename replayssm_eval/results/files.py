@@ -43,3 +43,20 @@ def read_json(path: Path) -> dict:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON ({err}); accepted: a JSON file as this tool writes it") from err
+
+
+def check_output_dir(path: Path, flag: str = "--output") -> Path:
+    """`path` unchanged if it is a writable directory or can be created as one (its nearest existing ancestor is
+    a writable directory; nothing is created); else a ValueError naming `flag` and the path."""
+    path = Path(path)
+    accepted = "accepted: a new directory, or an existing one, in a writable place"
+    ancestor = path.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        what = "is a file" if ancestor == path.absolute() else f"cannot be created: {ancestor} is a file"
+        raise ValueError(f"{flag} {str(path)!r} {what}; {accepted}")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r} cannot be written: {ancestor} is not writable (read-only "
+                         f"filesystem or permissions); {accepted}")
+    return path

@@ -53,7 +53,7 @@ def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int)
         if not path.exists():
             continue
         try:
-            with np.load(path) as data:
+            with open(path, "rb") as f, np.load(f) as data:
                 names, metrics, ref_nll = list(data["configs"]), data["metrics"], data["ref_nll"]
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); "
@@ -87,14 +87,22 @@ def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:
     return path
 
 
-def check_snapshot(run_dir: Path, batch: list[int]) -> None:
-    """ValueError naming the batch's snapshot if it is truncated (its zip directory, at the end, is unreadable)."""
+def check_snapshot(run_dir: Path, batch: list[int], configs: int) -> None:
+    """ValueError naming the batch's snapshot if it is truncated (its zip directory, at the end, is unreadable) or
+    of another run (other batch size or config count than `configs`); the tensors are only mapped, not read."""
     path = inflight_path(run_dir, batch, "pt")
-    if path.exists():
-        try:
-            zipfile.ZipFile(path).close()
-        except (OSError, zipfile.BadZipFile) as err:
-            raise _unreadable_snapshot(path, batch, err) from err
+    if not path.exists():
+        return
+    try:
+        zipfile.ZipFile(path).close()
+        snapshot = _load(path, "cpu", mmap=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise _unreadable_snapshot(path, batch, err) from err
+    expected = (len(batch), configs)
+    found = tuple(snapshot["metrics"].shape[:2]) if isinstance(snapshot, dict) and "metrics" in snapshot else None
+    if found != expected or len(snapshot.get("streams", ())) != configs + 1:
+        raise ValueError(f"{path} is not a snapshot of this run (it holds documents x configs {found}, this batch "
+                         f"has {expected}); delete it and --resume again to redo documents {batch} from their start")
 
 
 def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueError:
@@ -102,14 +110,19 @@ def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueE
                       f"delete it and --resume again to redo documents {batch} from their start")
 
 
+def _load(path: Path, map_location, mmap: bool = False):
+    # weights_only=False: the HF cache and ReplayState objects are pickled; the file is this run's own
+    return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
+
+
 def load_snapshot(run_dir: Path, batch: list[int], map_location) -> dict | None:
-    """The batch's snapshot, its tensors moved to `map_location` (None: where they were); None if there is none."""
+    """The batch's snapshot (checked by `check_snapshot`), its tensors moved to `map_location` (None: where they
+    were); None if there is none."""
     path = inflight_path(run_dir, batch, "pt")
     if not path.exists():
         return None
     try:
-        # weights_only=False: the HF cache and ReplayState objects are pickled; the file is this run's own
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return _load(path, map_location)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         raise _unreadable_snapshot(path, batch, err) from err
 

@@ -40,6 +40,9 @@ class FakeRunner:
         self.opened = []
         self.on_layer = None
 
+    def check(self, config):
+        """Every config runs on the fake model."""
+
     def open(self, config, seq_ids):
         stream = FakeStream(self, config, seq_ids)
         self.opened.append(stream)

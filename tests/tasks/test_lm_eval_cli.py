@@ -14,6 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+import torch
 
 from replayssm_eval.accuracy import TASKS, YAML_DIR
 
@@ -77,6 +78,43 @@ def test_gen_log_folder_is_created_before_generating(tmp_path):
     log = tmp_path / "out" / "gen.jsonl"
     ReplaySSMLM(pretrained="tiny-nemotron-h", device="cpu", gen_log=str(log))
     assert log.parent.is_dir()
+
+
+LM_EVAL_SETTINGS = {"batch_size": "2", "max_batch_size": None, "device": "cuda:0"}  # what its CLI passes by default
+
+
+@pytest.mark.skipif(find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install -e '.[eval]')")
+@pytest.mark.parametrize("as_string", [True, False])
+def test_model_args_through_lm_evals_construction_keep_device_and_integers(as_string):
+    """lm-eval builds the model as simple_evaluate does: from its CLI's parsed dict (values already converted,
+    '-3' to -3.0) or from a string, with its own --device and --batch_size beside the model args."""
+    from lm_eval._cli.utils import key_val_to_dict
+    from lm_eval.api.registry import get_model
+
+    from replayssm_eval.replay.config import ReplayConfig
+
+    cls = get_model("replayssm")
+
+    def build(args: str):
+        if as_string:
+            return cls.create_from_arg_string(args, LM_EVAL_SETTINGS)
+        return cls.create_from_arg_obj(key_val_to_dict(args), LM_EVAL_SETTINGS)
+
+    lm = build("pretrained=tiny-nemotron-h,read=nvfp4,recur=fp16sr,window=4,seed=3,device=cpu")
+    assert lm.rm.model.device.type == "cpu" and lm.batch_size == 2
+    assert lm.config == ReplayConfig.parse("nvfp4/fp16sr@4#seed=3")
+    with pytest.raises(ValueError, match=r"^replayssm model args: seed=-3 is out of range; accepted: an integer >= 0$"):
+        build("pretrained=tiny-nemotron-h,window=4,seed=-3")
+
+
+@pytest.mark.skipif(find_spec("lm_eval") is None or torch.cuda.is_available(), reason="needs lm-eval and no GPU")
+def test_lm_evals_default_device_means_cpu_but_a_device_model_arg_is_strict():
+    from lm_eval.api.registry import get_model
+
+    cls = get_model("replayssm")
+    assert cls.create_from_arg_string("pretrained=tiny-nemotron-h", LM_EVAL_SETTINGS).rm.model.device.type == "cpu"
+    with pytest.raises(ValueError, match="device='cuda': no CUDA device is available; accepted here: cpu or auto"):
+        cls.create_from_arg_string("pretrained=tiny-nemotron-h,device=cuda", LM_EVAL_SETTINGS)
 
 
 SAMPLING_ARGS = "max_gen_toks=6,do_sample=true,temperature=1.0,top_p=0.95,top_k=40"
