@@ -22,7 +22,6 @@ LAYERS = (
     ("results",),
     ("replay",),
     ("data", "options"),
-    ("quant",),
     ("formats",),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

@@ -14,7 +14,7 @@ import pandas as pd
 
 from replayssm_eval.cli import command
 from replayssm_eval.models.presets import PRESETS, state_shape
-from replayssm_eval.quant.measure import DISTRIBUTIONS, format_error_table
+from replayssm_eval.formats.measure import DISTRIBUTIONS, format_error_table
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
 
 Parts (metric names start with the part):
 - `format/<fmt>/<distribution>/rel_rms`: round-trip error of every state format and option
-  (`quant.measure.format_error_table`) on random Gaussian and Mamba-2-like states.
+  (`formats.measure.format_error_table`) on random Gaussian and Mamba-2-like states.
 - `bits/<fmt>` and `bits/<fmt>/ties`: SHA-256 (16 hex digits) of the packed bytes (codes, scales) of
   `golden.integer_state` and of `golden.tie_state` (values on rounding midpoints); `bits/<fmt>/scale_order`: NVFP4
   block scales that differ from TransformerEngine's order on the golden rows; `bits/buffer/<dtype>`: the `#buf=`
@@ -187,7 +187,7 @@ def format_cases() -> list[Case]:
 
 
 def format_metrics() -> dict[str, float]:
-    from replayssm_eval.quant.measure import format_error_table
+    from replayssm_eval.formats.measure import format_error_table
 
     out = {}
     for distribution in DISTRIBUTIONS:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from replayssm_eval.formats import PackedState, StateFormat, get_format, list_formats
-from replayssm_eval.quant.measure import sample_state
+from replayssm_eval.formats.measure import sample_state
 
 ALL = ["fp32", "bf16", "fp16", "fp16sr", "int16", "int16sr", "fp8", "fp8sr", "fp8e5m2", "int8", "int8sr", "nvfp4",
        "mxfp8", "mxfp4"]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from replayssm_eval.cli import main
-from replayssm_eval.quant.measure import format_error_table
+from replayssm_eval.formats.measure import format_error_table
 
 
 def test_format_error_table():
