@@ -9,7 +9,8 @@ from replayssm_eval.kernels.delta import chunked as chunked_module
 from replayssm_eval.kernels.delta._common import checkpoint_kv
 
 from tests.helpers.compare import assert_close, assert_same_state
-from tests.helpers.delta import FAMILIES, MATRIX, cut, delta_inputs, naive_delta_decode, phased_start
+from tests.helpers.delta import (FAMILIES, MATRIX, cut, delta_inputs, naive_delta_decode, phased_start,
+                                 square_kda_inputs)
 from tests.helpers.replay import CONFIGS
 
 SPECULATIVE = ["nvfp4/fp16sr@8#spec=3:0.6", "shared:nvfp4@5#spec=2:0.5", "nvfp4/fp8sr@4#spec=4:0.9"]
@@ -131,16 +132,33 @@ def test_gdn_beta_up_to_two(fold):
     assert_close("o triton", o_torch, o_triton, 1e-4)
 
 
-def test_kda_fp32_chunked_matches_hf_chunk_kernel():
+@pytest.mark.parametrize("text", ["fp32/fp32@4", "nvfp4/fp16sr@4", "nvfp4/fp8sr@5#closed"])
+def test_kda_square_heads_with_unequal_channel_decays_fp64(text):
+    """K = V: the reference equals the naive recurrence (each decay scales its K row of S [K, V]) and the chunked
+    form the reference; a decay along the wrong axis would run and fail these comparisons."""
+    kda = FAMILIES["kda"]
+    inputs = square_kda_inputs(seqlen=13)
+    o_ref, st_ref = kda.decode_reference(*cut(inputs, 0), inputs[5], text, compute_dtype=torch.float64)
+    for b in range(inputs[0].shape[0]):
+        want, want_hi, _ = naive_delta_decode([t[b] for t in inputs], text, b)
+        assert_close(f"o[{b}]", want, o_ref[b], 1e-10)
+        assert torch.equal(want_hi.float(), checkpoint_kv(st_ref)[0][b])
+    o, st = kda.chunked(*cut(inputs, 0), inputs[5], text, compute_dtype=torch.float64)
+    assert_close("o", o_ref, o, 1e-10)
+    assert_same_state(st_ref, st, buffer_rtol=1e-12, whole_buffer=True)
+
+
+@pytest.mark.parametrize("dv", [8, 16])  # 16: K = V
+def test_kda_fp32_chunked_matches_hf_chunk_kernel(dv):
     """The FP32 config equals transformers' `chunk_kimi_delta_attention` on raw q, k (it normalises and scales)."""
     hf = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
     kda = FAMILIES["kda"]
     gen = torch.Generator().manual_seed(5)
     q_raw, k_raw = torch.randn(2, 45, 2, 16, generator=gen), torch.randn(2, 45, 2, 16, generator=gen)
-    v = torch.randn(2, 45, 2, 8, generator=gen)
-    g = -torch.rand(2, 45, 2, 16, generator=gen) * 0.3
+    v = torch.randn(2, 45, 2, dv, generator=gen)
+    g = -torch.rand(2, 45, 2, 16, generator=gen) * torch.linspace(0.05, 2, 16)  # unequal channel decays
     beta = torch.rand(2, 45, 2, generator=gen)
-    s0 = torch.randn(2, 2, 16, 8, generator=gen)
+    s0 = torch.randn(2, 2, 16, dv, generator=gen)
     chunk = getattr(hf.chunk_kimi_delta_attention, "__wrapped__", hf.chunk_kimi_delta_attention)
     want, want_state = chunk(q_raw, k_raw, v, g, beta, chunk_size=16, initial_state=s0, output_final_state=True,
                              use_qk_l2norm_in_kernel=True)

@@ -24,7 +24,7 @@ from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.replay.state import write_checkpoint
 
 from tests.helpers.compare import assert_close, mostly_equal
-from tests.helpers.delta import FAMILIES, cut, delta_inputs, phased_start, plain_recurrence
+from tests.helpers.delta import FAMILIES, cut, delta_inputs, phased_start, plain_recurrence, square_kda_inputs
 from tests.helpers.kernel_checks import one_segment_launches, rounds_to
 
 SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
@@ -100,6 +100,24 @@ def test_chunked_triton_fp32(fam, text, device):
     for name in st_ref.buffer:
         assert_close(f"buffer[{name!r}]", st_ref.buffer[name], st.buffer[name], 1e-5)
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
+
+
+@pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@3#closed"])
+def test_kda_square_heads_with_unequal_channel_decays(text, device):
+    """K = V (a real KDA model's heads), per-channel decays 40x apart: the chunked Triton kernel and the single-token
+    step == decode_reference to FP32 accuracy (FP32 copies: no rounding to flip)."""
+    kda = FAMILIES["kda"]
+    inputs = square_kda_inputs(seqlen=7, dtype=torch.float32, device=device)
+    o_ref, st_ref = kda.decode_reference(*cut(inputs, 0), inputs[5], text)
+    o, st = kda.chunked(*cut(inputs, 0), inputs[5], text, backend="triton")
+    assert_close("o", o_ref, o, 1e-5)
+    assert_close("S_hi", st_ref.hi, st.hi, 1e-5)
+    state, outs = inputs[5], []
+    for n in range(inputs[0].shape[1]):
+        o_n, state = kda.decode_step_triton(*cut(inputs, n, n + 1), state, text)
+        outs.append(o_n)
+    assert_close("o (step)", o_ref, torch.cat(outs, 1), 1e-5)
+    assert_close("S_hi (step)", st_ref.hi, state.hi, 1e-5)
 
 
 @pytest.mark.parametrize("fam, text", cases({
