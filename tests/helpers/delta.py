@@ -53,6 +53,15 @@ def square_kda_inputs(seqlen, size=16, dtype=torch.float64, device="cpu"):
     return [t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta, s0)]
 
 
+def one_column_share(inputs) -> float:
+    """The flip budget of a delta-rule comparison of two FP32 paths: the share of the elements of o, u or S that one
+    flipped rounding can move. The delta rule never mixes value columns (u_j, o_j and column j of S [K, V] read only
+    column j of S; a row-scaled copy's scale covers one column), so a rounding that FP32 summation noise puts on the
+    other side of a boundary moves one column of one (row, head) from then on: 1 / (B x HV x V) of the elements."""
+    v = inputs[2]  # [B, T, HV, V]
+    return 1 / (v.shape[0] * v.shape[2] * v.shape[3])
+
+
 def cut(inputs, start, stop=None, rows=None):
     """Tokens [start, stop) (and batch rows) of (q, k, v, g, beta)."""
     out = [t[:, start:stop] for t in inputs[:5]]

@@ -24,7 +24,8 @@ from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.replay.state import write_checkpoint
 
 from tests.helpers.compare import assert_close, mostly_equal
-from tests.helpers.delta import FAMILIES, cut, delta_inputs, phased_start, plain_recurrence, square_kda_inputs
+from tests.helpers.delta import (FAMILIES, cut, delta_inputs, one_column_share, phased_start, plain_recurrence,
+                                 square_kda_inputs)
 from tests.helpers.kernel_checks import one_segment_launches, rounds_to
 
 SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
@@ -126,14 +127,14 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
-    == the torch chunked form; awkward sizes (V = 40: two v-blocks, or the whole head for head scales) with one
-    segment per launch."""
+    == the torch chunked form, up to the roundings FP32 noise flips (`one_column_share` of the outputs); awkward
+    sizes (V = 40: two v-blocks, or the whole head for head scales) with one segment per launch."""
     mod = FAMILIES[fam]
     inputs = delta_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
     o_ref, st_ref = mod.chunked(*inputs, text)
     with one_segment_launches():
         o, st = mod.chunked(*inputs, text, backend="triton")
-    assert_close("o", o_ref, o, 2e-3)
+    assert_close("o", o_ref, o, 1e-5, flips=one_column_share(inputs))
     mostly_equal("S_hi", st_ref.hi, st.hi)
     mostly_equal("S_lo", st_ref.lo, st.lo)
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
@@ -176,14 +177,15 @@ def test_decode_step_triton(fam, text, exact, phased, device):
     for n in range(5):
         o, state = mod.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
         outs.append(o)
-    assert_close("o", o_ref, torch.cat(outs, 1), 1e-5 if exact else 2e-3)
+    flips = 0.0 if exact else one_column_share(inputs)  # quantized copies: the roundings FP32 noise flips
+    assert_close("o", o_ref, torch.cat(outs, 1), 1e-5, flips=flips)
     if exact:
         assert_close("S_hi", st_ref.hi, state.hi, 1e-5)
     else:
         mostly_equal("S_hi", st_ref.hi, state.hi)
         mostly_equal("S_lo", st_ref.lo, state.lo)
     assert torch.equal(st_ref.checkpoint, state.checkpoint) and int(state.checkpoint.min()) >= 1
-    assert_close("buffer u", st_ref.buffer["u"], state.buffer["u"], 1e-5 if exact else 2e-3)
+    assert_close("buffer u", st_ref.buffer["u"], state.buffer["u"], 1e-5, flips=flips)
     fmt = shared_step.read_copy_format(cfg)
     assert torch.equal(fmt.decode(state.lo_packed), state.lo), "lo_packed must decode to the stored read copy"
 
