@@ -1,6 +1,8 @@
 """The shared comparisons of tests/helpers bound what they admit."""
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +54,18 @@ def test_assert_same_state_checks_the_valid_buffer_entries():
         assert_same_state(state, changed(3), whole_buffer=True)
     with pytest.raises(AssertionError, match=r"buffer\['x'\] of sequence 0"):
         assert_same_state(state, changed(2))
+
+
+def test_test_modules_import_shared_code_only_through_the_tests_package():
+    """A bare `import conftest` (or any module beside a test) resolves to whichever same-named file pytest
+    imported first, so collecting two folders together breaks; shared code comes from `tests.helpers`."""
+    tests = Path(__file__).parent
+    local = {p.stem for p in tests.rglob("*.py")} - {"__init__"}
+    bare = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            bare += [f"{path.relative_to(tests)}: {n}" for n in names if n.split(".")[0] in local]
+    assert bare == []
+    assert "conftest" in local and "compare" in local  # the names the check looks for are there to find

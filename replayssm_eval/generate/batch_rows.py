@@ -105,14 +105,14 @@ def _tree(objs: list, combine):
     first = objs[0]
     if torch.is_tensor(first):
         return combine(objs)
-    if isinstance(first, PackedState):
-        fields = {f: _tree([getattr(o, f) for o in objs], combine) for f in ("data", "scales", "global_scale")}
-        return PackedState(first.format, (fields["data"].shape[0], *first.shape[1:]), **fields)
     if isinstance(first, dict):
         return {k: _tree([o[k] for o in objs], combine) for k in first}
     if isinstance(first, (list, tuple)):
         return type(first)(_tree(list(group), combine) for group in zip(*objs))
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return dataclasses.replace(first, **{f.name: _tree([getattr(o, f.name) for o in objs], combine)
-                                             for f in dataclasses.fields(first) if f.init})
+        out = dataclasses.replace(first, **{f.name: _tree([getattr(o, f.name) for o in objs], combine)
+                                            for f in dataclasses.fields(first) if f.init})
+        if isinstance(out, PackedState):  # every field is rebuilt; the encoded shape leads with the batch too
+            out = dataclasses.replace(out, shape=(out.data.shape[0], *first.shape[1:]))
+        return out
     return first  # ints, strings, dtypes, devices, None: the same for every row

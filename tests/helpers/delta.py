@@ -44,6 +44,24 @@ def delta_inputs(fam="gdn", batch=3, seqlen=37, heads=2, value_heads=4, dk=20, d
     return [t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta, s0)]
 
 
+def square_kda_inputs(seqlen, size=16, dtype=torch.float64, device="cpu"):
+    """KDA inputs with K = V = size, as a real KDA model has them, and per-channel decays 40x apart (up to 0.05 to 2
+    per token), so a decay applied along V instead of K gives other numbers rather than a shape error."""
+    q, k, v, g, beta, s0 = delta_inputs("kda", batch=2, seqlen=seqlen, heads=1, value_heads=2, dk=size, dv=size)
+    spread = torch.logspace(-1.3, 0.3, size, dtype=torch.float64)  # [K], 0.05 ... 2
+    g = -spread * torch.rand(g.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # [B, T, HV, K]
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta, s0)]
+
+
+def one_column_share(inputs) -> float:
+    """The flip budget of a delta-rule comparison of two FP32 paths: the share of the elements of o, u or S that one
+    flipped rounding can move. The delta rule never mixes value columns (u_j, o_j and column j of S [K, V] read only
+    column j of S; a row-scaled copy's scale covers one column), so a rounding that FP32 summation noise puts on the
+    other side of a boundary moves one column of one (row, head) from then on: 1 / (B x HV x V) of the elements."""
+    v = inputs[2]  # [B, T, HV, V]
+    return 1 / (v.shape[0] * v.shape[2] * v.shape[3])
+
+
 def cut(inputs, start, stop=None, rows=None):
     """Tokens [start, stop) (and batch rows) of (q, k, v, g, beta)."""
     out = [t[:, start:stop] for t in inputs[:5]]

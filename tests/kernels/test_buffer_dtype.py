@@ -15,7 +15,7 @@ from replayssm_eval.kernels.mamba2 import triton_step as m2_triton
 from replayssm_eval.replay.state import write_checkpoint
 
 from tests.helpers.compare import assert_close
-from tests.helpers.delta import cut, delta_inputs, phased_start
+from tests.helpers.delta import cut, delta_inputs, one_column_share, phased_start
 from tests.helpers.mamba2 import mamba2_inputs, sliced
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
@@ -247,29 +247,32 @@ def test_mamba2_triton_fold_rounding_is_exact(buf, device):
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-@pytest.mark.parametrize("text, fold, rtol", [
-    ("nvfp4:scale=row/fp16sr@4#buf=bf16", "open", 2e-3), ("nvfp4:scale=row/fp16sr@4#buf=bf16", "closed", 2e-3),
-    ("fp32@3#buf=fp16", "open", 1e-5), ("fp32@3#buf=bf16", "closed", 1e-5),
+@pytest.mark.parametrize("text, fold", [
+    ("nvfp4:scale=row/fp16sr@4#buf=bf16", "open"), ("nvfp4:scale=row/fp16sr@4#buf=bf16", "closed"),
+    ("fp32@3#buf=fp16", "open"), ("fp32@3#buf=bf16", "closed"),
 ])
-def test_delta_rule_triton_matches_reference(family, text, fold, rtol, device):
-    """Chunked Triton and the single-token step against the reference; the buffers hold rounded u's. With FP32
-    checkpoints the engines differ by FP32 summation error (1e-7 of the max), far below what rounding u moves the
-    outputs (3e-4 to 2e-3 of the max); quantized checkpoints flip roundings now and then (2e-3)."""
+def test_delta_rule_triton_matches_reference(family, text, fold, device):
+    """Chunked Triton and the single-token step against the reference; the buffers hold rounded u's.
+
+    The engines differ by FP32 summation error (measured: at most 3e-7 of the max), far below what rounding u
+    moves the outputs (3e-4 to 2e-3 of the max, at nearly every element). Now and then that error puts a value
+    within an ulp of a rounding boundary (of a buffered u, an FP16 SR or an NVFP4 element) on the other side, on
+    one CPU and not another: each comparison allows the elements one such flip can move (`one_column_share`)."""
     fam = gdn if family == "gdn" else kda
     cfg = ReplayConfig.parse(text).replace(gdn_fold=fold)
     inputs = delta_inputs(family, batch=2, seqlen=7, heads=1, value_heads=2, dk=6, dv=5, dtype=torch.float32, device=device)
+    one_column = one_column_share(inputs)  # 1 / 20
     o_ref, st_ref = fam.decode_reference(*inputs, cfg)
     o, st = fam.chunked(*inputs, cfg, backend="triton")
-    assert_close("chunked triton", o_ref, o, rtol)
-    assert_close("chunked triton u", st_ref.buffer["u"], st.buffer["u"], rtol)
+    assert_close("chunked triton", o_ref, o, 1e-5, flips=one_column)
+    assert_close("chunked triton u", st_ref.buffer["u"], st.buffer["u"], 1e-5, flips=one_column)
+    assert_close("chunked triton S_hi", st_ref.hi, st.hi, 1e-5, flips=one_column)
     state, outs = inputs[5], []
     for n in range(inputs[0].shape[1]):
         o_n, state = fam.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
         outs.append(o_n)
-    assert_close("decode step", o_ref, torch.cat(outs, 1), rtol)
-    if rtol < 1e-4:
-        assert_close("chunked triton S_hi", st_ref.hi, st.hi, rtol)
-        assert_close("decode step S_hi", st_ref.hi, state.hi, rtol)
+    assert_close("decode step", o_ref, torch.cat(outs, 1), 1e-5, flips=one_column)
+    assert_close("decode step S_hi", st_ref.hi, state.hi, 1e-5, flips=one_column)
     r = _rounder(cfg.buffer_dtype)
     for name in ("k", "u"):
         assert torch.equal(state.buffer[name], r(state.buffer[name])), name

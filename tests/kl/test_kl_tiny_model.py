@@ -1,6 +1,7 @@
 """The KL driver on the real bundled tiny models (CPU): the CLI end to end, the token-by-token slow path, Ctrl-C."""
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -56,36 +57,42 @@ def test_kda_fixture_smoke(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_runner():
-    return runner_module.load_runner(MODEL, device="cpu", dtype="float32", backend="torch", device_map=None)
+def fp64_runner():
+    """The runner with the model and every session's kernels in FP64 (`ReplaySession.compute_dtype`)."""
+    runner = runner_module.load_runner(MODEL, device="cpu", dtype="float32", backend="torch", device_map=None)
+    rm = runner.replay_model
+    rm.model.double()
+    rm.new_session = functools.partial(type(rm).new_session, rm, compute_dtype=torch.float64)
+    return runner
 
 
-# split configs: the low-precision read copy never feeds the recurrence. With an FP32 recurrence, float32 noise
-# between the chunked and the token-by-token paths (~1e-5 in logits) cannot flip a rounding that persists, so the
-# NLL differences agree to 1e-4. An FP16 recurrence copy does persist: that noise can flip one of its roundings
-# (one FP16 ulp of an element), which the next flush re-encodes, possibly into another NVFP4 code; so the two paths
-# agree only to a share of the config's own deviation, whatever the CPU (one flip on one AMD EPYC moved one token's
-# NLL difference by 1.2e-4, 0.7% of the sequence's largest): 5% of the largest |NLL difference|.
+# The driver (segments of 8 tokens through the chunked kernels) and the token-by-token decode sum in different
+# orders. In FP32 that noise (~1e-7 relative) now and then puts an element within an ulp of a rounding boundary on
+# different sides, on one CPU and not another; a flipped FP16 recurrence element persists and moves later NLLs by
+# more than any bound fit to one machine's noise. Both paths run in FP64, so their noise (~1e-15 relative) flips no
+# rounding: every stored code agrees, top-1 agreement is exact, and the metrics (log-softmax in FP32 of the logits
+# rounded to FP32, NLLs of magnitude ~10) differ by at most a few FP32 ulps of the log-probabilities: 1e-5 for an NLL
+# difference, 1e-6 for a KL (a sum of p x a few ulps). Measured: both paths give bit-identical metrics; in FP32 the
+# same comparison differs by 1.2e-4 in one NLL for nvfp4/fp16@4 (a flipped FP16 element), by 1.1e-5 for nvfp4/fp32@8.
 @pytest.mark.parametrize("config", [pytest.param("nvfp4/fp16@4", marks=pytest.mark.slow), "nvfp4/fp32@8"])
-def test_driver_matches_token_by_token_decoding(tiny_runner, config):
+def test_driver_matches_token_by_token_decoding(fp64_runner, config):
     prompt_len, tokens = 16, 32
     ids = torch.tensor([list(b"When shall we three meet again? In thunder, lightning, or in rain?")])
     ids = ids[:, : prompt_len + tokens]  # [1, 48]
     cfg = ReplayConfig.parse(config)
-    metrics, _ = evaluate_batch(tiny_runner, [cfg], ids, torch.tensor([5]), prompt_len, segment_len=8)
+    metrics, _ = evaluate_batch(fp64_runner, [cfg], ids, torch.tensor([5]), prompt_len, segment_len=8)
     got = torch.from_numpy(metrics[:, 0])  # [1, 4, tokens]
 
     fed = ids[:, :-1]  # the last token is only a target
-    slow = {c: token_by_token_logits(tiny_runner.replay_model, fed, prompt_len=prompt_len, config=c, seq_ids=[5])
-            for c in ("fp32", cfg)}
+    slow = {c: token_by_token_logits(fp64_runner.replay_model, fed, prompt_len=prompt_len, config=c, seq_ids=[5],
+                                     compute_dtype=torch.float64) for c in ("fp32", cfg)}
+    assert next(fp64_runner.replay_model.model.parameters()).dtype == torch.float64
     cols = slice(prompt_len - 1, None)  # the logits that predict generated tokens 1..tokens
     expected = token_metrics(slow["fp32"][:, cols], slow[cfg][:, cols], ids[:, prompt_len:])
-    assert expected[0, 0].max() > 1e-6
-    torch.testing.assert_close(got[:, :2], expected[:, :2], rtol=1e-2, atol=2e-5)  # KL, reverse KL
+    assert expected[0, 0].max() > 1e-4  # the config deviates far beyond the bound below
+    torch.testing.assert_close(got[:, :2], expected[:, :2], rtol=0, atol=1e-6)  # KL, reverse KL
     torch.testing.assert_close(got[:, 2], expected[:, 2], rtol=0, atol=0)  # top-1 agreement
-    flips_persist = cfg.recur_format.name != "fp32"
-    tolerance = 0.05 * float(expected[:, 3].abs().max()) if flips_persist else 1e-4
-    torch.testing.assert_close(got[:, 3], expected[:, 3], rtol=0, atol=tolerance)  # NLL difference
+    torch.testing.assert_close(got[:, 3], expected[:, 3], rtol=0, atol=1e-5)  # NLL difference
 
 
 @pytest.mark.parametrize("model", [MODEL, pytest.param("tiny-qwen3.5", marks=pytest.mark.slow)])
