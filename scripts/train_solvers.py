@@ -22,8 +22,10 @@ accuracy overall and in the longest quarter of gold lengths, and the decay table
 
 Every run trains on transformers' plain torch paths, but `--scan-kernels fla` trains KDA with fla's Triton
 `chunk_kda` (transformers' torch chunk rule runs 3 s a step at 4 x 5,120 tokens on an H200), one config per
-kernel (autotuning them all compiled for over 6 minutes): it is checked against the torch rule first (outputs and gradients, strong decays included) and recorded in training.json.
-The stored weights are the same kind either way; evaluation never uses fla.
+kernel (autotuning them all compiled for over 6 minutes): it is checked against the torch rule first (outputs
+and gradients, strong decays included) and recorded in training.json. The stored weights are the same kind
+either way; evaluation never uses fla. GDN stays on the torch rule: fla 0.6.0 refuses GDN's gated backward on
+Hopper with Triton < 3.7.1, where it gives wrong results.
 
 Run from the repository root (the package importable):
 
@@ -132,21 +134,14 @@ class PackedExamples(torch.utils.data.IterableDataset):
 
 def batches(cfg: SolverConfig):
     """(ids [B, L+1], mask [B, L+1]) batches on the device."""
-    loader = torch.utils.data.DataLoader(PackedExamples(cfg.seq_len, cfg.seed, cfg.swap_share), batch_size=cfg.batch_size,
-                                         num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
+    rows = PackedExamples(cfg.seq_len, cfg.seed, cfg.swap_share)
+    loader = torch.utils.data.DataLoader(rows, batch_size=cfg.batch_size, num_workers=cfg.workers,
+                                         pin_memory=cfg.device.startswith("cuda"))
     for ids, mask in loader:
         yield ids.to(cfg.device, non_blocking=True), mask.to(cfg.device, non_blocking=True)
 
 
 # ---- train
-
-
-# architecture -> (transformers module, its chunk-rule name, fla module, fla function, decay per channel). Not GDN:
-# fla 0.6.0 refuses GDN's gated backward on Hopper with Triton < 3.7.1, which gives wrong results there.
-FLA_RULES = {
-    "tiny-kimi-linear": ("kimi_linear.modeling_kimi_linear", "chunk_kimi_delta_attention", "fla.ops.kda", "chunk_kda",
-                         True),
-}
 
 
 def one_config_each(package: str = "fla.ops") -> int:
@@ -172,33 +167,28 @@ def one_config_each(package: str = "fla.ops") -> int:
     return trimmed
 
 
-def use_fla(architecture: str, device: str) -> str:
-    """Bind fla's chunk rule (KDA's `chunk_kda`) as the chunk rule of the architecture's transformers model, once it matches transformers' torch rule on random inputs (decays down to
-    -8 per step), outputs and gradients; returns fla's version."""
-    import importlib
-
+def use_fla_kda(device: str) -> str:
+    """Bind fla's `chunk_kda` as the KDA chunk rule of transformers' kimi_linear, once it matches transformers'
+    torch rule on random inputs (decays down to -8 per step), outputs and gradients; returns fla's version."""
     import fla
+    from fla.ops.kda import chunk_kda
+    from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
-    module_name, rule_name, fla_module, fla_name, per_channel = FLA_RULES[architecture]
-    module = importlib.import_module(f"transformers.models.{module_name}")
-    torch_rule = getattr(module, rule_name)
-    torch_rule = getattr(torch_rule, "__wrapped__", torch_rule)
-    fla_rule = getattr(importlib.import_module(fla_module), fla_name)
     print(f"[fla] {one_config_each()} autotuned kernels given one config each", flush=True)
+    torch_rule = getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
     gen = torch.Generator(device).manual_seed(0)
     shape = (2, 300, 4, 64)  # [B, T, H, K]
     q, k, v = (torch.randn(shape, device=device, generator=gen).requires_grad_() for _ in range(3))
-    g_shape = shape if per_channel else shape[:3]  # KDA: [B, T, H, K]; GDN: [B, T, H]
-    g = (-8 * torch.rand(g_shape, device=device, generator=gen) ** 4).requires_grad_()  # log decays in (-8, 0]
+    g = (-8 * torch.rand(shape, device=device, generator=gen) ** 4).requires_grad_()  # log decays in (-8, 0]
     beta = torch.rand(shape[:3], device=device, generator=gen).requires_grad_()
     inputs = (q, k, v, g, beta)
     results = []
-    for rule in (torch_rule, fla_rule):
+    for rule in (torch_rule, chunk_kda):
         out, _ = rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)  # [B, T, H, V]
         results.append((out, *torch.autograd.grad((out * torch.cos(out)).sum(), inputs)))
     for name, ref, got in zip(("output", "dq", "dk", "dv", "dg", "dbeta"), *results):
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-3 * ref.abs().max().item(), msg=lambda m: f"fla {name}: {m}")
-    setattr(module, rule_name, fla_rule)
+    kimi.chunk_kimi_delta_attention = chunk_kda
     return fla.__version__
 
 
@@ -300,15 +290,15 @@ def parse_args() -> SolverConfig:
         raise SystemExit(f"--swap-share {cfg.swap_share}: expected a fraction in [0, 1]")
     if cfg.scan_kernels not in ("torch", "fla"):
         raise SystemExit(f"--scan-kernels {cfg.scan_kernels!r}: expected torch or fla")
-    if cfg.scan_kernels == "fla" and (SOLVERS[cfg.model] not in FLA_RULES or not cfg.device.startswith("cuda")):
-        raise SystemExit(f"--scan-kernels fla trains {sorted(FLA_RULES)} on a GPU only; got {cfg.model} on {cfg.device}")
+    if cfg.scan_kernels == "fla" and (SOLVERS[cfg.model] != "tiny-kimi-linear" or not cfg.device.startswith("cuda")):
+        raise SystemExit(f"--scan-kernels fla trains KDA on a GPU only; got {cfg.model} on {cfg.device}")
     return cfg
 
 
 def main() -> None:
     cfg = parse_args()
     check_torch_paths(allowed=("fla",) if cfg.scan_kernels == "fla" else ())
-    scan_kernels = {"fla": use_fla(SOLVERS[cfg.model], cfg.device)} if cfg.scan_kernels == "fla" else {}
+    scan_kernels = {"fla": use_fla_kda(cfg.device)} if cfg.scan_kernels == "fla" else {}
     torch.manual_seed(cfg.seed)
     config_fn, model_cls = MODELS[SOLVERS[cfg.model]]
     if cfg.init_from:
