@@ -45,9 +45,9 @@ def save_document(run_dir: Path, index: int, metrics: np.ndarray, ref_nll: np.nd
     _save_npz(doc_path(run_dir, index), metrics=metrics, ref_nll=ref_nll, configs=np.array(config_names))
 
 
-def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int, metrics: int) -> dict[int, tuple]:
-    """The finished documents among `indices`: index -> (metrics [C, M, N], ref_nll [N]), M = `metrics`."""
-    count = metrics
+def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int,
+                   metric_count: int) -> dict[int, tuple]:
+    """The finished documents among `indices`: index -> (metrics [C, M, N], ref_nll [N]), M = `metric_count`."""
     done = {}
     for index in indices:
         path = doc_path(run_dir, index)
@@ -59,10 +59,10 @@ def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int,
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); "
                              f"delete it and --resume again to redo document {index}") from err
-        if names != list(config_names) or metrics.shape[1:] != (count, tokens) or ref_nll.shape != (tokens,):
+        if names != list(config_names) or metrics.shape[1:] != (metric_count, tokens) or ref_nll.shape != (tokens,):
             raise ValueError(
                 f"{path} holds configs {names} with {metrics.shape[1]} metrics of {metrics.shape[-1]} tokens, "
-                f"but the run has configs {list(config_names)} with {count} metrics of {tokens} tokens"
+                f"but the run has configs {list(config_names)} with {metric_count} metrics of {tokens} tokens"
             )
         done[index] = (metrics, ref_nll)
     return done
@@ -88,9 +88,9 @@ def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:
     return path
 
 
-def check_snapshot(run_dir: Path, batch: list[int], configs: int, metrics: int) -> None:
+def check_snapshot(run_dir: Path, batch: list[int], configs: int, metric_count: int) -> None:
     """ValueError naming the batch's snapshot if it is truncated (its zip directory, at the end, is unreadable) or
-    of another run (other batch size, config count than `configs` or metric count than `metrics`); the tensors are
+    of another run (other batch size, config count than `configs` or metric count than `metric_count`); the tensors are
     only mapped, not read."""
     path = inflight_path(run_dir, batch, "pt")
     if not path.exists():
@@ -100,11 +100,11 @@ def check_snapshot(run_dir: Path, batch: list[int], configs: int, metrics: int) 
         snapshot = _load(path, "cpu", mmap=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
         raise _unreadable_snapshot(path, batch, err) from err
-    expected = (len(batch), configs, metrics)
+    expected = (len(batch), configs, metric_count)
     found = tuple(snapshot["metrics"].shape[:3]) if isinstance(snapshot, dict) and "metrics" in snapshot else None
     if found != expected or len(snapshot.get("streams", ())) != configs + 1:
-        raise ValueError(f"{path} is not a snapshot of this run (it holds documents x configs x metrics {found}, this batch "
-                         f"has {expected}); delete it and --resume again to redo documents {batch} from their start")
+        raise ValueError(f"{path} is not a snapshot of this run (it holds documents x configs x metrics {found}, "
+                         f"this batch has {expected}); delete it and --resume again to redo documents {batch} from their start")
 
 
 def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueError:
