@@ -104,7 +104,8 @@ def check_snapshot(run_dir: Path, batch: list[int], configs: int, metric_count: 
     found = tuple(snapshot["metrics"].shape[:3]) if isinstance(snapshot, dict) and "metrics" in snapshot else None
     if found != expected or len(snapshot.get("streams", ())) != configs + 1:
         raise ValueError(f"{path} is not a snapshot of this run (it holds documents x configs x metrics {found}, "
-                         f"this batch has {expected}); delete it and --resume again to redo documents {batch} from their start")
+                         f"this batch has {expected}); delete it and --resume again to redo documents {batch} "
+                         f"from their start")
 
 
 def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueError:
