@@ -1,4 +1,5 @@
-"""llama.cpp's --kl-divergence statistics on hand-made tokens, against its formulas written out by hand."""
+"""llama.cpp's --kl-divergence statistics on hand-made tokens, against its formulas written out by hand; the
+per-token Δp they need, and stores written before it was a metric."""
 
 import math
 
@@ -57,3 +58,14 @@ def test_delta_p_is_the_change_in_the_text_tokens_probability():
     out = token_metrics(ref, cfg, torch.tensor([[0, 1, 2]]))[0]  # [metrics, T]
     torch.testing.assert_close(out[4], torch.tensor([-0.25, 0.25, 0.0]), rtol=0, atol=1e-7)
     torch.testing.assert_close(out[2], torch.zeros(3), rtol=0, atol=0)  # argmax 0 against 1
+
+
+def test_a_document_stored_with_four_metrics_is_refused(tmp_path):
+    from replayssm_eval.results.kl_store import load_documents, save_document
+
+    old = np.zeros((2, 4, 6), np.float32)  # [C, 4, N]: stored before delta_p was a metric
+    save_document(tmp_path, 0, old, np.zeros(6, np.float32), ["fp32", "bf16"])
+    save_document(tmp_path, 1, np.zeros((2, 5, 6), np.float32), np.zeros(6, np.float32), ["fp32", "bf16"])
+    with pytest.raises(ValueError, match="with 4 metrics of 6 tokens, but the run has .* with 5 metrics of 6 tokens"):
+        load_documents(tmp_path, [0], ["fp32", "bf16"], 6, 5)
+    assert list(load_documents(tmp_path, [1], ["fp32", "bf16"], 6, 5)) == [1]
