@@ -295,10 +295,10 @@ def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Rank
     options = plan.options
     names = [c.name for c in plan.configs]
     batches = batches_for_rank(len(docs), options.batch_size, ranks)
-    done = load_documents(run_dir, [i for batch in batches for i in batch], names, options.tokens)
+    done = load_documents(run_dir, [i for batch in batches for i in batch], names, options.tokens, len(METRICS))
     pending = [batch for batch in batches if any(i not in done for i in batch)]
     for batch in pending:
-        check_snapshot(run_dir, batch, len(plan.configs))
+        check_snapshot(run_dir, batch, len(plan.configs), len(METRICS))
     bar = tqdm(total=sum(len(b) for b in pending) * options.tokens, unit="tok", unit_scale=True,
                desc=f"generated tokens x (fp32 + {len(plan.configs)} configs)", disable=not ranks.is_main)
     map_location = None if options.device_map else runner.device  # a device_map model keeps its devices

@@ -7,6 +7,7 @@ q = softmax(b), all in float32 from log_softmax:
     reverse_kl  KL(q || p) = sum_v q_v (log q_v - log p_v)
     top1_agree  1.0 if argmax a == argmax b else 0.0
     nll_diff    (-log q_y) - (-log p_y)                         > 0: the config predicts the text worse
+    delta_p     q_y - p_y                                       llama.cpp's Δp (--kl-divergence)
 
 Terms with p_v = 0 (q_v = 0 for the reverse) count as 0, so -inf logits give no NaN. Identical
 logits give exactly 0 (every log-ratio is 0.0). Float round-off can make a KL a tiny negative
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-METRICS = ("kl", "reverse_kl", "top1_agree", "nll_diff")
+METRICS = ("kl", "reverse_kl", "top1_agree", "nll_diff", "delta_p")
 MAX_ELEMENTS = 1 << 24
 
 
@@ -46,7 +47,9 @@ def token_metrics(
         out[:, 0, t0:t1] = _kl(logp, logq)
         out[:, 1, t0:t1] = _kl(logq, logp)
         out[:, 2, t0:t1] = (logp.argmax(-1) == logq.argmax(-1)).float()
-        out[:, 3, t0:t1] = (logp.gather(-1, y) - logq.gather(-1, y)).squeeze(-1)
+        logp_y, logq_y = logp.gather(-1, y).squeeze(-1), logq.gather(-1, y).squeeze(-1)  # [B, t]
+        out[:, 3, t0:t1] = logp_y - logq_y
+        out[:, 4, t0:t1] = logq_y.exp() - logp_y.exp()
     return out
 
 

@@ -24,7 +24,7 @@ _TARGETS = (0, 1, 3, 4)
 
 
 def kl_formula_metrics() -> dict[str, float]:
-    """`kl/formula/t<i>/<metric>` of `token_metrics` (kl, reverse_kl, top1_agree, nll_diff) per token."""
+    """`kl/formula/t<i>/<metric>` of `token_metrics` (kl, reverse_kl, top1_agree, nll_diff, delta_p) per token."""
     from replayssm_eval.kl.metrics import METRICS, token_metrics
 
     out = token_metrics(torch.tensor(_REF_LOGITS)[None], torch.tensor(_CFG_LOGITS)[None],
@@ -40,9 +40,10 @@ def kl_bucket_metrics() -> dict[str, float]:
     reverse = kl * np.float32(1.5) + np.float32(0.125)
     top1 = (np.arange(24).reshape(3, 8) % 3 != 0).astype(np.float32)
     nll = (np.arange(24, dtype=np.float32).reshape(3, 8) % 4 - 1) / 4
+    delta_p = (np.arange(24, dtype=np.float32).reshape(3, 8) * 5 % 9 - 4) / 16
     out = {}
     for bucket in parse_buckets("1,4", 8):
-        for key, value in bucket_stats(kl, reverse, top1, nll, bucket).items():
+        for key, value in bucket_stats(kl, reverse, top1, nll, delta_p, bucket).items():
             if key not in ("start", "end"):
                 out[f"kl/buckets/{bucket.start}-{bucket.end}/{key}"] = float(value)
     return out

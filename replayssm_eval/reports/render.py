@@ -87,7 +87,7 @@ def _kl_buckets(kl: list[Result]) -> Section:
     section = Section("kl-buckets", "KL per length bucket")
     if not kl:
         return _no_kl(section)
-    section.blocks += [tables.kl_bucket_table(r) for r in kl]
+    section.blocks += [t for r in kl for t in (tables.kl_bucket_table(r), tables.kl_statistics_table(r))]
     return section
 
 

@@ -63,6 +63,35 @@ def kl_bucket_table(result: Result) -> Table:
                  ["generated tokens", "tokens", "fp32 NLL", *configs], rows, note)
 
 
+def kl_statistics_table(result: Result) -> Table:
+    """llama.cpp's --kl-divergence figures per config, over all tokens and per bucket ("–": absent in older runs)."""
+    rows = []
+    for c in result.data["configs"]:
+        for scope, s in [("all", c), *((_bucket(b), b) for b in c["buckets"])]:
+            rows.append([c["name"], scope, _plus_minus(s.get("kl_mean"), s.get("kl_se"), 1, _sci),
+                         _sci(s.get("kl_p99_9")), _sci(s.get("kl_max")),
+                         _plus_minus(s.get("delta_p_mean"), s.get("delta_p_se"), 100, _percent),
+                         _plus_minus(s.get("delta_p_rms"), s.get("delta_p_rms_se"), 100, _percent),
+                         _plus_minus(s.get("same_top_p_pct"), s.get("same_top_p_se_pct"), 1, _percent)])
+    note = ("As llama.cpp's perplexity --kl-divergence prints them: mean ± standard error over tokens; Δp = "
+            "p_config − p_fp32 of the text's next token, in %; same top p: tokens whose argmaxes agree, in %. "
+            "kl.json has every percentile.")
+    return Table(f"{result.label}: KL statistics", ["config", "generated tokens", "KL mean ± se", "KL p99.9",
+                                                    "KL max", "Δp mean ± se (%)", "RMS Δp (%)", "same top p (%)"],
+                 rows, note, align=["l", "l", "r", "r", "r", "r", "r", "r"])
+
+
+def _percent(v) -> str:
+    return f"{v:.3f}"
+
+
+def _plus_minus(value, error, scale: float, fmt) -> str:
+    """`value ± error`, both times `scale` in `fmt`; "–" without a value, the value alone without an error."""
+    if value is None:
+        return "–"
+    return fmt(scale * value) + ("" if error is None else f" ± {fmt(scale * error)}")
+
+
 def _present(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 

@@ -9,9 +9,10 @@ covers start <= n <= end (both inclusive). Bucket specs (`--buckets`):
     log:N       N starts spaced geometrically over [1, tokens] (fewer when rounding merges some)
     1,64,1024   explicit starts, strictly increasing, within [1, tokens]; the first start may be > 1
 
-Per bucket and config: count (tokens over all documents), mean, median and 99th percentile of the
-per-token KL over all tokens of all documents (exact: numpy on the stored float32 values,
-linear interpolation), and a 95% confidence interval of the mean.
+Per bucket and config: count (tokens over all documents), the means of the per-token metrics over all
+tokens of all documents, llama.cpp's statistics of the KL, Δp and top-1 agreement (`kl_stats`: standard
+errors over tokens, max, min, percentiles by linear interpolation), and a 95% confidence interval of
+the mean KL.
 
 The interval is a Student t-interval over per-document bucket means: consecutive tokens of one
 document are strongly autocorrelated (they share the carried state), so documents, not tokens,
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
+
+from replayssm_eval.results.kl_stats import token_statistics
 
 CI_LEVEL = 0.95
 DEFAULT_BUCKETS = "quantile:4"  # accuracy's --buckets
@@ -84,24 +87,26 @@ def parse_buckets(spec: str, tokens: int) -> list[Bucket]:
     return [Bucket(s, e) for s, e in zip(starts, ends)]
 
 
-def bucket_stats(kl, reverse_kl, top1, nll_diff, bucket: Bucket) -> dict:
+def bucket_stats(kl, reverse_kl, top1, nll_diff, delta_p, bucket: Bucket) -> dict:
     """Statistics of one bucket; each input is a [D, tokens] float32 array (column n-1: generated length n)."""
     cols = slice(bucket.start - 1, bucket.end)
     values = kl[:, cols]  # [D, size]
     doc_means = values.mean(axis=1, dtype=np.float64)  # [D]
     low, high = mean_interval(doc_means)
+    llama = token_statistics(values, top1[:, cols], delta_p[:, cols])
     return {
         "start": bucket.start,
         "end": bucket.end,
         "count": int(values.size),
         "kl_mean": float(values.mean(dtype=np.float64)),
-        "kl_median": float(np.median(values)),
-        "kl_p99": float(np.percentile(values, 99)),
+        "kl_median": llama.pop("kl_median"),
+        "kl_p99": llama.pop("kl_p99"),
         "kl_ci_low": low,
         "kl_ci_high": high,
         "top1_agree": float(top1[:, cols].mean(dtype=np.float64)),
         "reverse_kl_mean": float(reverse_kl[:, cols].mean(dtype=np.float64)),
         "nll_diff_mean": float(nll_diff[:, cols].mean(dtype=np.float64)),
+        **llama,
     }
 
 

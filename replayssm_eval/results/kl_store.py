@@ -2,9 +2,9 @@
 
     run.json                  settings of the run (written once; `--resume` reads them back)
     progress.json             the batch in flight, rewritten after every segment
-    tokens/doc-000012.npz     one finished document: metrics [C, 4, N] float32, ref_nll [N] float32
+    tokens/doc-000012.npz     one finished document: metrics [C, M, N] float32, ref_nll [N] float32
     inflight/batch-000012.npz this rank's batch in flight (named by its first document), rewritten after
-                              every segment: metrics [B, C, 4, n], ref_nll [B, n] of the n tokens done so far
+                              every segment: metrics [B, C, M, n], ref_nll [B, n] of the n tokens done so far
     inflight/batch-000012.pt  snapshot of that batch at a segment boundary (written on Ctrl-C only): every
                               stream's state (HF cache, ReplayStates) and the metrics so far
     kl.json, kl_buckets.csv, kl_vs_length.png    rendered from the finished documents
@@ -41,12 +41,13 @@ def doc_path(run_dir: Path, index: int) -> Path:
 
 
 def save_document(run_dir: Path, index: int, metrics: np.ndarray, ref_nll: np.ndarray, config_names: list[str]) -> None:
-    """Store one finished document: metrics [C, 4, N] float32, ref_nll [N] float32."""
+    """Store one finished document: metrics [C, M, N] float32, ref_nll [N] float32."""
     _save_npz(doc_path(run_dir, index), metrics=metrics, ref_nll=ref_nll, configs=np.array(config_names))
 
 
-def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int) -> dict[int, tuple]:
-    """The finished documents among `indices`: index -> (metrics [C, 4, N], ref_nll [N])."""
+def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int,
+                   metric_count: int) -> dict[int, tuple]:
+    """The finished documents among `indices`: index -> (metrics [C, M, N], ref_nll [N]), M = `metric_count`."""
     done = {}
     for index in indices:
         path = doc_path(run_dir, index)
@@ -58,10 +59,10 @@ def load_documents(run_dir: Path, indices, config_names: list[str], tokens: int)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); "
                              f"delete it and --resume again to redo document {index}") from err
-        if names != list(config_names) or metrics.shape[1:] != (4, tokens) or ref_nll.shape != (tokens,):
+        if names != list(config_names) or metrics.shape[1:] != (metric_count, tokens) or ref_nll.shape != (tokens,):
             raise ValueError(
-                f"{path} holds configs {names} with {metrics.shape[-1]} tokens, "
-                f"but the run has configs {list(config_names)} with {tokens} tokens"
+                f"{path} holds configs {names} with {metrics.shape[1]} metrics of {metrics.shape[-1]} tokens, "
+                f"but the run has configs {list(config_names)} with {metric_count} metrics of {tokens} tokens"
             )
         done[index] = (metrics, ref_nll)
     return done
@@ -74,7 +75,7 @@ def inflight_path(run_dir: Path, batch: list[int], suffix: str) -> Path:
 
 def save_partial(run_dir: Path, batch: list[int], metrics: np.ndarray, ref_nll: np.ndarray,
                  config_names: list[str]) -> None:
-    """Store the batch's metrics so far: metrics [B, C, 4, n], ref_nll [B, n] for the first n generated tokens."""
+    """Store the batch's metrics so far: metrics [B, C, M, n], ref_nll [B, n] for the first n generated tokens."""
     _save_npz(inflight_path(run_dir, batch, "npz"), metrics=metrics, ref_nll=ref_nll, documents=np.array(batch),
               configs=np.array(config_names))
 
@@ -87,9 +88,10 @@ def save_snapshot(run_dir: Path, batch: list[int], snapshot: dict) -> Path:
     return path
 
 
-def check_snapshot(run_dir: Path, batch: list[int], configs: int) -> None:
+def check_snapshot(run_dir: Path, batch: list[int], configs: int, metric_count: int) -> None:
     """ValueError naming the batch's snapshot if it is truncated (its zip directory, at the end, is unreadable) or
-    of another run (other batch size or config count than `configs`); the tensors are only mapped, not read."""
+    of another run (other batch size, config count than `configs` or metric count than `metric_count`); the tensors are
+    only mapped, not read."""
     path = inflight_path(run_dir, batch, "pt")
     if not path.exists():
         return
@@ -98,11 +100,12 @@ def check_snapshot(run_dir: Path, batch: list[int], configs: int) -> None:
         snapshot = _load(path, "cpu", mmap=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
         raise _unreadable_snapshot(path, batch, err) from err
-    expected = (len(batch), configs)
-    found = tuple(snapshot["metrics"].shape[:2]) if isinstance(snapshot, dict) and "metrics" in snapshot else None
+    expected = (len(batch), configs, metric_count)
+    found = tuple(snapshot["metrics"].shape[:3]) if isinstance(snapshot, dict) and "metrics" in snapshot else None
     if found != expected or len(snapshot.get("streams", ())) != configs + 1:
-        raise ValueError(f"{path} is not a snapshot of this run (it holds documents x configs {found}, this batch "
-                         f"has {expected}); delete it and --resume again to redo documents {batch} from their start")
+        raise ValueError(f"{path} is not a snapshot of this run (it holds documents x configs x metrics {found}, "
+                         f"this batch has {expected}); delete it and --resume again to redo documents {batch} "
+                         f"from their start")
 
 
 def _unreadable_snapshot(path: Path, batch: list[int], err: Exception) -> ValueError:

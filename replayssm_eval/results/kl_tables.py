@@ -7,6 +7,7 @@ import numpy as np
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.results.buckets import Bucket, bucket_stats
+from replayssm_eval.results.kl_stats import token_statistics
 
 SCHEMA_VERSION = 1
 CSV_FILE, JSON_FILE, PLOT_FILE = "kl_buckets.csv", "kl.json", "kl_vs_length.png"
@@ -14,8 +15,8 @@ CSV_FILE, JSON_FILE, PLOT_FILE = "kl_buckets.csv", "kl.json", "kl_vs_length.png"
 
 def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Bucket], traffic: dict | None,
                    skip_reads: dict | None = None) -> dict:
-    """One entry of kl.json's `configs` from its per-token metrics [D, 4, N] (`kl.metrics.METRICS` order)."""
-    kl, reverse_kl, top1, nll_diff = metrics.swapaxes(0, 1)  # each [D, N]
+    """One entry of kl.json's `configs` from its per-token metrics [D, 5, N] (`kl.metrics.METRICS` order)."""
+    kl, reverse_kl, top1, nll_diff, delta_p = metrics.swapaxes(0, 1)  # each [D, N]
     return {
         "name": config.name,
         "read": config.read,
@@ -30,9 +31,10 @@ def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Buck
         "reverse_kl_mean": float(reverse_kl.mean(dtype=np.float64)),
         "top1_agree": float(top1.mean(dtype=np.float64)),
         "nll_diff_mean": float(nll_diff.mean(dtype=np.float64)),
+        **token_statistics(kl, top1, delta_p),
         "state_traffic": traffic,
         "skip_reads": skip_reads,
-        "buckets": [bucket_stats(kl, reverse_kl, top1, nll_diff, b) for b in buckets],
+        "buckets": [bucket_stats(kl, reverse_kl, top1, nll_diff, delta_p, b) for b in buckets],
     }
 
 

@@ -52,7 +52,7 @@ def test_bucket_stats_match_pandas():
         "kl": kl.ravel(), "reverse": reverse.ravel(), "top1": top1.ravel(), "nll": nll.ravel(),
     })
     for bucket in parse_buckets("pow2", tokens):
-        got = bucket_stats(kl, reverse, top1, nll, bucket)
+        got = bucket_stats(kl, reverse, top1, nll, nll, bucket)
         part = frame[(frame.n >= bucket.start) & (frame.n <= bucket.end)]
         assert got["count"] == len(part)
         assert got["kl_mean"] == pytest.approx(part.kl.astype(np.float64).mean(), rel=1e-12)
@@ -69,5 +69,5 @@ def test_bucket_stats_match_pandas():
 
 def test_one_document_has_no_interval():
     values = np.ones((1, 8), dtype=np.float32)
-    got = bucket_stats(values, values, values, values, Bucket(1, 8))
+    got = bucket_stats(values, values, values, values, values, Bucket(1, 8))
     assert got["kl_ci_low"] is None and got["kl_ci_high"] is None and got["count"] == 8

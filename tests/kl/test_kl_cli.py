@@ -27,7 +27,12 @@ def test_kl_command_writes_the_report(fake, tmp_path):
     )
     lines = (out / "kl_buckets.csv").read_text().splitlines()
     assert lines[0].startswith("config,start,end,count,kl_mean,kl_median,kl_p99,kl_ci_low,kl_ci_high,top1_agree")
+    assert lines[0].endswith(",delta_p_rms,delta_p_rms_se,same_top_p_pct,same_top_p_se_pct")  # llama.cpp's statistics
     assert len(lines) == 1 + 2 * len(report["configs"][0]["buckets"])
+    fp32, bf16 = report["configs"]  # fp32 is the reference itself; bf16 reads move the distributions
+    assert (fp32["kl_max"], fp32["delta_p_rms"], fp32["same_top_p_pct"]) == (0.0, 0.0, 100.0)
+    assert bf16["kl_max"] >= bf16["kl_p99_9"] > 0 and bf16["delta_p_rms"] > 0
+    assert bf16["same_top_p_pct"] == 100 * bf16["top1_agree"]
 
 
 def test_default_configs_and_output_folder(fake, tmp_path, monkeypatch):

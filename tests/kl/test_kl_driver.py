@@ -27,8 +27,8 @@ def test_fp32_config_gives_exactly_zero(fake, small):
     for name in ("shared:bf16", "bf16/fp32@8"):
         assert by_name[name]["kl_mean"] > 0 and by_name[name]["buckets"][-1]["kl_mean"] > 0
     with np.load(run_dir / "tokens" / "doc-000000.npz") as doc:
-        assert doc["metrics"].shape == (3, 4, 150)
-        assert (doc["metrics"][0, [0, 1, 3]] == 0).all() and (doc["metrics"][0, 2] == 1).all()
+        assert doc["metrics"].shape == (3, 5, 150)
+        assert (doc["metrics"][0, [0, 1, 3, 4]] == 0).all() and (doc["metrics"][0, 2] == 1).all()
     assert all(s.closed for r in runners for s in r.opened)
     files = {"run.json", "kl.json", "kl_buckets.csv", "kl_vs_length.png", "tokens"}
     assert {p.name for p in run_dir.iterdir()} == files

@@ -59,7 +59,7 @@ def test_ctrl_c_finishes_the_segment_and_resume_continues_there(fake, small, tmp
     assert "Ctrl-C again" in err and f"replayssm-eval kl --resume {broken}" in err
     assert sorted(p.name for p in (broken / "inflight").iterdir()) == ["batch-000001.npz", "batch-000001.pt"]
     metrics, ref_nll = _partial(broken, 1)
-    assert metrics.shape == (1, 3, 4, 97)  # segment 3 was finished: generated tokens 1..97
+    assert metrics.shape == (1, 3, 5, 97)  # segment 3 was finished: generated tokens 1..97
     with np.load(straight / "tokens" / "doc-000001.npz") as doc:
         assert np.array_equal(metrics[0], doc["metrics"][..., :97]) and np.array_equal(ref_nll[0], doc["ref_nll"][:97])
 

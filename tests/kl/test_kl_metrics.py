@@ -31,13 +31,14 @@ def test_metrics_match_scipy(max_elements):
     np.testing.assert_allclose(out[:, 1].numpy(), reverse, rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(out[:, 2].numpy(), (p.argmax(-1) == q.argmax(-1)).astype(np.float32))
     np.testing.assert_allclose(out[:, 3].numpy(), nll_q - nll_p, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[:, 4].numpy(), np.exp(-nll_q) - np.exp(-nll_p), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(token_nll(a, targets, max_elements=max_elements).numpy(), nll_p, rtol=1e-5, atol=1e-5)
 
 
 def test_identical_logits_give_exact_zeros_in_low_precision():
     a = _random_logits((2, 9, 40), 4).to(torch.bfloat16)
     out = token_metrics(a, a.clone(), torch.zeros(2, 9, dtype=torch.int64))
-    assert torch.equal(out[:, [0, 1, 3]], torch.zeros(2, 3, 9))
+    assert torch.equal(out[:, [0, 1, 3, 4]], torch.zeros(2, 4, 9))
     assert torch.equal(out[:, 2], torch.ones(2, 9))
 
 

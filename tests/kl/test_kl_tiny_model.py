@@ -81,7 +81,7 @@ def test_driver_matches_token_by_token_decoding(fp64_runner, config):
     ids = ids[:, : prompt_len + tokens]  # [1, 48]
     cfg = ReplayConfig.parse(config)
     metrics, _ = evaluate_batch(fp64_runner, [cfg], ids, torch.tensor([5]), prompt_len, segment_len=8)
-    got = torch.from_numpy(metrics[:, 0])  # [1, 4, tokens]
+    got = torch.from_numpy(metrics[:, 0])  # [1, 5, tokens]
 
     fed = ids[:, :-1]  # the last token is only a target
     slow = {c: token_by_token_logits(fp64_runner.replay_model, fed, prompt_len=prompt_len, config=c, seq_ids=[5],
@@ -93,6 +93,7 @@ def test_driver_matches_token_by_token_decoding(fp64_runner, config):
     torch.testing.assert_close(got[:, :2], expected[:, :2], rtol=0, atol=1e-6)  # KL, reverse KL
     torch.testing.assert_close(got[:, 2], expected[:, 2], rtol=0, atol=0)  # top-1 agreement
     torch.testing.assert_close(got[:, 3], expected[:, 3], rtol=0, atol=1e-5)  # NLL difference
+    torch.testing.assert_close(got[:, 4], expected[:, 4], rtol=0, atol=1e-5)  # Δp
 
 
 @pytest.mark.parametrize("model", [MODEL, pytest.param("tiny-qwen3.5", marks=pytest.mark.slow)])

@@ -61,8 +61,8 @@ def test_every_section_and_image_renders_in_chromium(results_dir, tmp_path):
     assert {sid: v[0] for sid, v in sections.items()} == {
         "summary": 0, "kl-vs-length": 2, "kl-buckets": 0, "accuracy": 1, "traffic": 2, "pareto": 2, "provenance": 0}
     assert probe["images"] == probe["decoded"] == 7
-    # accuracy: the gap table and the degeneration table of the one task
-    assert sections["kl-buckets"][1] == 2 and sections["accuracy"][1] == 2 and sections["provenance"][1] == 3
+    # KL: the bucket table and the statistics table of each run; accuracy: the gap and degeneration tables
+    assert sections["kl-buckets"][1] == 4 and sections["accuracy"][1] == 2 and sections["provenance"][1] == 3
 
 
 def test_html_is_self_contained_and_markdown_links_its_pngs(results_dir, tmp_path):

@@ -107,3 +107,18 @@ def test_formats_table_joins_runs_and_names_presets(tmp_path):
     assert first[0] == "`nvfp4/fp16sr`" and first[4] == "2.00e-04" and first[-1] == "2.00e-04"
     assert second[0] == "`shared:fp16sr#buf=bf16` (vllm:replay-fp16sr, trtllm:replay-fp16sr)"
     assert second[1] == "16.00" and second[-3:] == ["–", "–", "–"]
+
+
+def test_kl_statistics_table_as_llama_cpp_prints_them():
+    report = kl_report(configs=("nvfp4/fp16sr", "nvfp4/fp32"))
+    llama = {"kl_se": 2e-5, "kl_p99_9": 0.0125, "kl_max": 0.5, "delta_p_mean": -0.00125, "delta_p_se": 0.0005,
+             "delta_p_rms": 0.0375, "delta_p_rms_se": 0.001, "same_top_p_pct": 98.5, "same_top_p_se_pct": 0.25}
+    report["configs"][0] |= llama
+    table = tables.kl_statistics_table(Result("kl", None, report, "run"))
+    assert table.columns[2:] == ["KL mean ± se", "KL p99.9", "KL max", "Δp mean ± se (%)", "RMS Δp (%)",
+                                 "same top p (%)"]
+    assert table.rows[0] == ["nvfp4/fp16sr", "all", "2.00e-04 ± 2.00e-05", "0.0125", "0.5", "-0.125 ± 0.050",
+                             "3.750 ± 0.100", "98.500 ± 0.250"]
+    assert len(table.rows) == 2 * (1 + len(report["configs"][0]["buckets"]))
+    # a run written before these fields (nvfp4/fp32, its last bucket: 4 x 8e-5): the mean alone, dashes elsewhere
+    assert table.rows[-1][2:] == ["3.20e-04", "–", "–", "–", "–", "–"]
