@@ -64,7 +64,7 @@ def _places(tmp_path: Path, monkeypatch) -> dict[str, str]:
         (run / "run.json").write_text(json.dumps({"options": dataclasses.asdict(options)}))
         kl_runs[name] = run
     (kl_runs["snapshot_run"] / "inflight").mkdir()
-    foreign = {"generated": 1, "metrics": torch.zeros(1, 3, 4, 1), "ref_nll": torch.zeros(1, 1), "streams": [{}] * 4}
+    foreign = {"generated": 1, "metrics": torch.zeros(1, 3, 5, 1), "ref_nll": torch.zeros(1, 1), "streams": [{}] * 4}
     torch.save(foreign, kl_runs["snapshot_run"] / "inflight" / "batch-000000.pt")
     truncated = tmp_path / "generations.jsonl"
     truncated.write_text('{"config": "fp32", "task": "gpqa_diamond", "doc_id": 0, "text": "A"}\n{"config": "fp32", "ta')

@@ -7,7 +7,7 @@ For n tokens with per-token KL k_i, Δp_i and top-1 agreement a_i (1 or 0):
                     median is the 50th percentile
     Δp              p_config(y) - p_reference(y), y the text's next token (> 0: the config gives it more
                     probability); in probability units, llama.cpp prints it in %
-    RMS Δp ± se     sqrt(mean(Δp^2)); se = se(Δp^2) / (2 RMS), the first-order propagation of mean(Δp^2)'s
+    RMS Δp ± se     sqrt(mean(Δp^2)); se = se(Δp^2) / (2 RMS), the first-order propagation of mean(Δp^2)'s se
     same top p      100 mean(a) in %, se = 100 sqrt(p (1 - p) / (n - 1))
 
 Unlike llama.cpp, an se of fewer than 11 tokens is still given (it prints 0); with one token it is null.
