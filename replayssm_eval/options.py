@@ -19,3 +19,15 @@ def option(default, help: str, choices: tuple | None = None):
     if isinstance(default, tuple):
         return dataclasses.field(default_factory=lambda: default, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def resolve_device(device: str) -> str:
+    """A `--device` value as given, or for `auto` cuda where a CUDA device is available, else cpu; cuda where none
+    is available is a ValueError."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is available; accepted here: --device cpu or auto")
+    return device

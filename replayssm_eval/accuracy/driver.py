@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 from replayssm_eval.accuracy import FIXTURES_DIR, TASKS, YAML_DIR, TaskSpec, get_task
 from replayssm_eval.accuracy.options import DATA_SOURCES, AccuracyConfig
 from replayssm_eval.accuracy.quiet import quiet_lm_eval
 from replayssm_eval.generate import FIXED_BUFFER_STEPS, split_configs
 from replayssm_eval.generate.sampling import Sampling
+from replayssm_eval.options import resolve_device
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.results.accuracy_store import RUN_FILE, config_dir, save_task
 from replayssm_eval.results.buckets import parse_spec
@@ -109,8 +108,7 @@ def make_plan(options: AccuracyConfig) -> Plan:
         data_dir = str(Path(options.data).resolve())
     else:
         raise ValueError(f"--data {options.data!r} is not a directory; accepted: {DATA_SOURCES}")
-    if options.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available; accepted here: --device cpu or auto")
+    resolve_device(options.device)
     if options.generations and not Path(options.generations).is_file():
         raise ValueError(f"--generations {options.generations!r} is not a file; accepted: a generations .jsonl "
                          "written by `python -m replayssm_eval.generate.offline`")

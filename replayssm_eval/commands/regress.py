@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replayssm_eval.cli import command
-from replayssm_eval.options import option
+from replayssm_eval.options import option, resolve_device
 from replayssm_eval.regress import BASELINE
 from replayssm_eval.results.files import atomic_write_bytes
 
@@ -135,11 +135,7 @@ def _conformance(config: RegressConfig) -> int:
     adapter = conformance.load_adapter(config.kernel)
     cases = conformance.grid_cases(config.kernel_grid, config.kernel_family or conformance.FAMILIES,
                                    config.kernel_configs)
-    if config.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
+    resolve_device(config.device)
     print(f"checking {config.kernel} on {len(cases)} cases against decode_reference", file=sys.stderr)
     results = conformance.check_kernel(adapter, cases, device=config.device)
     print(conformance.format_results(results))

@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from replayssm_eval.data.sources import TextSource, iter_documents
 from replayssm_eval.data.tokens import TokenDocs, tokenize_documents
+from replayssm_eval.options import resolve_device
 from replayssm_eval.replay.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.kl import runner as runner_module
 from replayssm_eval.kl.interrupt import deferred_interrupt
@@ -111,9 +112,7 @@ def make_plan(options: KLConfig) -> RunPlan:
     if too_long:
         raise ValueError(f"config {', '.join(too_long)} has a window longer than the run (--tokens {options.tokens}); "
                          f"accepted: windows of at most {options.tokens} tokens")
-    device = options.device if options.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available; accepted here: --device cpu or auto")
+    device = resolve_device(options.device)
     dtype = options.dtype if options.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     backend = options.backend if options.backend != "auto" else ("triton" if device == "cuda" else "torch")
     if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -291,7 +290,7 @@ def _output_dir(options: KLConfig) -> Path:
 
 
 def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Ranks, on_document) -> dict:
-    """Run this rank's batches, skipping finished documents; returns index -> (metrics [C, 4, N], ref_nll [N])."""
+    """Run this rank's batches, skipping finished documents; returns index -> (metrics [C, M, N], ref_nll [N]), M = len(METRICS)."""
     options = plan.options
     names = [c.name for c in plan.configs]
     batches = batches_for_rank(len(docs), options.batch_size, ranks)
@@ -381,7 +380,7 @@ class Boundary:
     """The batch in flight at a segment boundary, where every stream has consumed the same tokens."""
 
     generated: int  # generated tokens whose metrics are done
-    metrics: torch.Tensor  # [B, C, 4, N], columns [0, generated) filled
+    metrics: torch.Tensor  # [B, C, len(METRICS), N], columns [0, generated) filled
     ref_nll: torch.Tensor  # [B, N], the same columns filled
     streams: list  # the reference's, then each config's
 
@@ -487,7 +486,7 @@ def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, skips: di
             complete: bool) -> None:
     """Write kl.json, the CSV and the plot from the finished documents `done`."""
     indices = sorted(done)
-    metrics = np.stack([done[i][0] for i in indices])  # [D, C, 4, N]
+    metrics = np.stack([done[i][0] for i in indices])  # [D, C, len(METRICS), N]
     ref_nll = np.stack([done[i][1] for i in indices])  # [D, N]
     buckets = list(plan.buckets)
     report = {
