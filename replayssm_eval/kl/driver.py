@@ -290,7 +290,8 @@ def _output_dir(options: KLConfig) -> Path:
 
 
 def _evaluate(plan: RunPlan, runner, docs: TokenDocs, run_dir: Path, ranks: Ranks, on_document) -> dict:
-    """Run this rank's batches, skipping finished documents; returns index -> (metrics [C, M, N], ref_nll [N]), M = len(METRICS)."""
+    """Run this rank's batches, skipping finished documents; returns index -> (metrics [C, M, N], ref_nll [N]),
+    M = len(METRICS)."""
     options = plan.options
     names = [c.name for c in plan.configs]
     batches = batches_for_rank(len(docs), options.batch_size, ranks)
