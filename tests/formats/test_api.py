@@ -48,7 +48,7 @@ def test_names_and_canonical_specs():
                            "accepted: row, head, tensor, block:N, rowcol, none"),
     ("int8:scale=block:1.5", "bad value 'block:1.5' for option 'scale' of state format 'int8'; "
                              "accepted: row, head, tensor, block:N, rowcol, none"),
-    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, rot"),
+    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, order, rot"),
     ("int8sr:rounds=-1", "bad value '-1' for option 'rounds' of state format 'int8sr'; accepted: 10, N"),
     ("fp16sr:bits=14", "bad value '14' for option 'bits' of state format 'fp16sr'; accepted: 1..13"),
     ("fp8:max=449", "bad value '449' for option 'max' of state format 'fp8'; accepted: 1..448"),
