@@ -29,7 +29,8 @@ class FormatsConfig:
     seed: int = field(default=0, metadata={"help": "seed of the sampled states and of stochastic rounding"})
     json: bool = field(default=False, metadata={"help": "print JSON instead of a table"})
     presets: bool = field(default=False, metadata={
-        "help": "list the engine presets (e.g. vllm:fp16sr) with the config each expands to and its source"})
+        "help": "list the engine presets (e.g. vllm:fp16sr): the config each expands to, its source and what "
+                "it reproduces bit for bit"})
 
 
 @command("formats")
@@ -64,7 +65,8 @@ def _print_presets(as_json: bool) -> int:
     if as_json:
         print(json.dumps({"presets": rows}, indent=2))
         return 0
-    print("| preset | expansion | source | description | bit-identical to the engine |\n| --- | --- | --- | --- | --- |")
+    print("| preset | expansion | source | description | bit-identical to the engine |\n|" + " --- |" * 5)
     for row in rows:
-        print(f"| {row['preset']} | `{row['expansion']}` | {row['source']} | {row['description']} | {row['engine_bits']} |")
+        print(f"| {row['preset']} | `{row['expansion']}` | {row['source']} | {row['description']} "
+              f"| {row['engine_bits']} |")
     return 0

@@ -272,7 +272,7 @@ class ScaledFormat(StateFormat):
         return x.abs() if self.order == "div" else torch.where(torch.isnan(x), -rounding.FLT_MAX, x.abs())
 
     def _scaled(self, x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(v, s): the elements x scaled for rounding and the decode scale, from their group maxima amax (broadcastable)."""
+        """(v, s): the elements x scaled for rounding and their decode scales, from the group maxima amax."""
         if self.order == "div":
             s = self._scale(amax)
             return x / s, s
@@ -292,7 +292,8 @@ class ScaledFormat(StateFormat):
             v, s = self._scaled(y, self._magnitudes(y).amax(dim=3, keepdim=True))  # s: [B, H, R, 1]
             cs, gs = col.reshape(*lead, h, c), s.reshape(*lead, h, r)
         elif self.block:
-            bmax = self._magnitudes(layout.pad_to(xo, self.block)).unflatten(-1, (-1, self.block)).amax(-1)  # [B, H, R, Cb]
+            blocks = self._magnitudes(layout.pad_to(xo, self.block)).unflatten(-1, (-1, self.block))
+            bmax = blocks.amax(-1)  # [B, H, R, Cb]
             v, s = self._scaled(xo, bmax.repeat_interleave(self.block, -1)[..., :c])  # s: [B, H, R, C]
             scales = s[..., ::self.block].reshape(*lead, h, r, -1)
         elif self.scale != "none":

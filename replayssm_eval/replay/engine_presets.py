@@ -1,9 +1,11 @@
 """Engine presets: named configs that reproduce a serving engine's shipped or proposed state numerics.
 
 `ReplayConfig.parse("vllm:fp16sr")` resolves a preset to its expansion (options after the name are
-appended: `vllm:fp16sr#seed=3`); `replayssm-eval formats --presets` lists them. Each preset names
-the public source it follows. Window 1 is the engine's conventional decoding with a stored state;
-a ReplaySSM preset keeps its ring in the activation dtype with `#buf=bf16`.
+appended: `vllm:fp16sr#seed=3`); `replayssm-eval formats --presets` lists them. Each preset names the
+public source it follows and what of the engine's stored bits it reproduces (`engine_bits`: "yes", given
+the engine's seed as `seed` and the state's offset in its cache as `offset`, or "statistically only,
+because ..."; docs/engine_numerics.md). Window 1 is the engine's conventional decoding with a stored
+state; a ReplaySSM preset keeps its ring in the activation dtype with `#buf=bf16`.
 """
 
 from __future__ import annotations
