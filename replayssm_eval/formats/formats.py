@@ -128,9 +128,12 @@ class ElementwiseFormat(StateFormat):
         pair     vLLM's and SGLang's Triton store (`cvt.rs.f16x2.f32` with `pack=2`): elements 2j and 2j+1
                  of a row share the word at 2j's counter, 2j reading bits [12:0] and 2j+1 bits [28:16]
                  (`layout.paired_words`); with `random_bits`, 2j+1 reads the high field of 2j's word
-        quad     FlashInfer's decode kernel: one Philox4x32 call per 4 elements of a row, element n reading
-                 output word n % 4 at the counter of element n - n % 4 (`layout.quad_words`), bits [K-1:0];
-                 `random_bits` are taken as each element's word
+        quad     FlashInfer's decode kernel: one Philox4x32 call per 4 elements of a row at the first one's
+                 counter, element n reading output word n % 4, bits [K-1:0] (`layout.philox_lane_words`)
+        octet    TensorRT-LLM's ReplaySSM flush: one Philox4x32 call per 8 elements of a row at the first one's
+                 counter, its words in `tl.join` order r0, r2, r1, r3 to the row's 4 pairs, each pair split as
+                 `pair`
+    (`quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do)
     and its conversion (`cvt=`): `ptx`, the cvt.rs model of `rounding._stochastic`; `soft`, FlashInfer's
     software port on GPUs without cvt.rs (`rounding.sr_fp16_soft`: flushes fp16 subnormal results).
     """
@@ -141,7 +144,10 @@ class ElementwiseFormat(StateFormat):
     words: str = "element"
     cvt: str = "ptx"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp16sr",)
-    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "quad"), "cvt": ("ptx", "soft")}
+    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "quad", "octet"),
+                                                         "cvt": ("ptx", "soft")}
+    # output word of a Philox4x32 call read by each element of a group (words=quad, octet)
+    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"quad": (0, 1, 2, 3), "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp16sr": (rounding.FP16_SR_BITS, rounding.FP16_SR_BITS)}
     _DTYPES: ClassVar[dict[str, torch.dtype]] = {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16sr": torch.float16,
@@ -166,10 +172,11 @@ class ElementwiseFormat(StateFormat):
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
 
     def _words(self, x, seed, offset, random_bits):
-        if self.words == "quad" and random_bits is None and self.is_stochastic:
-            return layout.quad_words(x, seed, offset, int(self.rounds))
-        words = super()._words(x, seed, offset, random_bits)
-        return layout.paired_words(words) if self.words == "pair" and words is not None else words
+        if self.words in self._LANE_WORDS and random_bits is None and self.is_stochastic:
+            words = layout.philox_lane_words(x, seed, offset, self._LANE_WORDS[self.words], int(self.rounds))
+        else:
+            words = super()._words(x, seed, offset, random_bits)
+        return layout.paired_words(words) if self.words in ("pair", "octet") and words is not None else words
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)

@@ -91,19 +91,22 @@ def paired_words(words: torch.Tensor) -> torch.Tensor:
     return out[..., :n]
 
 
-def quad_words(x: torch.Tensor, seed: int | None, offset: int, rounds: int = philox.N_ROUNDS) -> torch.Tensor:
-    """uint32 words (int64) with x's shape drawn four at a time: element n of a row (last dim) takes output word
-    n % 4 of Philox4x32-`rounds` at the counter of element n - n % 4 (`offset` + its flat index)."""
+def philox_lane_words(x: torch.Tensor, seed: int | None, offset: int, lane_words: tuple[int, ...],
+                      rounds: int = philox.N_ROUNDS) -> torch.Tensor:
+    """uint32 words (int64) with x's shape from one Philox4x32-`rounds` call per G = len(lane_words) elements of a
+    row (last dim): element n reads output word lane_words[n % G] of the call at the counter of element n - n % G
+    (`offset` + its flat index)."""
     if seed is None:
         raise ValueError("stochastic rounding needs seed= (an int) or random_bits=; got neither")
     n = x.shape[-1] if x.dim() else 1
     index = torch.arange(x.numel(), device=x.device, dtype=torch.int64)  # flat row-major index
-    lane = index % n % 4
+    lane = index % n % len(lane_words)
     counter = offset + index - lane
     lo, hi = counter & 0xFFFFFFFF, (counter >> 32) & 0xFFFFFFFF
     zero = torch.zeros_like(lo)
     words = torch.stack(philox.philox4x32(int(seed), lo, hi, zero, zero, rounds), dim=-1)  # [numel, 4]
-    return words.gather(-1, lane[:, None]).reshape(x.shape)
+    pick = torch.tensor(lane_words, device=x.device)[lane]
+    return words.gather(-1, pick[:, None]).reshape(x.shape)
 
 
 def prod(shape) -> int:

@@ -42,13 +42,14 @@ PRESETS = {p.name: p for p in (
     EnginePreset("vllm:int16sr", "int16sr:scale=row", "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "INT16 state with per-row scales and stochastic rounding floor(x + U[0, 1))",
                  _OPEN_PR + "; how it draws U[0, 1) is unread too"),
-    EnginePreset("vllm:replay-fp16sr", "shared:fp16sr#buf=bf16",
+    EnginePreset("vllm:replay-fp16sr", "shared:fp16sr:words=pair#buf=bf16",
                  "vllm-project/vllm#48018 and #48792 (selective_state_update_replayssm_output_only.py, "
                  "gdn_replayssm_spec_decode.py)",
                  "ReplaySSM: one FP16+SR checkpoint, ring in the activation dtype (bf16): Mamba-2 x, B and the "
                  "fold's B * dt * decay; GDN k, beta and u",
-                 "statistically only, because the replay kernels' checkpoint store was not read against this "
-                 "preset (each element draws its own word here) and the keys follow `replay.keys`"),
+                 "yes for the Mamba-2 flush store (convert_rs_fp16x2 at cache offsets, as vllm:fp16sr); no for "
+                 "GDN, whose spec-decode flush stores the checkpoint cast to the activation dtype (round to "
+                 "nearest bf16, `shared:bf16#buf=bf16`), with no stochastic rounding"),
     EnginePreset("vllm:replay-fp8sr", "shared:fp8sr:scale=row#buf=bf16", "vllm-project/vllm#52962",
                  "FlashInfer ReplaySSM with an FP8+SR checkpoint, one scale per (head, head_dim), bf16 ring",
                  _OPEN_PR),
@@ -88,11 +89,12 @@ PRESETS = {p.name: p for p in (
                  "runs only through FlashInfer's selective_state_update (fp16 cache)",
                  "yes where FlashInfer's is (flashinfer:fp16sr; flashinfer:fp16sr-sm90 on H100 and H200), with our "
                  "seed for the per-call one"),
-    EnginePreset("trtllm:replay-fp16sr", "shared:fp16sr#buf=bf16", "NVIDIA/TensorRT-LLM#14203 and #13725",
+    EnginePreset("trtllm:replay-fp16sr", "shared:fp16sr:words=octet#buf=bf16", "NVIDIA/TensorRT-LLM#14203 and #13725",
                  "ReplaySSM with an FP16+SR checkpoint; x and B buffered in the activation dtype, dt in FP32, the "
-                 "fold's dt * decay * B cast to bf16 before its dot (replay_selective_state_update.py)",
-                 "statistically only, because the checkpoint store's word layout was not read against this preset "
-                 "and the keys follow `replay.keys`"),
+                 "fold's dt * decay * B cast to bf16 before its dot (replay_selective_state_update.py); the flush "
+                 "draws tl.randint4x at every 8th element's cache offset and spreads the 4 words over 4 pairs",
+                 "yes for the flush store, with our seed for the per-call one and `offset` the state's offset in "
+                 "the cache"),
     EnginePreset("modelopt:int8-hadamard", "shared:int8:axis=headdim,scale=block:32,rot=hadamard:32@8",
                  "NVIDIA/Model-Optimizer docs/linear_attention_decode.md (decode.state_codec='int8_hadamard32')",
                  "INT8 replay anchor in a 32-point Hadamard basis along the value dim, one scale per key channel "

@@ -95,6 +95,24 @@ def vllm_store(state: np.ndarray, seed: int, rounds: int, base: int) -> np.ndarr
     return out
 
 
+def trtllm_replay_store(state: np.ndarray, seed: int, rounds: int, base: int) -> np.ndarray:
+    """TensorRT-LLM's ReplaySSM flush storing one fp16 cache slot [H, P, N]: per row, tl.randint4x at the offsets of
+    elements 0, 8, 16, ...; tl.join(tl.join(r0, r1), tl.join(r2, r3)) reshaped to one word per pair, each word
+    broadcast to its pair, then convert_rs_fp16x2 (pack=2) as vLLM's store."""
+    h, p, n = state.shape
+    out = np.empty(state.shape, np.float16)
+    for i in range(h):
+        for j in range(p):
+            row = base + (i * p + j) * n
+            r = np.array(_philox_words(seed, [row + 8 * q for q in range(n // 8)], rounds), dtype=np.int64)  # [Q, 4]
+            r01, r23 = np.stack((r[:, 0], r[:, 1]), -1), np.stack((r[:, 2], r[:, 3]), -1)
+            rand = np.repeat(np.stack((r01, r23), -1).reshape(-1), 2)  # [N]: one word per pair, on both elements
+            for c in range(0, n, 2):
+                out[i, j, c] = ptx_cvt_rs_f16(state[i, j, c], int(rand[c]) & 0x1FFF)
+                out[i, j, c + 1] = ptx_cvt_rs_f16(state[i, j, c + 1], (int(rand[c]) >> 16) & 0x1FFF)
+    return out
+
+
 def flashinfer_store(state: np.ndarray, seed: int, rounds: int, base: int, cvt) -> np.ndarray:
     """FlashInfer's simple STP kernel storing one fp16 cache slot [H, P, N] (`base` = slot * stride): per row d a
     warp of 32 lanes loads `count` = min(8, N / 32) elements at a time; every 4th element of a load calls
@@ -140,7 +158,7 @@ def _state(shape: tuple[int, int, int], seed: int, awkward: list[float]) -> torc
     return x
 
 
-@pytest.mark.parametrize("name", ["vllm:fp16sr", "sglang:fp16sr"])
+@pytest.mark.parametrize("name", ["vllm:fp16sr", "sglang:fp16sr", "vllm:replay-fp16sr"])
 @pytest.mark.parametrize("seed,d_state", [(0, 10), (12345, 11), (2**40 + 7, 10)])
 def test_vllm_triton_store(name, seed, d_state):
     """An odd d_state leaves each row's last element unpaired (its partner is the masked padding)."""
@@ -160,6 +178,15 @@ def test_flashinfer_store(name, cvt, d_state):
     x = _state((1, 2, d_state), d_state, FP16_AWKWARD)
     got = fmt.quantize(x, seed=99, offset=3 * x.numel())
     want = flashinfer_store(x.numpy(), 99, 10, 3 * x.numpy().size, cvt)
+    assert_bits_equal(got, torch.from_numpy(want.astype(np.float32)))
+
+
+@pytest.mark.parametrize("d_state", [16, 64])
+def test_trtllm_replay_store(d_state):
+    fmt = _preset_format("trtllm:replay-fp16sr")
+    x = _state((2, 3, d_state), d_state, FP16_AWKWARD)
+    got = fmt.quantize(x, seed=2024, offset=7 * x.numel())
+    want = trtllm_replay_store(x.numpy(), 2024, 10, 7 * x.numel())
     assert_bits_equal(got, torch.from_numpy(want.astype(np.float32)))
 
 
@@ -196,7 +223,7 @@ def test_pairs_share_the_even_word():
     assert torch.equal(fmt.quantize(x, random_bits=words), y)
 
 
-@pytest.mark.parametrize("name", ["vllm:fp16sr", "flashinfer:fp16sr"])
+@pytest.mark.parametrize("name", ["vllm:fp16sr", "flashinfer:fp16sr", "trtllm:replay-fp16sr"])
 def test_counter_is_the_cache_offset(name):
     """Encoding the whole cache at offset 0 equals encoding each slot at its own offset; the seed reproduces it."""
     fmt = _preset_format(name)
