@@ -128,12 +128,15 @@ class ElementwiseFormat(StateFormat):
         pair     vLLM's and SGLang's Triton store (`cvt.rs.f16x2.f32` with `pack=2`): elements 2j and 2j+1
                  of a row share the word at 2j's counter, 2j reading bits [12:0] and 2j+1 bits [28:16]
                  (`layout.paired_words`); with `random_bits`, 2j+1 reads the high field of 2j's word
-        quad     FlashInfer's decode kernel: one Philox4x32 call per 4 elements of a row at the first one's
-                 counter, element n reading output word n % 4, bits [K-1:0] (`layout.philox_lane_words`)
+        duo      FlashInfer's SM90 vertical decode kernel, and its simple one for d_state 64: one Philox4x32 call
+                 per 2 elements of a row at the first one's counter, element n reading output word n % 2
+        quad     FlashInfer's simple decode kernel for d_state >= 128: one Philox4x32 call per 4 elements of a
+                 row at the first one's counter, element n reading output word n % 4, bits [K-1:0]
+                 (`layout.philox_lane_words`)
         octet    TensorRT-LLM's ReplaySSM flush: one Philox4x32 call per 8 elements of a row at the first one's
                  counter, its words in `tl.join` order r0, r2, r1, r3 to the row's 4 pairs, each pair split as
                  `pair`
-    (`quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do)
+    (`duo`, `quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do)
     and its conversion (`cvt=`): `ptx`, the cvt.rs model of `rounding._stochastic`; `soft`, FlashInfer's
     software port on GPUs without cvt.rs (`rounding.sr_fp16_soft`: flushes fp16 subnormal results).
     """
@@ -144,10 +147,11 @@ class ElementwiseFormat(StateFormat):
     words: str = "element"
     cvt: str = "ptx"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp16sr",)
-    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "quad", "octet"),
+    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "duo", "quad", "octet"),
                                                          "cvt": ("ptx", "soft")}
-    # output word of a Philox4x32 call read by each element of a group (words=quad, octet)
-    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"quad": (0, 1, 2, 3), "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
+    # output word of a Philox4x32 call read by each element of a group (words=duo, quad, octet)
+    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"duo": (0, 1), "quad": (0, 1, 2, 3),
+                                                         "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp16sr": (rounding.FP16_SR_BITS, rounding.FP16_SR_BITS)}
     _DTYPES: ClassVar[dict[str, torch.dtype]] = {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16sr": torch.float16,

@@ -75,15 +75,16 @@ PRESETS = {p.name: p for p in (
                  "flashinfer-ai/flashinfer#2645 (include/flashinfer/mamba/kernel_selective_state_update_stp.cuh)",
                  "selective_state_update with an FP16 state and Philox stochastic rounding: one Philox4x32 call per "
                  "4 elements of a row at the first one's cache offset, cvt.rs (SM100)",
-                 "yes for the simple decode kernel with d_state >= 128 (its vector loads hold whole quads) on SM100, "
-                 "with our seed for its rand_seed and `offset` the state's offset in the cache; statistically only "
-                 "for d_state < 128 and for the SM90 producer-consumer kernels, which draw the quads over other "
-                 "(bank-permuted) columns"),
+                 "yes for the simple decode kernel with d_state >= 128 on SM100, with our seed for its rand_seed and "
+                 "`offset` the state's offset in the cache (`fp16sr:words=duo` for d_state 64 and for the "
+                 "SM90 vertical kernel); statistically only for the SM90 horizontal kernel, which draws at "
+                 "bank-permuted columns"),
     EnginePreset("flashinfer:fp16sr-sm90", "fp16sr:words=quad,cvt=soft",
                  "flashinfer-ai/flashinfer#2645 (include/flashinfer/mamba/conversion.cuh, cvt_rs_f16_sw)",
                  "flashinfer:fp16sr on GPUs without cvt.rs (H100, H200): FlashInfer's integer software port, which "
                  "flushes fp16 subnormal results to zero",
-                 "yes for the simple decode kernel with d_state >= 128, as flashinfer:fp16sr"),
+                 "yes for the simple decode kernel with d_state >= 128, as flashinfer:fp16sr (`fp16sr:words=duo,"
+                 "cvt=soft` for d_state 64 and the vertical kernel)"),
     EnginePreset("trtllm:fp16sr", "fp16sr:words=quad", "NVIDIA/TensorRT-LLM#11972 (mamba_ssm_stochastic_rounding, mamba_ssm_philox_rounds)",
                  "FP16 Mamba SSM cache with Philox stochastic rounding, 10 rounds by default; stochastic rounding "
                  "runs only through FlashInfer's selective_state_update (fp16 cache)",

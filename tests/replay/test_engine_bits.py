@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayssm_eval.formats import philox
+from replayssm_eval.formats import get_format, philox
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.engine_presets import PRESETS
 from tests.helpers.compare import assert_bits_equal
@@ -113,12 +113,13 @@ def trtllm_replay_store(state: np.ndarray, seed: int, rounds: int, base: int) ->
     return out
 
 
-def flashinfer_store(state: np.ndarray, seed: int, rounds: int, base: int, cvt) -> np.ndarray:
-    """FlashInfer's simple STP kernel storing one fp16 cache slot [H, P, N] (`base` = slot * stride): per row d a
-    warp of 32 lanes loads `count` = min(8, N / 32) elements at a time; every 4th element of a load calls
-    philox_randint4x(seed, state_ptr_offset + d * N + i + ii) and element ii reads word ii % 4, bits [12:0]."""
+def flashinfer_store(state: np.ndarray, seed: int, rounds: int, base: int, cvt, count: int | None = None) -> np.ndarray:
+    """FlashInfer's decode kernels storing one fp16 cache slot [H, P, N] (`base` = slot * stride): per row d a warp
+    of 32 lanes takes `count` elements at a time (the simple kernel's vector load, min(8, N / 32); the SM90 vertical
+    kernel's shared-memory bank, 2); every 4th element of a load calls philox_randint4x(seed, state_ptr_offset +
+    d * N + i + ii) and element ii reads word ii % 4, bits [12:0]."""
     h, p, n = state.shape
-    count = min(8, n // 32)
+    count = min(8, n // 32) if count is None else count
     out = np.empty(state.shape, np.float16)
     for head in range(h):
         state_ptr_offset = base + head * p * n
@@ -190,13 +191,16 @@ def test_trtllm_replay_store(d_state):
     assert_bits_equal(got, torch.from_numpy(want.astype(np.float32)))
 
 
-def test_flashinfer_store_small_d_state_departs():
-    """d_state 64 loads 2 elements per lane: each pair draws a fresh Philox call, which the quad layout does not."""
-    x = _state((1, 2, 64), 1, [])
-    got = _preset_format("flashinfer:fp16sr").quantize(x, seed=5)
-    want = torch.from_numpy(flashinfer_store(x.numpy(), 5, 10, 0, ptx_cvt_rs_f16).astype(np.float32))
-    assert not torch.equal(got, want)
-    assert torch.equal(got[..., 0::4], want[..., 0::4])  # element 4k reads word 0 of the call at its own counter
+@pytest.mark.parametrize("spec,cvt", [("fp16sr:words=duo", ptx_cvt_rs_f16), ("fp16sr:words=duo,cvt=soft", soft_cvt_rs_f16)])
+@pytest.mark.parametrize("d_state,count", [(64, None), (128, 2)])
+def test_flashinfer_two_element_loads(spec, cvt, d_state, count):
+    """The simple kernel at d_state 64 and the SM90 vertical kernel (count 2) start a Philox call every 2 elements:
+    `words=duo`, which the presets' `words=quad` is not."""
+    x = _state((1, 2, d_state), 1, FP16_AWKWARD)
+    want = torch.from_numpy(flashinfer_store(x.numpy(), 5, 10, 0, cvt, count).astype(np.float32))
+    assert_bits_equal(get_format(spec).quantize(x, seed=5), want)
+    quad = _preset_format("flashinfer:fp16sr").quantize(x, seed=5)
+    assert (quad != want)[torch.isfinite(want)].any()  # elements 4k + 2 read word 2 of a call at 4k, not word 0 of one at 4k + 2
 
 
 def test_soft_port_flushes_and_poisons_infinities():
