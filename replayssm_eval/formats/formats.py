@@ -122,16 +122,45 @@ class ElementwiseFormat(StateFormat):
     fp16sr   stochastic: q * floor(|x|/q + r/2^K), r = bits [K-1:0] of the word, K = `bits` (13, as PTX
              cvt.rs.f16x2.f32); results beyond 65504 -> Inf; see `rounding` for subnormals.  data: float16
     Signs of zero are kept (IEEE formats have -0).
+
+    fp16sr's word layout (`words=`), which random word and field each element reads:
+        element  each element its own word, Philox at its own counter (`offset` + flat index), bits [K-1:0]
+        pair     vLLM's and SGLang's Triton store (`cvt.rs.f16x2.f32` with `pack=2`): elements 2j and 2j+1
+                 of a row share the word at 2j's counter, 2j reading bits [12:0] and 2j+1 bits [28:16]
+                 (`layout.paired_words`); with `random_bits`, 2j+1 reads the high field of 2j's word
+        duo      FlashInfer's SM90 vertical decode kernel, and its simple one for d_state 64: one Philox4x32 call
+                 per 2 elements of a row at the first one's counter, element n reading output word n % 2
+        quad     FlashInfer's simple decode kernel for d_state >= 128: one Philox4x32 call per 4 elements of a
+                 row at the first one's counter, element n reading output word n % 4, bits [K-1:0]
+                 (`layout.philox_lane_words`)
+        octet    TensorRT-LLM's ReplaySSM flush: one Philox4x32 call per 8 elements of a row at the first one's
+                 counter, its words in `tl.join` order r0, r2, r1, r3 to the row's 4 pairs, each pair split as
+                 `pair`
+    (`duo`, `quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do)
+    and its conversion (`cvt=`): `ptx`, the cvt.rs model of `rounding._stochastic`; `soft`, FlashInfer's
+    software port on GPUs without cvt.rs (`rounding.sr_fp16_soft`: flushes fp16 subnormal results).
     """
 
     base: str
     rounds: str = str(philox.N_ROUNDS)
     bits: str = str(rounding.FP16_SR_BITS)
+    words: str = "element"
+    cvt: str = "ptx"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp16sr",)
+    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "duo", "quad", "octet"),
+                                                         "cvt": ("ptx", "soft")}
+    # output word of a Philox4x32 call read by each element of a group (words=duo, quad, octet)
+    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"duo": (0, 1), "quad": (0, 1, 2, 3),
+                                                         "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp16sr": (rounding.FP16_SR_BITS, rounding.FP16_SR_BITS)}
     _DTYPES: ClassVar[dict[str, torch.dtype]] = {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16sr": torch.float16,
     }
+
+    @classmethod
+    def options_for(cls, base):
+        opts = super().options_for(base)
+        return {**opts, **cls.SR_OPTIONS} if base in cls.STOCHASTIC else opts
 
     @property
     def bits_per_element(self) -> float:
@@ -139,16 +168,26 @@ class ElementwiseFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        return KernelCodec(Kind[self.base.upper()]) if self.default_random else None
+        """Covered: the default word layout and conversion (the kernels draw one word per element, cvt.rs model)."""
+        plain = self.words == "element" and self.cvt == "ptx"
+        return KernelCodec(Kind[self.base.upper()]) if self.default_random and plain else None
 
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
+
+    def _words(self, x, seed, offset, random_bits):
+        if self.words in self._LANE_WORDS and random_bits is None and self.is_stochastic:
+            words = layout.philox_lane_words(x, seed, offset, self._LANE_WORDS[self.words], int(self.rounds))
+        else:
+            words = super()._words(x, seed, offset, random_bits)
+        return layout.paired_words(words) if self.words in ("pair", "octet") and words is not None else words
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)
         x32 = x.float()
         if self.base == "fp16sr":
-            x32 = rounding.sr_fp16(x32, words, self.random_bits_used)
+            sr = rounding.sr_fp16_soft if self.cvt == "soft" else rounding.sr_fp16
+            x32 = sr(x32, words, self.random_bits_used)
         data = x32.to(self._DTYPES[self.base])
         return PackedState(self.name, tuple(x.shape), data.clone() if data is x else data)
 
@@ -180,15 +219,21 @@ class ScaledFormat(StateFormat):
                        r_i = max_j |y_ij| / MAX per row (1 where 0), v = y / r, dequant = (code * r) * c.
                        stored: global_scale r `lead + (H, R)`, col_scale c `lead + (H, C)`
         scale=none     s = 1 (a plain saturating cast)
-    s = amax / MAX (FP32 division) and s = 1 where it is 0 (an all-zero group); v = x / s (FP32 division);
-    code = round(v); dequant = code * s. A group holding Inf or NaN decodes to NaN throughout.
+    order=div (default): s = amax / MAX (FP32 division) and s = 1 where it is 0 (an all-zero group);
+    v = x / s (FP32 division); code = round(v); dequant = code * s. A group holding Inf or NaN decodes to
+    NaN throughout.
+    order=mul (FlashInfer's scaled state, CUDA order): amax over the group ignoring NaN (fmaxf from -FLT_MAX,
+    so an all-NaN group has amax = -FLT_MAX), enc = MAX / amax (1 where amax = 0), v = x * enc, s = 1 / enc
+    (FP32 divisions), code = round(v) (integers: NaN -> -qmax, fminf/fmaxf clamp before __float2int_rn),
+    dequant = code * s. An Inf in the group gives enc = 0 and s = Inf.
     Packed data: codes with x's shape (uint8 FP8 bytes, int8 or int16 integers).
     """
 
     base: str
     axis: str = "dstate"
     scale: str = "row"
-    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": SCALES}
+    order: str = "div"
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": SCALES, "order": ("div", "mul")}
 
     @property
     def max_value(self) -> float:
@@ -233,6 +278,18 @@ class ScaledFormat(StateFormat):
         s = div_rn(amax, self.max_value)
         return torch.where(s == 0, 1.0, s)
 
+    def _magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """|x| as the group maximum reads it: NaN propagates (div) or is skipped, reading -FLT_MAX (mul)."""
+        return x.abs() if self.order == "div" else torch.where(torch.isnan(x), -rounding.FLT_MAX, x.abs())
+
+    def _scaled(self, x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v, s): the elements x scaled for rounding and their decode scales, from the group maxima amax."""
+        if self.order == "div":
+            s = self._scale(amax)
+            return x / s, s
+        enc = torch.where(amax == 0, 1.0, div_rn(self.max_value, amax))
+        return x * enc, div_rn(1.0, enc)
+
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)
         x4 = layout.as_bhpn(x)  # [B, H, P, N]
@@ -243,16 +300,15 @@ class ScaledFormat(StateFormat):
         if self.scale == "rowcol":
             col = column_factors(xo)  # [B, H, 1, C]
             y = xo / col
-            s = self._scale(y.abs().amax(dim=3, keepdim=True))  # [B, H, R, 1]
-            v = y / s
+            v, s = self._scaled(y, self._magnitudes(y).amax(dim=3, keepdim=True))  # s: [B, H, R, 1]
             cs, gs = col.reshape(*lead, h, c), s.reshape(*lead, h, r)
         elif self.block:
-            s = self._scale(layout.pad_to(xo, self.block).unflatten(-1, (-1, self.block)).abs().amax(-1))  # [B, H, R, Cb]
-            v = xo / s.repeat_interleave(self.block, -1)[..., :c]
-            scales = s.reshape(*lead, h, r, -1)
+            blocks = self._magnitudes(layout.pad_to(xo, self.block)).unflatten(-1, (-1, self.block))
+            bmax = blocks.amax(-1)  # [B, H, R, Cb]
+            v, s = self._scaled(xo, bmax.repeat_interleave(self.block, -1)[..., :c])  # s: [B, H, R, C]
+            scales = s[..., ::self.block].reshape(*lead, h, r, -1)
         elif self.scale != "none":
-            s = self._scale(layout.group_amax(xo, self.scale))  # [B, H|1, R|1, 1]
-            v = xo / s
+            v, s = self._scaled(xo, layout.group_max(self._magnitudes(xo), self.scale))  # s: [B, H|1, R|1, 1]
             gs = s.reshape(layout.group_shape(x.shape, self.scale, self.axis))
         wo = None if words is None else layout.orient(words.reshape(x4.shape), self.axis)
         codes = self._to_codes(self._round(v, wo))
@@ -312,8 +368,9 @@ class FP8Format(ScaledFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: axis=dstate with scale row, head, tensor or none."""
-        if self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or not self.default_random:
+        """Covered: axis=dstate with scale row, head, tensor or none, order=div."""
+        if (self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or self.order != "div"
+                or not self.default_random):
             return None
         return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value)
 
@@ -338,7 +395,7 @@ class IntFormat(ScaledFormat):
                      K = `bits` (default 16, up to 32), computed exactly; unbiased when v has at most K
                      bits below the integer point, else biased toward zero by less than 2^-K.
     Codes: int8 / int16 two's complement (-0.0 -> 0, NaN -> 0; a group holding Inf or NaN decodes
-    to NaN throughout, its scale being Inf or NaN).
+    to NaN throughout, its scale being Inf or NaN). Under order=mul NaN -> -qmax (`ScaledFormat`).
     """
 
     rounds: str = str(philox.N_ROUNDS)
@@ -359,6 +416,8 @@ class IntFormat(ScaledFormat):
         return 32767 if self.code_bytes == 2 else 127
 
     def _round(self, v, words):
+        if self.order == "mul":
+            v = torch.where(torch.isnan(v), -float(self.qmax), v)
         if self.is_stochastic:
             return rounding.sr_int(v, words, self.qmax, self.random_bits_used)
         return rounding.round_int(v, self.qmax)

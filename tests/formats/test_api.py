@@ -48,9 +48,13 @@ def test_names_and_canonical_specs():
                            "accepted: row, head, tensor, block:N, rowcol, none"),
     ("int8:scale=block:1.5", "bad value 'block:1.5' for option 'scale' of state format 'int8'; "
                              "accepted: row, head, tensor, block:N, rowcol, none"),
-    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, rot"),
+    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, order, rot"),
     ("int8sr:rounds=-1", "bad value '-1' for option 'rounds' of state format 'int8sr'; accepted: 10, N"),
     ("fp16sr:bits=14", "bad value '14' for option 'bits' of state format 'fp16sr'; accepted: 1..13"),
+    ("fp16sr:words=triple", "bad value 'triple' for option 'words' of state format 'fp16sr'; "
+                            "accepted: element, pair, duo, quad, octet"),
+    ("fp16:cvt=soft", "unknown option 'cvt' for state format 'fp16'; accepted: rot"),
+    ("int16:order=rev", "bad value 'rev' for option 'order' of state format 'int16'; accepted: div, mul"),
     ("fp8:max=449", "bad value '449' for option 'max' of state format 'fp8'; accepted: 1..448"),
     ("fp8:rot=hadamard", "bad value 'hadamard' for option 'rot' of state format 'fp8'; accepted: none, hadamard:N"),
     ("fp8:rot=hadamard:12", "bad value 'hadamard:12' for option 'rot' of state format 'fp8'; "

@@ -70,3 +70,15 @@ def assert_same_state(ref, got, rtol=0.0, flips=0.0, buffer_rtol=0.0, whole_buff
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|."""
     return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Bitwise equality of FP32 tensors (NaN positions must match; NaN payloads are free)."""
+    a, b = a.float(), b.float()
+    assert a.shape == b.shape
+    nan = torch.isnan(a)
+    assert torch.equal(nan, torch.isnan(b)), f"NaN positions differ at {int((nan != torch.isnan(b)).sum())} places"
+    ai, bi = a.view(torch.int32)[~nan], b.view(torch.int32)[~nan]
+    bad = ai != bi
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {ai.numel()} differ, e.g. {a[~nan][bad][:4].tolist()} vs {b[~nan][bad][:4].tolist()}")
