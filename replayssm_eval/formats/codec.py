@@ -2,7 +2,7 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: integer formats, block:N and rowcol scales, rot=, non-default SR
+A format without one (None: integer formats, block:N, tile:RxC and rowcol scales, rot=, non-default SR
 rounds= / bits=) is rounded by torch. A new format that rounds like one of the kinds below is its
 class plus its codec.
 

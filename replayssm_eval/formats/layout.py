@@ -52,6 +52,19 @@ def pad_to(xo: torch.Tensor, block: int) -> torch.Tensor:
     return torch.nn.functional.pad(xo, (0, pad)) if pad else xo
 
 
+def tile_amax(xo: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """max |x| per tile of `rows` x `cols` of the oriented `[B, H, R, C]` (edge tiles shorter): `[B, H, Rt, Ct]`,
+    Rt = ceil(R / rows), Ct = ceil(C / cols); NaN propagates."""
+    r, c = xo.shape[-2:]
+    xp = torch.nn.functional.pad(xo.abs(), (0, -c % cols, 0, -r % rows))  # zeros leave every amax as it is
+    return xp.unflatten(3, (-1, cols)).unflatten(2, (-1, rows)).amax(dim=(3, 5))
+
+
+def untile(s: torch.Tensor, rows: int, cols: int, r: int, c: int) -> torch.Tensor:
+    """Per-tile values `[B, H, Rt, Ct]` spread over their elements `[B, H, r, c]` (`tile_amax`'s tiles)."""
+    return s.repeat_interleave(rows, 2).repeat_interleave(cols, 3)[..., :r, :c]
+
+
 def group_amax(xo: torch.Tensor, scale: str) -> torch.Tensor:
     """max |x| per scale group of the oriented `[B, H, R, C]`, kept as a broadcastable `[B, H|1, R|1, 1]`; NaN propagates."""
     return xo.abs().amax(dim=_GROUP_DIMS[scale], keepdim=True)

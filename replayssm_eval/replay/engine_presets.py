@@ -41,9 +41,9 @@ PRESETS = {p.name: p for p in (
                  "FlashInfer ReplaySSM with an FP8+SR checkpoint, one scale per (head, head_dim), bf16 ring"),
     EnginePreset("sglang:fp16sr", "fp16sr", "sgl-project/sglang#26929 (--enable-mamba-cache-stochastic-rounding)",
                  "FP16 SSM cache with Philox stochastic rounding (--mamba-cache-philox-rounds)"),
-    EnginePreset("sglang:fp8", "fp8:scale=head,max=240", "sgl-project/sglang#40706 (--mamba-ssm-dtype float8)",
-                 "FP8 E4M3 GDN state, scale amax/240; the request scales each (head, 32 V rows x K) tile, here one "
-                 "scale per head (the same when V = 32)"),
+    EnginePreset("sglang:fp8", "fp8:scale=tile:32x0,max=240", "sgl-project/sglang#40706 (--mamba-ssm-dtype float8)",
+                 "FP8 E4M3 GDN state, one FP32 scale amax/240 per (head, 32 V rows x K) tile (the formats see a GDN "
+                 "state as [HV, V, K])"),
     EnginePreset("flashinfer:int16", "int16:scale=row",
                  "flashinfer-ai/flashinfer#2645 (include/flashinfer/mamba/kernel_selective_state_update_stp.cuh)",
                  "INT16 state with one FP32 decode scale per head_dim row (Philox SR applies to FP16 states there)"),
