@@ -81,6 +81,11 @@ class StateFormat:
         return None
 
     @property
+    def feedback(self) -> str | None:
+        """The precision of the error-feedback residual a stored copy keeps (`feedback.Feedback`), None without."""
+        return None
+
+    @property
     def bits_per_element(self) -> float:
         raise NotImplementedError
 

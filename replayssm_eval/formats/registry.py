@@ -3,7 +3,7 @@
 Grammar: `name[:key=value,...]`. Each format lists its accepted values per key (`options_for`), the
 default first; in a listed value, `N` (`N`, `block:N`, `hadamard:N`) stands for a positive integer and
 `R`, `C` (`tile:RxC`) for an integer >= 0 (0: the whole axis), all without sign or leading zero.
-`rot=hadamard:N` applies to every format (`Rotated`).
+`rot=hadamard:N` (`Rotated`) and `ef=fp32|bf16` (error feedback, `Feedback`) apply to every format.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from replayssm_eval.formats.formats import ElementwiseFormat, FP8Format, IntFormat, MXFormat, NVFP4Format, StateFormat
+from replayssm_eval.formats.feedback import FEEDBACK, Feedback
 from replayssm_eval.formats.rotation import ROTATIONS, Rotated
 
 # name -> format class; the class's `options_for(name)` give the accepted options
@@ -53,7 +54,7 @@ def get_format(spec: str) -> StateFormat:
     if name not in FORMATS:
         raise ValueError(f"unknown state format '{name}'; known: {', '.join(FORMATS)}")
     cls = FORMATS[name]
-    accepted = {**cls.options_for(name), "rot": ROTATIONS}
+    accepted = {**cls.options_for(name), "rot": ROTATIONS, "ef": FEEDBACK}
     values: dict[str, str] = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -63,6 +64,7 @@ def get_format(spec: str) -> StateFormat:
             raise ValueError(f"bad value '{value}' for option '{key}' of state format '{name}'; "
                              f"accepted: {', '.join(accepted[key])}")
         values[key] = value
-    rot = values.pop("rot", ROTATIONS[0])
+    rot, ef = values.pop("rot", ROTATIONS[0]), values.pop("ef", FEEDBACK[0])
     fmt = cls(base=name, **values)
-    return fmt if rot == ROTATIONS[0] else Rotated(fmt, int(rot.partition(":")[2]))
+    fmt = fmt if rot == ROTATIONS[0] else Rotated(fmt, int(rot.partition(":")[2]))
+    return fmt if ef == FEEDBACK[0] else Feedback(fmt, ef)

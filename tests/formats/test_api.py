@@ -40,20 +40,22 @@ def test_names_and_canonical_specs():
 @pytest.mark.parametrize("spec,message", [
     ("nvfp5", "unknown state format 'nvfp5'; known: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, "
               "int8, int8sr, nvfp4, mxfp8, mxfp4"),
-    ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale, rot"),
+    ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale, rot, ef"),
     ("nvfp4:axis=k", "bad value 'k' for option 'axis' of state format 'nvfp4'; accepted: dstate, headdim"),
     ("fp8:scale", "bad value '' for option 'scale' of state format 'fp8'; "
                   "accepted: row, head, tensor, block:N, tile:RxC, rowcol, none"),
-    ("fp16:scale=row", "unknown option 'scale' for state format 'fp16'; accepted: rot"),
+    ("fp16:scale=row", "unknown option 'scale' for state format 'fp16'; accepted: rot, ef"),
     ("int8:scale=block:0", "bad value 'block:0' for option 'scale' of state format 'int8'; "
                            "accepted: row, head, tensor, block:N, tile:RxC, rowcol, none"),
     ("int8:scale=block:1.5", "bad value 'block:1.5' for option 'scale' of state format 'int8'; "
                              "accepted: row, head, tensor, block:N, tile:RxC, rowcol, none"),
-    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, rot"),
+    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, rot, ef"),
     ("int8sr:rounds=-1", "bad value '-1' for option 'rounds' of state format 'int8sr'; accepted: 10, N"),
     ("fp16sr:bits=14", "bad value '14' for option 'bits' of state format 'fp16sr'; accepted: 1..13"),
     ("fp8:max=449", "bad value '449' for option 'max' of state format 'fp8'; accepted: 1..448"),
     ("fp8:rot=hadamard", "bad value 'hadamard' for option 'rot' of state format 'fp8'; accepted: none, hadamard:N"),
+    ("int8:ef=fp16", "bad value 'fp16' for option 'ef' of state format 'int8'; accepted: none, fp32, bf16"),
+    ("nvfp4:bits=8", "unknown option 'bits' for state format 'nvfp4'; accepted: axis, scale, rot, ef"),
     ("fp8:rot=hadamard:12", "bad value 'hadamard:12' for option 'rot' of state format 'fp8'; "
                             "accepted: hadamard:N with N a power of two"),
 ])
