@@ -12,21 +12,19 @@ every checkpoint write. The residual counts in the bytes of a state (2 or 4 per 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from replayssm_eval.formats import layout
-from replayssm_eval.formats.formats import StateFormat
-from replayssm_eval.formats.packed import PackedState
+from replayssm_eval.formats.formats import StateFormat, WrappedFormat
 
 FEEDBACK = ("none", "fp32", "bf16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
-class Feedback(StateFormat):
+class Feedback(WrappedFormat):
     """`inner` with its rounding residual kept in `precision` (`fp32` or `bf16`) and fed into its next rounding."""
 
     inner: StateFormat
@@ -38,24 +36,12 @@ class Feedback(StateFormat):
                              f"accepted: {', '.join(FEEDBACK)}")
 
     @property
-    def base(self) -> str:
-        return self.inner.base
-
-    @property
-    def axis(self) -> str:
-        return getattr(self.inner, "axis", "dstate")
-
-    @property
-    def name(self) -> str:
-        return self.inner.name + ("," if ":" in self.inner.name else ":") + f"ef={self.precision}"
+    def option(self) -> str:
+        return f"ef={self.precision}"
 
     @property
     def feedback(self) -> str:
         return self.precision
-
-    @property
-    def is_stochastic(self) -> bool:
-        return self.inner.is_stochastic
 
     @property
     def bits_per_element(self) -> float:
@@ -67,11 +53,3 @@ class Feedback(StateFormat):
     def residual(self, target: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
         """The residual `target - stored` of one rounding (FP32 tensors), in the feedback precision (as FP32)."""
         return (target - stored).to(_DTYPES[self.precision]).float()
-
-    def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
-        packed = self.inner.encode(x, seed=seed, offset=offset, random_bits=random_bits)
-        return dataclasses.replace(packed, format=self.name)
-
-    def decode(self, packed) -> torch.Tensor:
-        self._check(packed)
-        return self.inner.decode(dataclasses.replace(packed, format=self.inner.name))

@@ -7,6 +7,7 @@ accepted values in canonical order, the first value being the default.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -115,6 +116,48 @@ class StateFormat:
 
     def __str__(self) -> str:
         return self.name
+
+
+class WrappedFormat(StateFormat):
+    """A format option that applies to every format (`rot=`, `ef=`): `inner` (a frozen dataclass field of the
+    subclass) does the rounding; the subclass names its option (`option`) and may change what `encode` sees."""
+
+    inner: StateFormat
+
+    @property
+    def option(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def base(self) -> str:
+        return self.inner.base
+
+    @property
+    def axis(self) -> str:
+        return getattr(self.inner, "axis", "dstate")
+
+    @property
+    def name(self) -> str:
+        return self.inner.name + ("," if ":" in self.inner.name else ":") + self.option
+
+    @property
+    def is_stochastic(self) -> bool:
+        return self.inner.is_stochastic
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.inner.bits_per_element
+
+    def storage_bytes(self, shape) -> int:
+        return self.inner.storage_bytes(shape)
+
+    def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
+        packed = self.inner.encode(x, seed=seed, offset=offset, random_bits=random_bits)
+        return dataclasses.replace(packed, format=self.name)
+
+    def decode(self, packed) -> torch.Tensor:
+        self._check(packed)
+        return self.inner.decode(dataclasses.replace(packed, format=self.inner.name))
 
 
 @dataclass(frozen=True)
