@@ -24,7 +24,9 @@ class FormatsConfig:
     distribution: str = field(default="gaussian", metadata={
         "help": "synthetic state values", "choices": DISTRIBUTIONS})
     formats: tuple[str, ...] = field(default_factory=tuple, metadata={
-        "help": "format spec, e.g. nvfp4:axis=headdim,scale=head; all formats with default options if none"})
+        "help": "format spec, e.g. nvfp4:axis=headdim,scale=head, fp8:scale=tile:32x0,max=240 (R x C scale tiles), "
+                "int8:ef=bf16 (error feedback; its residual counts in the bytes); all formats with default options "
+                "if none"})
     states: int = field(default=2, metadata={"help": "independent states sampled for the error"})
     seed: int = field(default=0, metadata={"help": "seed of the sampled states and of stochastic rounding"})
     json: bool = field(default=False, metadata={"help": "print JSON instead of a table"})

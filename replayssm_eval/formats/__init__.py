@@ -8,14 +8,15 @@
 
 Formats: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, int8, int8sr, nvfp4, mxfp8,
 mxfp4 (`list_formats()`). Spec grammar `name[:key=value,...]` (`registry`): e.g. `int8:scale=block:64`,
-`fp8:scale=head,max=240`, `int8:rot=hadamard:32`, `fp16sr:rounds=7,bits=8`, `nvfp4:scale=rowcol`,
+`fp8:scale=tile:32x0,max=240`, `int8:rot=hadamard:32`, `int8:ef=fp32`, `fp16sr:rounds=7,bits=8`, `nvfp4:scale=rowcol`,
 and the engines' own layouts `fp16sr:words=pair` (vLLM), `fp16sr:words=quad,cvt=soft`, `int16:order=mul` (FlashInfer).
 
 Layout convention. A state tensor is `[..., H, P, N]` = `[..., heads, head_dim, d_state]`. Every
 index of the leading dims is one independent state (one sequence of one layer): no scale couples
 two leading indices. Inputs with fewer than 3 dims get leading size-1 dims. Scale groups:
 `tensor` = one scale per leading index (over H, P, N); `head` = per [P, N]; `row` = per row along
-the block axis; `block:N` = per N consecutive elements along the axis; `rowcol` = a column factor
+the block axis; `block:N` = per N consecutive elements along the axis; `tile:RxC` = per R rows x C
+columns of the oriented head (0: the whole axis); `rowcol` = a column factor
 per element of the axis times a row scale (`formats.ScaledFormat`). Block axes: `dstate` = consecutive elements along N (last dim), `headdim` = along
 P (dim -2). A blocked dim that is not a multiple of the block is zero-padded (as
 TransformerEngine does); padding shows in the packed data, never in the decoded shape.

@@ -7,6 +7,7 @@ accepted values in canonical order, the first value being the default.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -81,6 +82,11 @@ class StateFormat:
         return None
 
     @property
+    def feedback(self) -> str | None:
+        """The precision of the error-feedback residual a stored copy keeps (`feedback.Feedback`), None without."""
+        return None
+
+    @property
     def bits_per_element(self) -> float:
         raise NotImplementedError
 
@@ -110,6 +116,48 @@ class StateFormat:
 
     def __str__(self) -> str:
         return self.name
+
+
+class WrappedFormat(StateFormat):
+    """A format option that applies to every format (`rot=`, `ef=`): `inner` (a frozen dataclass field of the
+    subclass) does the rounding; the subclass names its option (`option`) and may change what `encode` sees."""
+
+    inner: StateFormat
+
+    @property
+    def option(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def base(self) -> str:
+        return self.inner.base
+
+    @property
+    def axis(self) -> str:
+        return getattr(self.inner, "axis", "dstate")
+
+    @property
+    def name(self) -> str:
+        return self.inner.name + ("," if ":" in self.inner.name else ":") + self.option
+
+    @property
+    def is_stochastic(self) -> bool:
+        return self.inner.is_stochastic
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.inner.bits_per_element
+
+    def storage_bytes(self, shape) -> int:
+        return self.inner.storage_bytes(shape)
+
+    def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
+        packed = self.inner.encode(x, seed=seed, offset=offset, random_bits=random_bits)
+        return dataclasses.replace(packed, format=self.name)
+
+    def decode(self, packed) -> torch.Tensor:
+        self._check(packed)
+        return self.inner.decode(dataclasses.replace(packed, format=self.inner.name))
 
 
 @dataclass(frozen=True)
@@ -196,7 +244,7 @@ class ElementwiseFormat(StateFormat):
         return packed.data.float()
 
 
-SCALES = ("row", "head", "tensor", "block:N", "rowcol", "none")
+SCALES = ("row", "head", "tensor", "block:N", "tile:RxC", "rowcol", "none")
 
 
 def column_factors(xo: torch.Tensor) -> torch.Tensor:
@@ -215,6 +263,9 @@ class ScaledFormat(StateFormat):
         scale=tensor   one s per leading index, over [H, R, C]     stored: global_scale `lead`
         scale=block:N  one s per N consecutive elements along C (the last block may be shorter)
                                                                    stored: scales FP32 `lead + (H, R, ceil(C/N))`
+        scale=tile:RxC one s per tile of R rows x C columns of [R, C] (0: the whole axis; edge tiles shorter);
+                       block:N is tile:1xN, row tile:1x0, head tile:0x0, one per column tile:0x1
+                                                                   stored: scales FP32 `lead + (H, ceil(R/r), ceil(C/c))`
         scale=rowcol   two axes: c_j = max_i |x_ij| per column of the head (1 where 0), y = x / c,
                        r_i = max_j |y_ij| / MAX per row (1 where 0), v = y / r, dequant = (code * r) * c.
                        stored: global_scale r `lead + (H, R)`, col_scale c `lead + (H, C)`
@@ -240,8 +291,21 @@ class ScaledFormat(StateFormat):
         raise NotImplementedError
 
     @property
-    def block(self) -> int:
-        return int(self.scale.partition(":")[2]) if self.scale.startswith("block:") else 0
+    def tile(self) -> tuple[int, int] | None:
+        """(rows, columns) of one scale tile of the oriented view, 0 for the whole axis (block:N is (1, N)); None for
+        the other scales."""
+        kind, _, size = self.scale.partition(":")
+        if kind == "block":
+            return 1, int(size)
+        if kind == "tile":
+            rows, _, cols = size.partition("x")
+            return int(rows), int(cols)
+        return None
+
+    def _tile_dims(self, r: int, c: int) -> tuple[int, int]:
+        """The scale tile's rows and columns in an oriented [R=r, C=c] head."""
+        rows, cols = self.tile
+        return rows or r, cols or c
 
     @property
     def code_bytes(self) -> int:
@@ -249,16 +313,19 @@ class ScaledFormat(StateFormat):
 
     @property
     def bits_per_element(self) -> float:
-        """Code bits, plus the FP32 block scale's share for block:N (row, head and tensor scales not counted)."""
-        return 8.0 * self.code_bytes + (32.0 / self.block if self.block else 0.0)
+        """Code bits, plus the FP32 scale's share for block:N and tile:RxC of fixed size (R, C > 0; scales over a whole
+        axis, row, head and tensor not counted)."""
+        fixed = self.tile is not None and 0 not in self.tile
+        return 8.0 * self.code_bytes + (32.0 / (self.tile[0] * self.tile[1]) if fixed else 0.0)
 
     def _n_scales(self, shape) -> int:
         *lead, h, r, c = layout.oriented_shape(shape, self.axis)
         per_head = {"row": r, "head": 1, "rowcol": r + c, "none": 0}.get(self.scale)
         if self.scale == "tensor":
             return layout.prod(lead)
-        if self.block:
-            per_head = r * -(-c // self.block)
+        if self.tile:
+            rows, cols = self._tile_dims(r, c)
+            per_head = -(-r // rows) * -(-c // cols)
         return layout.prod(lead) * h * per_head
 
     def storage_bytes(self, shape) -> int:
@@ -302,11 +369,11 @@ class ScaledFormat(StateFormat):
             y = xo / col
             v, s = self._scaled(y, self._magnitudes(y).amax(dim=3, keepdim=True))  # s: [B, H, R, 1]
             cs, gs = col.reshape(*lead, h, c), s.reshape(*lead, h, r)
-        elif self.block:
-            blocks = self._magnitudes(layout.pad_to(xo, self.block)).unflatten(-1, (-1, self.block))
-            bmax = blocks.amax(-1)  # [B, H, R, Cb]
-            v, s = self._scaled(xo, bmax.repeat_interleave(self.block, -1)[..., :c])  # s: [B, H, R, C]
-            scales = s[..., ::self.block].reshape(*lead, h, r, -1)
+        elif self.tile:
+            rows, cols = self._tile_dims(r, c)
+            tmax = layout.tile_max(self._magnitudes(xo), rows, cols)  # [B, H, Rt, Ct]
+            v, s = self._scaled(xo, layout.untile(tmax, rows, cols, r, c))  # s: [B, H, R, C]
+            scales = s[..., ::rows, ::cols].reshape(*lead, h, *tmax.shape[2:])
         elif self.scale != "none":
             v, s = self._scaled(xo, layout.group_max(self._magnitudes(xo), self.scale))  # s: [B, H|1, R|1, 1]
             gs = s.reshape(layout.group_shape(x.shape, self.scale, self.axis))
@@ -322,8 +389,9 @@ class ScaledFormat(StateFormat):
         v = layout.orient(self._from_codes(packed.data).reshape(-1, *layout.shape3(packed.shape)[-3:]), self.axis)
         if self.scale == "rowcol":
             v = (v * packed.global_scale.reshape(-1, h, r, 1)) * packed.col_scale.reshape(-1, h, 1, c)
-        elif self.block:
-            v = v * packed.scales.reshape(-1, h, r, packed.scales.shape[-1]).repeat_interleave(self.block, -1)[..., :c]
+        elif self.tile:
+            rows, cols = self._tile_dims(r, c)
+            v = v * layout.untile(packed.scales.reshape(-1, h, *packed.scales.shape[-2:]), rows, cols, r, c)
         elif self.scale != "none":
             v = v * packed.global_scale.reshape(-1, *{"row": (h, r), "head": (h, 1), "tensor": (1, 1)}[self.scale], 1)
         return layout.unorient(v, self.axis).reshape(packed.shape)

@@ -52,6 +52,19 @@ def pad_to(xo: torch.Tensor, block: int) -> torch.Tensor:
     return torch.nn.functional.pad(xo, (0, pad)) if pad else xo
 
 
+def tile_max(a: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """max of `a` `[B, H, R, C]` per tile of `rows` x `cols` (edge tiles shorter): `[B, H, Rt, Ct]`,
+    Rt = ceil(R / rows), Ct = ceil(C / cols)."""
+    r, c = a.shape[-2:]
+    ap = torch.nn.functional.pad(a, (0, -c % cols, 0, -r % rows), value=-float("inf"))  # padding is never a max
+    return ap.unflatten(3, (-1, cols)).unflatten(2, (-1, rows)).amax(dim=(3, 5))
+
+
+def untile(s: torch.Tensor, rows: int, cols: int, r: int, c: int) -> torch.Tensor:
+    """Per-tile values `[B, H, Rt, Ct]` spread over their elements `[B, H, r, c]` (`tile_max`'s tiles)."""
+    return s.repeat_interleave(rows, 2).repeat_interleave(cols, 3)[..., :r, :c]
+
+
 def group_amax(xo: torch.Tensor, scale: str) -> torch.Tensor:
     """max |x| per scale group of the oriented `[B, H, R, C]`, kept as a broadcastable `[B, H|1, R|1, 1]`; NaN propagates."""
     return group_max(xo.abs(), scale)

@@ -58,12 +58,12 @@ PRESETS = {p.name: p for p in (
                  "--mamba-backend triton: vLLM's cvt.rs.f16x2.f32 pack=2 store; --mamba-backend flashinfer is "
                  "flashinfer:fp16sr",
                  "yes, as vllm:fp16sr (the same Triton store, seed and cache-offset counters)"),
-    EnginePreset("sglang:fp8", "fp8:scale=head,max=240", "sgl-project/sglang#40706 (--mamba-ssm-dtype float8)",
-                 "FP8 E4M3 GDN state, scale amax/240; the request scales each (head, 32 V rows x K) tile, here one "
-                 "scale per head (the same when V = 32)",
+    EnginePreset("sglang:fp8", "fp8:scale=tile:32x0,max=240", "sgl-project/sglang#40706 (--mamba-ssm-dtype float8)",
+                 "FP8 E4M3 GDN state, one FP32 scale amax/240 per (head, 32 V rows x K) tile (the formats see a GDN "
+                 "state as [HV, V, K])",
                  "statistically only, because #40706 is a feature request with no kernel in the public sources: "
-                 "it fixes one FP32 scale amax/240 per (head, 32-row V tile x K) and E4M3 codes, not the operand "
-                 "order or rounding; one scale per head here equals the tile only when V = 32"),
+                 "it fixes one FP32 scale amax/240 per (head, 32-row V tile x K) and E4M3 codes, which this "
+                 "preset follows, not the operand order or rounding (here x / (amax / 240), ties to even)"),
     EnginePreset("flashinfer:int16", "int16:scale=row,order=mul",
                  "flashinfer-ai/flashinfer#2645 (include/flashinfer/mamba/kernel_selective_state_update_stp.cuh)",
                  "INT16 state with one FP32 decode scale per head_dim row in FlashInfer's order: enc = 32767 / amax, "

@@ -81,6 +81,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
     ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
     ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
+    ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
     """Copies in formats no program can round (tensor scale, head_dim blocks, MX) run on Triton, rounded by torch: a
