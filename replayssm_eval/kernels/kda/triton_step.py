@@ -161,14 +161,14 @@ def _replay_step_kernel(
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, folds: bool, kind: int) -> dict:
     """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16) and num_warps of
-    `_replay_step_kernel` (benchmarks/kernel_speed.py sweeps them). A launch where sequences fold holds a whole
-    [BLOCK_V, K] block of S_hi: small blocks. Many sequences: the fewest SASS instructions per head without spills at
-    K = V = 128 (benchmarks/step_sass.py): one program per head for the NVFP4 read, two for 32-bit reads."""
+    `_replay_step_kernel` (benchmarks/kernel_speed.py sweeps them). Many sequences: the fewest SASS instructions per
+    head without spills at K = V = 128 (benchmarks/step_sass.py): one program per head for the NVFP4 read, two for
+    32-bit reads, four where sequences fold (a folding program holds a whole [BLOCK_V, K] block of S_hi)."""
     block_k = min(32, max(16, triton.next_power_of_2(dk)))
-    if folds or batch * heads < 4096:
+    if batch * heads < 4096:
         return {"BLOCK_V": 16, "BLOCK_K": block_k, "num_warps": 4}  # BLOCK_V >= 16: the open fold's tl.dot
-    block_v = min(128 if kind == NVFP4 else 64, max(16, triton.next_power_of_2(dv)))
-    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "num_warps": 4}
+    block_v = 32 if folds else (128 if kind == NVFP4 else 64)
+    return {"BLOCK_V": min(block_v, max(16, triton.next_power_of_2(dv))), "BLOCK_K": block_k, "num_warps": 4}
 
 
 def step_grid(batch: int, heads: int, dv: int, block_v: int) -> tuple[int, int, int]:
