@@ -459,7 +459,7 @@ class GDN:
 
 
 class KDA(GDN):
-    """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its step kernel has no TILES."""
+    """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its own step kernel launch."""
 
     name = "kda"
     step_keys = ("BLOCK_V", "BLOCK_K", "num_warps")

@@ -131,7 +131,7 @@ def test_kda_step_launches(text, launch, dk, phased, device, monkeypatch):
     for n in range(4):
         o, state = kda.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
         outs.append(o)
-    flips = 0.0 if cfg.recur == "fp32" and "nvfp4" not in text and "fp8" not in text else one_column_share(inputs)
+    flips = one_column_share(inputs)  # every case rounds a read copy: the roundings FP32 noise flips
     assert_close("o", o_ref, torch.cat(outs, 1), 1e-5, flips=flips)
     assert_close("buffer u", st_ref.buffer["u"], state.buffer["u"], 1e-5, flips=flips)
     mostly_equal("S_lo", st_ref.lo, state.lo)
