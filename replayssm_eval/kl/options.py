@@ -48,3 +48,13 @@ class KLConfig:
     output: str | None = option(None, "output directory (default reports/kl-<model>-<UTC time>/)")
     resume: str | None = option(None, "continue the interrupted run in this directory")
     keep_token_metrics: bool = option(False, "keep the per-token metrics (tokens/*.npz) after the run completes")
+
+
+@dataclass(frozen=True)
+class SensitivityConfig(KLConfig):
+    """Options of `replayssm-eval sensitivity`: the kl options (the text, lengths, buckets, device) and the study's."""
+
+    config: tuple[str, ...] = option(("nvfp4/fp16sr",), "the one config studied, e.g. nvfp4/fp16sr")
+    heads: int = option(0, "also measure each head of this many most sensitive layers")
+    output: str | None = option(None, "output directory (default reports/sensitivity-<model>-<UTC time>/)")
+    resume: str | None = option(None, "continue the interrupted study in this directory")

@@ -442,6 +442,9 @@ def provenance_table(result: Result) -> Table:
         seeds = ", ".join(f"{c['name']}: {c.get('seed', 0)}" for c in d["configs"])
         data = (f"{(d.get('resolved') or {}).get('source', '?')}, documents {d.get('document_indices')}, "
                 f"prompt {d.get('prompt_len')} + {d.get('tokens')} tokens")
+    elif result.kind == "sensitivity":
+        seeds = f"{d['config']}: its #seed tag (0 without one)"
+        data = f"{d['num_docs']} documents x {d['tokens']} tokens (its stages' kl.json record the text)"
     else:
         seeds = d.get("seeds") or {k: v for k, v in d.items() if "seed" in k}
         seeds = ", ".join(f"{k}: {v}" for k, v in seeds.items()) if isinstance(seeds, dict) else str(seeds)

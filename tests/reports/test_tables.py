@@ -69,7 +69,7 @@ def test_traffic_from_json_and_computed_when_absent(tmp_path):
 def test_load_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_results([tmp_path / "missing"])
-    with pytest.raises(ValueError, match="no kl.json or accuracy.json in"):
+    with pytest.raises(ValueError, match="no kl.json or accuracy.json or sensitivity.json in"):
         load_results([tmp_path])
     (tmp_path / "kl.json").write_text(json.dumps({"model": "m"}))
     with pytest.raises(ValueError, match="missing configs, reference; is it a kl result"):
