@@ -15,7 +15,7 @@ from matplotlib.colors import LogNorm  # noqa: E402
 
 from replayssm_eval.reports.load import Result  # noqa: E402
 from replayssm_eval.reports.plots import _png  # noqa: E402
-from replayssm_eval.reports.tables import Table, _bucket, _sci  # noqa: E402
+from replayssm_eval.reports.tables import KIB, Table, _bucket, _sci  # noqa: E402
 
 PANELS = (("only", "only this part in {config}"), ("all_but", "only this part in FP32, the rest in {config}"))
 
@@ -54,6 +54,26 @@ def heads_table(result: Result) -> Table | None:
             for h in sorted(heads, key=lambda h: h["only"]["kl_mean"], reverse=True)]
     return Table(f"Head sensitivity of {result.data['config']}, {result.label}",
                  ["layer", "head", "KL only this head", "KL all but this head"], rows)
+
+
+def budget_table(result: Result) -> Table | None:
+    """The --budget choice: its per-layer configs, predicted and measured KL, beside every candidate uniformly."""
+    plan = result.data.get("budget")
+    if not plan:
+        return None
+    fp32 = plan["fp32_bytes"]
+    rows = [["chosen: " + plan["config"], f"{plan['chosen_bytes'] / KIB:.1f}", f"{100 * plan['chosen_bytes'] / fp32:.1f}%",
+             _sci(plan["predicted_kl"]), _sci(plan["measured_kl"])]]
+    rows += [[u["name"], f"{u['bytes'] / KIB:.1f}", f"{100 * u['bytes'] / fp32:.1f}%", "", _sci(u["kl_mean"])]
+             for u in plan["uniform"]]
+    ratio = plan["measured_over_predicted"]
+    note = (f"Budget {plan['given']} = {plan['bytes'] / KIB:.1f} KiB of SSM state traffic per decode token "
+            f"(conventional FP32: {fp32 / KIB:.1f} KiB). Predicted KL: the sum over layers of the KL measured with only "
+            "that layer in its chosen config (FP32: 0); measured: the chosen config's own kl run (the stage budget/, "
+            "whose Pareto plot shows it beside the uniform candidates)"
+            + (f"; measured / predicted = {ratio:.2f}." if ratio else "; not measured yet."))
+    return Table(f"Mixed precision under a budget, {result.label}",
+                 ["config", "KiB / token", "of FP32", "predicted KL", "measured KL"], rows, note=note)
 
 
 def layer_heatmap_png(result: Result) -> bytes:

@@ -21,7 +21,9 @@ import socket
 
 import torch
 
+from replayssm_eval.formats import get_format
 from replayssm_eval.kl import runner as runner_module
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models.tokenizer import VOCAB_SIZE, build_byte_tokenizer
 
 FAKE_MODEL = "fake-byte-lm"
@@ -57,7 +59,12 @@ class FakeRunner:
         return stream
 
     def state_traffic(self, config):
-        return {"bytes_per_token": 4.0 * HIDDEN / config.window}
+        """Per layer: the bytes of both copies of a [4, 2, 16] state in its layer's formats (the head parts
+        aside); the fields `kl.sensitivity`'s budget reads."""
+        layer_bytes = [fake_layer_bytes(config.for_layer(layer)) for layer in FAKE_LAYERS]
+        fp32 = fake_layer_bytes(ReplayConfig())
+        return {"replay": {"total": layer_bytes[0]}, "conventional_fp32": fp32,
+                "per_model": {"replay": sum(layer_bytes), "conventional_fp32": fp32 * len(FAKE_LAYERS)}}
 
     def skip_reads(self, config):
         return None if config.skip_read_below is None else {"total": {"skipped": 0}}
@@ -106,6 +113,10 @@ class FakeStream:
 
     def close(self):
         self.closed = True
+
+
+def fake_layer_bytes(config) -> int:
+    return sum(get_format(name).storage_bytes((4, 2, 16)) for name in (config.read, config.recur))
 
 
 def rounding_mask(config) -> torch.Tensor:
