@@ -368,11 +368,15 @@ def pareto_points(result: Result) -> tuple[list[ParetoPoint], tuple[int, int] | 
 
 
 def read_bits(traffic: dict | None) -> float | None:
-    """Bits per state element of the read copy (scales included), from a `state_traffic` record."""
+    """Bits per state element of the read copy (scales included), from a `state_traffic` record; a mixed config's
+    mean over its SSM layers."""
     if not traffic:
         return None
     elements = math.prod(traffic["geometry"]["state"])
-    return 8 * traffic["bytes_per_copy"]["read"] / elements
+    layers = traffic["geometry"]["num_ssm_layers"]
+    named = [t["bytes_per_copy"]["read"] for t in traffic.get("per_layer", {}).values()]
+    total = traffic["bytes_per_copy"]["read"] * (layers - len(named)) + sum(named)
+    return 8 * total / (elements * layers)
 
 
 def on_frontier(p: ParetoPoint, points: list[ParetoPoint], cost: str) -> bool:
