@@ -101,10 +101,10 @@ class ModelRunner:
     def skip_reads(self, config: ReplayConfig) -> dict | None:
         """`models.traffic.skip_savings` of the checkpoint reads `#skip` dropped in the closed streams of `config`
         ((token, head) pairs of the decode calls; a stream restored from a snapshot counts from there); None
-        without #skip."""
+        without #skip in any part."""
         from replayssm_eval.models.traffic import skip_savings
 
-        if config.skip_read_below is None:
+        if all(part.skip_read_below is None for part in config.part_configs):
             return None
         layers = self.skips.get(config.name, {})
         counts = {layer: dict(zip(("reads", "skipped_read_copy", "skipped_recur_copy"), c))

@@ -98,3 +98,12 @@ def test_check_config_names_the_bad_part():
         rm.check_config("nvfp4/fp16sr+1=fp32")
     with pytest.raises(ValueError, match=r"^heads 2\.h3-4 in mixed config: layer 2 has 4 heads; accepted: heads 0-3$"):
         rm.new_session("nvfp4/fp16sr+2.h3-4=fp32")
+
+
+def test_skip_counts_only_the_heads_of_its_part():
+    rm = ReplayModel(build("nemotron_h"))
+    ids = torch.randint(0, VOCAB, (2, CALLS[-1][1]), generator=torch.Generator().manual_seed(1))
+    session = rm.new_session(f"fp32+2.h0-1={X}#skip=0.5", seq_ids=[3, 8])
+    forward_calls(rm, ids, CALLS, session)
+    decoded = CALLS[-1][1] - CALLS[0][1]  # tokens after the prompt
+    assert list(session.skip_counts) == [2] and session.skip_counts[2][0] == 2 * decoded * 2  # rows x tokens x heads
