@@ -79,7 +79,9 @@ def load_results(paths) -> list[Result]:
                 raise ValueError(f"{file}: not valid JSON ({err})") from err
             kind = RESULT_FILES[file.name]
             _check(kind, file, data)
-            results.append(Result(kind, file, data, file.parent.name))
+            study = file.parent.parent
+            run = f"{study.name}/{file.parent.name}" if (study / "sensitivity.json").is_file() else file.parent.name
+            results.append(Result(kind, file, data, run))  # a study's budget stage is named with its study
     if not results:
         raise ValueError("no results given")
     return _unique_slugs(results)

@@ -67,7 +67,7 @@ def test_budget_study_on_the_fake_model(fake, tmp_path):
     assert [u["name"] for u in plan["uniform"]] == [c.name, other.name]
     assert measured[plan["config"]]["state_traffic"]["per_model"]["replay"] == plan["chosen_bytes"]
     results = load_results([run_dir])  # the study, and its budget stage as a kl run (Pareto plot)
-    assert sorted((r.kind, r.run) for r in results) == [("kl", "budget"), ("sensitivity", "study")]
+    assert sorted((r.kind, r.run) for r in results) == [("kl", "study/budget"), ("sensitivity", "study")]
     table = budget_table(next(r for r in results if r.kind == "sensitivity"))
     assert table.rows[0][0] == f"chosen: {plan['config']}" and [r[0] for r in table.rows[1:]] == [c.name, other.name]
     with pytest.raises(ValueError, match="--candidates shared:fp8@8 without --budget"):
