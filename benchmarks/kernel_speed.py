@@ -459,10 +459,10 @@ class GDN:
 
 
 class KDA(GDN):
-    """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its step kernel takes BV, num_warps."""
+    """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its own step kernel launch."""
 
     name = "kda"
-    step_keys = ("BV", "num_warps")
+    step_keys = ("BLOCK_V", "BLOCK_K", "num_warps")
     dims = staticmethod(GDN.dims)
 
     def token_bytes(self, entries: int) -> int:
@@ -493,13 +493,17 @@ class KDA(GDN):
                                lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
-        return [dict(BV=bv, num_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)]
+        """Launch configs of `_replay_step_kernel` the tune rows sweep (BLOCK_V >= 16: the open fold's tl.dot)."""
+        v = max(16, triton.next_power_of_2(self.V))
+        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps)
+                for block_v in sorted({16, 32, 64, v}) for block_k in (16, 32, 64) for warps in (2, 4, 8)
+                if block_v * block_k >= 512 * warps // 2 and block_v * block_k <= 4096]
 
     def step_variant(self, launch, cfg: dict):
         if getattr(launch, "kernel", None) != "_replay_step_kernel":
             raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
         grid, args, kwargs = launch.launch
-        new_grid = (grid[0], self.HV, triton.cdiv(self.V, cfg["BV"]))
+        new_grid = kda_triton.step_grid(grid[0], self.state_heads, self.V, cfg["BLOCK_V"])
         return lambda: kda_triton._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
 
     def conventional(self, batch: int, block: int):
@@ -684,7 +688,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
     return best
 
 
-_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "BV": "bv", "num_warps": "w"}
+_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "num_warps": "w"}
 
 
 def _short(cfg: dict) -> str:

@@ -30,6 +30,7 @@ def cases() -> list:
     from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk_module
     from replayssm_eval.kernels.gdn import triton_step as gdn_step_module
     from replayssm_eval.kernels.kda import triton_chunk as kda_chunk_module
+    from replayssm_eval.kernels.kda import triton_step as kda_step_module
     from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_chunk_module
     from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
 
@@ -51,6 +52,10 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
+        (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=head, SKIP=True,
+                                       FOLD=True, CLOSED=False, BUF=1, BLOCK_E=16, BLOCK_V=16, BLOCK_K=32)),
+        (kda_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, BK=128, KIND=fp8, GROUP=row, SKIP=False,
+                                       FOLD=True, CLOSED=True, BUF=0, BLOCK_E=16, BLOCK_V=16, BLOCK_K=16)),
         (gdn_step_module._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=nvfp4, GROUP=row, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),

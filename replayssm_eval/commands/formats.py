@@ -1,7 +1,7 @@
 """`replayssm-eval formats`: bits, bytes of one SSM state and round-trip error of every state format.
 
     replayssm-eval formats --geometry qwen3.5-4b --distribution student-t3 --json
-    replayssm-eval formats --presets        (engine presets, their expansions and sources)
+    replayssm-eval formats --presets        (engine presets: expansions, sources, what each reproduces bit for bit)
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ class FormatsConfig:
     distribution: str = field(default="gaussian", metadata={
         "help": "synthetic state values", "choices": DISTRIBUTIONS})
     formats: tuple[str, ...] = field(default_factory=tuple, metadata={
-        "help": "format spec, e.g. nvfp4:axis=headdim,scale=head; all formats with default options if none"})
+        "help": "format spec, e.g. nvfp4:axis=headdim,scale=head, fp8:scale=tile:32x0,max=240 (R x C scale tiles), "
+                "int8:ef=bf16 (error feedback; its residual counts in the bytes); all formats with default options "
+                "if none"})
     states: int = field(default=2, metadata={"help": "independent states sampled for the error"})
     seed: int = field(default=0, metadata={"help": "seed of the sampled states and of stochastic rounding"})
     json: bool = field(default=False, metadata={"help": "print JSON instead of a table"})
     presets: bool = field(default=False, metadata={
-        "help": "list the engine presets (e.g. vllm:fp16sr) with the config each expands to and its source"})
+        "help": "list the engine presets (e.g. vllm:fp16sr): the config each expands to, its source and what "
+                "it reproduces bit for bit"})
 
 
 @command("formats")
@@ -60,11 +63,12 @@ def _print_presets(as_json: bool) -> int:
     from replayssm_eval.replay.engine_presets import PRESETS
 
     rows = [{"preset": p.name, "expansion": ReplayConfig.parse(p.expansion).name, "source": p.source,
-             "description": p.description} for p in PRESETS.values()]
+             "description": p.description, "engine_bits": p.engine_bits} for p in PRESETS.values()]
     if as_json:
         print(json.dumps({"presets": rows}, indent=2))
         return 0
-    print("| preset | expansion | source | description |\n| --- | --- | --- | --- |")
+    print("| preset | expansion | source | description | bit-identical to the engine |\n|" + " --- |" * 5)
     for row in rows:
-        print(f"| {row['preset']} | `{row['expansion']}` | {row['source']} | {row['description']} |")
+        print(f"| {row['preset']} | `{row['expansion']}` | {row['source']} | {row['description']} "
+              f"| {row['engine_bits']} |")
     return 0

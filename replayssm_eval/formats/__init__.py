@@ -8,13 +8,15 @@
 
 Formats: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, int8, int8sr, nvfp4, mxfp8,
 mxfp4 (`list_formats()`). Spec grammar `name[:key=value,...]` (`registry`): e.g. `int8:scale=block:64`,
-`fp8:scale=head,max=240`, `int8:rot=hadamard:32`, `fp16sr:rounds=7,bits=8`, `nvfp4:scale=rowcol`.
+`fp8:scale=tile:32x0,max=240`, `int8:rot=hadamard:32`, `int8:ef=fp32`, `fp16sr:rounds=7,bits=8`, `nvfp4:scale=rowcol`,
+and the engines' own layouts `fp16sr:words=pair` (vLLM), `fp16sr:words=quad,cvt=soft`, `int16:order=mul` (FlashInfer).
 
 Layout convention. A state tensor is `[..., H, P, N]` = `[..., heads, head_dim, d_state]`. Every
 index of the leading dims is one independent state (one sequence of one layer): no scale couples
 two leading indices. Inputs with fewer than 3 dims get leading size-1 dims. Scale groups:
 `tensor` = one scale per leading index (over H, P, N); `head` = per [P, N]; `row` = per row along
-the block axis; `block:N` = per N consecutive elements along the axis; `rowcol` = a column factor
+the block axis; `block:N` = per N consecutive elements along the axis; `tile:RxC` = per R rows x C
+columns of the oriented head (0: the whole axis); `rowcol` = a column factor
 per element of the axis times a row scale (`formats.ScaledFormat`). Block axes: `dstate` = consecutive elements along N (last dim), `headdim` = along
 P (dim -2). A blocked dim that is not a multiple of the block is zero-padded (as
 TransformerEngine does); padding shows in the packed data, never in the decoded shape.
@@ -23,7 +25,8 @@ Stochastic formats (fp16sr, fp8sr, int8sr, int16sr) need `seed=` (int) or `rando
 Philox4x32-R counter of the element at flat row-major index i of x is `offset + i` (64-bit), key
 `seed`, as `tl.randint(seed, offset + i, R)` (R = `rounds=`, 10 by default). `random_bits` (int64
 tensor of uint32 values, x's shape) replaces Philox; a format uses bits [K-1:0] of each word
-(K = `bits=`: 13 for fp16sr, 16 for fp8sr, int8sr and int16sr by default).
+(K = `bits=`: 13 for fp16sr, 16 for fp8sr, int8sr and int16sr by default); fp16sr's `words=` picks
+another assignment of words to elements (`formats.ElementwiseFormat`).
 
 Kernels. `fmt.kernel_codec` (`codec.KernelCodec`, None where torch rounds the format) is all a Triton
 kernel reads of a format: element kind, scale group, scale max, block, axis, and what the kernels can

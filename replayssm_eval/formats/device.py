@@ -10,11 +10,14 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
 interpreter and any GPU give the same bits as the torch reference. Constants come from `rounding`.
 
-Fast decoders for kernels that stream a packed copy (one integer shift/or and one exact FP16 -> FP32
+Fast decoders for kernels that stream a packed copy (integer shifts and masks and one exact FP16 -> FP32
 cvt per element, same values as the decoders above):
     e4m3_fast(byte), e5m2_fast(byte), decode_elements(raw, KIND)   codes -> FP32
-    e2m1_f16(byte), e2m1_f16_hi(byte)                              low / high nibble -> E2M1 value * 2^-14
-                                                                   (multiply by E2M1_F16_SCALE, once per block)
+    e2m1_f16_pair(word, J)                                         nibbles J, J + 4 of an int32 word of 8 NVFP4
+                                                                   codes -> E2M1 values * 2^-14 (multiply by
+                                                                   E2M1_F16_SCALE, once per block)
+    nibble_lanes(x, BW)                                            x [8 BW] -> its 8 strided lanes (a tuple): lane J
+                                                                   multiplies nibble J of each of BW words
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
 numbering, constexprs FP32 ... MXFP4 here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
@@ -168,17 +171,38 @@ E2M1_F16_SCALE = tl.constexpr(16384.0)  # 2^14: an E2M1 code placed in FP16 bits
 
 
 @triton.jit
-def e2m1_f16(c):
-    """E2M1 value * 2^-14 of the low nibble of c (int32) via the FP16 bit pattern: exact, subnormal codes included."""
-    h = ((c & 7) << 9) | ((c & 8) << 12)
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+def _shift(x, N: tl.constexpr):
+    """x << N for N >= 0, else x >> -N (arithmetic: callers mask the bits the sign fills)."""
+    if N >= 0:
+        y = x << N
+    else:
+        y = x >> -N
+    return y
 
 
 @triton.jit
-def e2m1_f16_hi(byte):
-    """`e2m1_f16` of the high nibble of bytes (int32, 0..255), without shifting the nibble down first."""
-    h = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+def e2m1_f16_pair(word, J: tl.constexpr):
+    """E2M1 values * 2^-14 of nibbles J and J + 4 (J in 0..3) of int32 words of 8 NVFP4 codes, through FP16 bit
+    patterns (exact, subnormal codes included). The two nibbles lie 16 bits apart, so one pair of shifts and masks
+    places both as FP16 halves: magnitude bits at 9..11 and sign at 15 of each half."""
+    h = (_shift(word, 9 - 4 * J) & 0x0E000E00) | (_shift(word, 12 - 4 * J) & -2147450880)  # -2147450880: 0x80008000
+    lo = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (h >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def nibble_lanes(x, BW: tl.constexpr):
+    """The 8 strided lanes of x [BW * 8] (a tuple): lane j [BW] holds x[8 w + j], the element that multiplies nibble j
+    of packed int32 word w (`e2m1_f16_pair`)."""
+    a, b = tl.split(tl.reshape(x, (BW, 2, 2, 2)))  # x[8 w + 4 i + 2 j + l]: a holds l = 0, b l = 1
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    l0, l4 = tl.split(tl.reshape(a0, (BW, 2)))
+    l2, l6 = tl.split(tl.reshape(a1, (BW, 2)))
+    l1, l5 = tl.split(tl.reshape(b0, (BW, 2)))
+    l3, l7 = tl.split(tl.reshape(b1, (BW, 2)))
+    return l0, l1, l2, l3, l4, l5, l6, l7
 
 
 @triton.jit

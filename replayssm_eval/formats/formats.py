@@ -7,6 +7,7 @@ accepted values in canonical order, the first value being the default.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -81,6 +82,11 @@ class StateFormat:
         return None
 
     @property
+    def feedback(self) -> str | None:
+        """The precision of the error-feedback residual a stored copy keeps (`feedback.Feedback`), None without."""
+        return None
+
+    @property
     def bits_per_element(self) -> float:
         raise NotImplementedError
 
@@ -112,6 +118,48 @@ class StateFormat:
         return self.name
 
 
+class WrappedFormat(StateFormat):
+    """A format option that applies to every format (`rot=`, `ef=`): `inner` (a frozen dataclass field of the
+    subclass) does the rounding; the subclass names its option (`option`) and may change what `encode` sees."""
+
+    inner: StateFormat
+
+    @property
+    def option(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def base(self) -> str:
+        return self.inner.base
+
+    @property
+    def axis(self) -> str:
+        return getattr(self.inner, "axis", "dstate")
+
+    @property
+    def name(self) -> str:
+        return self.inner.name + ("," if ":" in self.inner.name else ":") + self.option
+
+    @property
+    def is_stochastic(self) -> bool:
+        return self.inner.is_stochastic
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.inner.bits_per_element
+
+    def storage_bytes(self, shape) -> int:
+        return self.inner.storage_bytes(shape)
+
+    def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
+        packed = self.inner.encode(x, seed=seed, offset=offset, random_bits=random_bits)
+        return dataclasses.replace(packed, format=self.name)
+
+    def decode(self, packed) -> torch.Tensor:
+        self._check(packed)
+        return self.inner.decode(dataclasses.replace(packed, format=self.inner.name))
+
+
 @dataclass(frozen=True)
 class ElementwiseFormat(StateFormat):
     """Unscaled per-element formats; `data` has x's shape and the dtype below.
@@ -122,16 +170,45 @@ class ElementwiseFormat(StateFormat):
     fp16sr   stochastic: q * floor(|x|/q + r/2^K), r = bits [K-1:0] of the word, K = `bits` (13, as PTX
              cvt.rs.f16x2.f32); results beyond 65504 -> Inf; see `rounding` for subnormals.  data: float16
     Signs of zero are kept (IEEE formats have -0).
+
+    fp16sr's word layout (`words=`), which random word and field each element reads:
+        element  each element its own word, Philox at its own counter (`offset` + flat index), bits [K-1:0]
+        pair     vLLM's and SGLang's Triton store (`cvt.rs.f16x2.f32` with `pack=2`): elements 2j and 2j+1
+                 of a row share the word at 2j's counter, 2j reading bits [12:0] and 2j+1 bits [28:16]
+                 (`layout.paired_words`); with `random_bits`, 2j+1 reads the high field of 2j's word
+        duo      FlashInfer's SM90 vertical decode kernel, and its simple one for d_state 64: one Philox4x32 call
+                 per 2 elements of a row at the first one's counter, element n reading output word n % 2
+        quad     FlashInfer's simple decode kernel for d_state >= 128: one Philox4x32 call per 4 elements of a
+                 row at the first one's counter, element n reading output word n % 4, bits [K-1:0]
+                 (`layout.philox_lane_words`)
+        octet    TensorRT-LLM's ReplaySSM flush: one Philox4x32 call per 8 elements of a row at the first one's
+                 counter, its words in `tl.join` order r0, r2, r1, r3 to the row's 4 pairs, each pair split as
+                 `pair`
+    (`duo`, `quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do)
+    and its conversion (`cvt=`): `ptx`, the cvt.rs model of `rounding._stochastic`; `soft`, FlashInfer's
+    software port on GPUs without cvt.rs (`rounding.sr_fp16_soft`: flushes fp16 subnormal results).
     """
 
     base: str
     rounds: str = str(philox.N_ROUNDS)
     bits: str = str(rounding.FP16_SR_BITS)
+    words: str = "element"
+    cvt: str = "ptx"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp16sr",)
+    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "duo", "quad", "octet"),
+                                                         "cvt": ("ptx", "soft")}
+    # output word of a Philox4x32 call read by each element of a group (words=duo, quad, octet)
+    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"duo": (0, 1), "quad": (0, 1, 2, 3),
+                                                         "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp16sr": (rounding.FP16_SR_BITS, rounding.FP16_SR_BITS)}
     _DTYPES: ClassVar[dict[str, torch.dtype]] = {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16sr": torch.float16,
     }
+
+    @classmethod
+    def options_for(cls, base):
+        opts = super().options_for(base)
+        return {**opts, **cls.SR_OPTIONS} if base in cls.STOCHASTIC else opts
 
     @property
     def bits_per_element(self) -> float:
@@ -139,16 +216,26 @@ class ElementwiseFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        return KernelCodec(Kind[self.base.upper()]) if self.default_random else None
+        """Covered: the default word layout and conversion (the kernels draw one word per element, cvt.rs model)."""
+        plain = self.words == "element" and self.cvt == "ptx"
+        return KernelCodec(Kind[self.base.upper()]) if self.default_random and plain else None
 
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
+
+    def _words(self, x, seed, offset, random_bits):
+        if self.words in self._LANE_WORDS and random_bits is None and self.is_stochastic:
+            words = layout.philox_lane_words(x, seed, offset, self._LANE_WORDS[self.words], int(self.rounds))
+        else:
+            words = super()._words(x, seed, offset, random_bits)
+        return layout.paired_words(words) if self.words in ("pair", "octet") and words is not None else words
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)
         x32 = x.float()
         if self.base == "fp16sr":
-            x32 = rounding.sr_fp16(x32, words, self.random_bits_used)
+            sr = rounding.sr_fp16_soft if self.cvt == "soft" else rounding.sr_fp16
+            x32 = sr(x32, words, self.random_bits_used)
         data = x32.to(self._DTYPES[self.base])
         return PackedState(self.name, tuple(x.shape), data.clone() if data is x else data)
 
@@ -157,7 +244,7 @@ class ElementwiseFormat(StateFormat):
         return packed.data.float()
 
 
-SCALES = ("row", "head", "tensor", "block:N", "rowcol", "none")
+SCALES = ("row", "head", "tensor", "block:N", "tile:RxC", "rowcol", "none")
 
 
 def column_factors(xo: torch.Tensor) -> torch.Tensor:
@@ -176,27 +263,49 @@ class ScaledFormat(StateFormat):
         scale=tensor   one s per leading index, over [H, R, C]     stored: global_scale `lead`
         scale=block:N  one s per N consecutive elements along C (the last block may be shorter)
                                                                    stored: scales FP32 `lead + (H, R, ceil(C/N))`
+        scale=tile:RxC one s per tile of R rows x C columns of [R, C] (0: the whole axis; edge tiles shorter);
+                       block:N is tile:1xN, row tile:1x0, head tile:0x0, one per column tile:0x1
+                                                                   stored: scales FP32 `lead + (H, ceil(R/r), ceil(C/c))`
         scale=rowcol   two axes: c_j = max_i |x_ij| per column of the head (1 where 0), y = x / c,
                        r_i = max_j |y_ij| / MAX per row (1 where 0), v = y / r, dequant = (code * r) * c.
                        stored: global_scale r `lead + (H, R)`, col_scale c `lead + (H, C)`
         scale=none     s = 1 (a plain saturating cast)
-    s = amax / MAX (FP32 division) and s = 1 where it is 0 (an all-zero group); v = x / s (FP32 division);
-    code = round(v); dequant = code * s. A group holding Inf or NaN decodes to NaN throughout.
+    order=div (default): s = amax / MAX (FP32 division) and s = 1 where it is 0 (an all-zero group);
+    v = x / s (FP32 division); code = round(v); dequant = code * s. A group holding Inf or NaN decodes to
+    NaN throughout.
+    order=mul (FlashInfer's scaled state, CUDA order): amax over the group ignoring NaN (fmaxf from -FLT_MAX,
+    so an all-NaN group has amax = -FLT_MAX), enc = MAX / amax (1 where amax = 0), v = x * enc, s = 1 / enc
+    (FP32 divisions), code = round(v) (integers: NaN -> -qmax, fminf/fmaxf clamp before __float2int_rn),
+    dequant = code * s. An Inf in the group gives enc = 0 and s = Inf.
     Packed data: codes with x's shape (uint8 FP8 bytes, int8 or int16 integers).
     """
 
     base: str
     axis: str = "dstate"
     scale: str = "row"
-    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": SCALES}
+    order: str = "div"
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES, "scale": SCALES, "order": ("div", "mul")}
 
     @property
     def max_value(self) -> float:
         raise NotImplementedError
 
     @property
-    def block(self) -> int:
-        return int(self.scale.partition(":")[2]) if self.scale.startswith("block:") else 0
+    def tile(self) -> tuple[int, int] | None:
+        """(rows, columns) of one scale tile of the oriented view, 0 for the whole axis (block:N is (1, N)); None for
+        the other scales."""
+        kind, _, size = self.scale.partition(":")
+        if kind == "block":
+            return 1, int(size)
+        if kind == "tile":
+            rows, _, cols = size.partition("x")
+            return int(rows), int(cols)
+        return None
+
+    def _tile_dims(self, r: int, c: int) -> tuple[int, int]:
+        """The scale tile's rows and columns in an oriented [R=r, C=c] head."""
+        rows, cols = self.tile
+        return rows or r, cols or c
 
     @property
     def code_bytes(self) -> int:
@@ -204,16 +313,19 @@ class ScaledFormat(StateFormat):
 
     @property
     def bits_per_element(self) -> float:
-        """Code bits, plus the FP32 block scale's share for block:N (row, head and tensor scales not counted)."""
-        return 8.0 * self.code_bytes + (32.0 / self.block if self.block else 0.0)
+        """Code bits, plus the FP32 scale's share for block:N and tile:RxC of fixed size (R, C > 0; scales over a whole
+        axis, row, head and tensor not counted)."""
+        fixed = self.tile is not None and 0 not in self.tile
+        return 8.0 * self.code_bytes + (32.0 / (self.tile[0] * self.tile[1]) if fixed else 0.0)
 
     def _n_scales(self, shape) -> int:
         *lead, h, r, c = layout.oriented_shape(shape, self.axis)
         per_head = {"row": r, "head": 1, "rowcol": r + c, "none": 0}.get(self.scale)
         if self.scale == "tensor":
             return layout.prod(lead)
-        if self.block:
-            per_head = r * -(-c // self.block)
+        if self.tile:
+            rows, cols = self._tile_dims(r, c)
+            per_head = -(-r // rows) * -(-c // cols)
         return layout.prod(lead) * h * per_head
 
     def storage_bytes(self, shape) -> int:
@@ -233,6 +345,18 @@ class ScaledFormat(StateFormat):
         s = div_rn(amax, self.max_value)
         return torch.where(s == 0, 1.0, s)
 
+    def _magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """|x| as the group maximum reads it: NaN propagates (div) or is skipped, reading -FLT_MAX (mul)."""
+        return x.abs() if self.order == "div" else torch.where(torch.isnan(x), -rounding.FLT_MAX, x.abs())
+
+    def _scaled(self, x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v, s): the elements x scaled for rounding and their decode scales, from the group maxima amax."""
+        if self.order == "div":
+            s = self._scale(amax)
+            return x / s, s
+        enc = torch.where(amax == 0, 1.0, div_rn(self.max_value, amax))
+        return x * enc, div_rn(1.0, enc)
+
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)
         x4 = layout.as_bhpn(x)  # [B, H, P, N]
@@ -243,16 +367,15 @@ class ScaledFormat(StateFormat):
         if self.scale == "rowcol":
             col = column_factors(xo)  # [B, H, 1, C]
             y = xo / col
-            s = self._scale(y.abs().amax(dim=3, keepdim=True))  # [B, H, R, 1]
-            v = y / s
+            v, s = self._scaled(y, self._magnitudes(y).amax(dim=3, keepdim=True))  # s: [B, H, R, 1]
             cs, gs = col.reshape(*lead, h, c), s.reshape(*lead, h, r)
-        elif self.block:
-            s = self._scale(layout.pad_to(xo, self.block).unflatten(-1, (-1, self.block)).abs().amax(-1))  # [B, H, R, Cb]
-            v = xo / s.repeat_interleave(self.block, -1)[..., :c]
-            scales = s.reshape(*lead, h, r, -1)
+        elif self.tile:
+            rows, cols = self._tile_dims(r, c)
+            tmax = layout.tile_max(self._magnitudes(xo), rows, cols)  # [B, H, Rt, Ct]
+            v, s = self._scaled(xo, layout.untile(tmax, rows, cols, r, c))  # s: [B, H, R, C]
+            scales = s[..., ::rows, ::cols].reshape(*lead, h, *tmax.shape[2:])
         elif self.scale != "none":
-            s = self._scale(layout.group_amax(xo, self.scale))  # [B, H|1, R|1, 1]
-            v = xo / s
+            v, s = self._scaled(xo, layout.group_max(self._magnitudes(xo), self.scale))  # s: [B, H|1, R|1, 1]
             gs = s.reshape(layout.group_shape(x.shape, self.scale, self.axis))
         wo = None if words is None else layout.orient(words.reshape(x4.shape), self.axis)
         codes = self._to_codes(self._round(v, wo))
@@ -266,8 +389,9 @@ class ScaledFormat(StateFormat):
         v = layout.orient(self._from_codes(packed.data).reshape(-1, *layout.shape3(packed.shape)[-3:]), self.axis)
         if self.scale == "rowcol":
             v = (v * packed.global_scale.reshape(-1, h, r, 1)) * packed.col_scale.reshape(-1, h, 1, c)
-        elif self.block:
-            v = v * packed.scales.reshape(-1, h, r, packed.scales.shape[-1]).repeat_interleave(self.block, -1)[..., :c]
+        elif self.tile:
+            rows, cols = self._tile_dims(r, c)
+            v = v * layout.untile(packed.scales.reshape(-1, h, *packed.scales.shape[-2:]), rows, cols, r, c)
         elif self.scale != "none":
             v = v * packed.global_scale.reshape(-1, *{"row": (h, r), "head": (h, 1), "tensor": (1, 1)}[self.scale], 1)
         return layout.unorient(v, self.axis).reshape(packed.shape)
@@ -312,8 +436,9 @@ class FP8Format(ScaledFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: axis=dstate with scale row, head, tensor or none."""
-        if self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or not self.default_random:
+        """Covered: axis=dstate with scale row, head, tensor or none, order=div."""
+        if (self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or self.order != "div"
+                or not self.default_random):
             return None
         return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value)
 
@@ -338,7 +463,7 @@ class IntFormat(ScaledFormat):
                      K = `bits` (default 16, up to 32), computed exactly; unbiased when v has at most K
                      bits below the integer point, else biased toward zero by less than 2^-K.
     Codes: int8 / int16 two's complement (-0.0 -> 0, NaN -> 0; a group holding Inf or NaN decodes
-    to NaN throughout, its scale being Inf or NaN).
+    to NaN throughout, its scale being Inf or NaN). Under order=mul NaN -> -qmax (`ScaledFormat`).
     """
 
     rounds: str = str(philox.N_ROUNDS)
@@ -359,6 +484,8 @@ class IntFormat(ScaledFormat):
         return 32767 if self.code_bytes == 2 else 127
 
     def _round(self, v, words):
+        if self.order == "mul":
+            v = torch.where(torch.isnan(v), -float(self.qmax), v)
         if self.is_stochastic:
             return rounding.sr_int(v, words, self.qmax, self.random_bits_used)
         return rounding.round_int(v, self.qmax)

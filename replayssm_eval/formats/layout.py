@@ -52,9 +52,27 @@ def pad_to(xo: torch.Tensor, block: int) -> torch.Tensor:
     return torch.nn.functional.pad(xo, (0, pad)) if pad else xo
 
 
+def tile_max(a: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """max of `a` `[B, H, R, C]` per tile of `rows` x `cols` (edge tiles shorter): `[B, H, Rt, Ct]`,
+    Rt = ceil(R / rows), Ct = ceil(C / cols)."""
+    r, c = a.shape[-2:]
+    ap = torch.nn.functional.pad(a, (0, -c % cols, 0, -r % rows), value=-float("inf"))  # padding is never a max
+    return ap.unflatten(3, (-1, cols)).unflatten(2, (-1, rows)).amax(dim=(3, 5))
+
+
+def untile(s: torch.Tensor, rows: int, cols: int, r: int, c: int) -> torch.Tensor:
+    """Per-tile values `[B, H, Rt, Ct]` spread over their elements `[B, H, r, c]` (`tile_max`'s tiles)."""
+    return s.repeat_interleave(rows, 2).repeat_interleave(cols, 3)[..., :r, :c]
+
+
 def group_amax(xo: torch.Tensor, scale: str) -> torch.Tensor:
     """max |x| per scale group of the oriented `[B, H, R, C]`, kept as a broadcastable `[B, H|1, R|1, 1]`; NaN propagates."""
-    return xo.abs().amax(dim=_GROUP_DIMS[scale], keepdim=True)
+    return group_max(xo.abs(), scale)
+
+
+def group_max(a: torch.Tensor, scale: str) -> torch.Tensor:
+    """max of `a` `[B, H, R, C]` per scale group, kept as a broadcastable `[B, H|1, R|1, 1]`."""
+    return a.amax(dim=_GROUP_DIMS[scale], keepdim=True)
 
 
 def group_shape(shape: tuple[int, ...], scale: str, axis: str = "dstate") -> tuple[int, ...]:
@@ -74,6 +92,34 @@ def random_words(x: torch.Tensor, seed: int | None, offset: int, random_bits: to
         raise ValueError("stochastic rounding needs seed= (an int) or random_bits=; got neither")
     counter = offset + torch.arange(x.numel(), device=x.device, dtype=torch.int64)
     return philox.randint(int(seed), counter, rounds).reshape(x.shape)
+
+
+def paired_words(words: torch.Tensor) -> torch.Tensor:
+    """Words of `cvt.rs.f16x2.f32` fed as Triton's `pack=2` feeds it: elements 2j and 2j+1 along the last dim
+    share the word of element 2j, 2j using its bits [12:0] and 2j+1 its bits [28:16] (returned shifted down
+    to [12:0]); a last unpaired element keeps its own word."""
+    n = words.shape[-1]
+    even = words[..., 0::2]  # [..., ceil(N/2)]
+    out = torch.stack((even, even >> 16), dim=-1).flatten(-2)  # [..., 2 * ceil(N/2)]
+    return out[..., :n]
+
+
+def philox_lane_words(x: torch.Tensor, seed: int | None, offset: int, lane_words: tuple[int, ...],
+                      rounds: int = philox.N_ROUNDS) -> torch.Tensor:
+    """uint32 words (int64) with x's shape from one Philox4x32-`rounds` call per G = len(lane_words) elements of a
+    row (last dim): element n reads output word lane_words[n % G] of the call at the counter of element n - n % G
+    (`offset` + its flat index)."""
+    if seed is None:
+        raise ValueError("stochastic rounding needs seed= (an int) or random_bits=; got neither")
+    n = x.shape[-1] if x.dim() else 1
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64)  # flat row-major index
+    lane = index % n % len(lane_words)
+    counter = offset + index - lane
+    lo, hi = counter & 0xFFFFFFFF, (counter >> 32) & 0xFFFFFFFF
+    zero = torch.zeros_like(lo)
+    words = torch.stack(philox.philox4x32(int(seed), lo, hi, zero, zero, rounds), dim=-1)  # [numel, 4]
+    pick = torch.tensor(lane_words, device=x.device)[lane]
+    return words.gather(-1, pick[:, None]).reshape(x.shape)
 
 
 def prod(shape) -> int:

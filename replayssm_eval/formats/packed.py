@@ -14,7 +14,7 @@ class PackedState:
     format        canonical spec string of the format that wrote it (`StateFormat.name`)
     shape         shape of the tensor that was encoded (decode returns this shape)
     data          element codes (uint8; int8 / int16 for the integer formats), or the elements themselves for fp32 / bf16 / fp16
-    scales        per-block scales (uint8: E4M3 for nvfp4, E8M0 for mx; FP32 for fp8/int block:N), else None
+    scales        per-block scales (uint8: E4M3 for nvfp4, E8M0 for mx; FP32 for fp8/int block:N and tile:RxC), else None
     global_scale  FP32 decode scales (nvfp4 S_dec, fp8/int amax/max; the row factors of scale=rowcol), else None
     col_scale     FP32 column factors of scale=rowcol `[..., H, C]`, else None
     """

@@ -1,13 +1,17 @@
 """The one registry of state formats and the spec-string parser (`get_format("nvfp4:axis=headdim")`).
 
 Grammar: `name[:key=value,...]`. Each format lists its accepted values per key (`options_for`), the
-default first; a listed value ending in `N` (`N`, `block:N`, `hadamard:N`) accepts a positive integer
-in place of the `N` (no sign, no leading zero). `rot=hadamard:N` applies to every format (`Rotated`).
+default first; in a listed value, `N` (`N`, `block:N`, `hadamard:N`) stands for a positive integer and
+`R`, `C` (`tile:RxC`) for an integer >= 0 (0: the whole axis), all without sign or leading zero.
+`rot=hadamard:N` (`Rotated`) and `ef=fp32|bf16` (error feedback, `Feedback`) apply to every format.
 """
 
 from __future__ import annotations
 
+import re
+
 from replayssm_eval.formats.formats import ElementwiseFormat, FP8Format, IntFormat, MXFormat, NVFP4Format, StateFormat
+from replayssm_eval.formats.feedback import FEEDBACK, Feedback
 from replayssm_eval.formats.rotation import ROTATIONS, Rotated
 
 # name -> format class; the class's `options_for(name)` give the accepted options
@@ -34,12 +38,14 @@ def list_formats() -> list[str]:
     return list(FORMATS)
 
 
+# the placeholders of accepted values and the digits each stands for
+_PLACEHOLDERS = {"N": "[1-9][0-9]*", "R": "(?:0|[1-9][0-9]*)", "C": "(?:0|[1-9][0-9]*)"}
+
+
 def accepts(pattern: str, value: str) -> bool:
-    """Whether `value` matches an accepted value: literally, or with a positive integer in place of a final `N`."""
-    if not pattern.endswith("N"):
-        return value == pattern
-    head, digits = pattern[:-1], value[len(pattern) - 1:]
-    return value.startswith(head) and digits.isdigit() and digits.isascii() and digits[0] != "0"
+    """Whether `value` matches an accepted value: literally, with integers in place of the placeholders (`N`, `R`, `C`)."""
+    regex = "".join(_PLACEHOLDERS.get(ch, re.escape(ch)) for ch in pattern)
+    return re.fullmatch(regex, value) is not None
 
 
 def get_format(spec: str) -> StateFormat:
@@ -48,7 +54,7 @@ def get_format(spec: str) -> StateFormat:
     if name not in FORMATS:
         raise ValueError(f"unknown state format '{name}'; known: {', '.join(FORMATS)}")
     cls = FORMATS[name]
-    accepted = {**cls.options_for(name), "rot": ROTATIONS}
+    accepted = {**cls.options_for(name), "rot": ROTATIONS, "ef": FEEDBACK}
     values: dict[str, str] = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -58,6 +64,7 @@ def get_format(spec: str) -> StateFormat:
             raise ValueError(f"bad value '{value}' for option '{key}' of state format '{name}'; "
                              f"accepted: {', '.join(accepted[key])}")
         values[key] = value
-    rot = values.pop("rot", ROTATIONS[0])
+    rot, ef = values.pop("rot", ROTATIONS[0]), values.pop("ef", FEEDBACK[0])
     fmt = cls(base=name, **values)
-    return fmt if rot == ROTATIONS[0] else Rotated(fmt, int(rot.partition(":")[2]))
+    fmt = fmt if rot == ROTATIONS[0] else Rotated(fmt, int(rot.partition(":")[2]))
+    return fmt if ef == FEEDBACK[0] else Feedback(fmt, ef)

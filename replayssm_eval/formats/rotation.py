@@ -11,14 +11,13 @@ for every N > 1 (even N = 4^k, where 1/sqrt(N) = 2^-k is exact, each output is a
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
 from replayssm_eval.formats import layout
-from replayssm_eval.formats.formats import StateFormat
+from replayssm_eval.formats.formats import StateFormat, WrappedFormat
 from replayssm_eval.formats.packed import PackedState
 
 ROTATIONS = ("none", "hadamard:N")
@@ -38,7 +37,7 @@ def hadamard(n: int, dtype: torch.dtype = torch.float64, device: torch.device | 
 
 
 @dataclass(frozen=True)
-class Rotated(StateFormat):
+class Rotated(WrappedFormat):
     """`inner` applied to the state rotated by H_`size` along inner's block axis; packed as inner packs it."""
 
     inner: StateFormat
@@ -50,27 +49,8 @@ class Rotated(StateFormat):
                              "accepted: hadamard:N with N a power of two")
 
     @property
-    def base(self) -> str:
-        return self.inner.base
-
-    @property
-    def axis(self) -> str:
-        return getattr(self.inner, "axis", "dstate")
-
-    @property
-    def name(self) -> str:
-        return self.inner.name + ("," if ":" in self.inner.name else ":") + f"rot=hadamard:{self.size}"
-
-    @property
-    def is_stochastic(self) -> bool:
-        return self.inner.is_stochastic
-
-    @property
-    def bits_per_element(self) -> float:
-        return self.inner.bits_per_element
-
-    def storage_bytes(self, shape) -> int:
-        return self.inner.storage_bytes(shape)
+    def option(self) -> str:
+        return f"rot=hadamard:{self.size}"
 
     def rotate(self, x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """x `[..., H, P, N]` times H (or H^T) on runs of `size` along the axis, in FP64, rounded to FP32."""
@@ -83,9 +63,7 @@ class Rotated(StateFormat):
         return layout.unorient(y.flatten(-2).float(), self.axis).reshape(x.shape)
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
-        packed = self.inner.encode(self.rotate(x), seed=seed, offset=offset, random_bits=random_bits)
-        return dataclasses.replace(packed, format=self.name)
+        return super().encode(self.rotate(x), seed=seed, offset=offset, random_bits=random_bits)
 
     def decode(self, packed) -> torch.Tensor:
-        self._check(packed)
-        return self.rotate(self.inner.decode(dataclasses.replace(packed, format=self.inner.name)), inverse=True)
+        return self.rotate(super().decode(packed), inverse=True)

@@ -21,7 +21,14 @@ unbiased whenever x has no more than K bits below the kept LSB, otherwise biased
 less than q / 2^K.
     fp16 SR   K=13, M=10, EMIN=-14. Results beyond 65504 become +-Inf (no satfinite in
               `cvt.rs.f16x2.f32`); fp16 subnormal results (|x| < 2^-14) keep gradual underflow
-              with q = 2^-24 (FlashInfer's software fp16 port flushes them to zero instead).
+              with q = 2^-24. The PTX ISA fixes the random-bit fields of `cvt.rs.f16x2.f32` (bits
+              [12:0] for operand b, the low half; [28:16] for operand a, the high half) but not its
+              subnormal handling: this gradual underflow is our model of the instruction.
+    fp16 SR, software port (`sr_fp16_soft`, FlashInfer's `cvt_rs_f16_sw` on GPUs without cvt.rs):
+              r is added to the FP32 bit pattern of |x| under its own 13th mantissa bit and the
+              low 13 bits cleared; a result below 2^-14 flushes to +-0, above 65504 becomes +-Inf,
+              +-Inf becomes NaN unless r = 0 (the carry lands in the mantissa), NaN stays NaN (one
+              whose mantissa carries past bit 31 of the uint32 reads exponent 0 and flushes to +-0).
     e4m3 SR   K=16, M=3, EMIN=-6, then saturate to +-448; +-Inf -> +-448.
     Both: NaN -> NaN; FP32 subnormal inputs -> +-0.
 The random words are uint32 values held in int64 tensors; fp16 SR uses bits [12:0] and e4m3 SR
@@ -102,6 +109,19 @@ def _stochastic(x: torch.Tensor, bits: torch.Tensor, k: int, m: int, emin: int) 
 def sr_fp16(x: torch.Tensor, bits: torch.Tensor, k: int = FP16_SR_BITS) -> torch.Tensor:
     y = _stochastic(x, bits, k, 10, -14)
     return torch.where(y.abs() > FP16_MAX, torch.copysign(torch.full_like(y, float("inf")), y), y)
+
+
+def sr_fp16_soft(x: torch.Tensor, bits: torch.Tensor, k: int = FP16_SR_BITS) -> torch.Tensor:
+    """fp16 SR as FlashInfer's integer port: r (low k bits, placed under the kept LSB) added to |x|'s bit pattern."""
+    x = x.float()
+    r = (bits.to(torch.int64) & ((1 << k) - 1)) << (FP16_SR_BITS - k)
+    u = ((x.view(torch.int32).to(torch.int64) & 0x7FFFFFFF) + r) & 0xFFFFFFFF  # |x| + noise, uint32 as the port
+    e_field = (u >> 23) & 0xFF  # a NaN whose carry wraps past bit 31 reads exponent 0, as in the port
+    kept = (u & 0x7FFFE000).to(torch.int32).view(torch.float32)
+    inf = torch.full_like(x, float("inf"))
+    mag = torch.where(e_field < 113, 0.0, torch.where(e_field > 142, inf, kept))
+    mag = torch.where(e_field == 255, torch.where((u & 0x7FFFFF) != 0, torch.nan, inf), mag)
+    return torch.copysign(mag, x)
 
 
 def sr_e4m3(x: torch.Tensor, bits: torch.Tensor, k: int = E4M3_SR_BITS) -> torch.Tensor:

@@ -5,12 +5,16 @@ independently to the recurrence format (S_hi) and to the read format (S_lo); wit
 checkpoint one cast serves both. Stochastic rounding draws its bits from `replay.keys`.
 CUDA states are encoded by `formats.triton.encode_triton` (one launch per copy, same bits) where it
 covers the format (`packed_codec`); CPU states and the other formats use the torch `fmt.encode`.
+A copy in a format with error feedback (`ef=`, `formats.feedback`) keeps the residual of its last
+rounding in `ReplayState.residual` and adds it to S before its next rounding; the torch kernels carry
+it through every checkpoint write, the Triton kernels refuse such a config.
 All tensors here use the formats' layout `[B, H, P, N]` (GDN passes its `[B, HV, K, V]` state
 transposed to `[B, HV, V, K]`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +38,8 @@ class ReplayState:
     seq_ids: [B] int64, sequence ids that key the random bits.
     layer: layer index that keys the random bits.
     lo_packed: the read copy in the read format's packed encoding, for backends that read it.
+    residual: {copy: [B, H, P, N] fp32} error-feedback residual of each stored copy whose format has one
+        (`RECUR_COPY`, `READ_COPY`; a shared checkpoint has one copy, `RECUR_COPY`); empty without.
     """
 
     hi: torch.Tensor
@@ -44,34 +50,87 @@ class ReplayState:
     seq_ids: torch.Tensor
     layer: int
     lo_packed: object | None = field(default=None, repr=False)
+    residual: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def batch(self) -> int:
         return self.hi.shape[0]
 
 
+def feedback_copies(config: ReplayConfig) -> dict[int, object]:
+    """{copy: format} of the stored copies whose format keeps an error-feedback residual (a shared checkpoint: one)."""
+    copies = {RECUR_COPY: config.recur_format} if config.shared else {
+        RECUR_COPY: config.recur_format, READ_COPY: config.read_format}
+    return {copy: fmt for copy, fmt in copies.items() if fmt.feedback}
+
+
+def chunked_backend(config: ReplayConfig, backend: str, family: str) -> str:
+    """The chunked backend that runs `config`: "torch", with a warning, where "triton" was asked for a config with
+    error feedback (the Triton kernels do not carry the residuals), else `backend`."""
+    if backend == "triton" and feedback_copies(config):
+        warnings.warn(f"{family} chunked backend='triton' runs the torch backend: the Triton kernels do not carry "
+                      f"the error-feedback residuals (ef=) of {config.name!r}", stacklevel=3)
+        return "torch"
+    return backend
+
+
+def refuse_feedback(config: ReplayConfig | str, path: str) -> None:
+    """A one-line ValueError where `path` (a Triton step) is asked to run a config with error feedback."""
+    config = config if isinstance(config, ReplayConfig) else ReplayConfig.parse(config)
+    if feedback_copies(config):
+        raise ValueError(f"{path} does not carry the error-feedback residuals (ef=) of {config.name!r}; accepted: the "
+                         "torch kernels (chunked with backend='torch', decode_reference)")
+
+
+def zero_residual(config: ReplayConfig, shape: tuple[int, ...], device) -> dict[int, torch.Tensor]:
+    """The residuals before a copy's first rounding: zeros [B, H, P, N] for each copy with feedback."""
+    return {copy: torch.zeros(shape, device=device) for copy in feedback_copies(config)}
+
+
+def check_residual(state: ReplayState, config: ReplayConfig, shape: tuple[int, ...], device) -> None:
+    """A carried state's residuals are those of the config's copies with feedback, each [B, H, P, N] fp32."""
+    want = feedback_copies(config)
+    if set(state.residual) != set(want):
+        raise ValueError(f"initial_state carries error-feedback residuals of copies {sorted(state.residual)}, config "
+                         f"{config.name!r} keeps them for copies {sorted(want)}; accepted: a state of this config")
+    for copy, t in state.residual.items():
+        if tuple(t.shape) != tuple(shape) or t.dtype != torch.float32 or t.device.type != torch.device(device).type:
+            raise ValueError(f"initial_state.residual[{copy}] is {t.dtype} {list(t.shape)} on {t.device}; "
+                             f"expected torch.float32 {list(shape)} on {device}")
+
+
 def write_checkpoint(
-    state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor
+    state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor,
+    residual: dict[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Round an FP32 state [B, H, P, N] to both stored copies; returns (S_hi, S_lo), fp32."""
-    hi, lo, _ = write_checkpoint_packed(state, config, layer, seq_ids, checkpoint)
+    """Round an FP32 state [B, H, P, N] to both stored copies; returns (S_hi, S_lo), fp32.
+
+    residual: these rows' error-feedback residuals ({copy: [B, H, P, N]}, `ReplayState.residual`), needed when
+    the config has any (`feedback_copies`); each is added to the state before its copy's rounding and replaced
+    in the dict by the residual of that rounding.
+    """
+    hi, lo, _ = write_checkpoint_packed(state, config, layer, seq_ids, checkpoint, residual)
     return hi, lo
 
 
 def write_checkpoint_packed(
-    state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor
+    state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor,
+    residual: dict[int, torch.Tensor] | None = None,
 ):
     """`write_checkpoint` that also returns the read copy in its packed encoding (what a kernel reads).
 
     Returns (S_hi, S_lo, lo_packed); S_hi and S_lo are bit-identical to `write_checkpoint`'s and
     `read_format.decode(lo_packed)` equals S_lo (the recurrence copy's encoding when shared).
     """
+    if residual is None and feedback_copies(config):
+        raise ValueError(f"config {config.name!r} keeps error-feedback residuals (ef=) and this path does not "
+                         "carry them; accepted: the torch kernels (backend='torch', the chunked or reference engine)")
     state = state.float()
-    hi_packed = _encode(state, config.recur_format, config.seed, layer, seq_ids, checkpoint, RECUR_COPY)
+    hi_packed = _encode(state, config.recur_format, config.seed, layer, seq_ids, checkpoint, RECUR_COPY, residual)
     hi = config.recur_format.decode(hi_packed)
     if config.shared:
         return hi, hi, hi_packed
-    lo_packed = _encode(state, config.read_format, config.seed, layer, seq_ids, checkpoint, READ_COPY)
+    lo_packed = _encode(state, config.read_format, config.seed, layer, seq_ids, checkpoint, READ_COPY, residual)
     return hi, config.read_format.decode(lo_packed), lo_packed
 
 
@@ -80,14 +139,28 @@ def _use_triton(state: torch.Tensor, fmt) -> bool:
     return state.is_cuda and packed_codec(fmt) is not None
 
 
-def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy):
-    """`fmt.encode` of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer, sequence, copy)."""
+def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy, residual):
+    """`fmt.encode` of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer, sequence, copy); with
+    error feedback, of the state plus the copy's residual, whose entry in `residual` becomes the new one."""
     keys = sr_keys(seed, layer, seq_ids, copy) if fmt.is_stochastic else None
-    return encode_keyed(state, fmt, keys, checkpoint)
+    if not fmt.feedback:
+        return encode_keyed(state, fmt, keys, checkpoint)
+    target = state + residual[copy]
+    packed = _encode_keyed(target, fmt, keys, checkpoint)
+    residual[copy] = fmt.residual(target, fmt.decode(packed))
+    return packed
 
 
 def encode_keyed(state, fmt, keys, checkpoint):
-    """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats)."""
+    """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats); a format
+    with error feedback is refused (the residual is `write_checkpoint`'s)."""
+    if fmt.feedback:
+        raise ValueError(f"state format '{fmt.name}' keeps an error-feedback residual that this path does not carry; "
+                         "accepted: the torch kernels (backend='torch', the chunked or reference engine)")
+    return _encode_keyed(state, fmt, keys, checkpoint)
+
+
+def _encode_keyed(state, fmt, keys, checkpoint):
     if _use_triton(state, fmt):
         from replayssm_eval.formats.triton import encode_triton
 

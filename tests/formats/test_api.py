@@ -13,7 +13,8 @@ VARIANTS = ALL + ["fp8:scale=head", "fp8sr:scale=tensor", "fp8:scale=none", "nvf
                   "nvfp4:scale=row", "nvfp4:scale=tensor", "nvfp4:scale=rowcol", "nvfp4:axis=headdim,scale=rowcol",
                   "mxfp4:axis=headdim", "int8:scale=block:4", "int16sr:axis=headdim,scale=block:3", "int8:scale=head",
                   "int8:scale=tensor", "int8:scale=rowcol", "fp8:axis=headdim,scale=rowcol", "fp8:scale=block:8,max=240",
-                  "fp8sr:rounds=7,bits=12", "fp16sr:bits=8"]
+                  "fp8sr:rounds=7,bits=12", "fp16sr:bits=8", "int8:scale=tile:3x5", "fp8:axis=headdim,scale=tile:0x1",
+                  "fp8:scale=tile:32x0,max=240", "int16sr:scale=tile:2x0"]
 
 
 def _kw(fmt):
@@ -39,20 +40,26 @@ def test_names_and_canonical_specs():
 @pytest.mark.parametrize("spec,message", [
     ("nvfp5", "unknown state format 'nvfp5'; known: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, "
               "int8, int8sr, nvfp4, mxfp8, mxfp4"),
-    ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale, rot"),
+    ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale, rot, ef"),
     ("nvfp4:axis=k", "bad value 'k' for option 'axis' of state format 'nvfp4'; accepted: dstate, headdim"),
     ("fp8:scale", "bad value '' for option 'scale' of state format 'fp8'; "
-                  "accepted: row, head, tensor, block:N, rowcol, none"),
-    ("fp16:scale=row", "unknown option 'scale' for state format 'fp16'; accepted: rot"),
+                  "accepted: row, head, tensor, block:N, tile:RxC, rowcol, none"),
+    ("fp16:scale=row", "unknown option 'scale' for state format 'fp16'; accepted: rot, ef"),
     ("int8:scale=block:0", "bad value 'block:0' for option 'scale' of state format 'int8'; "
-                           "accepted: row, head, tensor, block:N, rowcol, none"),
+                           "accepted: row, head, tensor, block:N, tile:RxC, rowcol, none"),
     ("int8:scale=block:1.5", "bad value 'block:1.5' for option 'scale' of state format 'int8'; "
-                             "accepted: row, head, tensor, block:N, rowcol, none"),
-    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, rot"),
+                             "accepted: row, head, tensor, block:N, tile:RxC, rowcol, none"),
+    ("int8:bits=8", "unknown option 'bits' for state format 'int8'; accepted: axis, scale, order, rot, ef"),
     ("int8sr:rounds=-1", "bad value '-1' for option 'rounds' of state format 'int8sr'; accepted: 10, N"),
     ("fp16sr:bits=14", "bad value '14' for option 'bits' of state format 'fp16sr'; accepted: 1..13"),
+    ("fp16sr:words=triple", "bad value 'triple' for option 'words' of state format 'fp16sr'; "
+                            "accepted: element, pair, duo, quad, octet"),
+    ("fp16:cvt=soft", "unknown option 'cvt' for state format 'fp16'; accepted: rot, ef"),
+    ("int16:order=rev", "bad value 'rev' for option 'order' of state format 'int16'; accepted: div, mul"),
     ("fp8:max=449", "bad value '449' for option 'max' of state format 'fp8'; accepted: 1..448"),
     ("fp8:rot=hadamard", "bad value 'hadamard' for option 'rot' of state format 'fp8'; accepted: none, hadamard:N"),
+    ("int8:ef=fp16", "bad value 'fp16' for option 'ef' of state format 'int8'; accepted: none, fp32, bf16"),
+    ("nvfp4:bits=8", "unknown option 'bits' for state format 'nvfp4'; accepted: axis, scale, rot, ef"),
     ("fp8:rot=hadamard:12", "bad value 'hadamard:12' for option 'rot' of state format 'fp8'; "
                             "accepted: hadamard:N with N a power of two"),
 ])

@@ -45,12 +45,16 @@ def mostly_equal(name, ref, got, fraction=0.98, noise=None):
 
 
 def assert_same_state(ref, got, rtol=0.0, flips=0.0, buffer_rtol=0.0, whole_buffer=False):
-    """ReplayStates: the same checkpoint indices and schedule; stored copies bit for bit (rtol 0, the packed read copy
-    too) or within rtol with `flips` as in assert_close; the valid buffer entries ([b, :count[b]]; with whole_buffer
-    every slot) bit for bit (buffer_rtol 0) or within buffer_rtol (entries a path computes in its own order)."""
+    """ReplayStates: the same checkpoint indices and schedule; stored copies and error-feedback residuals bit for bit
+    (rtol 0, the packed read copy too) or within rtol with `flips` as in assert_close; the valid buffer entries
+    ([b, :count[b]]; with whole_buffer every slot) bit for bit (buffer_rtol 0) or within buffer_rtol (entries a path
+    computes in its own order)."""
     for name in ("hi", "lo"):
         assert_close(f"S_{name}", getattr(ref, name), getattr(got, name), rtol, flips=flips)
     assert torch.equal(ref.checkpoint, got.checkpoint), f"checkpoints differ: {got.checkpoint.tolist()}"
+    assert set(ref.residual) == set(got.residual), f"residuals of copies {sorted(got.residual)} != {sorted(ref.residual)}"
+    for copy in ref.residual:
+        assert_close(f"residual[{copy}]", ref.residual[copy], got.residual[copy], rtol, flips=flips)
     for field in SCHEDULE_FIELDS:
         assert torch.equal(getattr(ref.schedule, field), getattr(got.schedule, field)), field
     assert set(ref.buffer) == set(got.buffer), f"buffer entries {sorted(got.buffer)} != {sorted(ref.buffer)}"
@@ -70,3 +74,15 @@ def assert_same_state(ref, got, rtol=0.0, flips=0.0, buffer_rtol=0.0, whole_buff
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|."""
     return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Bitwise equality of FP32 tensors (NaN positions must match; NaN payloads are free)."""
+    a, b = a.float(), b.float()
+    assert a.shape == b.shape
+    nan = torch.isnan(a)
+    assert torch.equal(nan, torch.isnan(b)), f"NaN positions differ at {int((nan != torch.isnan(b)).sum())} places"
+    ai, bi = a.view(torch.int32)[~nan], b.view(torch.int32)[~nan]
+    bad = ai != bi
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {ai.numel()} differ, e.g. {a[~nan][bad][:4].tolist()} vs {b[~nan][bad][:4].tolist()}")

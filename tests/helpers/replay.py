@@ -28,7 +28,8 @@ def stack_states(states: list[ReplayState]) -> ReplayState:
                   for f in type(first.lo_packed).FIELDS}
         packed = dataclasses.replace(first.lo_packed, shape=(len(states), *first.lo_packed.shape[1:]), **fields)
     return ReplayState(hi, lo, {k: cat(lambda s, k=k: s.buffer[k]) for k in first.buffer}, schedule,
-                       cat(lambda s: s.checkpoint), cat(lambda s: s.seq_ids), first.layer, packed)
+                       cat(lambda s: s.checkpoint), cat(lambda s: s.seq_ids), first.layer, packed,
+                       {c: cat(lambda s, c=c: s.residual[c]) for c in first.residual})
 
 
 def state_to(state: ReplayState, device) -> ReplayState:
@@ -41,4 +42,5 @@ def state_to(state: ReplayState, device) -> ReplayState:
     return dataclasses.replace(
         state, hi=hi, lo=hi if state.lo is state.hi else state.lo.to(device), checkpoint=state.checkpoint.to(device),
         seq_ids=state.seq_ids.to(device), buffer={k: v.to(device) for k, v in state.buffer.items()},
-        schedule=ScheduleState(*(getattr(state.schedule, f).to(device) for f in SCHEDULE_FIELDS)), lo_packed=packed)
+        schedule=ScheduleState(*(getattr(state.schedule, f).to(device) for f in SCHEDULE_FIELDS)), lo_packed=packed,
+        residual={c: t.to(device) for c, t in state.residual.items()})

@@ -19,6 +19,7 @@ from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta import triton_step as shared_step
 from replayssm_eval.kernels.delta._common import to_format_layout
+from replayssm_eval.kernels.kda import triton_step as kda_step
 from replayssm_eval.kernels.delta.reference import verify_drafts
 from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.replay.state import write_checkpoint
@@ -101,6 +102,40 @@ def test_chunked_triton_fp32(fam, text, device):
     for name in st_ref.buffer:
         assert_close(f"buffer[{name!r}]", st_ref.buffer[name], st.buffer[name], 1e-5)
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
+
+
+_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "num_warps": 4},  # K in chunks of 16, the last one part padding
+                 {"BLOCK_V": 32, "BLOCK_K": 32, "num_warps": 1}]  # one chunk; the 2nd program's rows part padding
+
+
+@pytest.mark.parametrize("text, launch, dk, phased", [
+    ("nvfp4:scale=row/fp32@3", 0, 24, False),
+    ("nvfp4:scale=head/fp32@3#closed#skip=0.5", 1, 24, True),
+    ("nvfp4/fp16sr@4", 0, 128, True),  # whole packed words: 16 a row, the E4M3 block scale of each pair
+    ("nvfp4:scale=tensor/fp32@3", 1, 40, True),
+    ("fp8:scale=row/fp32@3#closed", 0, 24, False),
+    ("fp16/fp32@3", 1, 24, True),
+    ("shared:fp8sr@3#skip=0.8", 0, 24, False),
+])
+def test_kda_step_launches(text, launch, dk, phased, device, monkeypatch):
+    """KDA's single-token kernel with other launches (K in several chunks, part-padding chunks and row blocks) ==
+    decode_reference, token by token; phased: from sequences at different phases (folding and reading sequences in
+    one launch; row-scaled NVFP4 and SR read copies do not re-encode exactly: they start from the FP32 state)."""
+    kda = FAMILIES["kda"]
+    monkeypatch.setattr(kda_step, "step_launch_config", lambda *a: _KDA_LAUNCHES[launch])
+    cfg = ReplayConfig.parse(text)
+    inputs = delta_inputs("kda", batch=2, seqlen=5, dtype=torch.float32, device=device, **{**AWKWARD["kda"], "dk": dk})
+    start = phased_start("kda", inputs, cfg, warmup=(0, 1), dtype=torch.float32) if phased else inputs[5]
+    o_ref, st_ref = kda.decode_reference(*cut(inputs, 0, 4), start, cfg)
+    state, outs = start, []
+    for n in range(4):
+        o, state = kda.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+        outs.append(o)
+    flips = one_column_share(inputs)  # every case rounds a read copy: the roundings FP32 noise flips
+    assert_close("o", o_ref, torch.cat(outs, 1), 1e-5, flips=flips)
+    assert_close("buffer u", st_ref.buffer["u"], state.buffer["u"], 1e-5, flips=flips)
+    mostly_equal("S_lo", st_ref.lo, state.lo)
+    assert torch.equal(st_ref.checkpoint, state.checkpoint) and int(state.checkpoint.min()) >= 1
 
 
 @pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@3#closed"])

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import tile_codec
 from replayssm_eval.formats.device import (
-    E2M1_F16_SCALE, e2m1_decode, e2m1_f16, e2m1_f16_hi, e4m3_decode, e4m3_fast, e5m2_decode, e5m2_fast,
+    E2M1_F16_SCALE, e2m1_decode, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, e5m2_fast,
 )
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
@@ -81,6 +81,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
     ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
     ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
+    ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
     """Copies in formats no program can round (tensor scale, head_dim blocks, MX) run on Triton, rounded by torch: a
@@ -188,24 +189,29 @@ def _decode_all_codes(out_ptr):
     tl.store(out_ptr + 256 + code, e4m3_decode(code.to(tl.uint8)))
     tl.store(out_ptr + 512 + code, e5m2_fast(code.to(tl.uint8)))
     tl.store(out_ptr + 768 + code, e5m2_decode(code.to(tl.uint8)))
-    nib = code & 15
-    tl.store(out_ptr + 1024 + code, e2m1_f16(nib) * E2M1_F16_SCALE)
-    tl.store(out_ptr + 1280 + code, e2m1_decode(nib))
-    tl.store(out_ptr + 1536 + code, e2m1_f16(code) * E2M1_F16_SCALE)  # low nibble of a byte
-    tl.store(out_ptr + 1792 + code, e2m1_f16_hi(code) * E2M1_F16_SCALE)
-    tl.store(out_ptr + 2048 + code, e2m1_decode(code >> 4))
+    word = tl.zeros([256], dtype=tl.int32)  # nibble j of word w: code (w + j) mod 16, the sign bit included
+    for j in tl.static_range(8):
+        word = word | (((code + j) & 15) << (4 * j))
+    for j in tl.static_range(4):
+        lo, hi = e2m1_f16_pair(word, j)
+        tl.store(out_ptr + 1024 + 256 * j + code, lo * E2M1_F16_SCALE)
+        tl.store(out_ptr + 1024 + 256 * (j + 4) + code, hi * E2M1_F16_SCALE)
+    for j in tl.static_range(8):
+        tl.store(out_ptr + 3072 + 256 * j + code, e2m1_decode((code + j) & 15))
 
 
 def test_fast_minifloat_decoders_are_exact(device):
-    """The FP16-bit-pattern decoders of the step kernel equal the library decoders on every code (NaN, -0, subnormals)."""
-    out = torch.empty(9 * 256, dtype=torch.float32, device=device)
+    """The FP16-bit-pattern decoders of the step kernels equal the library decoders on every code (NaN, -0,
+    subnormals), E2M1 at each nibble of an int32 word."""
+    out = torch.empty(20 * 256, dtype=torch.float32, device=device)
     _decode_all_codes[(1,)](out)
-    out = out.view(9, 256).cpu()
-    for fast, ref in ((0, 1), (2, 3), (4, 5), (6, 5), (7, 8)):
+    out = out.view(20, 256).cpu()
+    for fast, ref in ((0, 1), (2, 3), *((4 + j, 12 + j) for j in range(8))):
         a, b = out[fast], out[ref]
         assert torch.equal(a.isnan(), b.isnan())
         ok = ~b.isnan()
         assert torch.equal(a[ok].view(torch.int32), b[ok].view(torch.int32)), f"decoder row {fast}"
+    assert out[12:].isnan().sum() == 0 and (out[12:] < 0).any() and (out[12:] == 0.5).any()
 
 
 class _Count:

@@ -38,4 +38,4 @@ def test_formats_presets_lists_expansions(capsys):
     assert rows[0]["expansion"] == ReplayConfig.parse(PRESETS[rows[0]["preset"]].expansion).name
     assert all(r["source"] for r in rows)
     assert main(["formats", "--presets"]) == 0
-    assert "| vllm:replay-fp16sr | `shared:fp16sr#buf=bf16` |" in capsys.readouterr().out
+    assert "| vllm:replay-fp16sr | `shared:fp16sr:words=pair#buf=bf16` |" in capsys.readouterr().out

@@ -10,12 +10,18 @@ from replayssm_eval.replay.config import Override, ReplayConfig
     ("nvfp4/fp16sr+7,3=fp32+5.h0-3=nvfp4/fp32", "nvfp4/fp16sr+3,7=fp32+5.h0-3=nvfp4/fp32"),
     ("nvfp4/fp16sr#seed=2+3=fp32+1.h2-2=fp8@4", "nvfp4/fp16sr#seed=2+3=fp32+1.h2=shared:fp8@4"),
     ("fp32+2=nvfp4/fp16sr+2.h4=fp16sr@8#closed", "fp32+2=nvfp4/fp16sr+2.h4=shared:fp16sr@8#closed"),
-    ("vllm:fp16sr+0=vllm:fp8", "fp16sr+0=fp8"),
 ])
 def test_name_is_canonical_and_round_trips(text, name):
     config = ReplayConfig.parse(text)
     assert config.name == name
     assert ReplayConfig.parse(name) == config
+
+
+def test_engine_presets_expand_in_each_part():
+    config = ReplayConfig.parse("vllm:fp16sr+0=vllm:fp8")
+    assert config.default == ReplayConfig.parse("vllm:fp16sr")
+    assert config.for_layer(0) == ReplayConfig.parse("vllm:fp8") != config.default
+    assert ReplayConfig.parse(config.name) == config
 
 
 def test_parts_of_a_layer():

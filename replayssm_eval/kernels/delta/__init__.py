@@ -25,7 +25,7 @@ from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.fixed_step import fixed_step
 from replayssm_eval.kernels.delta.reference import decode, speculative_decode
 from replayssm_eval.kernels.family import KernelFamily
-from replayssm_eval.replay.state import ReplayState
+from replayssm_eval.replay.state import ReplayState, chunked_backend, refuse_feedback
 
 BACKENDS = ("torch", "triton")
 
@@ -80,12 +80,14 @@ class DeltaRule:
             raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
                          compute_dtype=compute_dtype)
-        return self.chunk.chunked_triton(p) if backend == "triton" else chunked_torch(p)
+        return self.chunk.chunked_triton(p) if chunked_backend(p.config, backend, "delta-rule") == "triton" \
+            else chunked_torch(p)
 
     def decode_step_triton(self, q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):
         """One decode token (T = 1) for B sequences at their own phases, one launch of the family's single-token
         kernel (`delta.triton_step.decode_step`). Arguments as `decode_reference` with T = 1; returns (o [B, 1, HV, V]
         FP32, ReplayState with lo_packed)."""
+        refuse_feedback(config, "decode_step")
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids)
         return shared_step.decode_step(p, q, initial_state, self.step.launch_replay_step)
 

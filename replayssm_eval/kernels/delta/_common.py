@@ -35,7 +35,7 @@ import torch
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.schedule import ScheduleState, TokenPlan, plan_tokens
-from replayssm_eval.replay.state import ReplayState, write_checkpoint
+from replayssm_eval.replay.state import ReplayState, check_residual, write_checkpoint, zero_residual
 from replayssm_eval.kernels.validate import check_tensor
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
@@ -154,10 +154,12 @@ def prepare_inputs(q, k, v, g, beta, initial_state, config, *, layer_idx, seq_id
     elif isinstance(initial_state, torch.Tensor):
         check_tensor("initial_state", initial_state, (bsz, nv, dk, dv), device=device)
         checkpoint = torch.zeros(bsz, dtype=torch.int64, device=device)
-        hi, lo = write_checkpoint(to_format_layout(initial_state), config, layer_idx, seq_ids, checkpoint)
+        residual = zero_residual(config, (bsz, nv, dv, dk), device)
+        hi, lo = write_checkpoint(to_format_layout(initial_state), config, layer_idx, seq_ids, checkpoint, residual)
         state = ReplayState(
             hi=hi, lo=lo, buffer=empty_buffer(keys, bsz, cap, nk, nv, dk, dv, device, compute_dtype, per_channel),
             schedule=ScheduleState.start(bsz, device=device), checkpoint=checkpoint, seq_ids=seq_ids, layer=layer_idx,
+            residual=residual,
         )
     else:
         raise ValueError(
@@ -196,6 +198,7 @@ def _continue_state(state, config, layer, seq_ids, shapes, keys, cap, device, dt
     check_tensor("initial_state.lo", state.lo, (bsz, nv, dv, dk), device=device)
     if state.layer != layer:
         raise ValueError(f"initial_state belongs to layer {state.layer}, expected layer_idx={layer}")
+    check_residual(state, config, (bsz, nv, dv, dk), device)
     if not torch.equal(state.seq_ids.to(device=device, dtype=torch.int64), seq_ids):
         raise ValueError(f"seq_ids {seq_ids.tolist()} differ from initial_state.seq_ids {state.seq_ids.tolist()}")
     buffer = {}
@@ -212,4 +215,5 @@ def _continue_state(state, config, layer, seq_ids, shapes, keys, cap, device, dt
     return ReplayState(
         hi=hi, lo=hi if config.shared else state.lo.float().clone(), buffer=buffer, schedule=state.schedule,
         checkpoint=state.checkpoint.clone(), seq_ids=seq_ids, layer=layer, lo_packed=state.lo_packed,
+        residual={copy: t.clone() for copy, t in state.residual.items()},
     )

@@ -170,7 +170,11 @@ def chunked_torch(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
                 else:
                     state = at["d_end"][..., None] * s_hi + at["k_end"].transpose(-1, -2) @ u
                 idx = folded.nonzero().flatten()
-                new_hi, new_lo = write_checkpoint(to_format_layout(state[idx]).contiguous(), cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+                residual = {copy: t[idx] for copy, t in st.residual.items()}
+                new_hi, new_lo = write_checkpoint(to_format_layout(state[idx]).contiguous(), cfg, p.layer, p.seq_ids[idx],
+                                                  ckpt[idx] + 1, residual)
+                for copy, t in residual.items():
+                    st.residual[copy][idx] = t
                 hi32 = hi32.clone()
                 hi32[idx] = new_hi
                 if cfg.shared:
@@ -208,7 +212,8 @@ def state_after(p: Prepared, seg: Segments, hi32, lo32, ckpt, u_seg) -> ReplaySt
         mask = keep.view(bsz, seg.length, *([1] * (entries.dim() - 2)))
         t[:, : seg.length] = torch.where(mask, entries, torch.zeros_like(entries))
     return ReplayState(
-        hi=hi32, lo=lo32, buffer=new_buf, schedule=p.schedule_after, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer
+        hi=hi32, lo=lo32, buffer=new_buf, schedule=p.schedule_after, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer,
+        residual=st.residual,
     )
 
 

@@ -99,7 +99,11 @@ def decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
             folded = fold_closed(hi[idx], sub, count[idx], keep_f, p.groups)
             reads_hi = p.plan.read_hi[idx, n, None, None]
             o[idx, n] = torch.where(reads_hi, torch.einsum("bhkv,bhk->bhv", folded, q_n[idx]), o[idx, n])
-        new_hi, new_lo = write_checkpoint(to_format_layout(folded).contiguous(), cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+        residual = {copy: t[idx] for copy, t in st.residual.items()}
+        new_hi, new_lo = write_checkpoint(to_format_layout(folded).contiguous(), cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1,
+                                          residual)
+        for copy, t in residual.items():
+            st.residual[copy][idx] = t
         hi32, lo32 = _assign(hi32, lo32, idx, new_hi, new_lo, cfg.shared)
         hi[idx], lo[idx] = from_format_layout(new_hi).to(cd), from_format_layout(new_lo).to(cd)
         ckpt[idx] += 1
@@ -108,7 +112,8 @@ def decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
             t[idx] = 0
 
     return o, ReplayState(
-        hi=hi32, lo=lo32, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer
+        hi=hi32, lo=lo32, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer,
+        residual=st.residual,
     )
 
 
@@ -228,7 +233,11 @@ def speculative_decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
                 folded = fold_closed(hi_b, one, h_t, keep, p.groups)
                 if step_hi:
                     o[b, n - 1] = torch.einsum("hkv,hk->hv", folded[0], p.q[b, n - 1])
-            new_hi, new_lo = write_checkpoint(to_format_layout(folded).contiguous(), cfg, p.layer, p.seq_ids[b:b + 1], ckpt[b:b + 1] + 1)
+            residual = {copy: t[b:b + 1] for copy, t in st.residual.items()}
+            new_hi, new_lo = write_checkpoint(to_format_layout(folded).contiguous(), cfg, p.layer, p.seq_ids[b:b + 1],
+                                              ckpt[b:b + 1] + 1, residual)
+            for copy, t in residual.items():
+                st.residual[copy][b:b + 1] = t
             hi32[b] = new_hi[0]
             if not cfg.shared:
                 lo32[b] = new_lo[0]
@@ -240,7 +249,8 @@ def speculative_decode(p: Prepared) -> tuple[torch.Tensor, ReplayState]:
 
     schedule = ScheduleState(count=count, step_left=left, step_read_hi=read_hi, steps=steps)
     return o, ReplayState(
-        hi=hi32, lo=lo32, buffer=buf, schedule=schedule, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer
+        hi=hi32, lo=lo32, buffer=buf, schedule=schedule, checkpoint=ckpt, seq_ids=p.seq_ids, layer=p.layer,
+        residual=st.residual,
     )
 
 

@@ -2,6 +2,8 @@
 
 - the packed read copy's tile in the step kernels (`load_packed`) and its launch arguments (`read_args`,
   from the read format's `packed_codec`; a kernel takes a format as its codec's KIND and GROUP constexprs);
+- the single-token kernels' NVFP4 row dots as whole int32 words of 8 codes (`nvfp4_partials`) and the read
+  copy's global scales (`scale_rows`);
 - the single-token step and verification in the `KernelFamily` call convention (`decode_step`,
   `verify`), around each family's launcher, and the conventional step's launch (`conventional_launch`).
 The chunked kernels' shared pieces are `triton_chunk`.
@@ -15,7 +17,8 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, Kind, packed_codec
 from replayssm_eval.formats.device import (
-    GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode, e4m3_decode,
+    E2M1_F16_SCALE, GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode, e2m1_f16_pair,
+    e4m3_decode, e4m3_fast, nibble_lanes,
 )
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
 from replayssm_eval.replay.buffer_round import buffer_kind
@@ -41,6 +44,42 @@ def load_packed(data_ptr, scales_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND:
     elif GROUP == GROUP_TENSOR:
         x = x * tl.load(gs_ptr + b)
     return tl.where(mask, x, 0.0)
+
+
+@triton.jit
+def nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, kd, qd, C: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr):
+    """Per packed word w, (sum_j X[r, 8 w + j] kd[8 w + j], the same with qd), [BLOCK_V, BK // 8] each, over columns
+    C .. C + BK of the NVFP4 rows `rows` ([BLOCK_V] format rows; X: E2M1 codes times E4M3 block scales, without the
+    global scale). The codes load as whole int32 words of 8 and decode in pairs by bit operations (`e2m1_f16_pair`);
+    each word's partial sum takes its block scale. kd, qd: [BK] FP32, 0 past K; C a multiple of 16, BK >= 16."""
+    BW: tl.constexpr = BK // 8
+    ws = C // 8 + tl.arange(0, BW)
+    wmask = mask_v[:, None] & (ws < KP // 8)[None, :]
+    words = tl.load(data_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (KP // 8) + ws[None, :], mask=wmask,
+                    other=0)  # [BLOCK_V, BW]: codes 8 w .. 8 w + 7, nibble j = code 8 w + j
+    kl = nibble_lanes(kd, BW)
+    ql = nibble_lanes(qd, BW)
+    pk = tl.zeros(words.shape, dtype=tl.float32)
+    pq = tl.zeros(words.shape, dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = e2m1_f16_pair(words, j)  # codes 8 w + j, 8 w + j + 4, times 2^-14
+        pk += lo * kl[j][None, :] + hi * kl[j + 4][None, :]
+        pq += lo * ql[j][None, :] + hi * ql[j + 4][None, :]
+    sb = tl.load(scale_ptr + rows[:, None] * (KP // 16) + ws[None, :] // 2, mask=wmask, other=0)  # two words a block
+    sc = e4m3_fast(sb) * E2M1_F16_SCALE
+    return pk * sc, pq * sc
+
+
+@triton.jit
+def scale_rows(x, gs_ptr, b, bh, rows, mask_v, GROUP: tl.constexpr):
+    """x [BLOCK_V] of the read copy's rows `rows` times their global scale (`read_args`: per row, head or sequence)."""
+    if GROUP == GROUP_ROW:
+        x = x * tl.load(gs_ptr + rows, mask=mask_v, other=1.0)
+    elif GROUP == GROUP_HEAD:
+        x = x * tl.load(gs_ptr + bh)
+    elif GROUP == GROUP_TENSOR:
+        x = x * tl.load(gs_ptr + b)
+    return x
 
 
 def read_args(packed, fmt, hi):

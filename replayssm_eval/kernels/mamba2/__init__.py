@@ -23,6 +23,7 @@ from replayssm_eval.kernels.mamba2.fixed_step import fixed_step
 from replayssm_eval.kernels.mamba2.chunked import chunked_torch
 from replayssm_eval.kernels.mamba2.reference import decode_reference, speculative_decode_reference
 from replayssm_eval.replay.schedule import plan_tokens
+from replayssm_eval.replay.state import chunked_backend, refuse_feedback
 
 BACKENDS = ("torch", "triton")
 
@@ -38,7 +39,7 @@ def chunked(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=No
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     inp = prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
     plan, after = plan_tokens(inp.config, inp.state.schedule, inp.x.shape[1], inp.state.seq_ids)
-    if backend == "triton":
+    if chunked_backend(inp.config, backend, "mamba2") == "triton":
         return triton_chunk.chunked_triton_prepared(inp, plan, after)
     return chunked_torch(inp, plan, after)
 
@@ -47,6 +48,7 @@ def decode_step(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_id
     """`decode_step_triton` in the family call convention: one token, x [B, 1, H, P], ...; y [B, 1, H, P]."""
     if x.shape[1] != 1:
         raise ValueError(f"decode_step decodes one token: x has T={x.shape[1]}, expected 1")
+    refuse_feedback(config, "decode_step")
     y, state = triton_step.decode_step_triton(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, initial_state, config,
                                           layer_idx=layer_idx, seq_ids=seq_ids)
     return y[:, None], state

@@ -15,7 +15,7 @@ from replayssm_eval.formats import PackedState
 from replayssm_eval.kernels.validate import check_tensor
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.schedule import ScheduleState
-from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, check_residual, write_checkpoint_packed, zero_residual
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 BUFFER_KEYS = ("x", "B", "dt")
@@ -111,14 +111,16 @@ def prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids,
         check_tensor("initial_state", initial_state, (batch, heads, head_dim, d_state), device=device)
         seq_ids = _seq_ids(seq_ids, batch, device)
         checkpoint = torch.zeros(batch, dtype=torch.int64, device=device)
-        hi, lo, packed = write_checkpoint_packed(initial_state.float(), config, layer_idx, seq_ids, checkpoint)
+        residual = zero_residual(config, tuple(initial_state.shape), device)
+        hi, lo, packed = write_checkpoint_packed(initial_state.float(), config, layer_idx, seq_ids, checkpoint, residual)
         capacity = buffer_capacity(config)
         buffer = {
             "x": torch.zeros(batch, capacity, heads, head_dim, dtype=compute_dtype, device=device),
             "B": torch.zeros(batch, capacity, groups, d_state, dtype=compute_dtype, device=device),
             "dt": torch.zeros(batch, capacity, heads, dtype=compute_dtype, device=device),
         }
-        state = ReplayState(hi, lo, buffer, ScheduleState.start(batch, device), checkpoint, seq_ids, layer_idx, packed)
+        state = ReplayState(hi, lo, buffer, ScheduleState.start(batch, device), checkpoint, seq_ids, layer_idx, packed,
+                            residual)
 
     cast = lambda t: t.to(compute_dtype)  # noqa: E731
     # the buffer keeps x and B in the buffer dtype, as vLLM's x_cache / B_cache keep them in the activation
@@ -158,6 +160,7 @@ def _check_replay_state(state: ReplayState, config, layer_idx, seq_ids, dims, de
         raise ValueError(f"seq_ids {torch.as_tensor(seq_ids).tolist()} differ from initial_state.seq_ids {state.seq_ids.tolist()}")
     if state.lo_packed is not None and state.lo_packed.format != config.read:
         raise ValueError(f"initial_state's read copy is in '{state.lo_packed.format}', expected the config's read format '{config.read}'")
+    check_residual(state, config, (batch, heads, head_dim, d_state), device)
     need = buffer_capacity(config)
     max_count = int(state.schedule.count.max()) if batch else 0
     if max_count > min(capacity, need):
@@ -168,4 +171,4 @@ def _check_replay_state(state: ReplayState, config, layer_idx, seq_ids, dims, de
         if t.shape[1] < need:
             t = torch.cat([t, t.new_zeros(batch, need - t.shape[1], *t.shape[2:])], dim=1)
         buffer[key] = t[:, :need].clone()
-    return replace(state, buffer=buffer)
+    return replace(state, buffer=buffer, residual={copy: t.clone() for copy, t in state.residual.items()})

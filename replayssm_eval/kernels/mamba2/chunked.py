@@ -84,7 +84,7 @@ def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, Re
     state, config = inp.state, inp.config
     if tokens == 0:
         return inp.x.to(inp.out_dtype), ReplayState(state.hi, state.lo, state.buffer, after, state.checkpoint,
-                                                    state.seq_ids, state.layer, state.lo_packed)
+                                                    state.seq_ids, state.layer, state.lo_packed, state.residual)
     seg = Segments(inp, plan)
     S, L = seg.segments, seg.length
     grid = lambda t: t.view(batch, S, L, *t.shape[2:])  # noqa: E731
@@ -98,6 +98,8 @@ def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, Re
     skip = config.skip_read_below
     hi, lo = state.hi, state.lo
     pre_image = hi.new_zeros(hi.shape, dtype=inp.x.dtype)  # FP32/64 state of each sequence's newest fold
+    residual = state.residual  # error-feedback residuals ({copy: [B, H, P, N]}), and those before the newest fold
+    pre_residual = {copy: torch.zeros_like(t) for copy, t in residual.items()}
     last_fold_seg = (seg.num_folds - 1).tolist()
     y_pad = torch.empty(batch, S, L, heads, head_dim, dtype=inp.x.dtype, device=inp.x.device)
     block = max(1, _BLOCK_ELEMENTS // max(1, batch * heads * head_dim * d_state))
@@ -123,15 +125,20 @@ def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, Re
             if not any(fold):
                 continue
             folded = g_seg[:, k, :, None, None] * hi.to(inp.x.dtype) + chunk_states[:, k]
-            new_hi, new_lo = write_checkpoint(folded, config, state.layer, state.seq_ids, state.checkpoint + s + 1)
-            if all(fold):
-                hi, lo = new_hi, new_lo
-            else:
-                mask = seg.folds[:, s, None, None, None]
-                hi, lo = torch.where(mask, new_hi, hi), torch.where(mask, new_lo, lo)
+            new_residual = dict(residual)
+            new_hi, new_lo = write_checkpoint(folded, config, state.layer, state.seq_ids, state.checkpoint + s + 1,
+                                              new_residual)
             ends = [b for b, last in enumerate(last_fold_seg) if last == s]
             if ends:
                 pre_image[ends] = folded[ends]
+                for copy, t in residual.items():
+                    pre_residual[copy][ends] = t[ends]
+            if all(fold):
+                hi, lo, residual = new_hi, new_lo, new_residual
+            else:
+                mask = seg.folds[:, s, None, None, None]
+                hi, lo = torch.where(mask, new_hi, hi), torch.where(mask, new_lo, lo)
+                residual = {copy: torch.where(mask, new_residual[copy], t) for copy, t in residual.items()}
         # outputs: G_{0..j} (S_src C_j) + sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
         his = torch.stack(his, 1).to(inp.x.dtype)  # [B, K, H, P, N]
         y_src = torch.einsum("bkhpn,bklhn->bklhp", his, Ch)
@@ -156,10 +163,11 @@ def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, Re
     if len(folded_any):
         rows = folded_any
         final_hi, final_lo, new_packed = write_checkpoint_packed(
-            pre_image[rows], config, state.layer, state.seq_ids[rows], (state.checkpoint + seg.num_folds)[rows])
+            pre_image[rows], config, state.layer, state.seq_ids[rows], (state.checkpoint + seg.num_folds)[rows],
+            {copy: t[rows] for copy, t in pre_residual.items()})
         packed = merge_packed(packed, new_packed, rows, batch)
     buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
     out = ReplayState(hi, hi if config.shared else lo, buffer, after, state.checkpoint + seg.num_folds,
-                      state.seq_ids, state.layer, packed)
+                      state.seq_ids, state.layer, packed, residual)
     return y.to(inp.out_dtype), out

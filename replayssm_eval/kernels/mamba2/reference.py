@@ -55,6 +55,7 @@ class _Run:
         self.inp = inp
         state = inp.state
         self.hi, self.lo, self.packed = state.hi.clone(), state.lo.clone(), state.lo_packed
+        self.residual = state.residual  # this call's own copies (`prepare_inputs`)
         self.checkpoint = state.checkpoint.clone()
         self.buffer = {k: v.clone() for k, v in state.buffer.items()}
         self.skip = inp.config.skip_read_below
@@ -98,15 +99,18 @@ class _Run:
         """Write the next checkpoint of sequences `rows` from their FP32/FP64 folded states."""
         inp = self.inp
         self.checkpoint[rows] += 1
+        residual = {copy: t[rows] for copy, t in self.residual.items()}
         hi, lo, packed = write_checkpoint_packed(folded, inp.config, inp.state.layer, inp.state.seq_ids[rows],
-                                                 self.checkpoint[rows])
+                                                 self.checkpoint[rows], residual)
         self.hi[rows], self.lo[rows] = hi, lo
+        for copy, t in residual.items():
+            self.residual[copy][rows] = t
         self.packed = merge_packed(self.packed, packed, rows, self.hi.shape[0])
 
     def result(self, schedule: ScheduleState) -> ReplayState:
         state = self.inp.state
         return ReplayState(self.hi, self.lo if not self.inp.config.shared else self.hi, self.buffer, schedule,
-                           self.checkpoint, state.seq_ids, state.layer, self.packed)
+                           self.checkpoint, state.seq_ids, state.layer, self.packed, self.residual)
 
 
 def _fold_term(x, B, coef, config) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""Static profile of the decode step kernels for an H100/H200 (sm_90), without a GPU: registers, stack (spills),
+shared memory and the SASS instruction mix of each family's non-flush `_replay_step_kernel`.
+
+    python benchmarks/step_sass.py                                   # every family, FP32 and NVFP4 reads
+    python benchmarks/step_sass.py --families kda --launch BLOCK_V=64,BLOCK_K=32,num_warps=4
+    python benchmarks/step_sass.py --root /path/to/other/checkout     # the kernels of another checkout
+
+Geometries as benchmarks/kernel_speed.py (Mamba-2 P = 80, N = 128; GDN and KDA K = V = 128), 16 buffer entries,
+per-head NVFP4 scales. The step kernels are unrolled (no loop but the closed fold's), so the static count is what
+each warp issues; `per head` = SASS instructions x warps x programs per head, the issue work behind 64 KiB of FP32
+state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose per-head count, times heads x batch, exceeds what the SMs issue in
+the time its bytes take at copy bandwidth is bound by instructions, not memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled code, not the interpreter
+
+SIZES = dict(K=128, V=128, KP=128, BK=128, P=80, N=128, NB=128, BLOCK_E=16, BLOCK_N=128, BLOCK_S=8, BUF=0,
+             SKIP=False, FOLD=False, CLOSED=False)
+ROWS = {"mamba2": 80, "gdn": 128, "kda": 128}  # state rows a head's programs split
+PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_ptr": "*i64", "data_ptr": "*u8",
+             "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32"}
+OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "HADD2", "MUFU", "LOP3", "SHF", "IMAD", "IADD3")
+
+
+def default_launch(module, family: str, kind: int) -> dict:
+    """The checkout's own launch config of the step kernel at batch 256 (its `step_launch_config`)."""
+    values = dict(batch=256, heads=96 if family == "mamba2" else 32, head_dim=80, dk=128, dv=128, read=kind, kind=kind,
+                  folds=False)
+    return module.step_launch_config(**{p: values[p] for p in inspect.signature(module.step_launch_config).parameters})
+
+
+def profile(kernel, constexprs: dict, warps: int, tools: Path) -> tuple[dict, collections.Counter]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {}
+    for i, (name, _) in enumerate(inspect.signature(kernel.fn).parameters.items()):
+        constexpr = kernel.params[i].is_constexpr
+        sig[name] = "constexpr" if constexpr else PTR_TYPES.get(name, "*fp32" if name.endswith("_ptr") else "i32")
+        if constexpr and name not in constexprs:
+            raise ValueError(f"no value for the constexpr {name} of {kernel.__name__}; give it with --launch")
+    values = {k: v for k, v in constexprs.items() if sig.get(k) == "constexpr"}
+    # pointers 16-byte aligned, as a launch with torch tensors specialises them (vector loads need it)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=values, attrs=aligned),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tools / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([tools / "nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
+    res = {key: int(m.group(1)) for key in ("REG", "STACK", "SHARED") if (m := re.search(rf"{key}:(\d+)", usage))}
+    ops = collections.Counter(m.group(1).split(".")[0] for line in sass.splitlines()
+                              if (m := re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)))
+    return res, ops
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the checkout whose kernels to read")
+    ap.add_argument("--families", default="mamba2,gdn,kda")
+    ap.add_argument("--reads", default="fp32,nvfp4", help="read copies: fp32 (as shared:fp32), nvfp4 (per-head scales)")
+    ap.add_argument("--launch", action="append", default=[],
+                    help="a launch config NAME=VALUE,... (repeatable; default: the checkout's step_launch_config)")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, args.root)
+    import triton
+    from replayssm_eval.formats.codec import Group, Kind
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    reads = {"fp32": (int(Kind.FP32), int(Group.NONE)), "nvfp4": (int(Kind.NVFP4), int(Group.HEAD))}
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=args.root, capture_output=True,
+                            text=True).stdout.strip()
+    print(f"kernels of commit {commit or '?'}; sm_90, triton {triton.__version__}")
+    for family in args.families.split(","):
+        module = importlib.import_module(f"replayssm_eval.kernels.{family}.triton_step")
+        launches = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in text.split(",")) for text in args.launch]
+        for read in args.reads.split(","):
+            kind, group = reads[read]
+            for launch in launches or [default_launch(module, family, kind)]:
+                launch = dict(launch)
+                warps = launch.pop("num_warps", 4)
+                constexprs = {**SIZES, **launch, "KIND": kind, "READ": kind, "GROUP": group}
+                res, ops = profile(module._replay_step_kernel, constexprs, warps, tools)
+                block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
+                per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)
+                name = " ".join(f"{k}={v}" for k, v in launch.items())
+                print(f"{family:6} {read:5} {name:34} w{warps} REG={res.get('REG')} STACK={res.get('STACK')} "
+                      f"SHARED={res.get('SHARED')} SASS={sum(ops.values())} per head={per_head} "
+                      + " ".join(f"{op}={ops[op]}" for op in OPS if ops[op]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
