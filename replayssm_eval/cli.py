@@ -22,6 +22,8 @@ SUBCOMMANDS = {
     "formats": ("replayssm_eval.commands.formats", "bits, bytes per SSM state and round-trip error of each state format"),
     "kl": ("replayssm_eval.commands.kl",
            "teacher-forced KL of SSM state formats against the FP32-state reference, by generated length"),
+    "sensitivity": ("replayssm_eval.commands.sensitivity",
+                    "per SSM layer and head: KL when only it uses a config, and when only it stays FP32"),
     "accuracy": ("replayssm_eval.commands.accuracy",
                  "downstream accuracy (GPQA-Diamond, MMLU-Pro, MATH L5) of state formats vs FP32, by FP32 length bucket"),
     "regress": ("replayssm_eval.commands.regress",

@@ -108,7 +108,7 @@ def make_plan(options: KLConfig) -> RunPlan:
     if options.min_doc_tokens < 0:
         raise ValueError(f"--min-doc-tokens must be >= 0, got {options.min_doc_tokens}")
     configs = resolve_configs(options)
-    too_long = [c.name for c in configs if c.speculative is None and c.window > options.tokens]
+    too_long = [c.name for c in configs if c.speculative is None and max(c.windows) > options.tokens]
     if too_long:
         raise ValueError(f"config {', '.join(too_long)} has a window longer than the run (--tokens {options.tokens}); "
                          f"accepted: windows of at most {options.tokens} tokens")
@@ -151,8 +151,9 @@ def resolve_configs(options: KLConfig) -> tuple[ReplayConfig, ...]:
 
 
 def aligned_segment_len(segment_len: int, configs) -> int:
-    """`segment_len` rounded up to a multiple of every fixed window (speculative schedules have no fixed phase)."""
-    step = math.lcm(*(c.window for c in configs if c.speculative is None), 1)
+    """`segment_len` rounded up to a multiple of every fixed window, of every part of a mixed config (speculative
+    schedules have no fixed phase)."""
+    step = math.lcm(*(w for c in configs if c.speculative is None for w in c.windows), 1)
     return -(-segment_len // step) * step
 
 
@@ -220,10 +221,10 @@ def run_kl(options: KLConfig) -> Path:
     return run_dir
 
 
-def command_line(options: KLConfig) -> str:
-    """The `replayssm-eval kl` command that gives `options` (only options that differ from the defaults)."""
-    words = ["replayssm-eval", "kl"]
-    for f in dataclasses.fields(KLConfig):
+def command_line(options: KLConfig, name: str = "kl") -> str:
+    """The `replayssm-eval <name>` command that gives `options` (only options that differ from the defaults)."""
+    words = ["replayssm-eval", name]
+    for f in dataclasses.fields(options):
         value = getattr(options, f.name)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if value == default:

@@ -3,6 +3,7 @@
 The driver needs:
 
     load_tokenizer(model) -> tokenizer           (before any model work, to check the text suffices)
+    ssm_layout(model) -> (SSM layer indices, heads per layer)   from the model's config (`kl.sensitivity`)
     load_runner(model, device=, dtype=, backend=, device_map=) -> Runner
     Runner.device                                where input token ids go
     Runner.check(config)                         ValueError if the model cannot run `config` (before any stream)
@@ -42,6 +43,16 @@ def load_tokenizer(model: str):
         raise ValueError(
             f"unknown model {model!r}: not a bundled fixture, a local model directory or a reachable hub id ({err})"
         ) from err
+
+
+def ssm_layout(model: str) -> tuple[list[int], int]:
+    """(HF indices of the SSM layers, heads per SSM layer) of `model`, from its config alone (no weights)."""
+    from transformers import AutoConfig
+
+    from replayssm_eval.models.presets import geometry_from_config, ssm_layer_indices
+
+    config = AutoConfig.from_pretrained(_resolve(model))
+    return ssm_layer_indices(config), geometry_from_config(config).num_heads
 
 
 def load_runner(model: str, *, device: str, dtype: str, backend: str, device_map: str | None) -> "ModelRunner":
@@ -90,10 +101,10 @@ class ModelRunner:
     def skip_reads(self, config: ReplayConfig) -> dict | None:
         """`models.traffic.skip_savings` of the checkpoint reads `#skip` dropped in the closed streams of `config`
         ((token, head) pairs of the decode calls; a stream restored from a snapshot counts from there); None
-        without #skip."""
+        without #skip in any part."""
         from replayssm_eval.models.traffic import skip_savings
 
-        if config.skip_read_below is None:
+        if all(part.skip_read_below is None for part in config.part_configs):
             return None
         layers = self.skips.get(config.name, {})
         counts = {layer: dict(zip(("reads", "skipped_read_copy", "skipped_recur_copy"), c))

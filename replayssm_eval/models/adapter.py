@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import routing
 from replayssm_eval.models.model_types import find_ssm_layers, model_type_of
+from replayssm_eval.models.presets import geometry_from_config
 from replayssm_eval.models.fixtures import resolve_model
 from replayssm_eval.models.hooks import REPLACEMENTS
 from replayssm_eval.models.quiet import quiet_logs
@@ -78,13 +79,26 @@ class ReplayModel:
         )
 
     def check_config(self, config: ReplayConfig | str) -> ReplayConfig:
-        """`config` as a ReplayConfig; ValueError if it asks for what this model's kernel family lacks."""
+        """`config` as a ReplayConfig; ValueError if it asks for what this model's kernel family lacks, or its
+        parts name a layer that is not an SSM layer of this model or heads past the layer's."""
         config = as_config(config)
-        if config.gdn_fold == "closed" and not self.model_type.kernels.closed_fold:
-            raise ValueError(f"config {config.name!r}: #closed is a fold of the delta-rule families and this "
-                             f"{self.model_type.model_type} model is {self.model_type.family}; accepted: the config "
-                             "without #closed")
+        for part in config.part_configs:
+            if part.gdn_fold == "closed" and not self.model_type.kernels.closed_fold:
+                raise ValueError(f"config {config.name!r}: #closed is a fold of the delta-rule families and this "
+                                 f"{self.model_type.model_type} model is {self.model_type.family}; accepted: the "
+                                 "config without #closed")
+        layers = sorted(self.layers)
+        for part in config.overrides:
+            if part.layer not in self.layers:
+                raise ValueError(f"config {config.name!r}: layer {part.layer} is not an SSM layer of this "
+                                 f"{self.model_type.model_type} model; accepted: {', '.join(map(str, layers))}")
+            config.layer_parts(part.layer, self.num_heads)
         return config
+
+    @property
+    def num_heads(self) -> int:
+        """Heads of each SSM layer (Mamba-2 heads, GDN value heads, KDA heads)."""
+        return geometry_from_config(self.model.config).num_heads
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, session: ReplaySession, *, attention_mask=None, logits_to_keep=0):

@@ -170,6 +170,15 @@ def geometry_from_config(hf_config: PretrainedConfig) -> ModelGeometry:
     )
 
 
+def ssm_layer_indices(hf_config: PretrainedConfig) -> list[int]:
+    """The HF layer indices of the SSM layers of a config of any supported model type (from its layer_types)."""
+    config = hf_config.get_text_config()
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        raise ValueError(f"{config.model_type} config has no layer_types, so its SSM layers cannot be found")
+    return [i for i, t in enumerate(layer_types) if t in _SSM_LAYER_TYPES]
+
+
 # Nemotron-3-Nano-4B layer pattern (M Mamba-2, - MLP, * attention), from the brief cited above:
 # attention at layers 12, 17, 24, 32.
 _NEMOTRON_3_NANO_4B_PATTERN = "M-M-M-MM-M-M*-M-M*-M-M-M*-M-M-MM*-MMM-M-M-"

@@ -12,6 +12,11 @@ scan and leaves the exact FP32 state in the cache; the next call writes checkpoi
 change numbers. Sequence ids key the stochastic-rounding bits (`replay.keys`); layer ids are the
 HF layer indices.
 
+A mixed config (`ReplayConfig.overrides`) takes effect here and only here: each layer runs its own
+plain config (`ReplayConfig.layer_parts`); a layer with head parts runs once per part over all its
+heads, takes each head's output from its part and carries {part name: state} (docs/semantics.md,
+"Mixed configs").
+
 The FP32 reference `fp32` (window 1) under the chunked engine is a plain FP32 recurrence:
 no rounding, so no checkpoints, windows or buffers change its numbers. It runs Hugging Face's
 own FP32 torch chunk scan from the carried state (the function a plain forward runs, handed over
@@ -84,7 +89,9 @@ class ReplaySession:
         if config is not None:
             self._config = as_config(config)
         self.seq_ids = None if seq_ids is None else torch.as_tensor(seq_ids, dtype=torch.int64)
-        self.states: dict[int, ReplayState | torch.Tensor] = {}  # a plain FP32 tensor under `plain_fp32`
+        # per SSM layer: a ReplayState, a plain FP32 tensor under `plain_fp32`, or for a layer with head parts
+        # (`ReplayConfig.layer_parts`) {part config name: its state over all heads}
+        self.states: dict[int, ReplayState | torch.Tensor | dict] = {}
         self.tokens = 0  # tokens per row fed so far (ReplayModel.forward)
         self.attention_mask = None  # [B, tokens], kept by ReplayModel.forward once the prompt is padded
         if self._new_cache is not None:
@@ -96,12 +103,12 @@ class ReplaySession:
     def config(self) -> ReplayConfig:
         return self._config
 
-    @property
-    def plain_fp32(self) -> bool:
-        """True when layers run the plain FP32 recurrence: the conventional FP32 config `fp32` under the chunked
-        or step engine in FP32 math (one-token calls of the step engine still run the decode step) (an FP32 config with a window, e.g. `fp32@16`, runs the kernels: its numbers differ
-        by float noise; FP64 checks run the kernels in FP64)."""
-        cfg = self._config
+    def plain_fp32(self, config: ReplayConfig | None = None) -> bool:
+        """True when a layer under `config` (default: the session's) runs the plain FP32 recurrence: the
+        conventional FP32 config `fp32` under the chunked or step engine in FP32 math (one-token calls of the
+        step engine still run the decode step) (an FP32 config with a window, e.g. `fp32@16`, runs the kernels:
+        its numbers differ by float noise; FP64 checks run the kernels in FP64)."""
+        cfg = self._config if config is None else config
         return (self.engine != "reference" and self.compute_dtype == torch.float32 and cfg.is_reference
                 and cfg.window == 1 and cfg.speculative is None)
 
@@ -141,29 +148,48 @@ class ReplaySession:
             )
         x = inputs[0]
         seq_ids = self._seq_ids(x.shape[0], x.device)
-        initial = self.states.get(layer_idx, anchor)
-        if self.engine == "step" and x.shape[1] == 1:
-            inputs = tuple(at_least_fp32(t) for t in inputs)
-            y, state = family.decode_step(*inputs, initial, self._config, layer_idx=layer_idx, seq_ids=seq_ids)
-        elif self.plain_fp32 and plain is not None:  # HF's scan takes the inputs as they are
-            y, state = plain(at_least_fp32(initial))
-        else:
-            inputs = tuple(at_least_fp32(t) for t in inputs)
-            opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
-            if self.plain_fp32:  # one token: the conventional FP32 step, its state back in the HF layout
-                y, stored = family.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
-                state = family.hf_state(stored)
-            elif self.engine == "reference":
-                y, state = family.decode_reference(*inputs, initial, self._config, **opts)
-            else:
-                self._count_skips(family, layer_idx, inputs, initial)
-                y, state = family.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
+        parts = self._config.layer_parts(layer_idx, anchor.shape[1])  # anchor [B, H, ...] in `state_layout`
+        if len(parts) == 1:
+            y, state = self._scan_part(family, layer_idx, inputs, self.states.get(layer_idx, anchor), parts[0],
+                                       plain, seq_ids)
+        else:  # heads are independent recurrences: each part runs every head, keeps its own; states per part
+            carried = self.states.get(layer_idx, {})
+            y, state = None, {}
+            for part in parts:
+                cfg, heads = part
+                out, state[cfg.name] = self._scan_part(family, layer_idx, inputs, carried.get(cfg.name, anchor),
+                                                       part, plain, seq_ids)  # [B, T, H, ...]
+                y = torch.empty_like(out) if y is None else y
+                index = torch.tensor(heads, device=out.device)
+                y[:, :, index] = out[:, :, index]
         self.states[layer_idx] = state
         return y.to(torch.promote_types(x.dtype, torch.float32))
 
-    def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> None:
-        """Add this call's skipped checkpoint reads (`replay.skip`) to `skip_counts[layer_idx]`."""
-        if self._config.skip_read_below is None:
+    def _scan_part(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, part: tuple, plain,
+                   seq_ids: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """One call of one layer under a plain config `part[0]` (over all heads; `part[1]`, its heads, are the
+        ones counted for #skip); returns (output [B, T, H, ...], the state to carry)."""
+        config, heads = part
+        x = inputs[0]
+        if self.engine == "step" and x.shape[1] == 1:
+            inputs = tuple(at_least_fp32(t) for t in inputs)
+            return family.decode_step(*inputs, initial, config, layer_idx=layer_idx, seq_ids=seq_ids)
+        if self.plain_fp32(config) and plain is not None:  # HF's scan takes the inputs as they are
+            return plain(at_least_fp32(initial))
+        inputs = tuple(at_least_fp32(t) for t in inputs)
+        opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
+        if self.plain_fp32(config):  # one token: the conventional FP32 step, its state back in the HF layout
+            y, stored = family.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
+            return y, family.hf_state(stored)
+        if self.engine == "reference":
+            return family.decode_reference(*inputs, initial, config, **opts)
+        self._count_skips(family, layer_idx, inputs, initial, config, heads)
+        return family.chunked(*inputs, initial, config, backend=self.backend, **opts)
+
+    def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, config: ReplayConfig,
+                     heads: tuple[int, ...]) -> None:
+        """Add this call's skipped checkpoint reads (`replay.skip`) of `heads` to `skip_counts[layer_idx]`."""
+        if config.skip_read_below is None:
             return
         from replayssm_eval.replay.schedule import ScheduleState
         from replayssm_eval.replay.skip import skipped_reads
@@ -176,8 +202,8 @@ class ReplaySession:
             schedule = ScheduleState.start(batch, log_decay.device)
         else:
             schedule = initial.schedule
-        skipped, read_hi = skipped_reads(log_decay, buffered, schedule, self._config,
-                                         self._seq_ids(batch, log_decay.device))
+        skipped, read_hi = skipped_reads(log_decay, buffered, schedule, config, self._seq_ids(batch, log_decay.device))
+        skipped = skipped[:, :, list(heads)]  # [B, T, H'] of this part's heads
         hi = read_hi[..., None].expand_as(skipped)
         counts = self.skip_counts.setdefault(layer_idx, [0, 0, 0])
         counts[0] += skipped.numel()

@@ -46,36 +46,33 @@ def state_traffic(geometry: ModelGeometry | str | object, config: ReplayConfig |
     replay hold per-layer {"read", "write", "total"} (replay also "state_read", "state_write",
     "buffer_read", "buffer_write"); conventional_fp32 is the per-layer total of the usual FP32
     state; per_model holds the totals over the SSM layers and the ratios conventional / replay.
+    A mixed config adds "per_layer" {layer: the per-layer fields of that layer} for the layers its
+    parts name; a layer with head parts sums its parts (each part stores its heads' copies and keeps
+    a ring of its heads' entries, with the B / k rows of the groups they use); its top-level per-layer
+    fields are then the means over the SSM layers (so per_model = mean x layers) and bytes_per_copy
+    and buffer_entry_bytes are the default's.
     """
     geo = _geometry(geometry)
     cfg = as_config(config)
     if cfg.speculative is not None:
         raise ValueError(f"traffic is modelled for a fixed window; {cfg.name} has a speculative schedule")
-    shape = (geo.num_heads, geo.head_dim, geo.state_dim)
-    read = get_format(cfg.read).storage_bytes(shape)
-    recur = get_format(cfg.recur).storage_bytes(shape)
-    window = cfg.window
-    write_at_flush = recur if cfg.shared else recur + read
-    nonflush_read, flush_read, entry_write = _entry_bytes(geo, cfg.gdn_fold)
-
-    state_read = ((window - 1) * read + recur) / window
-    state_write = write_at_flush / window
-    buffer_read = (window - 1) * ((window - 2) / 2 * nonflush_read + flush_read) / window
-    buffer_write = (window - 1) * entry_write / window
-    conventional = {"read": recur, "write": recur, "total": 2 * recur}
-    fp32_total = 2 * get_format("fp32").storage_bytes(shape)
-    replay = {
-        "state_read": state_read, "state_write": state_write, "buffer_read": buffer_read, "buffer_write": buffer_write,
-        "read": state_read + buffer_read, "write": state_write + buffer_write,
-        "total": state_read + state_write + buffer_read + buffer_write,
-    }
     layers = geo.num_ssm_layers
-    return {
+    default = _layer_traffic(geo, cfg.default, range(geo.num_heads))
+    named = {p.layer for p in cfg.overrides}
+    if len(named) > layers:
+        raise ValueError(f"{cfg.name} names {len(named)} layers and {geo.name} has {layers} SSM layers")
+    per_layer = {layer: _sum_parts([_layer_traffic(geo, c, heads) for c, heads in cfg.layer_parts(layer, geo.num_heads)])
+                 for layer in sorted(named)}
+    mean = default
+    if per_layer:
+        mean = _sum_parts([default] * (layers - len(per_layer)) + list(per_layer.values()), scale=1 / layers)
+    conventional, replay, fp32_total = mean["conventional"], mean["replay"], mean["conventional_fp32"]
+    result = {
         "config": cfg.name,
-        "geometry": {"name": geo.name, "family": geo.family, "num_ssm_layers": layers, "state": list(shape),
-                     "groups": geo.n_groups},
-        "bytes_per_copy": {"read": read, "recur": recur},
-        "buffer_entry_bytes": entry_write,
+        "geometry": {"name": geo.name, "family": geo.family, "num_ssm_layers": layers,
+                     "state": [geo.num_heads, geo.head_dim, geo.state_dim], "groups": geo.n_groups},
+        "bytes_per_copy": default["bytes_per_copy"],
+        "buffer_entry_bytes": default["buffer_entry_bytes"],
         "conventional": conventional,
         "conventional_fp32": fp32_total,
         "replay": replay,
@@ -87,6 +84,45 @@ def state_traffic(geometry: ModelGeometry | str | object, config: ReplayConfig |
             "ratio_vs_fp32": fp32_total / replay["total"],
         },
     }
+    if per_layer:
+        result["per_layer"] = {str(layer): t for layer, t in per_layer.items()}
+    return result
+
+
+def _layer_traffic(geo: ModelGeometry, cfg: ReplayConfig, heads) -> dict:
+    """Per-layer traffic of a plain config on `heads` of one layer (its copies and its own ring)."""
+    heads = list(heads)
+    shape = (len(heads), geo.head_dim, geo.state_dim)
+    read = get_format(cfg.read).storage_bytes(shape)
+    recur = get_format(cfg.recur).storage_bytes(shape)
+    window = cfg.window
+    write_at_flush = recur if cfg.shared else recur + read
+    groups = len({h * geo.n_groups // geo.num_heads for h in heads})  # the B / k groups these heads read
+    nonflush_read, flush_read, entry_write = _entry_bytes(geo, len(heads), groups, cfg.gdn_fold)
+
+    state_read = ((window - 1) * read + recur) / window
+    state_write = write_at_flush / window
+    buffer_read = (window - 1) * ((window - 2) / 2 * nonflush_read + flush_read) / window
+    buffer_write = (window - 1) * entry_write / window
+    return {
+        "bytes_per_copy": {"read": read, "recur": recur},
+        "buffer_entry_bytes": entry_write,
+        "conventional": {"read": recur, "write": recur, "total": 2 * recur},
+        "conventional_fp32": 2 * get_format("fp32").storage_bytes(shape),
+        "replay": {
+            "state_read": state_read, "state_write": state_write, "buffer_read": buffer_read,
+            "buffer_write": buffer_write, "read": state_read + buffer_read, "write": state_write + buffer_write,
+            "total": state_read + state_write + buffer_read + buffer_write,
+        },
+    }
+
+
+def _sum_parts(parts: list[dict], scale: float = 1.0) -> dict:
+    """The field-by-field sum of `_layer_traffic` dicts (nested dicts summed per key), times `scale`."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {key: _sum_parts([p[key] for p in parts], scale) for key in first}
+    return sum(parts) * scale
 
 
 def skip_savings(traffic: dict | None, counts: dict) -> dict:
@@ -98,10 +134,11 @@ def skip_savings(traffic: dict | None, counts: dict) -> dict:
     "bytes_saved_per_token", "replay_with_skip", "saved_fraction_of_replay"}} (bytes per decode token and
     sequence; None without traffic).
     """
-    read = traffic["bytes_per_copy"]["read"] if traffic else None
-    recur = traffic["bytes_per_copy"]["recur"] if traffic else None
     per_layer, saved_total = {}, 0.0
     for layer, c in counts.items():
+        if traffic:  # a layer a mixed config names has its own copies (summed over its head parts)
+            copies = traffic.get("per_layer", {}).get(str(layer), traffic)["bytes_per_copy"]
+            read, recur = copies["read"], copies["recur"]
         reads = c["reads"]
         skipped = c["skipped_read_copy"] + c["skipped_recur_copy"]
         saved = None
@@ -135,7 +172,8 @@ def _geometry(geometry) -> ModelGeometry:
     return geometry
 
 
-def _entry_bytes(geo: ModelGeometry, gdn_fold: str) -> tuple[int, int, int]:
-    """(bytes read per entry at a non-flush token, at the flush, bytes written per entry)."""
-    elements = get_family(geo.family).entry_elements(geo.num_heads, geo.head_dim, geo.state_dim, geo.n_groups, gdn_fold)
+def _entry_bytes(geo: ModelGeometry, heads: int, groups: int, gdn_fold: str) -> tuple[int, int, int]:
+    """(bytes read per entry at a non-flush token, at the flush, bytes written per entry) of a ring of `heads`
+    heads that read `groups` groups."""
+    elements = get_family(geo.family).entry_elements(heads, geo.head_dim, geo.state_dim, groups, gdn_fold)
     return tuple(n * BUFFER_BYTES for n in elements)

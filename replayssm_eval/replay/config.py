@@ -14,6 +14,18 @@ String form (used on the command line, in result files and in test ids):
 
 Format specs may carry their own options (`nvfp4:axis=headdim,scale=head/fp16sr@16`); they are
 validated and canonicalised through `replayssm_eval.formats.get_format`.
+
+Mixed configs (docs/semantics.md, "Mixed configs"): a default, then `+SELECTOR=CONFIG` parts that
+give chosen SSM layers (HF layer indices), or heads of one layer, their own config:
+
+    nvfp4/fp16sr+3,7=fp32                 layers 3 and 7 FP32, every other SSM layer nvfp4/fp16sr
+    nvfp4/fp16sr+5.h0-3=fp8/fp32@8        heads 0..3 (inclusive) of layer 5 in fp8/fp32 with window 8
+    fp32+2=nvfp4/fp16sr+2.h4=fp16sr       layer 2 nvfp4/fp16sr except its head 4
+
+A part's config is a whole config (its own window, seed and tags); the default's tags stay with the
+default (write them before the first `+`). Head parts override their layer's config (the default
+or the layer's part). No character of the grammar is special to a POSIX shell, so a mixed config
+needs no quotes. `+` occurs in no format, preset or option name.
 """
 
 from __future__ import annotations
@@ -52,6 +64,40 @@ class SpeculativeFlush:
 
 
 @dataclass(frozen=True)
+class Override:
+    """One part of a mixed config: `config` for SSM layer `layer`, or only for its heads first..last (inclusive)."""
+
+    layer: int
+    config: "ReplayConfig"
+    heads: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        if isinstance(self.config, str):
+            object.__setattr__(self, "config", ReplayConfig.parse(self.config))
+        if self.heads is not None:
+            object.__setattr__(self, "heads", tuple(self.heads))
+        if not isinstance(self.layer, int) or self.layer < 0:
+            raise ValueError(f"layer {self.layer!r} in a mixed config; accepted: an SSM layer index >= 0")
+        if self.heads is not None and not 0 <= self.heads[0] <= self.heads[1]:
+            raise ValueError(f"heads {self.heads[0]}-{self.heads[1]} of layer {self.layer} in a mixed config; "
+                             "accepted: first-last with 0 <= first <= last")
+        if self.config.overrides:
+            raise ValueError(f"part {self.selector}={self.config.name} of a mixed config has parts of its own; "
+                             "accepted: a plain config after each '='")
+
+    @property
+    def selector(self) -> str:
+        """`L`, `L.hA` or `L.hA-B`."""
+        if self.heads is None:
+            return str(self.layer)
+        first, last = self.heads
+        return f"{self.layer}.h{first}" + ("" if first == last else f"-{last}")
+
+    def sort_key(self) -> tuple:
+        return (self.layer, (-1, -1) if self.heads is None else self.heads)
+
+
+@dataclass(frozen=True)
 class ReplayConfig:
     """How one SSM layer's state is stored, read and rounded (docs/semantics.md, "Decode semantics").
 
@@ -67,6 +113,8 @@ class ReplayConfig:
     buffer_dtype: the dtype the ring keeps (docs/semantics.md, buffered-input precision): Mamba-2
         rounds x and B, and a fold's scaled keys dt G B; GDN and KDA round k, beta (and v, closed
         fold) and each u when appended. 'fp32' rounds nothing.
+    overrides: the parts of a mixed config (`Override`s, sorted); the fields above are the default
+        of every other SSM layer and head. `layer_parts` gives what one layer runs.
     """
 
     read: str = "fp32"
@@ -78,6 +126,7 @@ class ReplayConfig:
     gdn_fold: str = "open"
     skip_read_below: float | None = None
     buffer_dtype: str = "fp32"
+    overrides: tuple[Override, ...] = ()
 
     def __post_init__(self):
         from replayssm_eval.formats import get_format
@@ -96,7 +145,26 @@ class ReplayConfig:
             raise ValueError(f"unknown buffer dtype {self.buffer_dtype!r}; known: {', '.join(BUFFER_DTYPES)}")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.overrides:
+            self._check_overrides()
 
+    def _check_overrides(self) -> None:
+        parts = tuple(sorted(self.overrides, key=Override.sort_key))
+        object.__setattr__(self, "overrides", parts)
+        if any(c.speculative is not None for c in self.part_configs):
+            raise ValueError(f"mixed config {self.name!r} has a speculative schedule (#spec), which is one for the "
+                             "whole model; accepted: mixed configs without #spec")
+        seen: dict[int, list[tuple[int, int]]] = {}
+        for part in parts:
+            ranges = seen.setdefault(part.layer, [])
+            whole = part.heads is None
+            clash = (whole and (-1, -1) in ranges) or (not whole and any(
+                a <= part.heads[1] and part.heads[0] <= b for a, b in ranges if a >= 0))
+            if clash:
+                raise ValueError(f"part {part.selector} of mixed config {self.name!r} repeats or overlaps another of "
+                                 f"layer {part.layer}; accepted: each layer once, head ranges of a layer that do not "
+                                 "overlap")
+            ranges.append((-1, -1) if whole else part.heads)
     @property
     def read_format(self):
         from replayssm_eval.formats import get_format
@@ -111,9 +179,51 @@ class ReplayConfig:
 
     @property
     def is_reference(self) -> bool:
-        """True for the exact FP32 reference (window and speculation do not change FP32 numbers)."""
+        """True for the exact FP32 reference (window and speculation do not change FP32 numbers), in every part."""
         return (self.read == "fp32" and self.recur == "fp32" and self.skip_read_below is None
-                and self.buffer_dtype == "fp32")
+                and self.buffer_dtype == "fp32" and all(p.config.is_reference for p in self.overrides))
+
+    @property
+    def default(self) -> "ReplayConfig":
+        """The config of the layers and heads no part names (this config without its parts)."""
+        return self.replace(overrides=()) if self.overrides else self
+
+    @property
+    def part_configs(self) -> tuple["ReplayConfig", ...]:
+        """The default, then each part's config: every plain config this one runs."""
+        return (self.default, *(p.config for p in self.overrides))
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The distinct windows of all parts, ascending."""
+        return tuple(sorted({c.window for c in self.part_configs}))
+
+    def plain(self) -> "ReplayConfig":
+        """This config, checked to have no parts: what a kernel (one layer, every head) runs."""
+        if self.overrides:
+            raise ValueError(f"a kernel runs one plain config, got mixed config {self.name!r}; accepted: a config "
+                             "without +parts (a ReplaySession applies a mixed config per layer: `for_layer`)")
+        return self
+
+    def for_layer(self, layer: int) -> "ReplayConfig":
+        """The plain config of SSM layer `layer` as a whole (its head parts, if any, aside)."""
+        return next((p.config for p in self.overrides if p.layer == layer and p.heads is None), self.default)
+
+    def layer_parts(self, layer: int, num_heads: int) -> tuple[tuple["ReplayConfig", tuple[int, ...]], ...]:
+        """What layer `layer` of `num_heads` heads runs: (plain config, its heads) per distinct config,
+        ordered by first head; one entry covering every head when no head part names the layer."""
+        heads = [self.for_layer(layer)] * num_heads
+        for part in self.overrides:
+            if part.layer == layer and part.heads is not None:
+                first, last = part.heads
+                if last >= num_heads:
+                    raise ValueError(f"heads {part.selector} in mixed config: layer {layer} has {num_heads} heads; "
+                                     f"accepted: heads 0-{num_heads - 1}")
+                heads[first:last + 1] = [part.config] * (last - first + 1)
+        groups: dict[ReplayConfig, list[int]] = {}
+        for h, cfg in enumerate(heads):
+            groups.setdefault(cfg, []).append(h)
+        return tuple((cfg, tuple(hs)) for cfg, hs in groups.items())
 
     def round_buffered(self, t: torch.Tensor) -> torch.Tensor:
         """t rounded to the buffer dtype (round to nearest even) and back to t's dtype; t itself for fp32."""
@@ -141,7 +251,16 @@ class ReplayConfig:
             text += f"#skip={self.skip_read_below:g}"
         if self.buffer_dtype != "fp32":
             text += f"#buf={self.buffer_dtype}"
-        return text
+        return text + self._parts_name()
+
+    def _parts_name(self) -> str:
+        """`+SELECTORS=CONFIG` per part: whole-layer parts with one config share a list (`+3,7=fp32`)."""
+        layers: dict[str, list[str]] = {}
+        for part in self.overrides:
+            if part.heads is None:
+                layers.setdefault(part.config.name, []).append(part.selector)
+        whole = [f"+{','.join(selectors)}={name}" for name, selectors in layers.items()]
+        return "".join(whole + [f"+{p.selector}={p.config.name}" for p in self.overrides if p.heads is not None])
 
     def __str__(self) -> str:
         return self.name
@@ -154,6 +273,10 @@ class ReplayConfig:
         """Parse the string form described in the module docstring."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"empty replay config {text!r}; examples: fp32, shared:nvfp4, nvfp4/fp16sr@16")
+        default, *parts = text.strip().split("+")
+        if parts:
+            overrides = tuple(o for part in parts for o in _parse_part(part, text))
+            return cls.parse(default).replace(overrides=overrides)
         if engine_presets.is_preset(text.strip()):
             text = engine_presets.expand(text.strip())
         body, *tags = text.strip().split("#")
@@ -196,3 +319,30 @@ class ReplayConfig:
         else:
             fields["window"] = default_window
         return cls(read=read, recur=recur, shared=shared, **fields)
+
+
+def _parse_part(part: str, text: str) -> list[Override]:
+    """The `Override`s of one `+SELECTOR=CONFIG` part of the mixed config `text`."""
+    selector, eq, config = part.partition("=")
+    if not eq or not config:
+        raise ValueError(f"bad part {part!r} in mixed config {text!r}; accepted: +LAYERS=CONFIG or "
+                         "+LAYER.hFIRST-LAST=CONFIG, e.g. nvfp4/fp16sr+3,7=fp32+5.h0-3=fp8/fp32")
+    cfg = ReplayConfig.parse(config)
+    layers, dot, heads = selector.partition(".")
+    first, dash, last = heads[1:].partition("-")
+    try:
+        if not dot:
+            return [Override(_index(layer), cfg) for layer in layers.split(",")]
+        if not heads.startswith("h"):
+            raise ValueError
+        layer, span = _index(layers), (_index(first), _index(last if dash else first))
+    except ValueError:
+        raise ValueError(f"bad selector {selector!r} in mixed config {text!r}; accepted: layer indices L or "
+                         "L1,L2,... or heads of one layer L.hA or L.hA-B (inclusive)") from None
+    return [Override(layer, cfg, span)]
+
+
+def _index(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError
+    return int(text)

@@ -1,9 +1,11 @@
-"""Find and read result JSON: `kl.json` (docs/kl_json_schema.md) and `accuracy.json` (`replayssm-eval accuracy`).
+"""Find and read result JSON: `kl.json` (docs/kl_json_schema.md), `accuracy.json` (`replayssm-eval accuracy`) and
+`sensitivity.json` (docs/sensitivity_json_schema.md).
 
     results = load_results(["reports/kl-tiny-nemotron-h-...", "reports/acc-..."])
 
 A path may be one of those files, a run directory holding them, or a folder whose run
-directories (at any depth) hold them. Nothing else in a run directory is read. Where a result
+directories (at any depth) hold them. Nothing else in a run directory is read, and a sensitivity
+study's layer and head stages (kl runs of many variants) are read through its sensitivity.json. Where a result
 records no state traffic for a config (accuracy results never do), the report computes it from
 the model's SSM geometry (`tables._geometry`): a preset, or the model's `config.json` (a bundled
 fixture, a local directory or the hub).
@@ -15,7 +17,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-RESULT_FILES = {"kl.json": "kl", "accuracy.json": "accuracy"}
+RESULT_FILES = {"kl.json": "kl", "accuracy.json": "accuracy", "sensitivity.json": "sensitivity"}
+SENSITIVITY_STAGES = ("layers", "heads")  # `kl.sensitivity.STAGES`: summarised by the study's sensitivity.json
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,14 @@ def find_result_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise ValueError(f"result directory {str(path)!r} does not exist")
-    found = sorted(p for name in RESULT_FILES for p in path.rglob(name))
+    found = sorted(p for name in RESULT_FILES for p in path.rglob(name) if not _in_sensitivity_stage(p))
     if not found:
         raise ValueError(f"no {' or '.join(RESULT_FILES)} in {str(path)!r} or below it")
     return found
+
+
+def _in_sensitivity_stage(path: Path) -> bool:
+    return path.parent.name in SENSITIVITY_STAGES and (path.parent.parent / "sensitivity.json").is_file()
 
 
 def load_results(paths) -> list[Result]:
@@ -72,14 +79,17 @@ def load_results(paths) -> list[Result]:
                 raise ValueError(f"{file}: not valid JSON ({err})") from err
             kind = RESULT_FILES[file.name]
             _check(kind, file, data)
-            results.append(Result(kind, file, data, file.parent.name))
+            study = file.parent.parent
+            run = f"{study.name}/{file.parent.name}" if (study / "sensitivity.json").is_file() else file.parent.name
+            results.append(Result(kind, file, data, run))  # a study's budget stage is named with its study
     if not results:
         raise ValueError("no results given")
     return _unique_slugs(results)
 
 
 def _check(kind: str, file: Path, data: dict) -> None:
-    need = {"kl": ("model", "configs", "reference"), "accuracy": ("tasks",)}[kind]
+    need = {"kl": ("model", "configs", "reference"), "accuracy": ("tasks",),
+            "sensitivity": ("model", "config", "layers", "heads", "uniform")}[kind]
     missing = [k for k in need if k not in data]
     if missing:
         raise ValueError(f"{file}: missing {', '.join(missing)}; is it a {kind} result?")

@@ -4,7 +4,8 @@ a Markdown file with the same PNGs beside it.
     report = build_report(load_results(paths))
     write_report(report, "reports/report-...")     # report.html, report.md, *.png
 
-Sections (their HTML ids): summary, kl-vs-length, kl-buckets, accuracy, traffic, pareto, provenance.
+Sections (their HTML ids): summary, kl-vs-length, kl-buckets, accuracy, traffic, pareto, sensitivity,
+provenance.
 A section without data says so in a note; it is never left out.
 """
 
@@ -15,11 +16,11 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replayssm_eval.reports import plots, tables
+from replayssm_eval.reports import plots, sensitivity, tables
 from replayssm_eval.reports.load import Result
 from replayssm_eval.reports.tables import Table
 
-SECTION_IDS = ("summary", "kl-vs-length", "kl-buckets", "accuracy", "traffic", "pareto", "provenance")
+SECTION_IDS = ("summary", "kl-vs-length", "kl-buckets", "accuracy", "traffic", "pareto", "sensitivity", "provenance")
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,14 @@ class Report:
 def build_report(results: list[Result], title: str = "ReplaySSM state formats") -> Report:
     kl = [r for r in results if r.kind == "kl"]
     acc = [r for r in results if r.kind == "accuracy"]
+    sens = [r for r in results if r.kind == "sensitivity"]
     models = list(dict.fromkeys(r.model for r in results))
     sections = [
         Section("summary", "Summary", [Note(
-            f"{len(kl)} KL run(s) and {len(acc)} accuracy run(s) of {', '.join(models)}. Every number below is "
-            "rendered from the runs' JSON (kl.json, accuracy.json)."), *([tables.kl_summary_table(kl)] if kl else [])]),
-        _kl_vs_length(kl), _kl_buckets(kl), _accuracy(acc), _traffic(results), _pareto(kl),
+            f"{len(kl)} KL run(s), {len(acc)} accuracy run(s) and {len(sens)} sensitivity stud(ies) of "
+            f"{', '.join(models)}. Every number below is rendered from the runs' JSON (kl.json, accuracy.json, "
+            "sensitivity.json)."), *([tables.kl_summary_table(kl)] if kl else [])]),
+        _kl_vs_length(kl), _kl_buckets(kl), _accuracy(acc), _traffic(kl + acc), _pareto(kl), _sensitivity(sens),
         Section("provenance", "Provenance", [tables.provenance_table(r) for r in results]),
     ]
     return Report(title, sections)
@@ -138,6 +141,26 @@ def _pareto(kl: list[Result]) -> Section:
                                "and less KL. The FP32 reference (KL 0) is the dashed line; the right panel puts the "
                                "same KL against the read copy's bits per element."))
     section.blocks.append(tables.formats_table(kl))
+    return section
+
+
+def _sensitivity(sens: list[Result]) -> Section:
+    section = Section("sensitivity", "Which layers and heads need precision")
+    if not sens:
+        section.blocks.append(Note("No sensitivity results given: pass a sensitivity study's directory "
+                                   "(sensitivity.json, from `replayssm-eval sensitivity`) to fill this section."))
+        return section
+    for r in sens:
+        section.blocks += [sensitivity.ranked_table(r),
+                           Image(f"{r.slug}-layers.png", sensitivity.layer_heatmap_png(r),
+                                 f"KL per SSM layer and length bucket, {r.label}")]
+        budget = sensitivity.budget_table(r)
+        if budget:
+            section.blocks.append(budget)
+        heads = sensitivity.heads_table(r)
+        if heads:
+            section.blocks += [heads, Image(f"{r.slug}-heads.png", sensitivity.head_heatmap_png(r),
+                                            f"KL per SSM layer and head, {r.label}")]
     return section
 
 

@@ -368,11 +368,15 @@ def pareto_points(result: Result) -> tuple[list[ParetoPoint], tuple[int, int] | 
 
 
 def read_bits(traffic: dict | None) -> float | None:
-    """Bits per state element of the read copy (scales included), from a `state_traffic` record."""
+    """Bits per state element of the read copy (scales included), from a `state_traffic` record; a mixed config's
+    mean over its SSM layers."""
     if not traffic:
         return None
     elements = math.prod(traffic["geometry"]["state"])
-    return 8 * traffic["bytes_per_copy"]["read"] / elements
+    layers = traffic["geometry"]["num_ssm_layers"]
+    named = [t["bytes_per_copy"]["read"] for t in traffic.get("per_layer", {}).values()]
+    total = traffic["bytes_per_copy"]["read"] * (layers - len(named)) + sum(named)
+    return 8 * total / (elements * layers)
 
 
 def on_frontier(p: ParetoPoint, points: list[ParetoPoint], cost: str) -> bool:
@@ -442,6 +446,9 @@ def provenance_table(result: Result) -> Table:
         seeds = ", ".join(f"{c['name']}: {c.get('seed', 0)}" for c in d["configs"])
         data = (f"{(d.get('resolved') or {}).get('source', '?')}, documents {d.get('document_indices')}, "
                 f"prompt {d.get('prompt_len')} + {d.get('tokens')} tokens")
+    elif result.kind == "sensitivity":
+        seeds = f"{d['config']}: its #seed tag (0 without one)"
+        data = f"{d['num_docs']} documents x {d['tokens']} tokens (its stages' kl.json record the text)"
     else:
         seeds = d.get("seeds") or {k: v for k, v in d.items() if "seed" in k}
         seeds = ", ".join(f"{k}: {v}" for k, v in seeds.items()) if isinstance(seeds, dict) else str(seeds)

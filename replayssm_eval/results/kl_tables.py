@@ -27,6 +27,8 @@ def config_results(config: ReplayConfig, metrics: np.ndarray, buckets: list[Buck
         "gdn_fold": config.gdn_fold,
         "buffer_dtype": config.buffer_dtype,
         "skip_read_below": config.skip_read_below,
+        **({"parts": [{"layer": p.layer, "heads": None if p.heads is None else list(p.heads), "config": p.config.name}
+                      for p in config.overrides]} if config.overrides else {}),
         "kl_mean": float(kl.mean(dtype=np.float64)),
         "reverse_kl_mean": float(reverse_kl.mean(dtype=np.float64)),
         "top1_agree": float(top1.mean(dtype=np.float64)),

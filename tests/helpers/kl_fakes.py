@@ -5,7 +5,9 @@ logits W h_t. A stream in a non-reference config rounds its carried state to bf1
 (window position L-1) and at the end of the prefill, so its KL is > 0 and grows along the
 document, while the `fp32` config runs exactly the reference's operations (KL exactly 0).
 Stochastic-rounding-like noise keyed by (config seed, sequence id) makes results depend on the
-sequence id as the real models' SR bits do. `install(fail_after=N, fault=f)` calls `f()` at the
+sequence id as the real models' SR bits do. The hidden channels stand for SSM layers FAKE_LAYERS of
+FAKE_HEADS heads (HIDDEN / layers / heads channels per head), so a mixed config rounds only the
+channels of the layers and heads whose part is not FP32 (`ssm_layout` gives that layout). `install(fail_after=N, fault=f)` calls `f()` at the
 start of the N+1-th `extend` call: by default it raises KeyboardInterrupt (an interrupt the driver
 did not defer); `ctrl_c()` sends SIGINT, as a terminal's Ctrl-C does; `crash` raises RuntimeError.
 """
@@ -19,12 +21,15 @@ import socket
 
 import torch
 
+from replayssm_eval.formats import get_format
 from replayssm_eval.kl import runner as runner_module
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models.tokenizer import VOCAB_SIZE, build_byte_tokenizer
 
 FAKE_MODEL = "fake-byte-lm"
 RESULT_KEYS = ("reference", "configs", "documents", "tokens", "prompt_len", "document_indices")  # what a resume must equal
 HIDDEN = 24
+FAKE_LAYERS, FAKE_HEADS = (0, 2, 4), 4  # 2 channels per head
 
 
 class FakeRunner:
@@ -54,7 +59,12 @@ class FakeRunner:
         return stream
 
     def state_traffic(self, config):
-        return {"bytes_per_token": 4.0 * HIDDEN / config.window}
+        """Per layer: the bytes of both copies of a [4, 2, 16] state in its layer's formats (the head parts
+        aside); the fields `kl.sensitivity`'s budget reads."""
+        layer_bytes = [fake_layer_bytes(config.for_layer(layer)) for layer in FAKE_LAYERS]
+        fp32 = fake_layer_bytes(ReplayConfig())
+        return {"replay": {"total": layer_bytes[0]}, "conventional_fp32": fp32,
+                "per_model": {"replay": sum(layer_bytes), "conventional_fp32": fp32 * len(FAKE_LAYERS)}}
 
     def skip_reads(self, config):
         return None if config.skip_read_below is None else {"total": {"skipped": 0}}
@@ -73,7 +83,8 @@ class FakeStream:
     def _store(self, h):
         if self.config.is_reference:
             return h
-        return (h + self.noise * h.abs()).to(torch.bfloat16).float()
+        rounded = (h + self.noise * h.abs()).to(torch.bfloat16).float()
+        return torch.where(rounding_mask(self.config), rounded, h)
 
     def prefill(self, tokens):
         for t in range(tokens.shape[1]):
@@ -102,6 +113,25 @@ class FakeStream:
 
     def close(self):
         self.closed = True
+
+
+def fake_layer_bytes(config) -> int:
+    return sum(get_format(name).storage_bytes((4, 2, 16)) for name in (config.read, config.recur))
+
+
+def rounding_mask(config) -> torch.Tensor:
+    """[HIDDEN] bool: the channels whose layer and head run a config that is not FP32."""
+    width = HIDDEN // len(FAKE_LAYERS) // FAKE_HEADS
+    mask = torch.zeros(len(FAKE_LAYERS), FAKE_HEADS, width, dtype=torch.bool)
+    for i, layer in enumerate(FAKE_LAYERS):
+        for part, heads in config.layer_parts(layer, FAKE_HEADS):
+            mask[i, list(heads)] = not part.is_reference
+    return mask.flatten()
+
+
+def ssm_layout(model: str) -> tuple[list[int], int]:
+    load_tokenizer(model)
+    return list(FAKE_LAYERS), FAKE_HEADS
 
 
 def raise_keyboard_interrupt():
@@ -150,6 +180,7 @@ def install(fail_after: int | None = None, fault=None, setattr=setattr) -> list[
 
     setattr(runner_module, "load_tokenizer", load_tokenizer)
     setattr(runner_module, "load_runner", load_runner)
+    setattr(runner_module, "ssm_layout", ssm_layout)
     return created
 
 

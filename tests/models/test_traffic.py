@@ -1,5 +1,7 @@
 """State traffic per decode token, checked on Nemotron-3-Nano-4B's Mamba-2 geometry by hand."""
 
+import dataclasses
+
 import pytest
 import transformers as tf
 
@@ -89,3 +91,26 @@ def test_geometry_from_an_hf_config_or_a_preset_name():
 def test_speculative_schedule_is_refused():
     with pytest.raises(ValueError, match="speculative"):
         state_traffic(NANO, "nvfp4/fp16sr@16#spec=4:0.7")
+
+
+def test_mixed_config_sums_its_layers():
+    t = state_traffic(NANO, "nvfp4/fp16sr@16+3,7=fp32")
+    fp32, split = state_traffic(NANO, "fp32"), state_traffic(NANO, "nvfp4/fp16sr@16")
+    assert t["per_layer"]["3"]["replay"]["total"] == 7_864_320 == t["per_layer"]["7"]["conventional"]["total"]
+    assert t["per_model"]["replay"] == 19 * split["replay"]["total"] + 2 * fp32["replay"]["total"]
+    assert t["bytes_per_copy"] == {"read": NVFP4, "recur": FP16}  # the default's
+    assert t["replay"]["total"] == pytest.approx(t["per_model"]["replay"] / 21, rel=1e-15)
+
+
+def test_head_parts_store_their_heads_and_keep_their_own_ring():
+    layer = state_traffic(NANO, "nvfp4/fp16sr@16+0.h0-11=fp32@1")["per_layer"]["0"]
+    # heads 0-11 (group 0) conventional FP32, heads 12-95 (groups 1-7) split at window 16, as two smaller layers
+    fp32_part = state_traffic(dataclasses.replace(NANO, num_heads=12, n_groups=1), "fp32")
+    split_part = state_traffic(dataclasses.replace(NANO, num_heads=84, n_groups=7), "nvfp4/fp16sr@16")
+    assert layer["bytes_per_copy"] == {"read": FP32 // 8 + 84 * 80 * 128 // 2 + 84 * 80 * 128 // 16 + 84 * 4,
+                                       "recur": FP32 // 8 + 84 * 80 * 128 * 2}
+    assert split_part["buffer_entry_bytes"] == 2 * (84 * 80 + 7 * 128 + 84)  # x, B of the 7 groups read, dt
+    for kind in ("conventional", "replay"):
+        assert layer[kind]["total"] == fp32_part[kind]["total"] + split_part[kind]["total"]
+    agree = state_traffic(NANO, "nvfp4/fp16sr@16+0.h0-11=nvfp4/fp16sr@16")
+    assert agree["per_model"] == state_traffic(NANO, "nvfp4/fp16sr@16")["per_model"]

@@ -59,7 +59,8 @@ def test_every_section_and_image_renders_in_chromium(results_dir, tmp_path):
     assert all(text > 50 for _, _, text in sections.values())
     # 2 KL plots, 1 accuracy plot, 2 traffic plots (one per model), 2 Pareto plots
     assert {sid: v[0] for sid, v in sections.items()} == {
-        "summary": 0, "kl-vs-length": 2, "kl-buckets": 0, "accuracy": 1, "traffic": 2, "pareto": 2, "provenance": 0}
+        "summary": 0, "kl-vs-length": 2, "kl-buckets": 0, "accuracy": 1, "traffic": 2, "pareto": 2, "sensitivity": 0,
+        "provenance": 0}
     assert probe["images"] == probe["decoded"] == 7
     # KL: the bucket table and the statistics table of each run; accuracy: the gap and degeneration tables
     assert sections["kl-buckets"][1] == 4 and sections["accuracy"][1] == 2 and sections["provenance"][1] == 3

@@ -69,7 +69,7 @@ def test_traffic_from_json_and_computed_when_absent(tmp_path):
 def test_load_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_results([tmp_path / "missing"])
-    with pytest.raises(ValueError, match="no kl.json or accuracy.json in"):
+    with pytest.raises(ValueError, match="no kl.json or accuracy.json or sensitivity.json in"):
         load_results([tmp_path])
     (tmp_path / "kl.json").write_text(json.dumps({"model": "m"}))
     with pytest.raises(ValueError, match="missing configs, reference; is it a kl result"):
@@ -122,3 +122,12 @@ def test_kl_statistics_table_as_llama_cpp_prints_them():
     assert len(table.rows) == 2 * (1 + len(report["configs"][0]["buckets"]))
     # a run written before these fields (nvfp4/fp32, its last bucket: 4 x 8e-5): the mean alone, dashes elsewhere
     assert table.rows[-1][2:] == ["3.20e-04", "–", "–", "–", "–", "–"]
+
+
+def test_read_bits_of_a_mixed_config_is_the_mean_over_layers():
+    from replayssm_eval.models.traffic import state_traffic
+
+    nvfp4 = tables.read_bits(state_traffic("nemotron-3-nano-4b", "nvfp4/fp16sr"))  # 21 SSM layers
+    assert nvfp4 == pytest.approx(4.503125)  # 4 bits, E4M3 block scales, one FP32 scale per head
+    mixed = tables.read_bits(state_traffic("nemotron-3-nano-4b", "nvfp4/fp16sr+0,1,2=fp32"))
+    assert mixed == pytest.approx((18 * nvfp4 + 3 * 32) / 21, rel=1e-12)

@@ -112,10 +112,10 @@ class Prepared:
 
 def _check_config(config) -> ReplayConfig:
     if isinstance(config, str):
-        return ReplayConfig.parse(config)
+        return ReplayConfig.parse(config).plain()
     if not isinstance(config, ReplayConfig):
         raise ValueError(f"config must be a ReplayConfig or its string form (e.g. 'nvfp4/fp16sr@16'), got {type(config).__name__}")
-    return config
+    return config.plain()
 
 
 def prepare_inputs(q, k, v, g, beta, initial_state, config, *, layer_idx, seq_ids, compute_dtype, per_channel) -> Prepared:

@@ -62,9 +62,9 @@ def group_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def parse_config(config) -> ReplayConfig:
     if isinstance(config, ReplayConfig):
-        return config
+        return config.plain()
     if isinstance(config, str):
-        return ReplayConfig.parse(config)
+        return ReplayConfig.parse(config).plain()
     raise ValueError(f"config must be a ReplayConfig or its string form (e.g. 'nvfp4/fp16sr@16'), got {type(config).__name__}")
 
 
