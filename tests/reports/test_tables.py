@@ -98,14 +98,14 @@ def test_skip_reads_move_traffic_and_show_in_the_tables(tmp_path):
 
 
 def test_formats_table_joins_runs_and_names_presets(tmp_path):
-    a = Result("kl", tmp_path / "a.json", kl_report(configs=("nvfp4/fp16sr", "shared:fp16sr#buf=bf16")), "a")
+    a = Result("kl", tmp_path / "a.json", kl_report(configs=("nvfp4/fp16sr", "fp16sr:words=pair")), "a")
     b = Result("kl", tmp_path / "b.json", kl_report(model="qwen3.5-4b", configs=("nvfp4/fp16sr",)), "b")
     table = tables.formats_table([a, b])
     assert table.columns[:3] == ["config", "read bits/element", "nemotron-3-nano-4b: KiB/token"]
     assert table.columns[-1] == "qwen3.5-4b: KL" and len(table.columns) == 8
     first, second = table.rows
     assert first[0] == "`nvfp4/fp16sr`" and first[4] == "2.00e-04" and first[-1] == "2.00e-04"
-    assert second[0] == "`shared:fp16sr#buf=bf16` (vllm:replay-fp16sr, trtllm:replay-fp16sr)"
+    assert second[0] == "`fp16sr:words=pair` (vllm:fp16sr, sglang:fp16sr)"
     assert second[1] == "16.00" and second[-3:] == ["–", "–", "–"]
 
 
