@@ -10,7 +10,8 @@ Window phase: the first call on a fresh cache is the prompt. It runs Hugging Fac
 scan and leaves the exact FP32 state in the cache; the next call writes checkpoint 0 from it
 (the anchor) and every call after that continues the ReplayState, so segment boundaries do not
 change numbers. Sequence ids key the stochastic-rounding bits (`replay.keys`); layer ids are the
-HF layer indices.
+HF layer indices. A config's round trips (`#rt=`, `kernels.round_trip`) cut each call at their
+positions, each row's real tokens fed so far (docs/semantics.md, "State round trips").
 
 The FP32 reference `fp32` (window 1) under the chunked engine is a plain FP32 recurrence:
 no rounding, so no checkpoints, windows or buffers change its numbers. It runs Hugging Face's
@@ -28,6 +29,7 @@ import torch
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import KernelFamily
+from replayssm_eval.kernels.round_trip import round_trip
 from replayssm_eval.replay.state import ReplayState
 
 ENGINES = ("chunked", "reference", "step")
@@ -140,8 +142,16 @@ class ReplaySession:
                 "may be (left-)padded; cut documents to equal length or decode them in separate rows"
             )
         x = inputs[0]
+        if self._config.round_trip is None or self.plain_fp32:  # plain FP32 round trips are through fp32: no-ops
+            y = self._call(family, layer_idx, inputs, self.states.get(layer_idx, anchor), plain)
+        else:
+            y = self._round_trips(family, layer_idx, inputs, anchor)
+        return y.to(torch.promote_types(x.dtype, torch.float32))
+
+    def _call(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, plain) -> torch.Tensor:
+        """One kernel call of `scan` from the state `initial`; stores the layer's state after it, returns the output."""
+        x = inputs[0]
         seq_ids = self._seq_ids(x.shape[0], x.device)
-        initial = self.states.get(layer_idx, anchor)
         if self.engine == "step" and x.shape[1] == 1:
             inputs = tuple(at_least_fp32(t) for t in inputs)
             y, state = family.decode_step(*inputs, initial, self._config, layer_idx=layer_idx, seq_ids=seq_ids)
@@ -159,7 +169,36 @@ class ReplaySession:
                 self._count_skips(family, layer_idx, inputs, initial)
                 y, state = family.chunked(*inputs, initial, self._config, backend=self.backend, **opts)
         self.states[layer_idx] = state
-        return y.to(torch.promote_types(x.dtype, torch.float32))
+        return y
+
+    def _round_trips(self, family: KernelFamily, layer_idx: int, inputs: tuple, anchor: torch.Tensor) -> torch.Tensor:
+        """`scan` with the config's round trips (docs/semantics.md, "State round trips"): the call is cut at every
+        round-trip point, so its numbers do not depend on where calls are cut; the prompt's end is the layer's anchor."""
+        rt, x = self._config.round_trip, inputs[0]
+        batch, tokens = x.shape[:2]
+        seq_ids = self._seq_ids(batch, x.device)
+        start = self._positions(batch, x.device)  # [B] real tokens consumed before this call
+        hits = rt.hits((start[:, None] + torch.arange(tokens, device=x.device)).flatten()).view(batch, tokens)
+        if rt.prompt and layer_idx not in self.states:
+            hits[:, 0] = True
+        cuts = hits.any(dim=0).nonzero().flatten().tolist()
+        bounds = sorted({0, *cuts, tokens})
+        timed = [family.shapes[name].startswith("[B, T") for name in family.inputs]
+        ys = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            part = tuple(at_least_fp32(t[:, a:b] if time else t) for t, time in zip(inputs, timed))
+            initial = self.states.get(layer_idx, anchor)
+            if bool(hits[:, a].any()):
+                initial = round_trip(family, part, at_least_fp32(initial) if torch.is_tensor(initial) else initial,
+                                     self._config, layer_idx, seq_ids, hits[:, a])
+            ys.append(self._call(family, layer_idx, part, initial, None))
+        return torch.cat(ys, dim=1)
+
+    def _positions(self, batch: int, device) -> torch.Tensor:
+        """[B] int64: each row's real tokens fed before this call (the padded prompt's mask counts them)."""
+        if self.attention_mask is None:
+            return torch.full((batch,), self.tokens, dtype=torch.int64, device=device)
+        return self.attention_mask[:, :self.tokens].sum(dim=-1).to(device=device, dtype=torch.int64)
 
     def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> None:
         """Add this call's skipped checkpoint reads (`replay.skip`) to `skip_counts[layer_idx]`."""

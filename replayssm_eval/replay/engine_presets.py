@@ -44,6 +44,12 @@ PRESETS = {p.name: p for p in (
     EnginePreset("sglang:fp8", "fp8:scale=head,max=240", "sgl-project/sglang#40706 (--mamba-ssm-dtype float8)",
                  "FP8 E4M3 GDN state, scale amax/240; the request scales each (head, 32 V rows x K) tile, here one "
                  "scale per head (the same when V = 32)"),
+    EnginePreset("sglang:int8-pool", "fp32#rt=int8:axis=headdim,scale=row@prompt",
+                 "sgl-project/sglang#28185 (python/sglang/srt/mem_cache/int8_checkpoint_store.py, "
+                 "--enable-int8-mamba-checkpoint)",
+                 "prefix-cache INT8 checkpoint pool: the state at the prompt's end stored as INT8 with one FP32 scale "
+                 "amax / 127 per (head, key channel) (amax over V), round half to even, restored on a cache hit; "
+                 "decoding continues in FP32 (give another config's #rt the same format to combine)"),
     EnginePreset("flashinfer:int16", "int16:scale=row",
                  "flashinfer-ai/flashinfer#2645 (include/flashinfer/mamba/kernel_selective_state_update_stp.cuh)",
                  "INT16 state with one FP32 decode scale per head_dim row (Philox SR applies to FP16 states there)"),
