@@ -98,7 +98,7 @@ class ReplayConfig:
         if self.buffer_dtype not in BUFFER_DTYPES:
             raise ValueError(f"unknown buffer dtype {self.buffer_dtype!r}; known: {', '.join(BUFFER_DTYPES)}")
         if self.round_trip is not None and (self.speculative is not None or self.skip_read_below is not None):
-            raise ValueError(f"a round trip (#rt={self.round_trip.name}) does not combine with #spec or #skip; "
+            raise ValueError(f"config {self.name!r}: a round trip does not combine with #spec or #skip; "
                              "accepted: #rt with the other options")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
