@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from replayssm_eval.formats import get_format
+from replayssm_eval.generate import split_configs
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.engine_presets import PRESETS
 from replayssm_eval.replay.round_trip import RoundTrip
@@ -68,3 +69,8 @@ def test_sglang_pool_is_its_formula():
     packed = rt.format.encode(state)
     assert packed.global_scale.shape == (2, 3, 16)  # one scale per (head, key channel)
     assert torch.equal(rt.format.decode(packed), want)
+
+
+def test_config_lists_keep_round_trip_positions():
+    assert split_configs("fp32,fp16#rt=int8@at:64,512,nvfp4:axis=headdim,scale=head/fp16sr") == [
+        "fp32", "fp16#rt=int8@at:64,512", "nvfp4:axis=headdim,scale=head/fp16sr"]
