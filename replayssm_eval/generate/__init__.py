@@ -24,10 +24,11 @@ FIXED_BUFFER_STEPS = ("static", "graph")
 
 def split_configs(text: str) -> list[str]:
     """Comma-separated config strings; a piece `key=value` continues the format options of the one before
-    (`fp32,nvfp4:axis=headdim,scale=head/fp16sr` is two configs)."""
+    (`fp32,nvfp4:axis=headdim,scale=head/fp16sr` is two configs), a piece of digits its round-trip positions
+    (`fp32,fp16#rt=int8@at:64,512` is two configs)."""
     pieces: list[str] = []
     for piece in (p.strip() for p in text.split(",")):
-        if pieces and re.match(r"^\w+=", piece):
+        if pieces and re.match(r"^(\w+=|\d+$)", piece):
             pieces[-1] += "," + piece
         elif piece:
             pieces.append(piece)

@@ -121,6 +121,9 @@ class Engine:
         if step in FIXED_BUFFER_STEPS and config.speculative is not None:
             raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
                              "use step 'triton'")
+        if step in FIXED_BUFFER_STEPS and config.round_trip is not None:
+            raise ValueError(f"step {step!r} steps fixed buffers and cannot restore a round trip, got config "
+                             f"{config.name!r}; use step 'triton' or 'reference'")
         if step in FIXED_BUFFER_STEPS:
             check_static_family(rm.model_type.family)
         self.rm, self.config, self.step = rm, config, step

@@ -58,6 +58,8 @@ class KernelFamily:
         from (checkpoint 0 written from an FP32 anchor in `state_layout`, or the carried ReplayState).
     log_decays: (tensors in `inputs` order, carried ReplayState or None) -> (log-decay per token and head
         [B, T, H], log-decay of the carried buffer entries [B, cap, H] or None): what `replay.skip` reads.
+    live_state: (tensors, carried ReplayState, config) -> the FP32 state a flush now would fold, unrounded: S_hi
+        with the buffered entries folded in ([B, H, P, N], the formats' layout); what a round trip stores.
     """
 
     name: str
@@ -79,6 +81,7 @@ class KernelFamily:
     entry_elements: Callable[..., tuple[int, int, int]]
     replay_state: Callable[..., ReplayState]
     log_decays: Callable[[tuple, ReplayState | None], tuple[torch.Tensor, torch.Tensor | None]]
+    live_state: Callable[[tuple, ReplayState, object], torch.Tensor]
     fixed_step: Callable[..., torch.Tensor] | None
 
 

@@ -59,12 +59,16 @@ def check_static_family(family: str) -> None:
 
 
 def check_static_config(config: ReplayConfig) -> None:
-    """Raise a one-line error for configs the static step does not cover (speculative schedules, mixed configs)."""
+    """Raise a one-line error for configs the static step does not cover (speculative schedules, mixed configs,
+    round trips)."""
     if config.overrides:
         raise ValueError(f"the static decode step takes one config for every layer, got mixed config {config.name!r}; "
                          "use step='triton'")
     if config.speculative is not None:
         raise ValueError(f"the static decode step covers fixed windows only, got speculative config {config.name!r}; "
+                         "use step='triton'")
+    if config.round_trip is not None:
+        raise ValueError(f"the static decode step cannot restore a round trip, got config {config.name!r}; "
                          "use step='triton'")
 
 

@@ -10,7 +10,8 @@ Window phase: the first call on a fresh cache is the prompt. It runs Hugging Fac
 scan and leaves the exact FP32 state in the cache; the next call writes checkpoint 0 from it
 (the anchor) and every call after that continues the ReplayState, so segment boundaries do not
 change numbers. Sequence ids key the stochastic-rounding bits (`replay.keys`); layer ids are the
-HF layer indices.
+HF layer indices. A config's round trips (`#rt=`, `kernels.round_trip`) cut each call at their
+positions, each row's real tokens fed so far (docs/semantics.md, "State round trips").
 
 A mixed config (`ReplayConfig.overrides`) takes effect here and only here: each layer runs its own
 plain config (`ReplayConfig.layer_parts`); a layer with head parts runs once per part over all its
@@ -33,6 +34,7 @@ import torch
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import KernelFamily
+from replayssm_eval.kernels.round_trip import round_trip
 from replayssm_eval.replay.state import ReplayState
 
 ENGINES = ("chunked", "reference", "step")
@@ -168,7 +170,46 @@ class ReplaySession:
     def _scan_part(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, part: tuple, plain,
                    seq_ids: torch.Tensor) -> tuple[torch.Tensor, object]:
         """One call of one layer under a plain config `part[0]` (over all heads; `part[1]`, its heads, are the
-        ones counted for #skip); returns (output [B, T, H, ...], the state to carry)."""
+        ones counted for #skip), from the state `initial`; returns (output [B, T, H, ...], the state to carry)."""
+        config = part[0]
+        if config.round_trip is None or self.plain_fp32(config):  # plain FP32 round trips are through fp32: no-ops
+            return self._call(family, layer_idx, inputs, initial, part, plain, seq_ids)
+        return self._round_trips(family, layer_idx, inputs, initial, part, seq_ids)
+
+    def _round_trips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, part: tuple,
+                     seq_ids: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """`_scan_part` with the config's round trips (docs/semantics.md, "State round trips"): the call is cut at
+        every round-trip point, so its numbers do not depend on where calls are cut; the prompt's end is the
+        layer's anchor (the state before its first call)."""
+        config = part[0]
+        x = inputs[0]
+        batch, tokens = x.shape[:2]
+        start = self._positions(batch, x.device)  # [B] real tokens consumed before this call
+        hits = config.round_trip.hits((start[:, None] + torch.arange(tokens, device=x.device)).flatten())
+        hits = hits.view(batch, tokens)
+        if config.round_trip.prompt and not isinstance(initial, ReplayState):
+            hits[:, 0] = True
+        bounds = sorted({0, *hits.any(dim=0).nonzero().flatten().tolist(), tokens})
+        timed = [family.shapes[name].startswith("[B, T") for name in family.inputs]
+        ys, state = [], initial
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            piece = tuple(at_least_fp32(t[:, a:b] if time else t) for t, time in zip(inputs, timed))
+            if bool(hits[:, a].any()):
+                state = round_trip(family, piece, at_least_fp32(state) if torch.is_tensor(state) else state,
+                                   config, layer_idx, seq_ids, hits[:, a])
+            y, state = self._call(family, layer_idx, piece, state, part, None, seq_ids)
+            ys.append(y)
+        return torch.cat(ys, dim=1), state
+
+    def _positions(self, batch: int, device) -> torch.Tensor:
+        """[B] int64: each row's real tokens fed before this call (the padded prompt's mask counts them)."""
+        if self.attention_mask is None:
+            return torch.full((batch,), self.tokens, dtype=torch.int64, device=device)
+        return self.attention_mask[:, :self.tokens].sum(dim=-1).to(device=device, dtype=torch.int64)
+
+    def _call(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, part: tuple, plain,
+              seq_ids: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """One kernel call of one layer under the plain config `part[0]` from the state `initial`."""
         config, heads = part
         x = inputs[0]
         if self.engine == "step" and x.shape[1] == 1:

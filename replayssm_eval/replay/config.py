@@ -10,7 +10,8 @@ String form (used on the command line, in result files and in test ids):
     engine:name               an engine preset (`replay.engine_presets`), e.g. vllm:fp16sr, trtllm:replay-fp16sr
     ...#tag#tag               options: #seed=N, #closed (GDN closed-loop fold), #open,
                               #spec=T:alpha (speculative flush schedule), #skip=EPS,
-                              #buf=DTYPE (buffer dtype: fp32, bf16 or fp16)
+                              #buf=DTYPE (buffer dtype: fp32, bf16 or fp16),
+                              #rt=FORMAT@prompt|every:N|at:P1,P2 (state round trips, `replay.round_trip`)
 
 Format specs may carry their own options (`nvfp4:axis=headdim,scale=head/fp16sr@16`); they are
 validated and canonicalised through `replayssm_eval.formats.get_format`.
@@ -36,10 +37,11 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_eval.replay import engine_presets
+from replayssm_eval.replay.round_trip import RoundTrip
 
 DEFAULT_REPLAY_WINDOW = 16
 GDN_FOLDS = ("open", "closed")
-_TAGS = "seed=N, open, closed, spec=T:alpha, skip=EPS, buf=fp32|bf16|fp16"
+_TAGS = "seed=N, open, closed, spec=T:alpha, skip=EPS, buf=fp32|bf16|fp16, rt=FORMAT@prompt|every:N|at:P1,P2"
 BUFFER_DTYPES = ("fp32", "bf16", "fp16")
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -127,6 +129,7 @@ class ReplayConfig:
     skip_read_below: float | None = None
     buffer_dtype: str = "fp32"
     overrides: tuple[Override, ...] = ()
+    round_trip: RoundTrip | None = None
 
     def __post_init__(self):
         from replayssm_eval.formats import get_format
@@ -143,6 +146,12 @@ class ReplayConfig:
             raise ValueError(f"skip_read_below must be in (0, 1), got {self.skip_read_below}")
         if self.buffer_dtype not in BUFFER_DTYPES:
             raise ValueError(f"unknown buffer dtype {self.buffer_dtype!r}; known: {', '.join(BUFFER_DTYPES)}")
+        if self.round_trip is not None and (self.speculative is not None or self.skip_read_below is not None):
+            raise ValueError(f"config {self.name!r}: a round trip does not combine with #spec or #skip; "
+                             "accepted: #rt with the other options")
+        if self.round_trip is not None and (self.read_format.feedback or self.recur_format.feedback):
+            raise ValueError(f"config {self.name!r}: a round trip does not combine with error feedback (ef=); "
+                             "accepted: #rt on formats without ef=")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.overrides:
@@ -179,9 +188,11 @@ class ReplayConfig:
 
     @property
     def is_reference(self) -> bool:
-        """True for the exact FP32 reference (window and speculation do not change FP32 numbers), in every part."""
+        """True for the exact FP32 reference (window, speculation and FP32 round trips do not change FP32 numbers),
+        in every part."""
         return (self.read == "fp32" and self.recur == "fp32" and self.skip_read_below is None
-                and self.buffer_dtype == "fp32" and all(p.config.is_reference for p in self.overrides))
+                and self.buffer_dtype == "fp32" and (self.round_trip is None or self.round_trip.fmt == "fp32")
+                and all(p.config.is_reference for p in self.overrides))
 
     @property
     def default(self) -> "ReplayConfig":
@@ -251,6 +262,8 @@ class ReplayConfig:
             text += f"#skip={self.skip_read_below:g}"
         if self.buffer_dtype != "fp32":
             text += f"#buf={self.buffer_dtype}"
+        if self.round_trip is not None:
+            text += f"#rt={self.round_trip.name}"
         return text + self._parts_name()
 
     def _parts_name(self) -> str:
@@ -295,6 +308,8 @@ class ReplayConfig:
                     fields["skip_read_below"] = float(value)
                 elif key == "buf" and value in BUFFER_DTYPES:
                     fields["buffer_dtype"] = value
+                elif key == "rt" and "round_trip" not in fields:
+                    fields["round_trip"] = RoundTrip.parse(value)
                 else:
                     raise ValueError
             except ValueError as err:

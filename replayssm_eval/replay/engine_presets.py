@@ -64,6 +64,14 @@ PRESETS = {p.name: p for p in (
                  "statistically only, because #40706 is a feature request with no kernel in the public sources: "
                  "it fixes one FP32 scale amax/240 per (head, 32-row V tile x K) and E4M3 codes, which this "
                  "preset follows, not the operand order or rounding (here x / (amax / 240), ties to even)"),
+    EnginePreset("sglang:int8-pool", "fp32#rt=int8:axis=headdim,scale=row@prompt",
+                 "sgl-project/sglang#28185 (python/sglang/srt/mem_cache/int8_checkpoint_store.py, "
+                 "--enable-int8-mamba-checkpoint)",
+                 "prefix-cache INT8 checkpoint pool: the state at the prompt's end stored as INT8 with one FP32 scale "
+                 "amax / 127 per (head, key channel) (amax over V), round half to even, restored on a cache hit; "
+                 "decoding continues in FP32 (give another config's #rt the same format to combine)",
+                 "yes for the codes and scales of an FP32 pool where every key channel's amax is at least 1e-8 (SGLang "
+                 "clamps smaller ones to 1e-8); statistically only for a bf16 pool, whose scale SGLang rounds to bf16"),
     EnginePreset("flashinfer:int16", "int16:scale=row,order=mul",
                  "flashinfer-ai/flashinfer#2645 (include/flashinfer/mamba/kernel_selective_state_update_stp.cuh)",
                  "INT16 state with one FP32 decode scale per head_dim row in FlashInfer's order: enc = 32767 / amax, "

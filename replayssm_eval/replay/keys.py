@@ -2,7 +2,7 @@
 
 Every stored state copy draws its random bits from Philox4x32-10 (`formats.philox.randint`) with
 - key = `sr_key(seed, layer, sequence, copy)`: splitmix64 of the run seed, the layer index, the
-  sequence id and the copy (0 = recurrence copy S_hi, 1 = read copy S_lo);
+  sequence id and the copy (0 = recurrence copy S_hi, 1 = read copy S_lo, 2 = a round trip's stored state);
 - counter = (checkpoint index << 32) + element index, the element index being row-major in the
   state's `[H, P, N]` format layout (GDN states are laid out `[HV, V, K]` for the formats).
 Checkpoint 0 is the one written at prefill; checkpoint k the k-th flush after it. So a run is
@@ -16,7 +16,7 @@ import torch
 from replayssm_eval.formats.philox import randint
 
 _MASK64 = (1 << 64) - 1
-RECUR_COPY, READ_COPY = 0, 1
+RECUR_COPY, READ_COPY, ROUND_TRIP_COPY = 0, 1, 2
 
 
 def _splitmix64(z: int) -> int:

@@ -61,6 +61,7 @@ FAMILY = KernelFamily(
     replay_state=lambda tensors, state, config, layer_idx, seq_ids: _MAMBA2.replay_state(
         _as_mamba2(*tensors), state, config, layer_idx, seq_ids),
     log_decays=lambda tensors, carried: _MAMBA2.log_decays(_as_mamba2(*tensors), carried),
+    live_state=lambda tensors, state, config: _MAMBA2.live_state(_as_mamba2(*tensors), state, config),
     fixed_step=None,
 )
 

@@ -12,6 +12,7 @@ import torch
 from replayssm_eval.kernels.family import all_families
 from replayssm_eval.models import ReplayModel
 from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.state import ReplayState
 
 from tests.helpers.hf_tiny import VOCAB, build, cuts, forward_calls
@@ -52,6 +53,17 @@ def test_a_part_of_another_layer_changes_nothing(family):
     y_x, state_x = scan_calls(family, X)
     y, state = scan_calls(family, f"{X}+0=fp32+3.h1=fp8")
     assert torch.equal(y, y_x) and torch.equal(state.hi, state_x.hi)
+
+
+@pytest.mark.parametrize("family", all_families(), ids=lambda f: f.name)
+def test_a_head_part_keeps_its_own_round_trip(family):
+    trip = ReplayConfig.parse(f"{X}#rt=int8:axis=headdim@prompt").name
+    y_trip, state_trip = scan_calls(family, trip)
+    y_x, state_x = scan_calls(family, X)
+    y, state = scan_calls(family, f"{X}+2.h1={trip}")
+    assert torch.equal(y[:, :, 1], y_trip[:, :, 1]) and torch.equal(y[:, :, 0], y_x[:, :, 0])
+    assert torch.equal(state[trip].hi, state_trip.hi) and torch.equal(state[X].hi, state_x.hi)
+    assert not torch.equal(y_trip[:, :, 1], y_x[:, :, 1]), "the round trip must move the outputs"
 
 
 def run(rm, ids, config):

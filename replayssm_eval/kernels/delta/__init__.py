@@ -23,7 +23,7 @@ from replayssm_eval.kernels.delta import triton_step as shared_step
 from replayssm_eval.kernels.delta._common import checkpoint_kv, prepare_inputs, to_format_layout  # noqa: F401 (checkpoint_kv: API)
 from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.fixed_step import fixed_step
-from replayssm_eval.kernels.delta.reference import decode, speculative_decode
+from replayssm_eval.kernels.delta.reference import decode, fold_closed, fold_open, speculative_decode
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.replay.state import ReplayState, chunked_backend, refuse_feedback
 
@@ -158,8 +158,19 @@ class DeltaRule:
             replay_state=lambda tensors, state, config, layer_idx, seq_ids: self.prepare(
                 *tensors, state, config, layer_idx=layer_idx, seq_ids=seq_ids).state,
             log_decays=_log_decays,
+            live_state=_live_state,
             fixed_step=partial(fixed_step, self.step.launch_replay_step),
         )
+
+
+def _live_state(tensors, state: ReplayState, config) -> torch.Tensor:
+    """The state a flush now would fold from a carried ReplayState, unrounded (the config's open or closed fold of its
+    buffered entries into S_hi), [B, HV, V, K] (the formats' layout) in the buffer's dtype."""
+    buf = state.buffer
+    hi = checkpoint_kv(state)[0].to(buf["k"].dtype)  # [B, HV, K, V]
+    keep = hi.new_ones(hi.shape[:2])  # [B, HV]
+    fold = fold_closed if config.gdn_fold == "closed" else fold_open
+    return to_format_layout(fold(hi, buf, state.schedule.count, keep, hi.shape[1] // buf["k"].shape[2]))
 
 
 def _log_decays(tensors, carried):

@@ -21,7 +21,7 @@ from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
 from replayssm_eval.kernels.mamba2._common import prepare_inputs
 from replayssm_eval.kernels.mamba2.fixed_step import fixed_step
 from replayssm_eval.kernels.mamba2.chunked import chunked_torch
-from replayssm_eval.kernels.mamba2.reference import decode_reference, speculative_decode_reference
+from replayssm_eval.kernels.mamba2.reference import decode_reference, live_state, speculative_decode_reference
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import chunked_backend, refuse_feedback
 
@@ -100,6 +100,7 @@ FAMILY = KernelFamily(
     replay_state=lambda tensors, state, config, layer_idx, seq_ids: prepare_inputs(
         *tensors, state, config, layer_idx, seq_ids, torch.float32).state,
     log_decays=_log_decays,
+    live_state=lambda tensors, state, config: live_state(*tensors, state, config),
     fixed_step=fixed_step,
 )
 

@@ -48,6 +48,14 @@ def decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, s
     return y.to(inp.out_dtype), run.result(after)
 
 
+def live_state(x, dt, A, B, C, D, state: ReplayState, config) -> torch.Tensor:
+    """The state a flush now would fold from a carried ReplayState, unrounded: G S_hi + sum_i x_i (dt_i G_{i+1..} B_i)^T
+    over its buffered entries (`_Run.replay`'s fold), [B, H, P, N] in the buffer's dtype. Of the inputs only A is read."""
+    inp = prepare_inputs(x, dt, A, B, C, D, state, config, state.layer, state.seq_ids, state.buffer["x"].dtype)
+    reads_hi = torch.ones(state.batch, dtype=torch.bool, device=state.hi.device)
+    return _Run(inp).replay(state.schedule.count - 1, inp.C[:, 0], reads_hi, True)[1]
+
+
 class _Run:
     """Checkpoints and buffer of a batch being decoded; the buffer is linear, entry i at index i."""
 

@@ -1,0 +1,135 @@
+"""State round trips (`#rt=`) through `ReplaySession.scan` on every family's kernels, without a model.
+
+A session's calls are fed here as `ReplayModel.forward` feeds them (its token count advanced by hand); the
+prompt's end is the FP32 anchor `random_inputs` gives.
+"""
+
+import pytest
+import torch
+
+from tests.helpers.compare import assert_close
+from replayssm_eval.kernels.family import all_families
+from replayssm_eval.kernels.static_step import check_static_config
+from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.replay.config import ReplayConfig
+
+FAMILIES = all_families()
+PROMPT = 5  # tokens of the (notional) prompt before the first call
+POOL = "int8:axis=headdim"  # SGLang's checkpoint pool: one scale per key channel
+
+
+def _inputs(fam, tokens=14, seed=0):
+    inputs, anchor = fam.random_inputs(fam.test_shapes["small"], tokens, torch.Generator().manual_seed(seed))
+    return tuple(inputs[n] for n in fam.inputs), anchor
+
+
+def _feed(fam, config, tensors, anchor, cuts, engine="chunked", attention_mask=None):
+    """Outputs [B, T, ...] and the session after feeding tensors in calls ending at `cuts` (offsets into T)."""
+    session = ReplaySession(config, engine=engine)
+    session.tokens, session.attention_mask = PROMPT, attention_mask
+    timed = [fam.shapes[n].startswith("[B, T") for n in fam.inputs]
+    ys, start = [], 0
+    for stop in cuts:
+        part = tuple(t[:, start:stop] if time else t for t, time in zip(tensors, timed))
+        ys.append(session.scan(fam, 0, part, anchor, None))
+        session.tokens += stop - start
+        if attention_mask is not None:
+            session.attention_mask = torch.cat([attention_mask, torch.ones(len(anchor), session.tokens - PROMPT,
+                                                                           dtype=torch.long)], dim=1)
+        start = stop
+    return torch.cat(ys, dim=1), session
+
+
+def _sglang_int8(state_fmt: torch.Tensor) -> torch.Tensor:
+    """SGLang's INT8 checkpoint pool (sgl-project/sglang#28185) of FP32 states [B, H, P, N] (the formats' layout,
+    P = V and N = K for the delta rules): per (head, column) scale amax over P / 127, round half to even, saturate."""
+    amax = state_fmt.abs().amax(dim=-2, keepdim=True)
+    scale = torch.where(amax == 0, 1.0, amax / 127)
+    return torch.round(state_fmt / scale).clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("config, engine", [("fp32", "reference"), ("fp16", "chunked"), ("bf16", "chunked"),
+                                            ("fp16sr", "chunked"), ("fp16sr", "reference")])
+def test_round_trip_through_fp32_changes_nothing(fam, config, engine):
+    tensors, anchor = _inputs(fam)
+    plain, s0 = _feed(fam, config, tensors, anchor, [4, 14], engine)
+    tripped, s1 = _feed(fam, f"{config}#rt=fp32@every:3", tensors, anchor, [4, 14], engine)
+    assert torch.equal(plain, tripped)
+    assert torch.equal(s0.states[0].hi, s1.states[0].hi) and torch.equal(s0.states[0].lo, s1.states[0].lo)
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_lossy_round_trip_equals_the_hand_computation(fam):
+    """fp32 with the pool at position PROMPT + 4: four FP32 steps, the state rounded by SGLang's formula, then FP32
+    steps from it as from a new anchor."""
+    tensors, anchor = _inputs(fam, tokens=9)
+    timed = [fam.shapes[n].startswith("[B, T") for n in fam.inputs]
+    head = tuple(t[:, :4] if time else t for t, time in zip(tensors, timed))
+    tail = tuple(t[:, 4:] if time else t for t, time in zip(tensors, timed))
+    y_head, state = fam.decode_reference(*head, anchor, "fp32")
+    stored = fam.stored_layout(fam.hf_state(state))  # [B, H, P, N]
+    restored = fam.stored_layout(_sglang_int8(stored))  # back to the HF layout (a transpose or nothing)
+    assert not torch.equal(restored, fam.hf_state(state))
+    y_tail, _ = fam.decode_reference(*tail, restored, "fp32")
+    got, _ = _feed(fam, f"fp32#rt={POOL}@at:{PROMPT + 4}", tensors, anchor, [9], "reference")
+    assert torch.equal(got, torch.cat([y_head, y_tail], dim=1))
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_prompt_round_trip_stores_the_anchor(fam):
+    tensors, anchor = _inputs(fam, tokens=6)
+    restored = fam.stored_layout(_sglang_int8(fam.stored_layout(anchor)))
+    want, _ = fam.chunked(*tensors, restored, "nvfp4/fp16sr@4")
+    got, _ = _feed(fam, f"nvfp4/fp16sr@4#rt={POOL}@prompt", tensors, anchor, [6])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_live_state_of_an_fp32_recurrence_copy_is_the_fp32_state(fam):
+    """Mid-window the live state (S_hi with the ring folded in) of `fp32@4` is the FP32 recurrence's state."""
+    tensors, anchor = _inputs(fam, tokens=6)
+    _, carried = fam.chunked(*tensors, anchor, "fp32@4")
+    _, exact = fam.decode_reference(*tensors, anchor, "fp32")
+    assert int(carried.schedule.count[0]) == 2
+    live = fam.live_state(tensors, carried, ReplayConfig.parse("fp32@4"))
+    assert_close("live", fam.stored_layout(fam.hf_state(exact)), live, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_numbers_do_not_depend_on_where_calls_are_cut(fam):
+    config = f"nvfp4/fp16sr@4#rt={POOL}@every:6"
+    tensors, anchor = _inputs(fam)
+    whole, _ = _feed(fam, config, tensors, anchor, [14], "reference")
+    cut, _ = _feed(fam, config, tensors, anchor, [3, 4, 11, 14], "reference")
+    assert torch.equal(whole, cut)
+    # the chunked form is cut-invariant where its window phases start (every call here is cut at the round trips)
+    chunked_whole, _ = _feed(fam, config, tensors, anchor, [14])
+    chunked_cut, _ = _feed(fam, config, tensors, anchor, [1, 7, 14])
+    assert torch.equal(chunked_whole, chunked_cut)
+    assert_close("chunked vs reference", whole, chunked_whole, rtol=1e-5, flips=0.01)
+    plain, _ = _feed(fam, "nvfp4/fp16sr@4", tensors, anchor, [14], "reference")
+    assert torch.equal(plain[:, :1], whole[:, :1]) and not torch.equal(plain[:, 1:], whole[:, 1:])
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_rows_at_different_positions_round_trip_alone(fam):
+    """Row 0 has one padded prompt column, so its positions trail row 1's by one: each row's numbers are its own."""
+    config = f"fp16/fp32@4#rt={POOL}@at:8"
+    tensors, anchor = _inputs(fam, tokens=6)
+    mask = torch.ones(len(anchor), PROMPT, dtype=torch.long)
+    mask[0, 0] = 0
+    batch, _ = _feed(fam, config, tensors, anchor, [2, 6], "reference", attention_mask=mask)
+    for row in (0, 1):
+        alone = tuple(t[row:row + 1] if t.dim() > 1 else t for t in tensors)
+        got, _ = _feed(fam, config, alone, anchor[row:row + 1], [6], "reference", attention_mask=mask[row:row + 1])
+        assert_close(f"row {row}", got, batch[row:row + 1], rtol=1e-6)
+        plain, _ = _feed(fam, "fp16/fp32@4", alone, anchor[row:row + 1], [6], "reference")
+        hit = 4 - row  # the round trip comes after token PROMPT + hit - 1 (row 0 has one real prompt token less)
+        assert_close(f"row {row} before", plain[:, :hit], got[:, :hit], rtol=1e-6)
+        assert not torch.allclose(plain[:, hit:], got[:, hit:], rtol=1e-4)
+
+
+def test_fixed_buffer_step_refuses_round_trips():
+    with pytest.raises(ValueError, match=r"cannot restore a round trip, got config 'nvfp4#rt=int8@prompt'; use step='triton'"):
+        check_static_config(ReplayConfig.parse("nvfp4#rt=int8@prompt"))
