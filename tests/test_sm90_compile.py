@@ -52,6 +52,9 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
+        # a reading launch: NVFP4 as bytes (a folding one: as whole words)
+        (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=row, SKIP=False,
+                                       FOLD=False, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=head, SKIP=True,
                                        BLOCK_E=16, BLOCK_V=128, BLOCK_K=32)),
         (kda_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, KIND=fp8, GROUP=row, SKIP=False,
@@ -66,6 +69,7 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_GROUP": none}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": fp8, "GROUP": row, "SKIP": True, "FOLD": False,
                                       "BLOCK_P": 8, "TILES": 10}),
     ]
