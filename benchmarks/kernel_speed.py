@@ -493,7 +493,7 @@ class KDA(GDN):
                                lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
-        """Launch configs of `_replay_step_kernel` the tune rows sweep (BLOCK_V >= 16: the open fold's tl.dot)."""
+        """Launch configs of `_replay_step_kernel` the non-flush tune rows sweep (a fold runs `_replay_fold_kernel`)."""
         v = max(16, triton.next_power_of_2(self.V))
         return [dict(BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps)
                 for block_v in sorted({16, 32, 64, v}) for block_k in (16, 32, 64) for warps in (2, 4, 8)

@@ -13,6 +13,8 @@ interpreter and any GPU give the same bits as the torch reference. Constants com
 Fast decoders for kernels that stream a packed copy (integer shifts and masks and one exact FP16 -> FP32
 cvt per element, same values as the decoders above):
     e4m3_fast(byte), e5m2_fast(byte), decode_elements(raw, KIND)   codes -> FP32
+    e2m1_f16(byte), e2m1_f16_hi(byte)                              low / high nibble -> E2M1 value * 2^-14
+                                                                   (multiply by E2M1_F16_SCALE, once per block)
     e2m1_f16_pair(word, J)                                         nibbles J, J + 4 of an int32 word of 8 NVFP4
                                                                    codes -> E2M1 values * 2^-14 (multiply by
                                                                    E2M1_F16_SCALE, once per block)
@@ -168,6 +170,20 @@ def e2m1_decode(code):
 
 
 E2M1_F16_SCALE = tl.constexpr(16384.0)  # 2^14: an E2M1 code placed in FP16 bits (exponent low 2 bits) is its value * 2^-14
+
+
+@triton.jit
+def e2m1_f16(c):
+    """E2M1 value * 2^-14 of the low nibble of c (int32) via the FP16 bit pattern: exact, subnormal codes included."""
+    h = ((c & 7) << 9) | ((c & 8) << 12)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_f16_hi(byte):
+    """`e2m1_f16` of the high nibble of bytes (int32, 0..255), without shifting the nibble down first."""
+    h = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit

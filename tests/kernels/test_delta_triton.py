@@ -118,9 +118,10 @@ _KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "num_warps": 4},  # K in chunks 
     ("shared:fp8sr@3#skip=0.8", 0, 24, False),
 ])
 def test_kda_step_launches(text, launch, dk, phased, device, monkeypatch):
-    """KDA's single-token kernel with other launches (K in several chunks, part-padding chunks and row blocks) ==
+    """KDA's single-token read kernel with other launches (K in several chunks, part-padding chunks and row blocks) ==
     decode_reference, token by token; phased: from sequences at different phases (folding and reading sequences in
-    one launch; row-scaled NVFP4 and SR read copies do not re-encode exactly: they start from the FP32 state)."""
+    one launch of the fold kernel, at its own launch; row-scaled NVFP4 and SR read copies do not re-encode exactly:
+    they start from the FP32 state)."""
     kda = FAMILIES["kda"]
     monkeypatch.setattr(kda_step, "step_launch_config", lambda *a: _KDA_LAUNCHES[launch])
     cfg = ReplayConfig.parse(text)

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import tile_codec
 from replayssm_eval.formats.device import (
-    E2M1_F16_SCALE, e2m1_decode, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, e5m2_fast,
+    E2M1_F16_SCALE, e2m1_decode, e2m1_f16, e2m1_f16_hi, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, e5m2_fast,
 )
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
@@ -198,20 +198,26 @@ def _decode_all_codes(out_ptr):
         tl.store(out_ptr + 1024 + 256 * (j + 4) + code, hi * E2M1_F16_SCALE)
     for j in tl.static_range(8):
         tl.store(out_ptr + 3072 + 256 * j + code, e2m1_decode((code + j) & 15))
+    tl.store(out_ptr + 5120 + code, e2m1_f16(code & 15) * E2M1_F16_SCALE)  # E2M1 of a byte's nibbles
+    tl.store(out_ptr + 5376 + code, e2m1_decode(code & 15))
+    tl.store(out_ptr + 5632 + code, e2m1_f16(code) * E2M1_F16_SCALE)  # low nibble of a byte
+    tl.store(out_ptr + 5888 + code, e2m1_f16_hi(code) * E2M1_F16_SCALE)
+    tl.store(out_ptr + 6144 + code, e2m1_decode(code >> 4))
 
 
 def test_fast_minifloat_decoders_are_exact(device):
     """The FP16-bit-pattern decoders of the step kernels equal the library decoders on every code (NaN, -0,
-    subnormals), E2M1 at each nibble of an int32 word."""
-    out = torch.empty(20 * 256, dtype=torch.float32, device=device)
+    subnormals), E2M1 at each nibble of an int32 word and at the low and high nibble of a byte."""
+    out = torch.empty(25 * 256, dtype=torch.float32, device=device)
     _decode_all_codes[(1,)](out)
-    out = out.view(20, 256).cpu()
-    for fast, ref in ((0, 1), (2, 3), *((4 + j, 12 + j) for j in range(8))):
+    out = out.view(25, 256).cpu()
+    for fast, ref in ((0, 1), (2, 3), *((4 + j, 12 + j) for j in range(8)), (20, 21), (22, 21), (23, 24)):
         a, b = out[fast], out[ref]
         assert torch.equal(a.isnan(), b.isnan())
         ok = ~b.isnan()
         assert torch.equal(a[ok].view(torch.int32), b[ok].view(torch.int32)), f"decoder row {fast}"
-    assert out[12:].isnan().sum() == 0 and (out[12:] < 0).any() and (out[12:] == 0.5).any()
+    assert out[12:].isnan().sum() == 0 and (out[12:20] < 0).any() and (out[12:20] == 0.5).any()
+    assert (out[24] < 0).any() and (out[21] < 0).any() and (out[24] == 0.5).any()
 
 
 class _Count:

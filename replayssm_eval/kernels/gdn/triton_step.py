@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats.device import NVFP4, decode_elements
+from replayssm_eval.formats.device import E2M1_F16_SCALE, NVFP4, decode_elements, e2m1_f16, e2m1_f16_hi, e4m3_fast
 from replayssm_eval.kernels.delta.triton_chunk import dot  # a jit helper the kernels read as a global
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, nvfp4_partials, read_args, scale_rows,
@@ -121,8 +121,9 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
 # so no [K, V] tile is formed. `_replay_step_kernel`, per (sequence, value head, TILES blocks of BLOCK_V v rows): the
 # weights a_i (k_j . k_i), a_i (q_j . k_i) once, then per v block the buffer's u rows and the two row dots
 # S_src^T k_j, S_src^T q_j in one pass over the stored rows (K in chunks of BLOCK_K, FP32 FMAs, no tl.dot). Packed
-# codes go through the fast decoders of `formats.device`; NVFP4 codes load as whole int32 words of 8, decoded by bit
-# operations, and the block scale multiplies each word's partial sum (`delta.triton_step.nvfp4_partials`).
+# codes go through the fast decoders of `formats.device`; NVFP4 codes load as bytes split by nibble in a reading
+# launch and as whole int32 words of 8 in a folding one (`delta.triton_step.nvfp4_partials`; each the faster there on
+# an H200), and the block scale multiplies a 16-element or a word's partial sum.
 # A folding sequence loads its whole FP32 S_hi block once (row dots and fold) and folds it by rank-1 updates (open) or
 # by re-running the delta rule over the buffered raw entries (closed).
 
@@ -130,9 +131,11 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
 @triton.jit
 def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask_v, read_hi,
              K: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
-             BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+             BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr):
     """(S_src^T k, S_src^T q), [BLOCK_V] each, of the state rows `rows` ([BLOCK_V] in [B, HV, V]) in one pass over K:
-    S_src = S_hi (FP32) if read_hi else the packed read copy. k_ptr, q_ptr: the token's k, q [K] (FP32)."""
+    S_src = S_hi (FP32) if read_hi else the packed read copy. k_ptr, q_ptr: the token's k, q [K] (FP32). WORDS: NVFP4
+    codes as whole int32 words (the folding launch's faster read on an H200), else as bytes split by nibble (the
+    reading launch's, BENCHMARKS.md, Decode step)."""
     sk = tl.zeros([BLOCK_V], dtype=tl.float32)
     sq = tl.zeros([BLOCK_V], dtype=tl.float32)
     if read_hi:
@@ -142,13 +145,29 @@ def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mas
             sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
             sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
     else:
-        if KIND == NVFP4:  # whole int32 words of 8 codes (`delta.triton_step.nvfp4_partials`)
+        if KIND == NVFP4 and WORDS:  # whole int32 words of 8 codes (`delta.triton_step.nvfp4_partials`)
             for c in tl.static_range(0, KP, BLOCK_K):
                 ks = c + tl.arange(0, BLOCK_K)
                 pk, pq = nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, tl.load(k_ptr + ks, mask=ks < K, other=0.0),
                                         tl.load(q_ptr + ks, mask=ks < K, other=0.0), c, KP, BLOCK_K)
                 sk += tl.sum(pk, axis=1)
                 sq += tl.sum(pq, axis=1)
+        elif KIND == NVFP4:  # bytes as [BLOCK_V, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
+            for c in tl.static_range(0, KP, BLOCK_K):
+                blk = c // 16 + tl.arange(0, BLOCK_K // 16)  # [BLOCK_S] scale block
+                col = blk[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
+                m3 = mask_v[:, None, None] & (col < KP // 2)[None, :, :]
+                byte = tl.load(data_ptr + rows[:, None, None] * (KP // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
+                x_even, x_odd = e2m1_f16(byte), e2m1_f16_hi(byte)  # [BLOCK_V, BLOCK_S, 8] elements 2j, 2j+1 * 2^-14
+                k_even = tl.load(k_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
+                k_odd = tl.load(k_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
+                q_even = tl.load(q_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
+                q_odd = tl.load(q_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
+                m2 = mask_v[:, None] & (blk < KP // 16)[None, :]
+                sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blk[None, :], mask=m2, other=0))
+                sc = sc * E2M1_F16_SCALE  # [BLOCK_V, BLOCK_S]
+                sk += tl.sum(tl.sum(x_even * k_even + x_odd * k_odd, axis=2) * sc, axis=1)
+                sq += tl.sum(tl.sum(x_even * q_even + x_odd * q_odd, axis=2) * sc, axis=1)
         else:
             for c in tl.static_range(0, K, BLOCK_K):
                 ks = c + tl.arange(0, BLOCK_K)
@@ -262,7 +281,7 @@ def _replay_step_kernel(
                 sq = tl.sum(s_hi * qj[None, :], axis=1)
             else:
                 sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K)
+                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
             if CLOSED:
@@ -281,7 +300,7 @@ def _replay_step_kernel(
             sq = tl.zeros([BLOCK_V], dtype=tl.float32)
             if do_read:
                 sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K)
+                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
         tl.store(u_ptr + rows, u, mask=mask_v)

@@ -4,15 +4,19 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
 (sequence, value head, block of value columns); stored copies [B, HV, V, K]).
 
 1. `launch_replay_step` (`kda.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
-   one decode token for B sequences at their own phases, one launch of `_replay_step_kernel`: per
-   (sequence, value head, block of BLOCK_V stored rows) one pass over K in chunks of BLOCK_K that
-   forms the chunk's per-channel decays, its share of the buffer weights (k_j . exp(gc_j - gc_i) k_i),
-   (q_j . exp(gc_j - gc_i) k_i) and of the row dots S_src^T (d k_j), S_src^T (d q_j), accumulated per
-   column and reduced across columns once (the read copy decoded in registers; NVFP4 as whole int32
-   words of 8 codes, `delta.triton_step.nvfp4_partials`); then the buffer's u rows. For a folding
-   sequence the FP32 fold of its whole [BLOCK_V, K] block (open: the decayed buffer sum as one
-   product; closed: the delta rule re-run over the buffered raw entries), which the host rounds to
-   both copies. `step_launch_config` gives its block sizes (benchmarks/kernel_speed.py sweeps them).
+   one decode token for B sequences at their own phases, one launch. Where no sequence folds,
+   `_replay_step_kernel`: per (sequence, value head, block of BLOCK_V stored rows) one pass over K in
+   chunks of BLOCK_K that forms the chunk's per-channel decays, its share of the buffer weights
+   (k_j . exp(gc_j - gc_i) k_i), (q_j . exp(gc_j - gc_i) k_i) and of the row dots S_src^T (d k_j),
+   S_src^T (d q_j), accumulated per column and reduced across columns once (the read copy decoded in
+   registers; NVFP4 as whole int32 words of 8 codes, `delta.triton_step.nvfp4_partials`); then the
+   buffer's u rows. `step_launch_config` gives its block sizes (benchmarks/kernel_speed.py sweeps them).
+   Where sequences fold, `_replay_fold_kernel`: per (sequence, value head, v-block) the buffer weights
+   once over the whole of K, the read copy's [K, BV] tile (packed, decoded in-kernel; S_hi where the
+   token reads it) dotted with the decayed d k_j and d q_j, and for a folding sequence the FP32 fold
+   (open: the decayed buffer sum as one product; closed: the delta rule re-run over the buffered raw
+   entries), which the host rounds to both copies. The two kernels' split is measured: the chunked
+   pass reads faster, the whole-K tile folds faster (BENCHMARKS.md, Decode step).
 2. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
    `kda.verify` is it in the `KernelFamily` call convention.
@@ -35,15 +39,15 @@ from replayssm_eval.replay.buffer_round import round_buffered
 @triton.jit
 def _replay_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # the token: q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]
-    bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr,  # buffer k [B, CAP, H, K]; u, v [B, CAP, HV, V]; g [B, CAP, HV, K]; beta [B, CAP, HV]
+    bk_ptr, bu_ptr, bg_ptr,  # buffer k [B, CAP, H, K]; u [B, CAP, HV, V]; g [B, CAP, HV, K]
     count_ptr,  # [B] committed entries
-    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
+    rhi_ptr,  # [B] int8: read S_hi instead of the read copy
     hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
-    u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
+    u_ptr, o_ptr,  # u, o [B, HV, V]
     HV, GROUPS, CAP, eps,
-    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
-    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
-    BUF: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -61,9 +65,6 @@ def _replay_step_kernel(
     row0 = b.to(tl.int64) * CAP
     ent = row0 + offs_e  # [BLOCK_E] entry of [B, CAP]
     read_hi = tl.load(rhi_ptr + b) != 0
-    folding = False
-    if FOLD:
-        folding = tl.load(fold_ptr + b) != 0
     keep = 1.0
     do_read = True
     if SKIP:  # the checkpoint term is zeroed where its slowest channel decayed below eps: skip its read
@@ -123,52 +124,108 @@ def _replay_step_kernel(
     vj = tl.load(v_ptr + bh * V + offs_v, mask=mask_v, other=0.0)
     u = beta * (vj - sk - tl.sum(bu * wk[:, None], axis=0))
     o = sq + tl.sum(bu * wq[:, None], axis=0) + qk * u
-    if folding:  # the FP32 fold of the whole [BLOCK_V, K] block of S_hi, the token's vectors over the whole of K
-        cols = tl.arange(0, BK)
-        cmask = cols < K
-        m2 = mask_v[:, None] & cmask[None, :]
-        s_hi = tl.load(hi_ptr + rows[:, None] * K + cols[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK]
-        k_tok = tl.load(k_ptr + tok + cols, mask=cmask, other=0.0)  # [BK]
-        g_tok = tl.load(g_ptr + bh * K + cols, mask=cmask, other=0.0)
-        if CLOSED:
-            fold = keep * s_hi
-            i = 0
-            while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
-                r = row0 + i
-                k_i = tl.load(bk_ptr + (r * H + h) * K + cols, mask=cmask, other=0.0)
-                fold = tl.exp(tl.load(bg_ptr + (r * HV + hv) * K + cols, mask=cmask, other=0.0))[None, :] * fold
-                v_i = tl.load(bv_ptr + (r * HV + hv) * V + offs_v, mask=mask_v, other=0.0)
-                u_i = tl.load(bbeta_ptr + r * HV + hv) * (v_i - tl.sum(fold * k_i[None, :], axis=1))
-                fold += u_i[:, None] * k_i[None, :]
-                i += 1
-            fold = tl.exp(g_tok)[None, :] * fold
-            fold += (beta * (vj - tl.sum(fold * k_tok[None, :], axis=1)))[:, None] * k_tok[None, :]
-            if read_hi:  # the fold token's output comes from the closed-fold state
-                o = tl.sum(fold * tl.load(q_ptr + tok + cols, mask=cmask, other=0.0)[None, :], axis=1)
-        else:
-            # d S_hi + sum_i u_i (a_i k_i)^T, and the token's u as buffered (rounded to the buffer dtype)
-            m_fk = mask_e[:, None] & cmask[None, :]
-            g_buf = tl.load(bg_ptr + (ent[:, None] * HV + hv) * K + cols[None, :], mask=m_fk, other=0.0)  # [BLOCK_E, BK]
-            g_all = tl.sum(g_buf, axis=0) + g_tok
-            k_dec = tl.load(bk_ptr + (ent[:, None] * H + h) * K + cols[None, :], mask=m_fk, other=0.0) \
-                * tl.where(m_fk, tl.exp(g_all[None, :] - tl.cumsum(g_buf, axis=0)), 0.0)  # a_i k_i
-            fold = tl.where(cmask, keep * tl.exp(g_all), 0.0)[None, :] * s_hi \
-                + tl.dot(tl.trans(bu), k_dec, input_precision="ieee") + round_buffered(u, BUF)[:, None] * k_tok[None, :]
-        tl.store(out_ptr + rows[:, None] * K + cols[None, :], fold, mask=m2)
     tl.store(u_ptr + rows, u, mask=mask_v)
     tl.store(o_ptr + rows, o, mask=mask_v)
 
 
-def step_launch_config(batch: int, heads: int, dk: int, dv: int, folds: bool, kind: int) -> dict:
+@triton.jit
+def _replay_fold_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # the token: q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]
+    bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr,  # buffer k [B, CAP, H, K]; u, v [B, CAP, HV, V]; g [B, CAP, HV, K]; beta [B, CAP, HV]
+    count_ptr,  # [B] committed entries
+    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
+    hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
+    u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
+    HV, GROUPS, CAP, K, V, KP, eps,
+    BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, CLOSED: tl.constexpr,
+    BUF: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    ks = tl.arange(0, BK)
+    es = tl.arange(0, BLOCK_E)
+    vmask, kmask = vs < V, ks < K
+    h = hv // GROUPS
+    H = HV // GROUPS
+    bh = b.to(tl.int64) * HV + hv
+    tok = (b.to(tl.int64) * H + h) * K
+    kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)  # [BK]
+    qj = tl.load(q_ptr + tok + ks, mask=kmask, other=0.0)
+    gj = tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0)
+    beta = tl.load(beta_ptr + bh)
+    count = tl.load(count_ptr + b)
+    valid = es < count
+    ent = b.to(tl.int64) * CAP + es  # [BLOCK_E] entry of [B, CAP]
+    m_ek = valid[:, None] & kmask[None, :]
+    bg = tl.load(bg_ptr + (ent[:, None] * HV + hv) * K + ks[None, :], mask=m_ek, other=0.0)  # [BLOCK_E, BK]
+    g_now = tl.sum(bg, axis=0) + gj  # [BK] log decay from the checkpoint through the token
+    a = tl.where(m_ek, tl.exp(g_now[None, :] - tl.cumsum(bg, axis=0)), 0.0)  # [BLOCK_E, BK]
+    bk = tl.load(bk_ptr + (ent[:, None] * H + h) * K + ks[None, :], mask=m_ek, other=0.0) * a  # a_i k_i
+    wk = tl.sum(bk * kj[None, :], axis=1)  # [BLOCK_E]
+    wq = tl.sum(bk * qj[None, :], axis=1)
+    keep = 1.0
+    if SKIP:
+        keep = tl.where(tl.exp(tl.max(tl.where(kmask, g_now, -float("inf")), axis=0)) >= eps, 1.0, 0.0)
+    d = tl.where(kmask, keep * tl.exp(g_now), 0.0)  # [BK]
+    read_hi = tl.load(rhi_ptr + b) != 0
+    folding = tl.load(fold_ptr + b) != 0
+    smask = kmask[:, None] & vmask[None, :]
+    state_idx = (bh * V + vs[None, :]) * K + ks[:, None]  # [BK, BV] into [B, HV, V, K]
+    if read_hi | folding:
+        s_hi = tl.load(hi_ptr + state_idx, mask=smask, other=0.0)
+    else:
+        s_hi = tl.zeros([BK, BV], dtype=tl.float32)
+    if read_hi:
+        src = s_hi
+    else:
+        src = load_packed(data_ptr, scale_ptr, gs_ptr, b, hv, vs, ks, HV, V, K, KP, KIND, GROUP)
+    bu = tl.load(bu_ptr + (ent[:, None] * HV + hv) * V + vs[None, :], mask=valid[:, None] & vmask[None, :], other=0.0)
+    vj = tl.load(v_ptr + bh * V + vs, mask=vmask, other=0.0)
+    u = beta * (vj - tl.sum(src * (d * kj)[:, None], axis=0) - tl.sum(bu * wk[:, None], axis=0))
+    o = tl.sum(src * (d * qj)[:, None], axis=0) + tl.sum(bu * wq[:, None], axis=0) + tl.sum(qj * kj, axis=0) * u
+    if folding:
+        if CLOSED:
+            s = keep * s_hi
+            i = 0
+            while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
+                r = b.to(tl.int64) * CAP + i
+                k_i = tl.load(bk_ptr + (r * H + h) * K + ks, mask=kmask, other=0.0)
+                s = tl.exp(tl.load(bg_ptr + (r * HV + hv) * K + ks, mask=kmask, other=0.0))[:, None] * s
+                v_i = tl.load(bv_ptr + (r * HV + hv) * V + vs, mask=vmask, other=0.0)
+                u_i = tl.load(bbeta_ptr + r * HV + hv) * (v_i - tl.sum(s * k_i[:, None], axis=0))
+                s += k_i[:, None] * u_i[None, :]
+                i += 1
+            s = tl.exp(gj)[:, None] * s
+            s += kj[:, None] * (beta * (vj - tl.sum(s * kj[:, None], axis=0)))[None, :]
+            if read_hi:  # the fold token's output comes from the closed-fold state
+                o = tl.sum(s * qj[:, None], axis=0)
+        else:
+            # the fold takes the token's u as buffered (rounded to the buffer dtype)
+            s = d[:, None] * s_hi + tl.dot(tl.trans(bk), bu, input_precision="ieee") \
+                + kj[:, None] * round_buffered(u, BUF)[None, :]
+        tl.store(out_ptr + state_idx, s, mask=smask)
+    tl.store(u_ptr + bh * V + vs, u, mask=vmask)
+    tl.store(o_ptr + bh * V + vs, o, mask=vmask)
+
+
+def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> dict:
     """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16) and num_warps of
     `_replay_step_kernel` (benchmarks/kernel_speed.py sweeps them). Many sequences: the fewest SASS instructions per
-    head without spills at K = V = 128 (benchmarks/step_sass.py): one program per head for the NVFP4 read, two for
-    32-bit reads, four where sequences fold (a folding program holds a whole [BLOCK_V, K] block of S_hi)."""
+    head without spills at K = V = 128 (benchmarks/step_sass.py), measured faster than the whole-K kernel on an
+    H200 (BENCHMARKS.md, Decode step): one program per head for the NVFP4 read, two for 32-bit reads."""
     block_k = min(32, max(16, triton.next_power_of_2(dk)))
     if batch * heads < 4096:
-        return {"BLOCK_V": 16, "BLOCK_K": block_k, "num_warps": 4}  # BLOCK_V >= 16: the open fold's tl.dot
-    block_v = 32 if folds else (128 if kind == NVFP4 else 64)
+        return {"BLOCK_V": 16, "BLOCK_K": block_k, "num_warps": 4}
+    block_v = 128 if kind == NVFP4 else 64
     return {"BLOCK_V": min(block_v, max(16, triton.next_power_of_2(dv))), "BLOCK_K": block_k, "num_warps": 4}
+
+
+def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
+    """BV (v columns per program) and num_warps of `_replay_fold_kernel`: its [BK, BV] tiles hold the whole of K, so
+    the one-pass chunked kernel's blocks measured slower there (BENCHMARKS.md, Decode step)."""
+    return {"BV": min(32 if batch * heads >= 4096 else 16, max(16, triton.next_power_of_2(dv))), "num_warps": 4}
 
 
 def step_grid(batch: int, heads: int, dv: int, block_v: int) -> tuple[int, int, int]:
@@ -177,9 +234,9 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int) -> tuple[int, int, 
 
 def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
                        eps, buf_kind):
-    """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
-    tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton_step.decode_step`, and of
-    the static step, `kernels.static_step`).
+    """Launch `_replay_step_kernel` (or `_replay_fold_kernel` where folds): one token per sequence after count[b]
+    committed buffer entries, into the given tensors, with no allocation and no host sync (the launch of the eager step,
+    `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`).
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g [B, CAP, HV, K] (beta [B, CAP, HV]; v, beta: closed only); count [B]
@@ -192,16 +249,26 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
     kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
-    cfg = step_launch_config(bsz, nv, dk, dv, folds, kind)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
-    entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
-    _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
-        *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
-        hi, data, scales, gs, u, o, out,
-        nv, groups, cap, float(eps or 0.0),
-        K=dk, V=dv, KP=kp, BK=max(16, triton.next_power_of_2(dk)), KIND=kind, GROUP=group, SKIP=eps is not None,
-        FOLD=folds, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(16, triton.next_power_of_2(cap)), **cfg,
-    )
+    block_e = max(16, triton.next_power_of_2(cap))
+    if folds:
+        cfg = fold_launch_config(bsz, nv, dv)
+        entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed
+        _replay_fold_kernel[step_grid(bsz, nv, dv, cfg["BV"])](
+            *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
+            hi, data, scales, gs, u, o, out,
+            nv, groups, cap, dk, dv, kp, float(eps or 0.0),
+            BK=max(16, triton.next_power_of_2(dk)), BLOCK_E=block_e, KIND=kind, GROUP=group, SKIP=eps is not None,
+            CLOSED=closed, BUF=buf_kind, **cfg,
+        )
+    else:
+        cfg = step_launch_config(bsz, nv, dk, dv, kind)
+        entries = [buffer[name].contiguous() for name in ("k", "u", "g")]
+        _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
+            *token, *entries, count.contiguous(), read_hi.contiguous(), hi, data, scales, gs, u, o,
+            nv, groups, cap, float(eps or 0.0),
+            K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, BLOCK_E=block_e, **cfg,
+        )
 
 
 @triton.jit

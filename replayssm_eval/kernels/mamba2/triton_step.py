@@ -22,7 +22,7 @@ import triton.language as tl
 from replayssm_eval.formats.codec import Group, Kind, packed_codec
 from replayssm_eval.formats.device import (
     E2M1_F16_SCALE, FP8, FP8E5M2, FP8SR, GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode,
-    e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, nibble_lanes,
+    e2m1_f16, e2m1_f16_hi, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, nibble_lanes,
 )
 from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -156,22 +156,24 @@ def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
 # `_replay_step_kernel` computes it without tl.dot: per (sequence, head, head_dim tiles) program, BC[e] = B_e . C and the
 # decays w_e = dt_e exp(cs_j - cs_e) once (a few hundred FMAs), then per [BLOCK_P, N] state tile one streamed load and a
 # row reduction sum_n S[p, n] C[n] in FP32 FMAs. Minifloat codes are decoded through FP16 bit patterns (integer
-# shifts and masks and one cvt per element); NVFP4 codes load as whole int32 words of 8 and the block scale multiplies
-# each word's partial sum, not each element.
+# shifts and masks and one cvt per element); NVFP4 codes load as whole int32 words of 8 in a reading launch and as bytes
+# split by nibble in a folding one (each the faster there on an H200, BENCHMARKS.md), and the block scale multiplies a
+# word's or a 16-element partial sum, not each element.
 
 @triton.jit
-def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_lanes, b, h, rows, mask_p, read_hi,
-                 H, N: tl.constexpr, NB: tl.constexpr,
-                 READ: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
+def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_parts, b, h, rows, mask_p, read_hi,
+                 H, N: tl.constexpr, NB: tl.constexpr, READ: tl.constexpr, GROUP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, WORDS: tl.constexpr):
     """sum_n S_src[p, n] C[n] for one [BLOCK_P] tile of rows: S_hi (FP32) if read_hi else the packed read copy.
-    c: C [BLOCK_N]; c_lanes: `nibble_lanes` of C [16 BLOCK_S] (NVFP4 only: lane j multiplies nibble j of each word)."""
+    c: C [BLOCK_N]; c_parts (NVFP4 only): WORDS: C's 8 `nibble_lanes` (NVFP4 codes as whole int32 words, lane j
+    multiplies nibble j of each word), else (C[2j], C[2j + 1]) as [BLOCK_S, 8] (codes as bytes, j the byte)."""
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     if read_hi:
         s = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_p[:, None] & mask_n[None, :], other=0.0)
         out = tl.sum(s * c[None, :], axis=1)
     else:
-        if READ == NVFP4:  # whole int32 words of 8 codes [BLOCK_P, 2 BLOCK_S], two words a scale block
+        if READ == NVFP4 and WORDS:  # whole int32 words of 8 codes [BLOCK_P, 2 BLOCK_S], two words a scale block
             offs_w = tl.arange(0, 2 * BLOCK_S)
             m2 = mask_p[:, None] & (offs_w < NB // 8)[None, :]
             words = tl.load(data_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (NB // 8) + offs_w[None, :],
@@ -179,8 +181,18 @@ def _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_lanes, b, h, rows, ma
             part = tl.zeros(words.shape, dtype=tl.float32)
             for j in tl.static_range(4):
                 lo, hi = e2m1_f16_pair(words, j)  # codes 8 w + j, 8 w + j + 4, times 2^-14
-                part += lo * c_lanes[j][None, :] + hi * c_lanes[j + 4][None, :]
+                part += lo * c_parts[j][None, :] + hi * c_parts[j + 4][None, :]
             sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (NB // 16) + offs_w[None, :] // 2, mask=m2, other=0))
+            out = tl.sum(tl.where(m2, part * (sc * E2M1_F16_SCALE), 0.0), axis=1)
+        elif READ == NVFP4:  # bytes as [BLOCK_P, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
+            offs_s = tl.arange(0, BLOCK_S)
+            col = offs_s[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
+            m3 = mask_p[:, None, None] & (col < NB // 2)[None, :, :]
+            byte = tl.load(data_ptr + rows[:, None, None] * (NB // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
+            part = tl.sum(e2m1_f16(byte) * c_parts[0][None, :, :] + e2m1_f16_hi(byte) * c_parts[1][None, :, :],
+                          axis=2)  # [BLOCK_P, BLOCK_S], * 2^-14
+            m2 = mask_p[:, None] & (offs_s < NB // 16)[None, :]
+            sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (NB // 16) + offs_s[None, :], mask=m2, other=0))
             out = tl.sum(tl.where(m2, part * (sc * E2M1_F16_SCALE), 0.0), axis=1)
         else:
             m2 = mask_p[:, None] & mask_n[None, :]
@@ -223,11 +235,15 @@ def _replay_step_kernel(
     c = tl.load(c_ptr + gn + offs_n, mask=mask_n, other=0.0)
     k = tl.load(b_ptr + (row_e[:, None] * G + g) * N + offs_n[None, :], mask=mask_e[:, None] & mask_n[None, :], other=0.0)
     coef = tl.sum(k * c[None, :], axis=1) * w  # [BLOCK_E] w_e (B_e . C)
-    if READ == NVFP4:  # C in 8 strided lanes once per program: lane j multiplies nibble j of each packed word
+    if READ == NVFP4 and not FOLD:  # C in 8 strided lanes once per program: lane j multiplies nibble j of each word
         offs_c = tl.arange(0, 16 * BLOCK_S)
-        c_lanes = nibble_lanes(tl.load(c_ptr + gn + offs_c, mask=offs_c < N, other=0.0), 2 * BLOCK_S)
+        c_parts = nibble_lanes(tl.load(c_ptr + gn + offs_c, mask=offs_c < N, other=0.0), 2 * BLOCK_S)
+    elif READ == NVFP4:  # C split by parity once per program: the two nibbles of byte j multiply C[2j] and C[2j + 1]
+        col = tl.arange(0, BLOCK_S)[:, None] * 8 + tl.arange(0, 8)[None, :]
+        c_parts = (tl.load(c_ptr + gn + 2 * col, mask=2 * col < N, other=0.0),
+                   tl.load(c_ptr + gn + 2 * col + 1, mask=2 * col + 1 < N, other=0.0))
     else:
-        c_lanes = (c, c, c, c, c, c, c, c)
+        c_parts = (c, c)
     g_read = tl.exp(cs_q)
     if SKIP:
         g_read = tl.where(g_read < skip, 0.0, g_read)
@@ -266,12 +282,12 @@ def _replay_step_kernel(
             if read_hi:
                 y += g_read * tl.sum(s_hi * c[None, :], axis=1)
             else:
-                y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_lanes, b, h, rows, mask_p,
-                                           read_hi, H, N, NB, READ, GROUP, BLOCK_N, BLOCK_S)
+                y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_parts, b, h, rows, mask_p,
+                                           read_hi, H, N, NB, READ, GROUP, BLOCK_N, BLOCK_S, not FOLD)
         else:
             if do_read:
-                y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_lanes, b, h, rows, mask_p,
-                                           read_hi, H, N, NB, READ, GROUP, BLOCK_N, BLOCK_S)
+                y += g_read * _read_rowdot(hi_ptr, data_ptr, scale_ptr, gs_ptr, c, c_parts, b, h, rows, mask_p,
+                                           read_hi, H, N, NB, READ, GROUP, BLOCK_N, BLOCK_S, not FOLD)
         tl.store(y_ptr + rows, y, mask=mask_p)
 
 
