@@ -488,8 +488,10 @@ class KDA(GDN):
         return anchored_state(s0, config, buffer, count)
 
     def step_launch(self, state: ReplayState, config: str):
+        """The kernel launch of decode_step_triton for one token from `state`: `_replay_fold_kernel` when a sequence
+        flushes, else `_replay_step_kernel`."""
         q, k, v, g, beta = self.token(state.batch, 1)
-        return captured_launch(kda_triton, "_replay_step_kernel",
+        return captured_launch(kda_triton, ("_replay_step_kernel", "_replay_fold_kernel"),
                                lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
