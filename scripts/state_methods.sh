@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What engines do to a state between steps, on each bundled tiny model (CPU): the engines' 8-bit presets,
-# error feedback, SGLang's FP32 32-row FP8 tiles, prefix-cache round trips (SGLang's INT8 pool at the prompt's end
+# error feedback, SGLang's 32-row FP8 tiles, prefix-cache round trips (SGLang's INT8 pool at the prompt's end
 # and every 64 tokens) and the ReplaySSM split default, in one KL run per model, then one report over the three.
 #
-#   OUT=reports/state-methods scripts/state_methods.sh     # 2 shared cores: about 20 minutes
+#   OUT=reports/state-methods scripts/state_methods.sh     # 2 shared cores: about 10 minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/state-methods}
