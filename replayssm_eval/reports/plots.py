@@ -61,8 +61,20 @@ def kl_vs_length_png(report: dict) -> bytes:
     docs = report["documents_done"]
     ax.set_title(f"{report['model']}: {docs} document{'s' * (docs != 1)}, {report['tokens']} tokens", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(fig, ax, len(report["configs"]))
     return _png(fig)
+
+
+def _legend(fig, ax, entries: int, inside: int = 10, per_column: int = 24) -> None:
+    """Up to `inside` entries: the legend inside the axes; more (a sensitivity stage has 2 per SSM layer): outside on
+    the right in columns of `per_column`, the figure widened to hold them."""
+    if entries <= inside:
+        ax.legend(fontsize=8)
+        return
+    columns = math.ceil(entries / per_column)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width + 2.6 * columns, max(height, 0.16 * min(entries, per_column) + 1.0))
+    ax.legend(fontsize=6, ncol=columns, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def traffic_png(model: str, rows: list[TrafficRow]) -> bytes | None:
