@@ -3,9 +3,9 @@
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
 flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
-`kernel_codec` only. Group amax reductions (FP8 row/head/tensor scales, NVFP4 global scales) run in
-torch on the host; block maxima, scales, rounding and Philox (`tl.randint(seed, offset + flat index)`)
-run in the kernel.
+`kernel_codec` only. Group amax reductions over more than a row (FP8 head/tensor scales, NVFP4 global scales)
+run before the launch, in torch (`encode_triton`'s head scales in one amax launch of their own, `head_amax`);
+row maxima, block maxima, scales, rounding and Philox (`tl.randint(seed, offset + flat index)`) run in the kernel.
 """
 
 from __future__ import annotations
@@ -99,11 +99,12 @@ def _encode_kernel(
     # take: [B] int8, TAKE: only sequences with take[b] != 0 are read and written; dec: [B, n_rows, n_cols]
     # FP32, DECODED: the decoded value is stored there too
     b = tl.program_id(0)
+    if TAKE:  # a program of a state not taken does nothing (masked work would cost what the taken states' does)
+        if tl.load(take_ptr + b) == 0:
+            return
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
-    if TAKE:
-        row_ok = row_ok & (tl.load(take_ptr + b) != 0)
     mask = row_ok[:, None] & (cols[None, :] < n_cols)
     elem = rows[:, None].to(tl.int64) * n_cols + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [H, P, N]
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
@@ -158,6 +159,41 @@ def _encode_kernel(
             tl.store(out, q, mask=mask)
 
 
+@triton.jit
+def _head_amax_kernel(x_ptr, amax_ptr, take_ptr, heads, GROUP_ELEMS: tl.constexpr, TAKE: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    # x: [B * heads, GROUP_ELEMS] FP32, one program per head; amax: [B * heads] max |x| (NaN if any element is NaN,
+    # as torch's amax); take: [B] int8, TAKE: heads of sequences with take[b] == 0 are neither read nor written
+    g = tl.program_id(0)
+    if TAKE:
+        if tl.load(take_ptr + g // heads) == 0:
+            return
+    base = x_ptr + g.to(tl.int64) * GROUP_ELEMS
+    best = tl.zeros((BLOCK,), dtype=tl.float32)
+    nan = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, GROUP_ELEMS, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        a = tl.abs(tl.load(base + offs, mask=offs < GROUP_ELEMS, other=0.0))
+        nan = nan | (a != a).to(tl.int32)
+        best = tl.maximum(best, tl.where(a != a, 0.0, a))
+    amax = tl.max(best, axis=0)
+    tl.store(amax_ptr + g, tl.where(tl.max(nan, axis=0) != 0, float("nan"), amax))
+
+
+def head_amax(x4: torch.Tensor, take: torch.Tensor | None = None) -> torch.Tensor:
+    """max |x| per head of a contiguous `[B, H, P, N]` FP32 state, `[B * H]`, in one launch (no |x| temporary);
+    NaN where a head holds one. take: [B] bool, only those sequences' heads are read and written (the others are
+    left undefined)."""
+    n_seq, h = x4.shape[:2]
+    group_elems = x4[0, 0].numel()
+    amax = torch.empty(n_seq * h, dtype=torch.float32, device=x4.device)
+    if amax.numel() and group_elems:
+        block = min(2048, triton.next_power_of_2(group_elems))
+        _head_amax_kernel[(n_seq * h,)](x4, amax, x4 if take is None else take.to(torch.int8), h,
+                                        GROUP_ELEMS=group_elems, TAKE=take is not None, BLOCK=block)
+    return amax
+
+
 def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None = None,
                   checkpoint: torch.Tensor | None = None, *, take: torch.Tensor | None = None,
                   out: PackedState | None = None, decoded: torch.Tensor | None = None) -> PackedState:
@@ -166,8 +202,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
     state's Philox key and checkpoint index, and the result equals
     `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
-    deterministic formats ignore them and equal `fmt.encode(x)`. Head- and tensor-wide scales take
-    one torch amax reduction first; row scales are reduced in the kernel.
+    deterministic formats ignore them and equal `fmt.encode(x)`. Head scales take one amax launch first (of the
+    `take` rows only), tensor-wide scales one torch amax reduction; row scales are reduced in the kernel.
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
@@ -200,9 +236,11 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
                         for name, spec in fields.items())
     if decoded is not None:
         decoded = _field("decoded", (shape, torch.float32), decoded, x.device)
-    amax = None  # row scales are reduced in the kernel, head and tensor scales by torch first
-    if group in (Group.HEAD, Group.TENSOR):
-        amax = layout.group_amax(x4, group.scale).reshape(-1)  # [B * (H | 1)]
+    amax = None  # row scales are reduced in the kernel, head scales by `head_amax`, tensor scales by torch first
+    if group == Group.HEAD:
+        amax = head_amax(x4, take)  # [B * H]
+    elif group == Group.TENSOR:
+        amax = layout.group_amax(x4, group.scale).reshape(-1)  # [B]
     if not fmt.is_stochastic:
         keys = checkpoint = None
     elif keys is None or checkpoint is None:

@@ -5,7 +5,7 @@ import torch
 
 from replayssm_eval.formats import PackedState, get_format
 from replayssm_eval.formats.codec import packed_codec
-from replayssm_eval.formats.triton import encode_triton
+from replayssm_eval.formats.triton import encode_triton, head_amax
 from replayssm_eval.replay import state as state_mod
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, sr_keys, state_random_bits
@@ -240,3 +240,20 @@ def test_encode_triton_nvfp4_order_of_operations(device):
     """The kernel's block scales on the golden E4M3 tie rows (test_nvfp4's order-of-operations rows)."""
     x, scales = tie_rows()
     assert torch.equal(encode_triton(x.to(device), get_format("nvfp4")).scales.cpu().view(64, 2), scales)
+
+
+def test_head_amax_equals_torch_on_the_taken_heads_nan_and_inf_included(device):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 3, 7, 37, generator=g) * torch.logspace(-30, 30, 37)
+    x[1, 2, 3, 4] = float("nan")
+    x[2] = 0.0
+    x[3, 1, 0, 0] = -float("inf")
+    x[4, 0, 6, 36] = -1e38
+    x = x.to(device)
+    expected = x.abs().amax(dim=(2, 3)).reshape(-1).cpu()  # [B * H]
+    assert expected.isnan().sum() == 1 and expected.isinf().sum() == 1
+    assert torch.equal(head_amax(x).cpu().nan_to_num(nan=-1.0), expected.nan_to_num(nan=-1.0))
+    take = torch.tensor([True, False, False, True, True], device=device)
+    taken = take.cpu().repeat_interleave(3)
+    got = head_amax(x, take).cpu()
+    assert torch.equal(got[taken].nan_to_num(nan=-1.0), expected[taken].nan_to_num(nan=-1.0))

@@ -176,3 +176,17 @@ def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device)
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
     _run("kda", config, make, decode, first, phased)
+
+
+def test_zero_rows_writes_the_chosen_rows_only(device):
+    from replayssm_eval.kernels.delta.fixed_step import zero_rows_
+
+    g = torch.Generator().manual_seed(2)
+    for shape in ((6, 3, 5, 7), (3, 1, 2049)):  # a row of more than one block
+        t = torch.randn(shape, generator=g).to(device)
+        before = t.clone()
+        rows = torch.tensor([1, 0, 1, 0, 0, 1][: shape[0]], dtype=torch.int8, device=device)
+        zero_rows_(t, rows)
+        chosen = rows.bool()
+        assert torch.equal(t[chosen], torch.zeros_like(t[chosen]))
+        assert torch.equal(t[~chosen], before[~chosen])

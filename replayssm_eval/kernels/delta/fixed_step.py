@@ -2,7 +2,7 @@
 
 One launch of the family's single-token kernel through the launcher its eager step uses (`launch_replay_step` of
 `gdn.triton_step` / `kda.triton_step`), the token's entries appended to the ring at each row's window phase, and the folded
-rows' ring entries emptied (as `delta._common` does at a flush).
+rows' ring entries emptied (as `delta._common` does at a flush), writing those rows only.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+import triton
+import triton.language as tl
 
 from replayssm_eval.kernels.delta.triton_step import read_copy_format
 from replayssm_eval.replay.buffer_round import buffer_kind
@@ -37,7 +39,7 @@ def fixed_step(launch: Callable, st: StaticState, inputs: tuple, fold: torch.Ten
     fold8 = fold.to(torch.int8)
     token = dict(q=q, k=k, v=v, g=g, beta=beta)
     launch(st.hi, st.packed, read_copy_format(st.config), st.buffer, st.count, token, fold8, fold8, u, o,
-           st.fold_out if flush else u, folds=flush, closed=closed, groups=v.shape[1] // k.shape[1],
+           st.fold_out if flush else u, folds=folds, closed=closed, groups=v.shape[1] // k.shape[1],
            eps=st.config.skip_read_below, buf_kind=buffer_kind(st.config))
     rows = torch.arange(v.shape[0], device=v.device)
     entry = dict(token, u=rounded(u))
@@ -48,5 +50,25 @@ def fixed_step(launch: Callable, st: StaticState, inputs: tuple, fold: torch.Ten
             if folds == "all":
                 t.zero_()
             else:
-                t.masked_fill_(fold.view(-1, *[1] * (t.dim() - 1)), 0)
+                zero_rows_(t, fold8)
     return o[:, None]  # [B, 1, HV, V]
+
+
+@triton.jit
+def _zero_rows_kernel(t_ptr, rows_ptr, ROW_ELEMS: tl.constexpr, BLOCK: tl.constexpr):
+    # t: [B, ROW_ELEMS]; rows: [B] int8, the rows to zero (the others are not touched)
+    b = tl.program_id(0)
+    if tl.load(rows_ptr + b) == 0:
+        return
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(t_ptr + b.to(tl.int64) * ROW_ELEMS + offs, tl.zeros((BLOCK,), dtype=t_ptr.dtype.element_ty),
+             mask=offs < ROW_ELEMS)
+
+
+def zero_rows_(t: torch.Tensor, rows: torch.Tensor) -> None:
+    """t[b] = 0 where rows[b] != 0, in place, writing those rows only (a masked fill reads and writes all of t).
+    t: contiguous [B, ...]; rows: [B] int8."""
+    row_elems = t[0].numel() if t.shape[0] else 0
+    if row_elems:
+        block = min(1024, triton.next_power_of_2(row_elems))
+        _zero_rows_kernel[(t.shape[0], triton.cdiv(row_elems, block))](t, rows, ROW_ELEMS=row_elems, BLOCK=block)

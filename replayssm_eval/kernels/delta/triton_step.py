@@ -131,9 +131,10 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     u = torch.empty(new["v"].shape, device=hi.device)  # [B, HV, V]
     o = torch.empty_like(u)
     folds = bool(fold.any())
+    variant = "all" if bool(fold.all()) else "some" if folds else "none"  # `static_step.FOLDS`
     folded = torch.empty_like(hi) if folds else u  # [B, HV, V, K] the FP32 fold of the folding rows
     launch_step(hi, packed, fmt, st.buffer, count, new, read_hi.to(torch.int8), fold.to(torch.int8), u, o, folded,
-                folds=folds, closed=cfg.gdn_fold == "closed", groups=p.groups, eps=cfg.skip_read_below,
+                folds=variant, closed=cfg.gdn_fold == "closed", groups=p.groups, eps=cfg.skip_read_below,
                 buf_kind=buffer_kind(cfg))
     buf = {name: t.clone() for name, t in st.buffer.items()}
     rows = torch.arange(p.q.shape[0], device=p.q.device)

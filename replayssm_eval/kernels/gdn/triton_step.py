@@ -332,9 +332,10 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g (beta) [B, CAP, HV] (v, beta: closed only); count [B] int64; new: q, k
     [B, H, K], v [B, HV, V], g, beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after the token; closed: from the
-    buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and where folds (False: no row folds) the FP32
-    fold of the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before
-    writing them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
+    buffer's raw v, beta). folds: the step variant, "none", "some" or "all" rows fold (`static_step.FOLDS`). Writes u
+    (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of the folding rows into out [B, HV,
+    V, K], which may be hi itself (a program reads its rows of S_hi before writing them). buf_kind:
+    `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -348,7 +349,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
         hi, data, scales, gs, u, o, out,
         nv, groups, cap, float(eps or 0.0),
         K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
-        FOLD=folds, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
+        FOLD=folds != "none", CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
     )
 
 

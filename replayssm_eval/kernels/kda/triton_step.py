@@ -4,14 +4,14 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
 (sequence, value head, block of value columns); stored copies [B, HV, V, K]).
 
 1. `launch_replay_step` (`kda.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
-   one decode token for B sequences at their own phases, one launch. Where no sequence folds,
+   one decode token for B sequences at their own phases. For the sequences that do not fold,
    `_replay_step_kernel`: per (sequence, value head, block of BLOCK_V stored rows) one pass over K in
    chunks of BLOCK_K that forms the chunk's per-channel decays, its share of the buffer weights
    (k_j . exp(gc_j - gc_i) k_i), (q_j . exp(gc_j - gc_i) k_i) and of the row dots S_src^T (d k_j),
    S_src^T (d q_j), accumulated per column and reduced across columns once (the read copy decoded in
    registers; NVFP4 as whole int32 words of 8 codes, `delta.triton_step.nvfp4_partials`); then the
    buffer's u rows. `step_launch_config` gives its block sizes (benchmarks/kernel_speed.py sweeps them).
-   Where sequences fold, `_replay_fold_kernel`: per (sequence, value head, v-block) the buffer weights
+   For the sequences that fold, `_replay_fold_kernel`: per (sequence, value head, v-block) the buffer weights
    once over the whole of K, the read copy's [K, BV] tile (packed, decoded in-kernel; S_hi where the
    token reads it) dotted with the decayed d k_j and d q_j, and for a folding sequence the FP32 fold
    (open: the decayed buffer sum as one product; closed: the delta rule re-run over the buffered raw
@@ -41,15 +41,18 @@ def _replay_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # the token: q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV]
     bk_ptr, bu_ptr, bg_ptr,  # buffer k [B, CAP, H, K]; u [B, CAP, HV, V]; g [B, CAP, HV, K]
     count_ptr,  # [B] committed entries
-    rhi_ptr,  # [B] int8: read S_hi instead of the read copy
+    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
     hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
     u_ptr, o_ptr,  # u, o [B, HV, V]
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, STAYING: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0)
+    if STAYING:  # the rows that do not fold only (`_replay_fold_kernel` takes the others)
+        if tl.load(fold_ptr + b) != 0:
+            return
     hv = tl.program_id(1)
     h = hv // GROUPS
     H = HV // GROUPS
@@ -139,9 +142,12 @@ def _replay_fold_kernel(
     HV, GROUPS, CAP, K, V, KP, eps,
     BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, CLOSED: tl.constexpr,
-    BUF: tl.constexpr,
+    BUF: tl.constexpr, FOLDING: tl.constexpr,
 ):
     b = tl.program_id(0)
+    if FOLDING:  # the folding rows only (`_replay_step_kernel` takes the others)
+        if tl.load(fold_ptr + b) == 0:
+            return
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
@@ -234,14 +240,16 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int) -> tuple[int, int, 
 
 def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
                        eps, buf_kind):
-    """Launch `_replay_step_kernel` (or `_replay_fold_kernel` where folds): one token per sequence after count[b]
-    committed buffer entries, into the given tensors, with no allocation and no host sync (the launch of the eager step,
-    `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`).
+    """Launch `_replay_step_kernel` for the rows that do not fold and `_replay_fold_kernel` for those that do: one token
+    per sequence after count[b] committed buffer entries, into the given tensors, with no allocation and no host sync
+    (the launch of the eager step, `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`).
+    folds: the step variant, "none", "some" or "all" rows fold (`static_step.FOLDS`); "some" launches both kernels,
+    each skipping the other's rows, so a row's output never depends on whether other rows fold at this token.
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g [B, CAP, HV, K] (beta [B, CAP, HV]; v, beta: closed only); count [B]
     int64; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after
-    the token). Writes u (as computed) and o [B, HV, V] FP32, and where folds (False: no row folds) the FP32 fold of
+    the token). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
     the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
     them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     """
@@ -251,23 +259,24 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     block_e = max(16, triton.next_power_of_2(cap))
-    if folds:
+    read_hi, fold, some = read_hi.contiguous(), fold.contiguous(), folds == "some"
+    if folds != "none":
         cfg = fold_launch_config(bsz, nv, dv)
         entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed
         _replay_fold_kernel[step_grid(bsz, nv, dv, cfg["BV"])](
-            *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
+            *token, *entries, count.contiguous(), read_hi, fold,
             hi, data, scales, gs, u, o, out,
             nv, groups, cap, dk, dv, kp, float(eps or 0.0),
             BK=max(16, triton.next_power_of_2(dk)), BLOCK_E=block_e, KIND=kind, GROUP=group, SKIP=eps is not None,
-            CLOSED=closed, BUF=buf_kind, **cfg,
+            CLOSED=closed, BUF=buf_kind, FOLDING=some, **cfg,
         )
-    else:
+    if folds != "all":
         cfg = step_launch_config(bsz, nv, dk, dv, kind)
         entries = [buffer[name].contiguous() for name in ("k", "u", "g")]
         _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
-            *token, *entries, count.contiguous(), read_hi.contiguous(), hi, data, scales, gs, u, o,
+            *token, *entries, count.contiguous(), read_hi, fold, hi, data, scales, gs, u, o,
             nv, groups, cap, float(eps or 0.0),
-            K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, BLOCK_E=block_e, **cfg,
+            K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, STAYING=some, BLOCK_E=block_e, **cfg,
         )
 
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The fixed-buffer decode step (`--step graph`'s) per fold variant, before and after a change, side by side in one
+# run on one GPU: benchmarks/static_step_speed.py from a previous checkout (PREV, a folder holding its
+# replayssm_eval/ and benchmarks/) and from this one, with the "some rows fold" step's kernel profile; then the
+# static step's and encode_triton's tests on the GPU. Logs and JSON go to $OUT/static-step/.
+#
+#   PREV=.prev OUT=out scripts/gpu_static_step.sh     # H200: about 4 minutes
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(realpath -m "${OUT:-out}")
+PREV=${PREV:-}
+export PYTHONUNBUFFERED=1
+dir=$OUT/static-step
+mkdir -p "$dir"
+status=0
+step() {  # step NAME SECONDS ROOT CMD...: run in ROOT with a time limit, log to $dir/NAME.log, remember a failure
+  local name=$1 limit=$2 root=$3
+  shift 3
+  echo "=== $name ($root): $*"
+  (cd "$root" && PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$@") 2>&1 | tee "$dir/$name.log" | grep -v "^ *[-=]*$" | grep -E -v "^\s+(aten|cuda|void|Memcpy|Memset|Activity|triton_|_)" | tail -40
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc"
+  [[ $rc == 0 ]] || status=1
+}
+speed=(python benchmarks/static_step_speed.py --profile)
+[[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}" --out "$dir/speed_before.json"
+step speed_after 150 . "${speed[@]}" --out "$dir/speed_after.json"
+step tests 240 . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -p no:cacheprovider tests/kernels/test_static_step.py \
+  tests/formats/test_encode_triton.py
+exit $status
