@@ -26,7 +26,8 @@ class Kind(enum.IntEnum):
     """Element kinds (values are the Triton constexprs of `formats.device`).
 
     FP32, BF16, FP16 (RNE); FP16SR (stochastic, PTX cvt.rs.f16x2.f32); FP8 (E4M3fn, RNE), FP8SR, FP8E5M2;
-    NVFP4 (E2M1 in blocks of 16, E4M3 block scales); MXFP8, MXFP4 (E4M3 / E2M1 in blocks of 32, E8M0 scales).
+    NVFP4 (E2M1 in blocks of 16, E4M3 block scales); MXFP8, MXFP4 (E4M3 / E2M1 in blocks of 32, E8M0 scales);
+    INT8, INT16 (RNE, saturating, two's-complement codes), INT8SR, INT16SR (stochastic, 16 random bits).
     """
 
     FP32 = 0
@@ -39,6 +40,10 @@ class Kind(enum.IntEnum):
     NVFP4 = 7
     MXFP8 = 8
     MXFP4 = 9
+    INT8 = 10
+    INT16 = 11
+    INT8SR = 12
+    INT16SR = 13
 
 
 class Group(enum.IntEnum):
@@ -57,7 +62,8 @@ class Group(enum.IntEnum):
 
 # dtype of the packed `data` field of each kind (4-bit kinds pack two codes per byte)
 _DATA_DTYPES = {Kind.FP32: torch.float32, Kind.BF16: torch.bfloat16, Kind.FP16: torch.float16,
-                Kind.FP16SR: torch.float16}
+                Kind.FP16SR: torch.float16, Kind.INT8: torch.int8, Kind.INT8SR: torch.int8, Kind.INT16: torch.int16,
+                Kind.INT16SR: torch.int16}
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class KernelCodec:
 
     @property
     def stochastic(self) -> bool:
-        return self.kind in (Kind.FP16SR, Kind.FP8SR)
+        return self.kind in (Kind.FP16SR, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR)
 
     @property
     def packed(self) -> bool:
@@ -87,7 +93,7 @@ class KernelCodec:
 
     @property
     def data_dtype(self) -> torch.dtype:
-        """dtype of the packed `data` field (uint8 for the FP8 and FP4 codes)."""
+        """dtype of the packed `data` field (uint8 for the FP8 and FP4 codes, int8 / int16 for the integers)."""
         return _DATA_DTYPES.get(self.kind, torch.uint8)
 
     def padded(self, n: int) -> int:

@@ -3,6 +3,7 @@
 Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted):
     round_bf16, round_fp16, round_e4m3, round_e5m2, round_e2m1   RNE (fp8/fp4 saturating), as `rounding`
     sr_fp16(x, bits), sr_e4m3(x, bits)                            stochastic, bits = uint32 words
+    round_int(v, QMAX), sr_int(v, bits, QMAX)                      integer codes as FP32, as `rounding`
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
@@ -22,7 +23,7 @@ cvt per element, same values as the decoders above):
                                                                    multiplies nibble J of each of BW words
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
-numbering, constexprs FP32 ... MXFP4 here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
+numbering, constexprs FP32 ... INT16SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
 GROUP_TENSOR) and MAX.
 """
 
@@ -35,15 +36,17 @@ from replayssm_eval.formats import rounding
 from replayssm_eval.formats.codec import Group, Kind
 
 # the numberings of `codec.Kind` and `codec.Group` (globals read inside @triton.jit must be constexpr)
-FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4 = (tl.constexpr(int(k)) for k in Kind)
+FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR = (
+    tl.constexpr(int(k)) for k in Kind)
 GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR = (tl.constexpr(int(g)) for g in Group)
 
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
 # the constants of `rounding` the device functions read
 _CONSTANTS = ("E4M3_MAX", "E5M2_MAX", "E2M1_MAX", "FP16_MAX", "FP16_OVERFLOW", "FP16_SR_BITS", "E4M3_SR_BITS", "NVFP4_AMAX",
-              "F32_SIXTH", "FLT_MAX", "NVFP4_BLOCK", "MX_BLOCK")
+              "F32_SIXTH", "FLT_MAX", "NVFP4_BLOCK", "MX_BLOCK", "INT_SR_BITS")
 (_E4M3_MAX, _E5M2_MAX, _E2M1_MAX, _FP16_MAX, _FP16_OVERFLOW, _FP16_SR_BITS, _E4M3_SR_BITS, _NVFP4_AMAX, _F32_SIXTH,
- _FLT_MAX, _NVFP4_BLOCK, _MX_BLOCK) = (tl.constexpr(getattr(rounding, name)) for name in _CONSTANTS)
+ _FLT_MAX, _NVFP4_BLOCK, _MX_BLOCK, _INT_SR_BITS) = (tl.constexpr(getattr(rounding, name)) for name in _CONSTANTS)
+_INT8_MAX, _INT16_MAX = tl.constexpr(float(rounding.INT8_MAX)), tl.constexpr(float(rounding.INT16_MAX))
 
 
 @triton.jit
@@ -138,6 +141,24 @@ def sr_fp16(x, bits):
 def sr_e4m3(x, bits):
     """E4M3 stochastic rounding with bits [15:0] (PTX cvt.rs.satfinite.e4m3x4.f32), saturating."""
     return _clamp(_sr_grid(x, bits, _E4M3_SR_BITS, 3, -6), _E4M3_MAX)
+
+
+@triton.jit
+def round_int(v, QMAX: tl.constexpr):
+    """Integer code (FP32) of v: RNE, saturating to +-QMAX, NaN -> 0, a zero code +0 (`rounding.round_int`)."""
+    q = (_clamp(v, QMAX) + _MAGIC) - _MAGIC  # |v| <= QMAX < 2^22: rounds to an integer, ties to even; x - x is +0
+    return tl.where(q != q, 0.0, q)
+
+
+@triton.jit
+def sr_int(v, bits, QMAX: tl.constexpr):
+    """Integer code (FP32) of v: sign(v) * floor(|v| + r / 2^K), r = bits [K-1:0] (K = INT_SR_BITS), saturating to
+    +-QMAX, NaN -> 0, a zero code +0 (`rounding.sr_int`), exactly: floor(|v| 2^K) + r in int64, shifted down."""
+    a = tl.abs(_clamp(v, QMAX))  # clamping first changes no code: |v| >= QMAX saturates either way
+    a = tl.where(a != a, 0.0, a)
+    fixed = (a * (2**_INT_SR_BITS)).to(tl.int64)  # floor(|v| 2^K), exact: |v| 2^K < 2^(15 + K) is an FP32 value
+    mag = (fixed + (bits.to(tl.int64) & (2**_INT_SR_BITS - 1))) >> _INT_SR_BITS
+    return tl.where(v < 0, -mag, mag).to(tl.float32)
 
 
 @triton.jit
@@ -271,7 +292,8 @@ def e2m1_encode(v):
 
 @triton.jit
 def round_kind(v, bits, KIND: tl.constexpr):
-    """Element rounding of the unscaled kinds (bits: uint32 words as int64, used by the SR kinds)."""
+    """Element rounding of the unscaled kinds (bits: uint32 words as int64, used by the SR kinds); the integer kinds
+    return their codes as FP32."""
     if KIND == BF16:
         q = round_bf16(v)
     elif KIND == FP16:
@@ -284,6 +306,14 @@ def round_kind(v, bits, KIND: tl.constexpr):
         q = round_e5m2(v)
     elif KIND == FP8:
         q = round_e4m3(v)
+    elif KIND == INT8:
+        q = round_int(v, _INT8_MAX)
+    elif KIND == INT16:
+        q = round_int(v, _INT16_MAX)
+    elif KIND == INT8SR:
+        q = sr_int(v, bits, _INT8_MAX)
+    elif KIND == INT16SR:
+        q = sr_int(v, bits, _INT16_MAX)
     else:
         q = v
     return q
@@ -378,7 +408,7 @@ def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constex
 def state_bits(key, counter, KIND: tl.constexpr):
     """Philox words `tl.randint(key, counter)` (int64) for the stochastic kinds, as `replay.keys.state_random_bits`;
     zeros for the others (key: a loaded int64; counter: (checkpoint << 32) + element index)."""
-    if (KIND == FP16SR) | (KIND == FP8SR):
+    if (KIND == FP16SR) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
         bits = tl.randint(key, counter).to(tl.int64)
     else:
         bits = tl.zeros(counter.shape, dtype=tl.int64)
@@ -388,7 +418,7 @@ def state_bits(key, counter, KIND: tl.constexpr):
 @triton.jit
 def decode_elements(raw, KIND: tl.constexpr):
     """FP32 values of one packed row's elements of the elementwise kinds: FP8 bytes through FP16 bit patterns
-    (`e4m3_fast`, `e5m2_fast`), the 16- and 32-bit kinds cast."""
+    (`e4m3_fast`, `e5m2_fast`), the 16- and 32-bit kinds and the integer codes cast."""
     if (KIND == FP8) | (KIND == FP8SR):
         x = e4m3_fast(raw)
     elif KIND == FP8E5M2:

@@ -331,6 +331,15 @@ class ScaledFormat(StateFormat):
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self.code_bytes + 4 * self._n_scales(shape)
 
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        """Covered: axis=dstate with scale row, head, tensor or none, order=div, default SR rounds= and bits=; the
+        element kind is the one named as the base (`Kind`: fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr)."""
+        if (self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or self.order != "div"
+                or not self.default_random):
+            return None
+        return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value)
+
     def _round(self, v: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
         """On-grid values (FP32) of the scaled elements v."""
         raise NotImplementedError
@@ -434,14 +443,6 @@ class FP8Format(ScaledFormat):
     def max_value(self) -> float:
         return float(self.max)
 
-    @property
-    def kernel_codec(self) -> KernelCodec | None:
-        """Covered: axis=dstate with scale row, head, tensor or none, order=div."""
-        if (self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or self.order != "div"
-                or not self.default_random):
-            return None
-        return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value)
-
     def _round(self, v, words):
         if self.base == "fp8sr":
             return rounding.sr_e4m3(v, words, self.random_bits_used)
@@ -467,9 +468,10 @@ class IntFormat(ScaledFormat):
     """
 
     rounds: str = str(philox.N_ROUNDS)
-    bits: str = "16"
+    bits: str = str(rounding.INT_SR_BITS)
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("int8sr", "int16sr")
-    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"int8sr": (16, 32), "int16sr": (16, 32)}
+    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"int8sr": (rounding.INT_SR_BITS, 32),
+                                                     "int16sr": (rounding.INT_SR_BITS, 32)}
 
     @property
     def code_bytes(self) -> int:
@@ -481,7 +483,7 @@ class IntFormat(ScaledFormat):
 
     @property
     def qmax(self) -> int:
-        return 32767 if self.code_bytes == 2 else 127
+        return rounding.INT16_MAX if self.code_bytes == 2 else rounding.INT8_MAX
 
     def _round(self, v, words):
         if self.order == "mul":

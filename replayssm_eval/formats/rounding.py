@@ -57,6 +57,9 @@ FLT_MAX = 3.4028234663852886e38  # the largest finite FP32
 NVFP4_AMAX = E4M3_MAX * E2M1_MAX  # 2688: NVFP4's S_enc = 2688 / amax maps a group's amax to the largest scaled code
 NVFP4_BLOCK = 16  # elements per NVFP4 block scale
 MX_BLOCK = 32  # elements per MX block scale
+INT8_MAX = 127  # qmax of the symmetric integer codes
+INT16_MAX = 32767
+INT_SR_BITS = 16  # default random bits of integer SR
 
 # value of E2M1 code c (bit 3 = sign, bits 2:0 = magnitude index)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -3,9 +3,10 @@
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
 flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
-`kernel_codec` only. Group amax reductions over more than a row (FP8 head/tensor scales, NVFP4 global scales)
-run before the launch, in torch (`encode_triton`'s head scales in one amax launch of their own, `head_amax`);
-row maxima, block maxima, scales, rounding and Philox (`tl.randint(seed, offset + flat index)`) run in the kernel.
+`kernel_codec` only. Group amax reductions over more than a row (FP8 and integer head/tensor scales, NVFP4
+global scales) run before the launch, in torch (`encode_triton`'s head scales in one amax launch of their own,
+`head_amax`); row maxima, block maxima, scales, rounding and Philox (`tl.randint(seed, offset + flat index)`) run
+in the kernel.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import triton.language as tl
 from replayssm_eval.formats import layout
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, packed_codec
 from replayssm_eval.formats.device import (
-    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, NVFP4, e2m1_encode, e4m3_encode, e5m2_encode,
-    group_scale, nvfp4_tile, quantize_tile, round_kind,
+    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, INT8, INT8SR, INT16, INT16SR, NVFP4, e2m1_encode,
+    e4m3_encode, e5m2_encode, group_scale, nvfp4_tile, quantize_tile, round_kind,
 )
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
@@ -110,7 +111,7 @@ def _encode_kernel(
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
-    if (KIND == FP16SR) | (KIND == FP8SR):  # counters of `replay.keys.state_random_bits`
+    if (KIND == FP16SR) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):  # `replay.keys.state_random_bits`
         bits = tl.randint(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem).to(tl.int64)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
@@ -155,6 +156,10 @@ def _encode_kernel(
             tl.store(out, (q.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
         elif (KIND == FP16) | (KIND == FP16SR):
             tl.store(out, q.to(tl.float16), mask=mask)  # exact: q is on the FP16 grid
+        elif (KIND == INT8) | (KIND == INT8SR):
+            tl.store(out, q.to(tl.int8), mask=mask)  # exact: q is an integer code within +-127
+        elif (KIND == INT16) | (KIND == INT16SR):
+            tl.store(out, q.to(tl.int16), mask=mask)
         else:
             tl.store(out, q, mask=mask)
 
@@ -213,9 +218,10 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     codec = packed_codec(fmt)
     if codec is None:
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
-                                  "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr, fp8, fp8sr, fp8e5m2 with scale "
-                                  "row, head, tensor or none, nvfp4 with axis=dstate and scale head, tensor or row; "
-                                  "default rounds= and bits=)")
+                                  "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, "
+                                  "int8sr, int16, int16sr with axis=dstate, scale row, head, tensor or none and "
+                                  "order=div; nvfp4 with axis=dstate and scale head, tensor or row; default rounds= "
+                                  "and bits=)")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning") 
 # every registered format, plus the options that change its codec
 SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5m2:scale=none", "nvfp4:scale=row",
                           "nvfp4:scale=tensor", "nvfp4:axis=headdim", "mxfp4:axis=headdim", "fp16sr:bits=8",
-                          "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8"]
+                          "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8", "int16:scale=head",
+                          "int8sr:scale=tensor", "int8:order=mul"]
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,10 @@ def test_capabilities():
     assert not get_format("fp8:scale=tensor").kernel_codec.in_tile(whole_head=True)
     assert not get_format("mxfp8").kernel_codec.packed and get_format("nvfp4:axis=headdim").kernel_codec.axis == "headdim"
     assert get_format("fp8sr:max=240").kernel_codec == KernelCodec(Kind.FP8SR, Group.ROW, 240.0)
-    for spec in ("int8", "fp8:scale=block:16", "nvfp4:scale=rowcol", "fp16sr:rounds=7", "bf16:rot=hadamard:8"):
+    assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
+    assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
+    for spec in ("int8:order=mul", "int16sr:bits=8", "int8:axis=headdim", "fp8:scale=block:16", "nvfp4:scale=rowcol",
+                 "fp16sr:rounds=7", "bf16:rot=hadamard:8"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
 
 

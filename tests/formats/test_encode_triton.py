@@ -16,6 +16,7 @@ ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr"]
 FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")] + [
     "fp8:scale=head,max=240", "fp8sr:max=240"]
 NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")]
+INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none"]
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
 
 
@@ -102,7 +103,7 @@ def _check(spec, hpn, device):
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT)
 def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 
@@ -125,6 +126,24 @@ def test_encode_triton_lead_shapes(spec, device):
         packed_equal(encode_triton(xs.to(device), fmt, keys.to(device), checkpoint.to(device)), want)
 
 
+@pytest.mark.parametrize("spec", ["int8", "int16:scale=head"])
+def test_encode_triton_int_ties_and_saturation(spec, device):
+    """Scale 1 (every row's amax is qmax) and half-integer elements: the codes break ties to even; with scale=none,
+    elements beyond +-qmax saturate."""
+    fmt = get_format(spec)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-fmt.qmax, fmt.qmax, (3, 2, 5, 33), generator=g).float() + 0.5  # [B, H, P, N]
+    x[..., 0] = fmt.qmax * torch.where(torch.rand(3, 2, 5, generator=g) < 0.5, -1.0, 1.0)
+    want = fmt.encode(x)
+    assert torch.equal(want.global_scale, torch.ones_like(want.global_scale))
+    assert torch.equal(want.data[..., 1:].float() % 2, torch.zeros(3, 2, 5, 32))  # ties to even
+    packed_equal(encode_triton(x.to(device), fmt), want)
+    plain = get_format(fmt.base + ":scale=none")
+    want = plain.encode(x * 3)
+    assert (want.data.float().abs() == fmt.qmax).any()
+    packed_equal(encode_triton((x * 3).to(device), plain), want)
+
+
 @pytest.mark.parametrize("spec", ["fp32", "bf16", "fp16sr", "fp8:scale=head", "nvfp4:scale=row"])
 def test_encode_triton_transposed_input(spec, device):
     """GDN hands its [B, HV, K, V] state over transposed: a non-contiguous [B, H, P, N] view."""
@@ -136,7 +155,7 @@ def test_encode_triton_transposed_input(spec, device):
 
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
-            "nvfp4:scale=row"]
+            "nvfp4:scale=row", "int16sr:scale=head"]
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -191,7 +210,7 @@ def _nan_canonical(packed):
     return out
 
 
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT)
 def test_encode_triton_non_finite(spec, device):
     fmt = get_format(spec)
     x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
@@ -208,8 +227,9 @@ def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
-    for spec in ("int8", "int8sr", "fp8:scale=block:16", "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16sr:rounds=7",
-                 "fp8sr:bits=8", "fp16:rot=hadamard:32", "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
+    for spec in ("int8:order=mul", "int8sr:bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
+                 "nvfp4:scale=rowcol", "fp16sr:rounds=7", "fp8sr:bits=8", "fp16:rot=hadamard:32",
+                 "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
         assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):
             encode_triton(x, get_format(spec))

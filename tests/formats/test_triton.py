@@ -11,7 +11,8 @@ from replayssm_eval.formats.triton import quantize_triton
 
 SPECS = ["fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4",
          "fp8:scale=tensor", "fp8sr:scale=head", "fp8e5m2:scale=none", "nvfp4:axis=headdim",
-         "nvfp4:scale=head", "nvfp4:axis=headdim,scale=row", "mxfp8:axis=headdim", "mxfp4:axis=headdim"]
+         "nvfp4:scale=head", "nvfp4:axis=headdim,scale=row", "mxfp8:axis=headdim", "mxfp4:axis=headdim",
+         "int8", "int16:scale=tensor", "int8sr:scale=none", "int16sr:scale=head"]
 SHAPES = [(2, 3, 5, 40), (3, 7, 33), (70,)]
 
 
@@ -34,7 +35,7 @@ def test_quantize_triton_bit_exact(spec, shape, device, bits_equal):
     bits_equal(quantize_triton(x, fmt, **kw).cpu(), fmt.quantize(x, **kw).cpu())
 
 
-@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr"])
+@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr", "int16sr"])
 def test_random_bits_path(spec, device, bits_equal):
     fmt = get_format(spec)
     x = _awkward((2, 4, 24), device)
@@ -71,6 +72,14 @@ def _elementwise_kernel(x_ptr, bits_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl
         y = device.e2m1_decode(bits)
     elif OP == "e4m3_encode":
         y = device.e4m3_encode(x).to(tl.float32)
+    elif OP == "round_int8":
+        y = device.round_int(x, 127.0)
+    elif OP == "round_int16":
+        y = device.round_int(x, 32767.0)
+    elif OP == "sr_int8":
+        y = device.sr_int(x, bits, 127.0)
+    elif OP == "sr_int16":
+        y = device.sr_int(x, bits, 32767.0)
     else:
         y = device.e2m1_encode(x).to(tl.float32)
     tl.store(out_ptr + i, y, mask=m)
@@ -98,3 +107,15 @@ def test_device_functions(bits_equal, device):
     words = torch.randint(0, 2**32, (4096,))
     bits_equal(_run("sr_fp16", x, words, device), rounding.sr_fp16(x, words))
     bits_equal(_run("sr_e4m3", x, words, device), rounding.sr_e4m3(x, words))
+
+
+def test_integer_roundings(bits_equal, device):
+    """round_int and sr_int against `rounding`: ties at .5 (to even), saturation, NaN -> 0, +-Inf, no -0 code."""
+    halves = torch.arange(-33000, 33000, 1.0) + 0.5  # every tie of the int16 range and beyond it
+    special = torch.tensor([0.0, -0.0, -0.25, -0.5, 0.49999997, float("nan"), -float("nan"), float("inf"),
+                            -float("inf"), 1e30, -1e30, 2.0**-140, -2.0**-140, 126.99999, -127.5, 32766.99])
+    x = torch.cat([halves, special, torch.randn(4096) * torch.exp2(torch.randint(-20, 17, (4096,)).float())])
+    words = torch.randint(0, 2**32, x.shape, generator=torch.Generator().manual_seed(5))
+    for bits, qmax in ((8, 127), (16, 32767)):
+        bits_equal(_run(f"round_int{bits}", x, words, device), rounding.round_int(x, qmax))
+        bits_equal(_run(f"sr_int{bits}", x, words, device), rounding.sr_int(x, words, qmax, rounding.INT_SR_BITS))
