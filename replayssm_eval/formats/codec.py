@@ -2,9 +2,9 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: integer formats, block:N, tile:RxC and rowcol scales, rot=, ef=, order=mul,
-non-default SR rounds= / bits=, fp16sr's engine words= / cvt= variants) is rounded by torch. A new format that
-rounds like one of the kinds below is its class plus its codec.
+A format without one (None: FP8 and integer formats with axis=headdim, block:N, tile:RxC and rowcol scales,
+rot=, ef=, order=mul, non-default SR rounds= / bits=, fp16sr's engine words= / cvt= variants) is rounded by torch.
+A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
     group   the group of the FP32 global scale (`Group`): none, per row of the blocked axis, per head,

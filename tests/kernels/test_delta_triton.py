@@ -54,7 +54,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
-                                  "nvfp4:scale=row", "nvfp4:scale=head"])
+                                  "nvfp4:scale=row", "nvfp4:scale=head", "int8", "int16sr:scale=head"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
@@ -158,8 +158,9 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
 
 
 @pytest.mark.parametrize("fam, text", cases({
-    "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4"],
-    "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6"],
+    "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
+            "int16sr:scale=head/int8@4"],
+    "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6", "int8sr/int16@3"],
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
@@ -198,7 +199,8 @@ def test_chunked_triton_refuses_fp64(fam, device):
     "gdn": [("fp32/fp32@3#closed", True, False), ("nvfp4/fp16sr@4", False, False), ("shared:fp8sr@3#skip=0.8", False, False)],
     "kda": [("fp32/fp32@3#closed", True, True), ("fp32/fp32@3#skip=0.7", True, True), ("nvfp4/fp16sr@4", False, True),
             ("nvfp4:scale=row/fp32@3#closed", True, False), ("shared:fp8sr@3#skip=0.8", False, False),
-            ("fp8/fp32@4#spec=2:0.6", True, False), ("fp32/fp32@3#closed#buf=bf16", True, True)],
+            ("fp8/fp32@4#spec=2:0.6", True, False), ("fp32/fp32@3#closed#buf=bf16", True, True),
+            ("int16:scale=head/fp32@3", True, False)],
 }))
 def test_decode_step_triton(fam, text, exact, phased, device):
     """Token by token through the single-token kernel (packed read copy on non-flush steps) == decode_reference,

@@ -213,6 +213,8 @@ _STEP_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "TILES": 3, "num_warps": 4},  #
     ("shared:fp8sr@4#closed", 0),
     ("nvfp4:scale=row/fp32@4#spec=3:0.6", 1),
     ("fp8/fp32@4#spec=3:0.6#closed#skip=0.5", 0),
+    ("int8/fp32@4", 1),
+    ("shared:int16sr:scale=head@4", 0),
 ])
 def test_replay_step_kernel_matches_reference(text, launch, device, monkeypatch):
     """decode_step_triton (`_replay_step_kernel` only) == decode_reference, step by step from the same state: sequences

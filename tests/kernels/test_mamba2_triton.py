@@ -46,6 +46,7 @@ def _phased(inputs, config, pre, device):
     ("shared:nvfp4:scale=row@4#skip=0.4", 3),
     ("nvfp4:scale=head/fp8sr@4", 1),
     ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3),
+    ("int8/int16sr:scale=head@4", 3),
 ])
 def test_chunked_triton_matches_torch(text, groups, device):
     config = ReplayConfig.parse(text)
@@ -112,6 +113,7 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     ("fp16/fp8sr:scale=row@3", "recur"),
     ("shared:fp16sr@4#skip=0.4", "recur"),
     ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur"),
+    ("int16/int8sr:scale=head@3", "read/recur"),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
@@ -246,6 +248,8 @@ _LAUNCHES = [{"BLOCK_P": 16, "TILES": 1, "num_warps": 4}, {"BLOCK_P": 8, "TILES"
     ("bf16/fp32@8", 3, 24, 2),
     ("nvfp4/fp32@8#skip=0.4", 3, 24, 0),
     ("nvfp4:axis=headdim/fp32@8", 1, 24, 1),
+    ("int8/fp32@8", 3, 24, 0),
+    ("int16sr:scale=head/fp32@8", 1, 24, 2),
 ])
 def test_step_kernel_matches_reference(text, groups, d_state, launch, device, monkeypatch):
     """Steps of sequences at different phases (non-flush steps, then mixed steps where one sequence flushes) all run

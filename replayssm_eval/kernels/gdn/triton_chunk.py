@@ -16,10 +16,12 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    (sequence, head, v-block) in order: u's, outputs, the fold, and the rounding of both stored
    copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
    `replay.keys`), using the formats' device codecs (`formats.device`, by each format's kernel
-   codec). In-kernel formats: fp32, bf16, fp16, fp16sr, fp8 / fp8sr / fp8e5m2 with scale=row|none
-   (|head), nvfp4 axis=dstate with scale=row (|head). `head` needs the whole head in one program (used when V <= 128).
+   codec). In-kernel formats: fp32, bf16, fp16, fp16sr, fp8 / fp8sr / fp8e5m2 and int8 / int8sr /
+   int16 / int16sr with scale=row|none (|head), nvfp4 axis=dstate with scale=row (|head). `head` needs
+   the whole head in one program (used when V <= 128).
    A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
-   fp8 scale=tensor, blocks along head_dim, MX) is stored as the FP32 fold and rounded by torch
+   fp8 and int scale=tensor, blocks along head_dim, MX) or without a kernel codec is stored as the
+   FP32 fold and rounded by torch
    (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
    between launches of one segment each: both copies feed the next segment.
 """

@@ -7,8 +7,9 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
-  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2 with scale=row|head|none; nvfp4 with axis=dstate and
-  scale=row|head (head scales make a program hold the whole head). The other formats (tensor-wide scales, nvfp4 axis=headdim, MX; the default
+  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
+  nvfp4 with axis=dstate and scale=row|head (head scales make a program hold the whole head). The
+  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec; the default
   `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds

@@ -5,7 +5,7 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
 - `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
   `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
   sequences read the packed read copy (`read_layout`: NVFP4 codes + E4M3 block scales + FP32 global scale,
-  FP8 codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write no state; flush sequences
+  FP8 or integer codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write no state; flush sequences
   read S_hi and the buffer, and the kernel writes the FP32 fold, which one vectorised pass
   (`write_checkpoint_packed`) rounds to both copies: this pass does the scale reductions of every format.
 - `verify_triton`: output-only verification of T drafts appended after the committed entries.
@@ -29,7 +29,7 @@ from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buff
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
-_WIDE_READS = (Kind.FP32, Kind.BF16, Kind.FP16, Kind.FP16SR)  # read copies of 16- and 32-bit elements
+_WIDE_READS = (Kind.FP32, Kind.BF16, Kind.FP16, Kind.FP16SR, Kind.INT16, Kind.INT16SR)  # 16- and 32-bit elements
 
 
 @triton.jit
