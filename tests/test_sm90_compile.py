@@ -26,7 +26,7 @@ ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
 def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
     from replayssm_eval.formats import triton as formats
-    from replayssm_eval.formats.codec import Group, Kind
+    from replayssm_eval.formats.codec import Group, Kind, Order
     from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk_module
     from replayssm_eval.kernels.gdn import triton_step as gdn_step_module
     from replayssm_eval.kernels.kda import triton_chunk as kda_chunk_module
@@ -36,20 +36,28 @@ def cases() -> list:
 
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
     none, row, head, tensor = int(Group.NONE), int(Group.ROW), int(Group.HEAD), int(Group.TENSOR)
+    div, mul = int(Order.DIV), int(Order.MUL)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
-                     LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, DOT="ieee")
-    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
+                     HI_ORDER=div, LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, DOT="ieee")
+    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, READ=nvfp4, READ_GROUP=row,
+                        READ_MAX=1.0, READ_ORDER=div,
                         SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", BLOCK_L=16, BLOCK_P=16, BLOCK_N=128)
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, BLOCK_E=16, BLOCK_P=16,
                        BLOCK_N=128, BLOCK_S=8, TILES=5)
     return [
-        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, BLOCK_R=16, BLOCK_C=128)),
-        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, BLOCK_R=16, BLOCK_C=128)),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, BLOCK_R=16, BLOCK_C=128)),
+        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, BLOCK_R=16, BLOCK_C=128)),
+        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, BLOCK_R=16, BLOCK_C=128),
+         {"data_ptr": "*i16"}),
+        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div, BLOCK_R=16, BLOCK_C=128),
+         {"data_ptr": "*i8"}),
         (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_GROUP": head, "DOT": "tf32x3"}, GDN_FLAGS),
         # one segment per launch, S_hi kept in FP32 for the torch rounding
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int(Kind.INT16SR), "HI_GROUP": row, "HI_MAX": 32767.0,
+                                            "LO_KIND": int(Kind.INT8), "LO_MAX": 127.0, "LO_ORDER": mul}, GDN_FLAGS),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
         # a reading launch: NVFP4 as bytes (a folding one: as whole words)
@@ -68,10 +76,15 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_GROUP": none}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.INT16), "RECUR_GROUP": row,
+                                                  "RECUR_MAX": 32767.0, "RECUR_ORDER": mul, "READ": int(Kind.INT8SR),
+                                                  "READ_MAX": 127.0}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": fp8, "GROUP": row, "SKIP": True, "FOLD": False,
                                       "BLOCK_P": 8, "TILES": 10}),
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": int(Kind.INT16), "GROUP": row, "FOLD": False,
+                                      "BLOCK_P": 8, "TILES": 10}, {"data_ptr": "*i16"}),
     ]
 
 

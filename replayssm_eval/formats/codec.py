@@ -3,7 +3,7 @@
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
 A format without one (None: FP8 and integer formats with axis=headdim, block:N, tile:RxC and rowcol scales,
-rot=, ef=, order=mul, non-default SR rounds= / bits=, fp16sr's engine words= / cvt= variants) is rounded by torch.
+rot=, ef=, non-default SR rounds= / bits=, fp16sr's engine words= / cvt= variants) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
@@ -12,6 +12,7 @@ A new format that rounds like one of the kinds below is its class plus its codec
     max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise)
     block   elements per block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
     axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
+    order   scaled elementwise kinds: the operand order of the scale (`Order`, the formats' `order=`)
 """
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ class Group(enum.IntEnum):
         return self.name.lower()
 
 
+class Order(enum.IntEnum):
+    """Operand order of a scaled elementwise kind's scale (values are the Triton constexprs of `formats.device`).
+
+    DIV: s = amax / max, v = x / s, the amax propagating NaN. MUL (FlashInfer's CUDA order): the amax skips NaN
+    (fmaxf from -FLT_MAX), enc = max / amax (1 where amax = 0), v = x * enc, s = 1 / enc, and an integer kind codes
+    NaN as -max. Both: code = round(v), value = code * s (`formats.ScaledFormat`).
+    """
+
+    DIV = 0
+    MUL = 1
+
+
 # dtype of the packed `data` field of each kind (4-bit kinds pack two codes per byte)
 _DATA_DTYPES = {Kind.FP32: torch.float32, Kind.BF16: torch.bfloat16, Kind.FP16: torch.float16,
                 Kind.FP16SR: torch.float16, Kind.INT8: torch.int8, Kind.INT8SR: torch.int8, Kind.INT16: torch.int16,
@@ -75,6 +88,7 @@ class KernelCodec:
     max: float = 1.0
     block: int = 1
     axis: str = "dstate"
+    order: Order = Order.DIV
 
     @property
     def stochastic(self) -> bool:
@@ -101,9 +115,9 @@ class KernelCodec:
         return -(-n // self.block) * self.block
 
     @property
-    def args(self) -> tuple[int, int, float]:
-        """(KIND, GROUP, MAX): the constexprs of a kernel's in-tile rounding (`device.round_tile`)."""
-        return int(self.kind), int(self.group), float(self.max)
+    def args(self) -> tuple[int, int, float, int]:
+        """(KIND, GROUP, MAX, ORDER): the constexprs of a kernel's in-tile rounding (`device.round_tile`)."""
+        return int(self.kind), int(self.group), float(self.max), int(self.order)
 
 
 FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds the copy: the FP32 value itself

@@ -7,6 +7,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
+    scale_elements, group_scale, magnitudes, tile_amax, row_amax   a scaled kind's group amax and scale
     state_bits(key, counter, KIND)                                 the Philox words of a stored copy
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
 interpreter and any GPU give the same bits as the torch reference. Constants come from `rounding`.
@@ -24,7 +25,7 @@ cvt per element, same values as the decoders above):
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
 numbering, constexprs FP32 ... INT16SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
-GROUP_TENSOR) and MAX.
+GROUP_TENSOR), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import rounding
-from replayssm_eval.formats.codec import Group, Kind
+from replayssm_eval.formats.codec import Group, Kind, Order
 
 # the numberings of `codec.Kind` and `codec.Group` (globals read inside @triton.jit must be constexpr)
 FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR = (
     tl.constexpr(int(k)) for k in Kind)
 GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR = (tl.constexpr(int(g)) for g in Group)
+ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
 # the constants of `rounding` the device functions read
@@ -146,8 +148,10 @@ def sr_e4m3(x, bits):
 @triton.jit
 def round_int(v, QMAX: tl.constexpr):
     """Integer code (FP32) of v: RNE, saturating to +-QMAX, NaN -> 0, a zero code +0 (`rounding.round_int`)."""
-    q = (_clamp(v, QMAX) + _MAGIC) - _MAGIC  # |v| <= QMAX < 2^22: rounds to an integer, ties to even; x - x is +0
-    return tl.where(q != q, 0.0, q)
+    # on |v| as `_rne_grid`: v may be a product, and an add of it could fuse into an FMA that skips its rounding
+    r = (tl.abs(_clamp(v, QMAX)) + _MAGIC) - _MAGIC  # |v| <= QMAX < 2^22: rounds to an integer, ties to even
+    r = tl.where(r != r, 0.0, r)
+    return tl.where(v < 0, 0.0 - r, r)  # 0.0 - r: a zero code is +0
 
 
 @triton.jit
@@ -320,11 +324,34 @@ def round_kind(v, bits, KIND: tl.constexpr):
 
 
 @triton.jit
-def tile_amax(x, WHOLE: tl.constexpr):
-    """[R, 1] amax of each row of x [R, C], or of the whole tile broadcast to every row."""
-    amax = tl.max(tl.abs(x), axis=1)[:, None]
+def magnitudes(x, ORDER: tl.constexpr):
+    """|x| as a group maximum reads it (`layout.magnitudes`): NaN kept (ORDER_DIV) or read as -FLT_MAX (ORDER_MUL)."""
+    a = tl.abs(x)
+    if ORDER == ORDER_MUL:
+        a = tl.where(a != a, -_FLT_MAX, a)
+    return a
+
+
+@triton.jit
+def tile_amax(x, WHOLE: tl.constexpr, ORDER: tl.constexpr):
+    """[R, 1] amax of each row of x [R, C], or of the whole tile broadcast to every row; ORDER_MUL skips NaN."""
+    amax = tl.max(magnitudes(x, ORDER), axis=1)[:, None]
     if WHOLE:
         amax = tl.max(amax, axis=0)[None, :] + tl.zeros_like(amax)
+    return amax
+
+
+@triton.jit
+def row_amax(x, mask, ORDER: tl.constexpr):
+    """[R, 1] amax of each row of x [R, C] over mask as torch's `layout.group_amax`: NaN propagates (ORDER_DIV;
+    comparisons, as tl.max's own NaN rule differs by backend) or is skipped, the maximum starting at -FLT_MAX
+    (ORDER_MUL)."""
+    a = magnitudes(x, ORDER)
+    if ORDER == ORDER_MUL:
+        amax = tl.max(tl.where(mask, a, -_FLT_MAX), axis=1)[:, None]
+    else:
+        nan = tl.max((a != a).to(tl.int32), axis=1)[:, None]
+        amax = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=1)[:, None])
     return amax
 
 
@@ -357,10 +384,31 @@ def group_scale(amax, MAX: tl.constexpr):
 
 
 @triton.jit
-def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
+def scale_elements(x, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr):
+    """(v, s): the elements x [R, C] of a scaled elementwise kind ready to round, and their decode scale [R, 1] from
+    the amax [R, 1] of each row's group in the operand order ORDER (`ScaledFormat._scaled`; s = 1 without a group).
+    Under ORDER_MUL an integer kind codes NaN as -MAX."""
+    if GROUP == GROUP_NONE:
+        v = x
+        s = tl.full(amax.shape, 1.0, tl.float32)
+    elif ORDER == ORDER_MUL:
+        enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(tl.full(amax.shape, MAX, tl.float32), amax))
+        v = x * enc
+        s = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), enc)
+    else:
+        s = group_scale(amax, MAX)
+        v = tl.math.div_rn(x, s + tl.zeros_like(x))
+    if ORDER == ORDER_MUL:
+        if (KIND == INT8) | (KIND == INT16) | (KIND == INT8SR) | (KIND == INT16SR):
+            v = tl.where(v != v, -MAX, v)
+    return v, s
+
+
+@triton.jit
+def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """`fmt.quantize` of a tile x [BLOCK_R, BLOCK_C] of format rows, blocks running along C (a `KernelCodec`'s
-    kind, group and max).
+    kind, group, max and order).
 
     bits: [BLOCK_R, BLOCK_C] uint32 words (SR kinds); amax: [BLOCK_R, 1] amax of each row's global-scale
     group (NVFP4's S_enc; the scale amax / MAX of an elementwise kind with a group). Padding must be zero
@@ -388,20 +436,21 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
             q = round_e4m3(v)
         q = q * scale[:, :, None]
         y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
-    elif GROUP != GROUP_NONE:
-        s = group_scale(amax, MAX)
-        y = round_kind(tl.math.div_rn(x, s + tl.zeros_like(x)), bits, KIND) * s
     else:
-        y = round_kind(x, bits, KIND)
+        v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
+        y = round_kind(v, bits, KIND)
+        if GROUP != GROUP_NONE:
+            y = y * s
     return y
 
 
 @triton.jit
-def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
+def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """`quantize_tile` of a tile x [BLOCK_R, BLOCK_C] holding whole format rows (padding zero) whose scale groups lie
     inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the whole tile (GROUP_HEAD)."""
-    return quantize_tile(x, bits, tile_amax(x, GROUP == GROUP_HEAD), KIND, GROUP, MAX, BLOCK_R, BLOCK_C)
+    amax = tile_amax(x, GROUP == GROUP_HEAD, ORDER)
+    return quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from replayssm_eval.formats import layout, philox, rounding
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order
 from replayssm_eval.formats.packed import PackedState
 
 
@@ -333,12 +333,12 @@ class ScaledFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: axis=dstate with scale row, head, tensor or none, order=div, default SR rounds= and bits=; the
+        """Covered: axis=dstate with scale row, head, tensor or none, either order, default SR rounds= and bits=; the
         element kind is the one named as the base (`Kind`: fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr)."""
-        if (self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or self.order != "div"
-                or not self.default_random):
+        if self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or not self.default_random:
             return None
-        return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value)
+        return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value,
+                           order=Order[self.order.upper()])
 
     def _round(self, v: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
         """On-grid values (FP32) of the scaled elements v."""
@@ -356,7 +356,7 @@ class ScaledFormat(StateFormat):
 
     def _magnitudes(self, x: torch.Tensor) -> torch.Tensor:
         """|x| as the group maximum reads it: NaN propagates (div) or is skipped, reading -FLT_MAX (mul)."""
-        return x.abs() if self.order == "div" else torch.where(torch.isnan(x), -rounding.FLT_MAX, x.abs())
+        return layout.magnitudes(x, self.order == "mul")
 
     def _scaled(self, x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(v, s): the elements x scaled for rounding and their decode scales, from the group maxima amax."""

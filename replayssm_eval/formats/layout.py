@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from replayssm_eval.formats import philox
+from replayssm_eval.formats import philox, rounding
 
 AXES = ("dstate", "headdim")
 # dims of the oriented [B, H, R, C] tensor that one scale group spans
@@ -65,9 +65,16 @@ def untile(s: torch.Tensor, rows: int, cols: int, r: int, c: int) -> torch.Tenso
     return s.repeat_interleave(rows, 2).repeat_interleave(cols, 3)[..., :r, :c]
 
 
-def group_amax(xo: torch.Tensor, scale: str) -> torch.Tensor:
-    """max |x| per scale group of the oriented `[B, H, R, C]`, kept as a broadcastable `[B, H|1, R|1, 1]`; NaN propagates."""
-    return group_max(xo.abs(), scale)
+def magnitudes(x: torch.Tensor, skip_nan: bool = False) -> torch.Tensor:
+    """|x| as a group maximum reads it: NaN propagates, or with skip_nan reads -FLT_MAX (a maximum taken as fmaxf
+    from -FLT_MAX skips NaN: the scaled formats' order=mul)."""
+    return torch.where(torch.isnan(x), -rounding.FLT_MAX, x.abs()) if skip_nan else x.abs()
+
+
+def group_amax(xo: torch.Tensor, scale: str, skip_nan: bool = False) -> torch.Tensor:
+    """max |x| per scale group of the oriented `[B, H, R, C]`, kept as a broadcastable `[B, H|1, R|1, 1]`; NaN propagates
+    unless skip_nan (`magnitudes`)."""
+    return group_max(magnitudes(xo, skip_nan), scale)
 
 
 def group_max(a: torch.Tensor, scale: str) -> torch.Tensor:

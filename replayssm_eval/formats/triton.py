@@ -16,10 +16,10 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import layout
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind, packed_codec
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, INT8, INT8SR, INT16, INT16SR, NVFP4, e2m1_encode,
-    e4m3_encode, e5m2_encode, group_scale, nvfp4_tile, quantize_tile, round_kind,
+    ORDER_MUL, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, quantize_tile, round_kind, row_amax, scale_elements,
 )
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
@@ -30,7 +30,7 @@ _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # where quant
 @triton.jit
 def _quantize_kernel(
     x_ptr, y_ptr, amax_ptr, bits_ptr, seed, offset, n_rows, n_cols,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, BITS: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BITS: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group
@@ -45,15 +45,21 @@ def _quantize_kernel(
     elif BITS == _BITS_PHILOX:
         bits = tl.randint(seed, offset.to(tl.int64) + idx).to(tl.int64)
     amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
-    y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, BLOCK_R, BLOCK_C)
+    y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + idx, y, mask=mask)
+
+
+def _group_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor:
+    """amax `[B, H|1, R|1, 1]` of each global scale group of the oriented xo `[B, H, R, C]`, NaN read as codec.order
+    reads it."""
+    return layout.group_amax(xo, codec.group.scale, skip_nan=codec.order == Order.MUL)
 
 
 def _row_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor | None:
     """Per-row amax of the row's global scale group, `[B*H*R]`, or None when the format has none."""
     if codec.group == Group.NONE:
         return None
-    return layout.group_amax(xo, codec.group.scale).expand(*xo.shape[:3], 1).reshape(-1).contiguous()
+    return _group_amax(xo, codec).expand(*xo.shape[:3], 1).reshape(-1).contiguous()
 
 
 def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = None, offset: int = 0,
@@ -91,8 +97,8 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 @triton.jit
 def _encode_kernel(
     x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_rows, n_cols, group_rows,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    TAKE: tl.constexpr, DECODED: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, TAKE: tl.constexpr, DECODED: tl.constexpr,
 ):
     # x: [B, n_rows, n_cols] FP32 (n_rows = H * P), one program = BLOCK_R whole rows of sequence b;
     # amax: [B * n_rows // group_rows] (head and tensor groups, reduced by torch); key, ck: [B] Philox key and
@@ -115,10 +121,8 @@ def _encode_kernel(
         bits = tl.randint(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem).to(tl.int64)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
-    if GROUP == GROUP_ROW:  # NaN-propagating like torch's amax (tl.max's NaN rule differs by backend)
-        a = tl.abs(x)
-        nan = tl.max((a != a).to(tl.int32), axis=1)[:, None]
-        amax = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=1)[:, None])
+    if GROUP == GROUP_ROW:
+        amax = row_amax(x, mask, ORDER)
     elif GROUP != GROUP_NONE:
         amax = tl.load(amax_ptr + group, mask=row_ok, other=1.0)[:, None]
     first = row_ok & (row_g % group_rows == 0)  # the row that stores its group's global scale
@@ -138,10 +142,8 @@ def _encode_kernel(
             y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
             tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
     else:
-        v = x
+        v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         if GROUP != GROUP_NONE:
-            s = group_scale(amax, MAX)
-            v = tl.math.div_rn(x, s + tl.zeros_like(x))
             tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
         q = round_kind(v, bits, KIND)
         if DECODED:  # the decoded element is q, on the format's grid, times the scale
@@ -166,9 +168,10 @@ def _encode_kernel(
 
 @triton.jit
 def _head_amax_kernel(x_ptr, amax_ptr, take_ptr, heads, GROUP_ELEMS: tl.constexpr, TAKE: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    # x: [B * heads, GROUP_ELEMS] FP32, one program per head; amax: [B * heads] max |x| (NaN if any element is NaN,
-    # as torch's amax); take: [B] int8, TAKE: heads of sequences with take[b] == 0 are neither read nor written
+                      ORDER: tl.constexpr, BLOCK: tl.constexpr):
+    # x: [B * heads, GROUP_ELEMS] FP32, one program per head; amax: [B * heads] max |x| as `layout.group_amax` reads
+    # it (ORDER_DIV: NaN if any element is NaN, as torch's amax; ORDER_MUL: NaN skipped, from -FLT_MAX);
+    # take: [B] int8, TAKE: heads of sequences with take[b] == 0 are neither read nor written
     g = tl.program_id(0)
     if TAKE:
         if tl.load(take_ptr + g // heads) == 0:
@@ -176,26 +179,32 @@ def _head_amax_kernel(x_ptr, amax_ptr, take_ptr, heads, GROUP_ELEMS: tl.constexp
     base = x_ptr + g.to(tl.int64) * GROUP_ELEMS
     best = tl.zeros((BLOCK,), dtype=tl.float32)
     nan = tl.zeros((BLOCK,), dtype=tl.int32)
+    if ORDER == ORDER_MUL:
+        best = magnitudes(best + float("nan"), ORDER)  # every lane starts at -FLT_MAX, the magnitude of NaN
     for start in range(0, GROUP_ELEMS, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        a = tl.abs(tl.load(base + offs, mask=offs < GROUP_ELEMS, other=0.0))
+        if ORDER == ORDER_MUL:  # NaN and padding read -FLT_MAX
+            a = magnitudes(tl.load(base + offs, mask=offs < GROUP_ELEMS, other=float("nan")), ORDER)
+        else:
+            a = tl.abs(tl.load(base + offs, mask=offs < GROUP_ELEMS, other=0.0))
         nan = nan | (a != a).to(tl.int32)
         best = tl.maximum(best, tl.where(a != a, 0.0, a))
     amax = tl.max(best, axis=0)
     tl.store(amax_ptr + g, tl.where(tl.max(nan, axis=0) != 0, float("nan"), amax))
 
 
-def head_amax(x4: torch.Tensor, take: torch.Tensor | None = None) -> torch.Tensor:
+def head_amax(x4: torch.Tensor, take: torch.Tensor | None = None, skip_nan: bool = False) -> torch.Tensor:
     """max |x| per head of a contiguous `[B, H, P, N]` FP32 state, `[B * H]`, in one launch (no |x| temporary);
-    NaN where a head holds one. take: [B] bool, only those sequences' heads are read and written (the others are
-    left undefined)."""
+    NaN where a head holds one, unless skip_nan (NaN read as -FLT_MAX: `layout.magnitudes`). take: [B] bool, only
+    those sequences' heads are read and written (the others are left undefined)."""
     n_seq, h = x4.shape[:2]
     group_elems = x4[0, 0].numel()
     amax = torch.empty(n_seq * h, dtype=torch.float32, device=x4.device)
     if amax.numel() and group_elems:
         block = min(2048, triton.next_power_of_2(group_elems))
         _head_amax_kernel[(n_seq * h,)](x4, amax, x4 if take is None else take.to(torch.int8), h,
-                                        GROUP_ELEMS=group_elems, TAKE=take is not None, BLOCK=block)
+                                        GROUP_ELEMS=group_elems, TAKE=take is not None,
+                                        ORDER=int(Order.MUL if skip_nan else Order.DIV), BLOCK=block)
     return amax
 
 
@@ -219,9 +228,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     if codec is None:
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
                                   "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, "
-                                  "int8sr, int16, int16sr with axis=dstate, scale row, head, tensor or none and "
-                                  "order=div; nvfp4 with axis=dstate and scale head, tensor or row; default rounds= "
-                                  "and bits=)")
+                                  "int8sr, int16, int16sr with axis=dstate and scale row, head, tensor or none; "
+                                  "nvfp4 with axis=dstate and scale head, tensor or row; default rounds= and bits=)")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -244,9 +252,9 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         decoded = _field("decoded", (shape, torch.float32), decoded, x.device)
     amax = None  # row scales are reduced in the kernel, head scales by `head_amax`, tensor scales by torch first
     if group == Group.HEAD:
-        amax = head_amax(x4, take)  # [B * H]
+        amax = head_amax(x4, take, skip_nan=codec.order == Order.MUL)  # [B * H]
     elif group == Group.TENSOR:
-        amax = layout.group_amax(x4, group.scale).reshape(-1)  # [B]
+        amax = _group_amax(x4, codec).reshape(-1)  # [B]
     if not fmt.is_stochastic:
         keys = checkpoint = None
     elif keys is None or checkpoint is None:

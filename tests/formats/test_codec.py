@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import device, get_format, list_formats, registry, rounding
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind, packed_codec, tile_codec
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec, tile_codec
 from replayssm_eval.formats.formats import ScaledFormat
 from replayssm_eval.formats.triton import encode_triton, quantize_triton
 from replayssm_eval.replay.config import ReplayConfig
@@ -30,7 +30,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning") 
 SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5m2:scale=none", "nvfp4:scale=row",
                           "nvfp4:scale=tensor", "nvfp4:axis=headdim", "mxfp4:axis=headdim", "fp16sr:bits=8",
                           "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8", "int16:scale=head",
-                          "int8sr:scale=tensor", "int8:order=mul"]
+                          "int8sr:scale=tensor", "int8:order=mul", "int16sr:scale=head,order=mul",
+                          "fp8:scale=head,order=mul"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def _states(shape=(3, 2, 5, 40), seed=0) -> torch.Tensor:
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                       MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
     b = tl.program_id(0)
     rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
@@ -87,7 +88,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, 
     elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
     x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
     bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, KIND)
-    y = device.round_tile(x, bits, KIND, GROUP, MAX, BLOCK_R, BLOCK_C)
+    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + b * R * C + elem, y, mask=mask)
 
 
@@ -132,13 +133,14 @@ def test_capabilities():
     """What the kernels do with each format is read from its codec alone."""
     codec = get_format("nvfp4:scale=head").kernel_codec
     assert codec.packed and codec.in_tile(whole_head=True) and not codec.in_tile(whole_head=False)
-    assert codec.padded(40) == 48 and codec.args == (int(Kind.NVFP4), int(Group.HEAD), 1.0)
+    assert codec.padded(40) == 48 and codec.args == (int(Kind.NVFP4), int(Group.HEAD), 1.0, int(Order.DIV))
     assert not get_format("fp8:scale=tensor").kernel_codec.in_tile(whole_head=True)
     assert not get_format("mxfp8").kernel_codec.packed and get_format("nvfp4:axis=headdim").kernel_codec.axis == "headdim"
     assert get_format("fp8sr:max=240").kernel_codec == KernelCodec(Kind.FP8SR, Group.ROW, 240.0)
     assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
+    assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
-    for spec in ("int8:order=mul", "int16sr:bits=8", "int8:axis=headdim", "fp8:scale=block:16", "nvfp4:scale=rowcol",
+    for spec in ("int16sr:bits=8", "int8:axis=headdim", "fp8:scale=block:16", "nvfp4:scale=rowcol",
                  "fp16sr:rounds=7", "bf16:rot=hadamard:8"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from replayssm_eval.formats import PackedState, get_format
+from replayssm_eval.formats import PackedState, get_format, layout, rounding
 from replayssm_eval.formats.codec import packed_codec
 from replayssm_eval.formats.triton import encode_triton, head_amax
 from replayssm_eval.replay import state as state_mod
@@ -17,6 +17,7 @@ FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale
     "fp8:scale=head,max=240", "fp8sr:max=240"]
 NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")]
 INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none"]
+MUL = ["int16:order=mul", "int8sr:scale=head,order=mul", "fp8:scale=tensor,order=mul", "int16:scale=none,order=mul"]
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
 
 
@@ -103,7 +104,7 @@ def _check(spec, hpn, device):
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL)
 def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 
@@ -155,7 +156,7 @@ def test_encode_triton_transposed_input(spec, device):
 
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
-            "nvfp4:scale=row", "int16sr:scale=head"]
+            "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul"]
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -210,7 +211,7 @@ def _nan_canonical(packed):
     return out
 
 
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL)
 def test_encode_triton_non_finite(spec, device):
     fmt = get_format(spec)
     x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
@@ -227,7 +228,7 @@ def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
-    for spec in ("int8:order=mul", "int8sr:bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
+    for spec in ("int8sr:bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
                  "nvfp4:scale=rowcol", "fp16sr:rounds=7", "fp8sr:bits=8", "fp16:rot=hadamard:32",
                  "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
         assert packed_codec(get_format(spec)) is None
@@ -277,3 +278,7 @@ def test_head_amax_equals_torch_on_the_taken_heads_nan_and_inf_included(device):
     taken = take.cpu().repeat_interleave(3)
     got = head_amax(x, take).cpu()
     assert torch.equal(got[taken].nan_to_num(nan=-1.0), expected[taken].nan_to_num(nan=-1.0))
+    x[0, 1] = float("nan")  # an all-NaN head: -FLT_MAX where the maximum skips NaN (order=mul)
+    skipping = layout.group_amax(x, "head", skip_nan=True).reshape(-1).cpu()
+    assert skipping[1] == -rounding.FLT_MAX and not skipping.isnan().any()
+    assert torch.equal(head_amax(x, skip_nan=True).cpu(), skipping)

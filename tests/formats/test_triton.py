@@ -12,7 +12,8 @@ from replayssm_eval.formats.triton import quantize_triton
 SPECS = ["fp32", "bf16", "fp16", "fp16sr", "fp8", "fp8sr", "fp8e5m2", "nvfp4", "mxfp8", "mxfp4",
          "fp8:scale=tensor", "fp8sr:scale=head", "fp8e5m2:scale=none", "nvfp4:axis=headdim",
          "nvfp4:scale=head", "nvfp4:axis=headdim,scale=row", "mxfp8:axis=headdim", "mxfp4:axis=headdim",
-         "int8", "int16:scale=tensor", "int8sr:scale=none", "int16sr:scale=head"]
+         "int8", "int16:scale=tensor", "int8sr:scale=none", "int16sr:scale=head", "int16:order=mul",
+         "int8sr:scale=none,order=mul", "fp8sr:scale=head,order=mul"]
 SHAPES = [(2, 3, 5, 40), (3, 7, 33), (70,)]
 
 

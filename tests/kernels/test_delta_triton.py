@@ -42,29 +42,30 @@ def cases(per_family):
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       MAX: tl.constexpr, ORDER: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(0)
     ks = tl.arange(0, BK)
     vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, BK, BV)
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
-                                  "nvfp4:scale=row", "nvfp4:scale=head", "int8", "int16sr:scale=head"])
+                                  "nvfp4:scale=row", "nvfp4:scale=head", "int8", "int16sr:scale=head",
+                                  "int16:scale=head,order=mul"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
     x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
     x[0, 1, 3] = 0.0
-    kind, group, top = tile_codec(cfg.recur_format).args
+    kind, group, top, order = tile_codec(cfg.recur_format).args
     y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
     _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, KIND=kind, GROUP=group,
-                               MAX=top, BK=64, BV=32)
+                               MAX=top, ORDER=order, BK=64, BV=32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -78,11 +79,11 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
     x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
     x[0, 1, 70] = 0.0  # a zero row in the second v-block
-    kind, group, top = tile_codec(cfg.recur_format).args
+    kind, group, top, order = tile_codec(cfg.recur_format).args
     y = torch.empty_like(x, device=device)
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
     _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128, KIND=kind,
-                                       GROUP=group, MAX=top, BK=128, BV=bv)
+                                       GROUP=group, MAX=top, ORDER=order, BK=128, BV=bv)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -160,7 +161,8 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
 @pytest.mark.parametrize("fam, text", cases({
     "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
             "int16sr:scale=head/int8@4"],
-    "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6", "int8sr/int16@3"],
+    "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6",
+            "int8sr/int16:order=mul@3"],
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):

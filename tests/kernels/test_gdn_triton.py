@@ -144,6 +144,7 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     ("fp8sr/fp16sr@4#closed#skip=0.6", "recur"),
     ("shared:fp16sr@4#spec=3:0.6#closed", "recur"),
     ("fp8sr/nvfp4:scale=row@4", "read/recur"),
+    ("int16:order=mul/int8sr@4", "read/recur"),
 ])
 def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     """The torch rounding between one-segment launches, forced on formats the kernel rounds: outputs, stored copies,

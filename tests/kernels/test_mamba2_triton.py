@@ -47,6 +47,7 @@ def _phased(inputs, config, pre, device):
     ("nvfp4:scale=head/fp8sr@4", 1),
     ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3),
     ("int8/int16sr:scale=head@4", 3),
+    ("flashinfer:int16", 1),
 ])
 def test_chunked_triton_matches_torch(text, groups, device):
     config = ReplayConfig.parse(text)
@@ -113,7 +114,7 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     ("fp16/fp8sr:scale=row@3", "recur"),
     ("shared:fp16sr@4#skip=0.4", "recur"),
     ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur"),
-    ("int16/int8sr:scale=head@3", "read/recur"),
+    ("int16:order=mul/int8sr:scale=head@3", "read/recur"),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy

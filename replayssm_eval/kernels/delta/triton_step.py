@@ -84,9 +84,9 @@ def scale_rows(x, gs_ptr, b, bh, rows, mask_v, GROUP: tl.constexpr):
 
 def read_args(packed, fmt, hi):
     """(KIND, GROUP, data, scales, global scale, padded K) of the read copy for the step kernels: the packed encoding
-    where they decode it (`packed_codec`: fp32/fp16/bf16, fp8 and int with axis=dstate, scale row, head, tensor or
-    none and order=div, nvfp4 axis=dstate), else the decoded FP32 copy (or S_hi [B, HV, V, K] itself when there is
-    no read copy). Unused pointers are `hi`."""
+    where they decode it (`packed_codec`: fp32/fp16/bf16, fp8 and int with axis=dstate and scale row, head, tensor
+    or none, nvfp4 axis=dstate), else the decoded FP32 copy (or S_hi [B, HV, V, K] itself when there is no read
+    copy). Unused pointers are `hi`."""
     dk = hi.shape[-1]
     fp32 = int(Kind.FP32), int(Group.NONE)
     if packed is None:
