@@ -25,7 +25,7 @@ step() {  # step NAME SECONDS ROOT CMD...: run in ROOT with a time limit, log to
 speed=(python benchmarks/kernel_speed.py --skip-chunked --quick --families kda,gdn,mamba2 --batches 256)
 [[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}" --out "$dir/speed_before.json"
 step speed_after 150 . "${speed[@]}" --out "$dir/speed_after.json"
-step check_kda 90 . python benchmarks/gpu_check_delta.py --family kda --quick --out "$dir/check_kda.json"
-step check_gdn 90 . python benchmarks/gpu_check_delta.py --family gdn --quick --out "$dir/check_gdn.json"
-step check_mamba2 90 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/check_mamba2.json"
+step check_kda 150 . python benchmarks/gpu_check_delta.py --family kda --quick --out "$dir/check_kda.json"
+step check_gdn 150 . python benchmarks/gpu_check_delta.py --family gdn --quick --out "$dir/check_gdn.json"
+step check_mamba2 150 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/check_mamba2.json"
 exit $status

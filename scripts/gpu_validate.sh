@@ -23,6 +23,6 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $dir/NAME.lo
 step pytest_cuda 270 env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
   tests/formats/test_encode_triton.py tests/formats/test_triton.py tests/formats/test_philox.py \
   tests/kernels/test_delta_triton.py tests/kernels/test_gdn_triton.py tests/kernels/test_mamba2_triton.py
-step gpu_check_mamba2 90 python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
-step gpu_check_gdn 90 python benchmarks/gpu_check_delta.py --family gdn --quick --out "$dir/gpu_check_gdn.json"
+step gpu_check_mamba2 150 python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
+step gpu_check_gdn 150 python benchmarks/gpu_check_delta.py --family gdn --quick --out "$dir/gpu_check_gdn.json"
 exit $status
