@@ -99,7 +99,7 @@ def budget_units_table(result: Result) -> Table | None:
             "with only it in a candidate, the rest FP32.")
     return Table(f"Budget choice per layer and head, {result.label}",
                  ["unit", "choice", "KiB / token", "predicted KL", f"predicted KL of {', '.join(names)}"], rows,
-                 note=note)
+                 note=note, align=["l", "l", "r", "r", "r"])
 
 
 def layer_heatmap_png(result: Result) -> bytes:
