@@ -7,6 +7,8 @@ that part uses the config (the rest FP32) and when only that part stays FP32 (th
 
 from __future__ import annotations
 
+import math
+
 import matplotlib
 import numpy as np
 
@@ -81,7 +83,7 @@ def budget_table(result: Result) -> Table | None:
             + (f"; measured / predicted = {ratio:.2f}." if ratio else "; not measured yet.")
             + (f" The chosen bytes are the units' sum; the traffic model counts the chosen config at "
                f"{measured_bytes / KIB:.1f} KiB (heads in one part share their groups' buffered rows)."
-               if measured_bytes is not None and measured_bytes != plan["chosen_bytes"] else ""))
+               if measured_bytes is not None and not math.isclose(measured_bytes, plan["chosen_bytes"]) else ""))
     return Table(f"Mixed precision under a budget, {result.label}",
                  ["config", "KiB / token", "of FP32", "predicted KL", "measured KL"], rows, note=note)
 
