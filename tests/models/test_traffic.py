@@ -124,3 +124,18 @@ def test_head_parts_store_their_heads_and_keep_their_own_ring():
     assert "parts" not in state_traffic(NANO, "nvfp4/fp16sr@16+3,7=fp32")["per_layer"]["3"]
     agree = state_traffic(NANO, "nvfp4/fp16sr@16+0.h0-11=nvfp4/fp16sr@16")
     assert agree["per_model"] == state_traffic(NANO, "nvfp4/fp16sr@16")["per_model"]
+
+
+@pytest.mark.parametrize("config", ["nvfp4/fp16sr@16", "fp8/fp16sr@7", "fp32"])
+def test_a_part_costs_at_most_its_heads_alone(config):
+    # the budget prices heads one by one; a part of several heads shares its groups' buffered B rows
+    rest = "nvfp4/fp16sr@16" if config == "fp32" else "fp32"  # the other heads' config
+    part = state_traffic(NANO, f"{rest}+0.h0-6={config}")["per_layer"]["0"]["parts"][0]
+    alone = [state_traffic(NANO, f"{rest}+0.h{h}={config}")["per_layer"]["0"]["parts"][h > 0] for h in range(7)]
+    assert [p["heads"] for p in alone] == [[h] for h in range(7)] and part["heads"] == list(range(7))
+    total = sum(p["replay"]["total"] for p in alone)
+    if config == "fp32":  # no ring at window 1: heads add exactly
+        assert part["replay"]["total"] == total == 7 * alone[0]["conventional_fp32"]
+    else:  # heads 0-6 read group 0 (12 heads per group): its B row once, not 7 times
+        assert part["replay"]["total"] < total
+        assert part["replay"]["state_read"] == pytest.approx(sum(p["replay"]["state_read"] for p in alone), rel=1e-12)
