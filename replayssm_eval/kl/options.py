@@ -55,9 +55,12 @@ class SensitivityConfig(KLConfig):
     """Options of `replayssm-eval sensitivity`: the kl options (the text, lengths, buckets, device) and the study's."""
 
     config: tuple[str, ...] = option(("nvfp4/fp16sr",), "the one config studied, e.g. nvfp4/fp16sr")
-    heads: int = option(0, "also measure each head of this many most sensitive layers")
-    budget: str | None = option(None, "choose per-layer configs under this SSM state traffic per decode token: bytes "
-                                      "(a number > 1) or a fraction of conventional FP32's (0 < f <= 1), then run them")
-    candidates: tuple[str, ...] = option((), "configs a layer may take under --budget besides --config and FP32")
+    heads: int = option(0, "also measure each head of this many most sensitive layers (with --budget: and choose "
+                           "their configs per head)")
+    budget: str | None = option(None, "choose per-layer configs (per head in the --heads layers) under this SSM state "
+                                      "traffic per decode token: bytes (a number > 1) or a fraction of conventional "
+                                      "FP32's (0 < f <= 1), then run them")
+    candidates: tuple[str, ...] = option((), "configs a layer or head may take under --budget besides --config "
+                                             "and FP32")
     output: str | None = option(None, "output directory (default reports/sensitivity-<model>-<UTC time>/)")
     resume: str | None = option(None, "continue the interrupted study in this directory")

@@ -1,5 +1,5 @@
 """`replayssm-eval sensitivity`: which SSM layers, and which heads of them, drive the KL of one config C; and,
-with --budget, the per-layer configs that fit a byte budget.
+with --budget, the per-layer (with --heads, also per-head) configs that fit a byte budget.
 
 Every variant is a mixed config (docs/semantics.md, "Mixed configs") run by the KL driver, in stages,
 each a plain kl run directory inside the sensitivity run's:
@@ -7,9 +7,10 @@ each a plain kl run directory inside the sensitivity run's:
     layers/   C, and for every SSM layer L: `fp32+L=C` (only L in C) and `C+L=fp32` (only L in FP32);
               with --budget also each other candidate ck and `fp32+L=ck`
     heads/    (--heads K) every head h of the K layers whose only-L KL is largest:
-              `fp32+L.hH=C` and `C+L.hH=fp32`
-    budget/   (--budget B) the mixed config `kl.budget.choose` picks from the layers stage, beside
-              every candidate uniformly (the traffic-vs-KL Pareto plot of this kl run shows them)
+              `fp32+L.hH=C` and `C+L.hH=fp32`; with --budget also `fp32+L.hH=ck` for each other candidate
+    budget/   (--budget B) the mixed config `kl.budget.choose` picks, beside every candidate uniformly (the
+              traffic-vs-KL Pareto plot of this kl run shows them): one choice per SSM layer from the layers
+              stage, and with --heads one per head of the K layers from the heads stage
 
 So each stage has the kl run's machinery: one FP32 reference pass per document, every variant in lock
 step, the resumable store, atomic writes and the progress bar. `--resume DIR` continues the stage in
@@ -25,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from replayssm_eval.kl import runner as runner_module
-from replayssm_eval.kl.budget import budget_bytes, choose, mixed_config
+from replayssm_eval.kl.budget import budget_bytes, choose, mixed_config, unit_name
 from replayssm_eval.kl.driver import REFERENCE, make_plan, resolve_configs, run_kl
 from replayssm_eval.kl.driver import command_line as kl_command_line
 from replayssm_eval.kl.options import KLConfig, SensitivityConfig
@@ -63,10 +64,13 @@ def run_sensitivity(options: SensitivityConfig) -> Path:
         if options.heads:
             layer_kl = read_json(run_dir / "layers" / "kl.json")
             chosen = most_sensitive(summarise_layers(layer_kl, config, layers), options.heads)
-            _run_stage(kl_options, run_dir / "heads", head_variants(config, chosen, heads))
+            variants = head_variants(config, chosen, heads) + tuple(
+                v for c in extra for v in only_head_variants(c, chosen, heads))
+            _run_stage(kl_options, run_dir / "heads", variants)
             render(run_dir, options)
         if options.budget is not None:
-            plan = plan_budget(read_json(run_dir / "layers" / "kl.json"), options, layers)
+            heads_kl = read_json(run_dir / "heads" / "kl.json") if options.heads else None
+            plan = plan_budget(read_json(run_dir / "layers" / "kl.json"), heads_kl, options, layers)
             _run_stage(kl_options, run_dir / "budget", tuple(dict.fromkeys((plan["config"], *plan["candidates"][:-1]))))
             render(run_dir, options)
     except KeyboardInterrupt:
@@ -119,27 +123,59 @@ def only_variants(config: ReplayConfig, layers: list[int]) -> tuple[str, ...]:
     return (config.name, *(f"{REFERENCE.name}+{layer}={config.name}" for layer in layers))
 
 
-def plan_budget(kl: dict, options: SensitivityConfig, layers: list[int]) -> dict:
-    """The budget's choice from the layers stage's kl.json (docs/sensitivity_json_schema.md, "budget")."""
-    by_name = {c["name"]: c for c in kl["configs"]}
+def plan_budget(layers_kl: dict, heads_kl: dict | None, options: SensitivityConfig, layers: list[int]) -> dict:
+    """The budget's choice (docs/sensitivity_json_schema.md, "budget") from the layers stage's kl.json and, with
+    --heads, the heads stage's: the layers it measured are chosen per head, every other SSM layer as a whole."""
+    fp32 = REFERENCE.name
+    by_name = {c["name"]: c for c in layers_kl["configs"]}
     names = [study_config(options).name, *(c.name for c in candidate_configs(options))]
     traffic = by_name[names[0]]["state_traffic"]
     costs = {name: by_name[name]["state_traffic"]["replay"]["total"] for name in names}
-    costs[REFERENCE.name] = traffic["conventional_fp32"]  # conventional decoding of the FP32 state
-    predicted = {layer: {name: by_name[f"{REFERENCE.name}+{layer}={name}"]["kl_mean"] for name in names}
-                 | {REFERENCE.name: 0.0} for layer in layers}
+    costs[fp32] = traffic["conventional_fp32"]  # conventional decoding of the FP32 state
+    head_rows = summarise_heads(heads_kl, study_config(options)) if heads_kl else []
+    heads = [(row["layer"], row["head"]) for row in head_rows]
+    units, unit_costs, predicted = [], {}, {}
+    for layer in layers:
+        if not any(unit[0] == layer for unit in heads):
+            units.append(layer)
+            unit_costs[layer] = costs
+            predicted[layer] = {name: by_name[f"{fp32}+{layer}={name}"]["kl_mean"] for name in names} | {fp32: 0.0}
+    heads_by_name = {c["name"]: c for c in heads_kl["configs"]} if heads_kl else {}
+    for layer, head in heads:
+        only = {name: heads_by_name[f"{fp32}+{layer}.h{head}={name}"] for name in names}
+        parts = {name: _head_part(entry, layer, head) for name, entry in only.items()}
+        units.append((layer, head))
+        unit_costs[(layer, head)] = ({name: part["replay"]["total"] for name, part in parts.items()}
+                                     | {fp32: parts[names[0]]["conventional_fp32"]})
+        predicted[(layer, head)] = {name: entry["kl_mean"] for name, entry in only.items()} | {fp32: 0.0}
     fp32_bytes = traffic["per_model"]["conventional_fp32"]
     limit = budget_bytes(options.budget, fp32_bytes)
-    assignment, kl_sum, total = choose(layers, costs, predicted, limit)
-    return {"given": options.budget, "bytes": limit, "fp32_bytes": fp32_bytes, "candidates": [*names, REFERENCE.name],
-            "bytes_per_layer": costs, "assignment": {str(k): v for k, v in assignment.items()},
+    assignment, kl_sum, total = choose(units, unit_costs, predicted, limit)
+    return {"given": options.budget, "bytes": limit, "fp32_bytes": fp32_bytes, "candidates": [*names, fp32],
+            "bytes_per_layer": costs,
+            "units": [{"unit": unit_name(u), "layer": u if isinstance(u, int) else u[0],
+                       "head": None if isinstance(u, int) else u[1], "bytes": unit_costs[u],
+                       "predicted_kl": predicted[u], "choice": assignment[u]} for u in units],
+            "assignment": {unit_name(u): c for u, c in assignment.items()},
             "config": mixed_config(assignment).name, "chosen_bytes": total, "predicted_kl": kl_sum}
+
+
+def _head_part(entry: dict, layer: int, head: int) -> dict:
+    """The traffic model's figures of head `head`'s own part of `layer` (per-layer fields), from the kl.json entry
+    of a config that gives that head alone a config of its own (a one-head layer has no parts: the layer's)."""
+    named = entry["state_traffic"]["per_layer"][str(layer)]
+    return next(p for p in named.get("parts", [{**named, "heads": [head]}]) if p["heads"] == [head])
 
 
 def head_variants(config: ReplayConfig, layers: list[int], heads: int) -> tuple[str, ...]:
     """Per layer and head: only that head in C, only that head in FP32."""
     return tuple(name for layer in layers for h in range(heads)
                  for name in (f"{REFERENCE.name}+{layer}.h{h}={config.name}", f"{config.name}+{layer}.h{h}={REFERENCE.name}"))
+
+
+def only_head_variants(config: ReplayConfig, layers: list[int], heads: int) -> tuple[str, ...]:
+    """A budget candidate's variants in the heads stage: per layer and head, only that head in it."""
+    return tuple(f"{REFERENCE.name}+{layer}.h{h}={config.name}" for layer in layers for h in range(heads))
 
 
 def most_sensitive(rows: list[dict], count: int) -> list[int]:
@@ -159,10 +195,11 @@ def summarise_layers(kl: dict, config: ReplayConfig, layers: list[int]) -> list[
 
 
 def summarise_heads(kl: dict, config: ReplayConfig) -> list[dict]:
-    """One row per (layer, head) of the heads stage."""
+    """One row per (layer, head) of the heads stage (its budget candidates' variants aside)."""
     by_name = {c["name"]: c for c in kl["configs"]}
     rows = []
-    for part in (p for c in kl["configs"] for p in c.get("parts", []) if c["name"].startswith(f"{REFERENCE.name}+")):
+    for part in (p for c in kl["configs"] for p in c.get("parts", [])
+                 if c["name"].startswith(f"{REFERENCE.name}+") and p["config"] == config.name):
         layer, head = part["layer"], part["heads"][0]
         rows.append({"layer": layer, "head": head,
                      "only": _variant(by_name[f"{REFERENCE.name}+{layer}.h{head}={config.name}"]),
@@ -181,6 +218,11 @@ def render(run_dir: Path, options: SensitivityConfig) -> dict:
                 if (run_dir / stage / "kl.json").is_file()}
     wanted = ["layers", *(["heads"] if options.heads else []), *(["budget"] if options.budget is not None else [])]
     total = sum(row["only"]["kl_mean"] for row in rows)
+    heads = summarise_heads(stage_kl["heads"], config) if "heads" in stage_kl else []
+    heads_done = "heads" in stage_kl and stage_kl["heads"]["complete"]
+    budget = None
+    if options.budget is not None and (heads_done or not options.heads):  # a plan with --heads needs every head
+        budget = _budget_result(layers_kl, stage_kl.get("heads"), stage_kl.get("budget"), options, layers)
     report = {
         "schema_version": SCHEMA_VERSION,
         "kind": "sensitivity",
@@ -196,10 +238,11 @@ def render(run_dir: Path, options: SensitivityConfig) -> dict:
         "buckets": layers_kl["resolved"]["buckets"],
         "uniform": uniform,
         "layers": rows,
-        "heads": summarise_heads(stage_kl["heads"], config) if "heads" in stage_kl else [],
+        "heads": heads,
         "additive": {"sum_only": total, "uniform": uniform["kl_mean"],
-                     "ratio": total / uniform["kl_mean"] if uniform["kl_mean"] else None},
-        "budget": None if options.budget is None else _budget_result(layers_kl, stage_kl.get("budget"), options, layers),
+                     "ratio": total / uniform["kl_mean"] if uniform["kl_mean"] else None,
+                     "heads": _heads_additive(rows, heads)},
+        "budget": budget,
         "stages": {stage: stage for stage in stage_kl},
         "versions": versions(),
         "git": git_state(),
@@ -208,15 +251,27 @@ def render(run_dir: Path, options: SensitivityConfig) -> dict:
     return report
 
 
-def _budget_result(layers_kl: dict, budget_kl: dict | None, options: SensitivityConfig, layers: list[int]) -> dict:
+def _heads_additive(layer_rows: list[dict], heads: list[dict]) -> list[dict]:
+    """Per layer of the heads stage: its only-head KLs summed, against its only-layer KL."""
+    only_layer = {row["layer"]: row["only"]["kl_mean"] for row in layer_rows}
+    result = []
+    for layer in sorted({h["layer"] for h in heads}):
+        total = sum(h["only"]["kl_mean"] for h in heads if h["layer"] == layer)
+        result.append({"layer": layer, "sum_only": total, "only_layer": only_layer[layer],
+                       "ratio": total / only_layer[layer] if only_layer[layer] else None})
+    return result
+
+
+def _budget_result(layers_kl: dict, heads_kl: dict | None, budget_kl: dict | None, options: SensitivityConfig,
+                   layers: list[int]) -> dict:
     """The plan, and once the budget stage has run, what it measured: the chosen config and every candidate."""
-    plan = plan_budget(layers_kl, options, layers)
+    plan = plan_budget(layers_kl, heads_kl, options, layers)
     measured = {}
     if budget_kl is not None:
         measured = {c["name"]: {"name": c["name"], "bytes": c["state_traffic"]["per_model"]["replay"],
                                 "kl_mean": c["kl_mean"]} for c in budget_kl["configs"]}
     chosen = measured.get(plan["config"])
-    return {**plan, "measured_kl": chosen and chosen["kl_mean"],
+    return {**plan, "measured_bytes": chosen and chosen["bytes"], "measured_kl": chosen and chosen["kl_mean"],
             "measured_over_predicted": chosen["kl_mean"] / plan["predicted_kl"] if chosen and plan["predicted_kl"] else None,
             "uniform": [measured[name] for name in plan["candidates"][:-1] if name in measured]}
 

@@ -48,9 +48,10 @@ def state_traffic(geometry: ModelGeometry | str | object, config: ReplayConfig |
     state; per_model holds the totals over the SSM layers and the ratios conventional / replay.
     A mixed config adds "per_layer" {layer: the per-layer fields of that layer} for the layers its
     parts name; a layer with head parts sums its parts (each part stores its heads' copies and keeps
-    a ring of its heads' entries, with the B / k rows of the groups they use); its top-level per-layer
-    fields are then the means over the SSM layers (so per_model = mean x layers) and bytes_per_copy
-    and buffer_entry_bytes are the default's.
+    a ring of its heads' entries, with the B / k rows of the groups they use) and lists them in
+    "parts" [{"config", "heads", and that part's per-layer fields}, ...], by first head; its top-level
+    per-layer fields are then the means over the SSM layers (so per_model = mean x layers) and
+    bytes_per_copy and buffer_entry_bytes are the default's.
     """
     geo = _geometry(geometry)
     cfg = as_config(config)
@@ -61,11 +62,11 @@ def state_traffic(geometry: ModelGeometry | str | object, config: ReplayConfig |
     named = {p.layer for p in cfg.overrides}
     if len(named) > layers:
         raise ValueError(f"{cfg.name} names {len(named)} layers and {geo.name} has {layers} SSM layers")
-    per_layer = {layer: _sum_parts([_layer_traffic(geo, c, heads) for c, heads in cfg.layer_parts(layer, geo.num_heads)])
-                 for layer in sorted(named)}
+    per_layer = {layer: _named_layer(geo, cfg, layer) for layer in sorted(named)}
     mean = default
     if per_layer:
-        mean = _sum_parts([default] * (layers - len(per_layer)) + list(per_layer.values()), scale=1 / layers)
+        totals = [{k: v for k, v in t.items() if k != "parts"} for t in per_layer.values()]
+        mean = _sum_parts([default] * (layers - len(per_layer)) + totals, scale=1 / layers)
     conventional, replay, fp32_total = mean["conventional"], mean["replay"], mean["conventional_fp32"]
     result = {
         "config": cfg.name,
@@ -87,6 +88,16 @@ def state_traffic(geometry: ModelGeometry | str | object, config: ReplayConfig |
     if per_layer:
         result["per_layer"] = {str(layer): t for layer, t in per_layer.items()}
     return result
+
+
+def _named_layer(geo: ModelGeometry, cfg: ReplayConfig, layer: int) -> dict:
+    """Per-layer traffic of a layer a mixed config's parts name: the sum of its parts, with "parts" when it has
+    several (one per distinct config of its heads)."""
+    parts = [(c, heads, _layer_traffic(geo, c, heads)) for c, heads in cfg.layer_parts(layer, geo.num_heads)]
+    total = _sum_parts([t for _, _, t in parts])
+    if len(parts) > 1:
+        total["parts"] = [{"config": c.name, "heads": list(heads), **t} for c, heads, t in parts]
+    return total
 
 
 def _layer_traffic(geo: ModelGeometry, cfg: ReplayConfig, heads) -> dict:

@@ -154,9 +154,7 @@ def _sensitivity(sens: list[Result]) -> Section:
         section.blocks += [sensitivity.ranked_table(r),
                            Image(f"{r.slug}-layers.png", sensitivity.layer_heatmap_png(r),
                                  f"KL per SSM layer and length bucket, {r.label}")]
-        budget = sensitivity.budget_table(r)
-        if budget:
-            section.blocks.append(budget)
+        section.blocks += [t for t in (sensitivity.budget_table(r), sensitivity.budget_units_table(r)) if t]
         heads = sensitivity.heads_table(r)
         if heads:
             section.blocks += [heads, Image(f"{r.slug}-heads.png", sensitivity.head_heatmap_png(r),

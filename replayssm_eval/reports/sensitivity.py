@@ -1,10 +1,13 @@
-"""A sensitivity study's report blocks, from its sensitivity.json: the ranked layer table and the heat maps.
+"""A sensitivity study's report blocks, from its sensitivity.json: the ranked layer table, the heat maps and the
+budget's choice (its configs, and unit by unit).
 
 Heat maps: layer x length bucket, and layer x head (`--heads`), each in two panels: the KL when only
 that part uses the config (the rest FP32) and when only that part stays FP32 (the rest in the config).
 """
 
 from __future__ import annotations
+
+import math
 
 import matplotlib
 import numpy as np
@@ -52,8 +55,11 @@ def heads_table(result: Result) -> Table | None:
         return None
     rows = [[str(h["layer"]), str(h["head"]), _sci(h["only"]["kl_mean"]), _sci(h["all_but"]["kl_mean"])]
             for h in sorted(heads, key=lambda h: h["only"]["kl_mean"], reverse=True)]
+    sums = [f"layer {a['layer']}: {a['ratio']:.2f}x" for a in result.data["additive"].get("heads", []) if a["ratio"]]
+    note = ("How well per-head KLs add up: the only-this-head KLs of a layer summed, over that layer's only-L KL (1.00 "
+            f"when its heads' errors add): {', '.join(sums)}." if sums else "")
     return Table(f"Head sensitivity of {result.data['config']}, {result.label}",
-                 ["layer", "head", "KL only this head", "KL all but this head"], rows)
+                 ["layer", "head", "KL only this head", "KL all but this head"], rows, note=note)
 
 
 def budget_table(result: Result) -> Table | None:
@@ -67,13 +73,35 @@ def budget_table(result: Result) -> Table | None:
     rows += [[u["name"], f"{u['bytes'] / KIB:.1f}", f"{100 * u['bytes'] / fp32:.1f}%", "", _sci(u["kl_mean"])]
              for u in plan["uniform"]]
     ratio = plan["measured_over_predicted"]
+    per_head = any(u["head"] is not None for u in plan.get("units", []))
+    measured_bytes = plan.get("measured_bytes")
     note = (f"Budget {plan['given']} = {plan['bytes'] / KIB:.1f} KiB of SSM state traffic per decode token "
-            f"(conventional FP32: {fp32 / KIB:.1f} KiB). Predicted KL: the sum over layers of the KL measured with only "
-            "that layer in its chosen config (FP32: 0); measured: the chosen config's own kl run (the stage budget/, "
-            "whose Pareto plot shows it beside the uniform candidates)"
-            + (f"; measured / predicted = {ratio:.2f}." if ratio else "; not measured yet."))
+            f"(conventional FP32: {fp32 / KIB:.1f} KiB). Predicted KL: the sum over "
+            + ("layers and the heads of the --heads layers" if per_head else "layers")
+            + " of the KL measured with only that unit in its chosen config (FP32: 0); measured: the chosen config's "
+            "own kl run (the stage budget/, whose Pareto plot shows it beside the uniform candidates)"
+            + (f"; measured / predicted = {ratio:.2f}." if ratio else "; not measured yet.")
+            + (f" The chosen bytes are the units' sum; the traffic model counts the chosen config at "
+               f"{measured_bytes / KIB:.1f} KiB (heads in one part share their groups' buffered rows)."
+               if measured_bytes is not None and not math.isclose(measured_bytes, plan["chosen_bytes"]) else ""))
     return Table(f"Mixed precision under a budget, {result.label}",
                  ["config", "KiB / token", "of FP32", "predicted KL", "measured KL"], rows, note=note)
+
+
+def budget_units_table(result: Result) -> Table | None:
+    """The --budget choice unit by unit: each SSM layer, or each head of a layer chosen per head."""
+    plan = result.data.get("budget")
+    if not plan or not plan.get("units"):
+        return None
+    names = plan["candidates"]
+    rows = [[u["unit"], u["choice"], f"{u['bytes'][u['choice']] / KIB:.2f}", _sci(u["predicted_kl"][u["choice"]]),
+             " · ".join(_sci(u["predicted_kl"][name]) for name in names)] for u in plan["units"]]
+    note = ("A unit is an SSM layer (L) or one head of a layer chosen per head (L.hH, the --heads layers); its bytes "
+            "are the traffic model's for that layer or for that head's own part, and its predicted KL the KL measured "
+            "with only it in a candidate, the rest FP32.")
+    return Table(f"Budget choice per layer and head, {result.label}",
+                 ["unit", "choice", "KiB / token", "predicted KL", f"predicted KL of {', '.join(names)}"], rows,
+                 note=note, align=["l", "l", "r", "r", "r"])
 
 
 def layer_heatmap_png(result: Result) -> bytes:

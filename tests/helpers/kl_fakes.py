@@ -59,12 +59,20 @@ class FakeRunner:
         return stream
 
     def state_traffic(self, config):
-        """Per layer: the bytes of both copies of a [4, 2, 16] state in its layer's formats (the head parts
-        aside); the fields `kl.sensitivity`'s budget reads."""
-        layer_bytes = [fake_layer_bytes(config.for_layer(layer)) for layer in FAKE_LAYERS]
+        """Per layer: the bytes of both copies of a [4, 2, 16] state in its layer's formats, each head part
+        counting its heads' share; the fields `kl.sensitivity`'s budget reads (a layer with head parts lists
+        them, as `models.traffic` does)."""
         fp32 = fake_layer_bytes(ReplayConfig())
-        return {"replay": {"total": layer_bytes[0]}, "conventional_fp32": fp32,
-                "per_model": {"replay": sum(layer_bytes), "conventional_fp32": fp32 * len(FAKE_LAYERS)}}
+        per_layer = {}
+        for layer in FAKE_LAYERS:
+            parts = [{"config": c.name, "heads": list(heads), "replay": {"total": fake_layer_bytes(c, len(heads))},
+                      "conventional_fp32": fake_layer_bytes(ReplayConfig(), len(heads))}
+                     for c, heads in config.layer_parts(layer, FAKE_HEADS)]
+            per_layer[str(layer)] = {"replay": {"total": sum(p["replay"]["total"] for p in parts)},
+                                     **({"parts": parts} if len(parts) > 1 else {})}
+        total = sum(t["replay"]["total"] for t in per_layer.values())
+        return {"replay": {"total": total / len(FAKE_LAYERS)}, "conventional_fp32": fp32, "per_layer": per_layer,
+                "per_model": {"replay": total, "conventional_fp32": fp32 * len(FAKE_LAYERS)}}
 
     def skip_reads(self, config):
         return None if config.skip_read_below is None else {"total": {"skipped": 0}}
@@ -115,8 +123,9 @@ class FakeStream:
         self.closed = True
 
 
-def fake_layer_bytes(config) -> int:
-    return sum(get_format(name).storage_bytes((4, 2, 16)) for name in (config.read, config.recur))
+def fake_layer_bytes(config, heads: int = FAKE_HEADS) -> int:
+    """The fake's traffic of `heads` heads of one layer in `config`: both copies of a [heads, 2, 16] state."""
+    return sum(get_format(name).storage_bytes((heads, 2, 16)) for name in (config.read, config.recur))
 
 
 def rounding_mask(config) -> torch.Tensor:

@@ -112,5 +112,30 @@ def test_head_parts_store_their_heads_and_keep_their_own_ring():
     assert split_part["buffer_entry_bytes"] == 2 * (84 * 80 + 7 * 128 + 84)  # x, B of the 7 groups read, dt
     for kind in ("conventional", "replay"):
         assert layer[kind]["total"] == fp32_part[kind]["total"] + split_part[kind]["total"]
+    # each part's own figures, as the traffic of its heads alone
+    fields = ("bytes_per_copy", "buffer_entry_bytes", "conventional", "conventional_fp32", "replay")
+    assert [(p["config"], p["heads"]) for p in layer["parts"]] == [("fp32", list(range(12))),
+                                                                   ("nvfp4/fp16sr", list(range(12, 96)))]
+    for part, alone in zip(layer["parts"], (fp32_part, split_part)):
+        assert {k: part[k] for k in fields} == {k: alone[k] for k in fields}
+    one_head = state_traffic(NANO, "fp32+5.h7=nvfp4/fp16sr@16")["per_layer"]["5"]["parts"][1]
+    assert one_head["heads"] == [7] and one_head["replay"] == state_traffic(
+        dataclasses.replace(NANO, num_heads=1, n_groups=1), "nvfp4/fp16sr@16")["replay"]
+    assert "parts" not in state_traffic(NANO, "nvfp4/fp16sr@16+3,7=fp32")["per_layer"]["3"]
     agree = state_traffic(NANO, "nvfp4/fp16sr@16+0.h0-11=nvfp4/fp16sr@16")
     assert agree["per_model"] == state_traffic(NANO, "nvfp4/fp16sr@16")["per_model"]
+
+
+@pytest.mark.parametrize("config", ["nvfp4/fp16sr@16", "fp8/fp16sr@7", "fp32"])
+def test_a_part_costs_at_most_its_heads_alone(config):
+    # the budget prices heads one by one; a part of several heads shares its groups' buffered B rows
+    rest = "nvfp4/fp16sr@16" if config == "fp32" else "fp32"  # the other heads' config
+    part = state_traffic(NANO, f"{rest}+0.h0-6={config}")["per_layer"]["0"]["parts"][0]
+    alone = [state_traffic(NANO, f"{rest}+0.h{h}={config}")["per_layer"]["0"]["parts"][h > 0] for h in range(7)]
+    assert [p["heads"] for p in alone] == [[h] for h in range(7)] and part["heads"] == list(range(7))
+    total = sum(p["replay"]["total"] for p in alone)
+    if config == "fp32":  # no ring at window 1: heads add exactly
+        assert part["replay"]["total"] == total == 7 * alone[0]["conventional_fp32"]
+    else:  # heads 0-6 read group 0 (12 heads per group): its B row once, not 7 times
+        assert part["replay"]["total"] < total
+        assert part["replay"]["state_read"] == pytest.approx(sum(p["replay"]["state_read"] for p in alone), rel=1e-12)
