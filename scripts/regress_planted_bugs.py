@@ -100,6 +100,20 @@ BUGS = (
         "torch.frexp(bmax).exponent - 1 - self.emax + 127", "torch.frexp(bmax).exponent - self.emax + 127", CHEAP),
     Bug("rowcol_sum", "scale=rowcol column factors: the sum of magnitudes over the rows, not the max", "formats/formats.py",
         "col = xo.abs().amax(dim=2, keepdim=True)", "col = xo.abs().sum(dim=2, keepdim=True)", CHEAP),
+    Bug("tile_rows_ignored", "scale=tile:RxC tiles span every row of a head (one scale per head and column tile)",
+        "formats/formats.py", "return rows or r, cols or c", "return r, cols or c",
+        ("--part", "bits", "--part", "kl", "--only", "bits/*tile*", "--only", "kl/tiny-qwen3.5/fp8:scale=tile*")),
+    Bug("feedback_not_added", "ef=: the residual is kept but not added before the next rounding", "replay/state.py",
+        "target = state + residual[copy]", "target = state", ("--part", "kl", "--only", "kl/tiny-qwen3.5/*ef=*")),
+    Bug("round_trip_unrounded", "a round trip restores the live state without storing it in its format",
+        "kernels/round_trip.py", "return fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint))",
+        "return live.float()", ("--part", "kl", "--only", "kl/tiny-qwen3.5/*#rt=*")),
+    Bug("round_trip_prompt_late", "#rt=...@prompt applied at the end of the first call after the prompt, not its start",
+        "models/session.py", "hits[:, 0] = True", "hits[:, -1] = True",
+        ("--part", "kl", "--only", "kl/tiny-qwen3.5/*@prompt/*")),
+    Bug("round_trip_every_late", "#rt=...@every:N one token late (positions N + 1, 2N + 1, ...)",
+        "replay/round_trip.py", "hit |= (positions > 0) & (positions % self.every == 0)",
+        "hit |= (positions > 1) & (positions % self.every == 1)", ("--part", "kl", "--only", "kl/tiny-qwen3.5/*@every:*")),
 )
 
 
