@@ -6,9 +6,9 @@ if it has one, or a ReplayState with its packed read copy) is moved into fixed b
 (`kernels.static_step.StaticState`); every later one-token call steps them in place. With
 `graphs=True` (CUDA only) each layer's step is a captured CUDA graph (`models.layer_graph`),
 captured at that first call; otherwise the same step runs eagerly (CPU, Triton interpreter), so
-tests run the code that is captured. A driver that captures the whole
-model (`models.model_graph`) sets `folds` (the step variant) and advances the layers' host-side
-phases itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
+tests run the code that is captured. A driver that captures the whole model
+(`models.model_graph`) sets `folds` (the step variant) and advances the layers' host-side phases
+itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
 `decode_step_triton` would have carried.
 """
 

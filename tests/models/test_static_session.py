@@ -13,8 +13,8 @@
 
 Prompts of different lengths (left padding), windows of 2 so a few tokens cross flushes; one config round-trips
 the state at the prompt's end (a prefix-cache hit), which the fixed-buffer steps take before the state enters their
-buffers; round trips inside the decode are refused. The Triton interpreter on
-CPU is slow: few tokens, few configs here; tests/kernels/test_static_step.py covers every config kind per family.
+buffers; round trips inside the decode are refused. The Triton interpreter on CPU is slow: few tokens, few configs
+here; tests/kernels/test_static_step.py covers every config kind per family.
 """
 
 import copy

@@ -227,7 +227,7 @@ def _counted(trips: list, round_trip, *args):
     return round_trip(*args)
 
 
-def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_graph():
+def test_lm_model_takes_the_decode_step_and_refuses_configs_the_graph_step_cannot_run():
     pytest.importorskip("lm_eval")
     from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
@@ -237,6 +237,12 @@ def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_g
         ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="fast")
     with pytest.raises(ValueError, match="step 'graph' covers fixed windows only"):
         ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#spec=4:0.5")
+    with pytest.raises(ValueError, match=r"step 'graph' restores round trips at the prompt's end only, got "
+                                         r"#rt=int8@at:9 in config 'nvfp4/fp16sr#rt=int8@at:9'; accepted: "
+                                         r"#rt=FORMAT@prompt, or step triton or reference"):
+        ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#rt=int8@at:9")
+    prefix_hit = ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#rt=int8@prompt")
+    assert prefix_hit.step == "graph"
 
 
 def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):
