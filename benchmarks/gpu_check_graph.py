@@ -5,9 +5,12 @@
     python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-speed       # the checks only
     python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-checks --models qwen3.5-4b   # one model's timing
     python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-speed --check-models tiny-kimi-linear   # one model's checks
+    python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-speed --check-configs 'nvfp4/fp16sr@4#rt=int8@prompt'
 
 Checks (the bundled tiny models, one per SSM family: Mamba-2, GDN, KDA; fp32 weights, prompts of
-different lengths, windows of 4 so twelve tokens cross several flushes), each must hold bit for bit:
+different lengths, windows of 4 so twelve tokens cross several flushes; one config round-trips the state
+through SGLang's INT8 pool at the prompt's end, which the fixed-buffer steps take before the state enters
+their buffers), each must hold bit for bit:
 - whole model: `StaticDecoder` replaying its CUDA graphs equals the same decoder run eagerly and
   the eager Triton step session on a Hugging Face StaticCache: tokens, last logits and every SSM
   layer's carried state (both stored copies, packed read copy, ring buffer, phases, checkpoints);
@@ -53,7 +56,8 @@ from replayssm_eval.models.presets import full_size_config
 from replayssm_eval.models.session import ReplaySession
 
 CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
-CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4")
+CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4",
+                 "nvfp4/fp16sr@4#rt=int8:axis=headdim@prompt")  # a prefix-cache hit: round trip before the buffers
 CHECK_PROMPTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce", "To be")
 CHECK_TOKENS = 12
 ENGINE_LIMITS = (12, 1, 20, 6)  # per CHECK_PROMPTS row and one more: rows leave at different steps
@@ -235,6 +239,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--models", nargs="+", default=list(SPEED_MODELS), choices=SPEED_MODELS)
     parser.add_argument("--check-models", nargs="+", default=list(CHECK_MODELS), choices=CHECK_MODELS)
+    parser.add_argument("--check-configs", nargs="+", default=list(CHECK_CONFIGS), help="configs of the checks")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--no-hf", action="store_true", help="skip HF generate in the speed rows")
@@ -245,7 +250,7 @@ def main() -> None:
     result = {"checks": [], "speed": []}
     start = time.perf_counter()
     for name in () if args.skip_checks else args.check_models:
-        for config in CHECK_CONFIGS:
+        for config in args.check_configs:
             row = check(name, config)
             result["checks"].append(row)
             print(json.dumps(row), flush=True)
@@ -255,10 +260,10 @@ def main() -> None:
     result["seconds"] = time.perf_counter() - start
     (args.out / "gpu_check_graph.json").write_text(json.dumps(result, indent=1))
 
-    print(f"\n{'model':18} {'config':18} {'graph=eager':>11} {'=triton(static)':>15} {'layer graphs':>12} "
+    print(f"\n{'model':18} {'config':42} {'graph=eager':>11} {'=triton(static)':>15} {'layer graphs':>12} "
           f"{'tokens=dynamic':>14} {'logit diff':>10} {'engine=eager':>12} {'engine=triton':>13}")
     for r in result["checks"]:
-        print(f"{r['model']:18} {r['config']:18} {r['graph_eq_eager_static']!s:>11} {r['graph_eq_triton_static_cache']!s:>15} "
+        print(f"{r['model']:18} {r['config']:42} {r['graph_eq_eager_static']!s:>11} {r['graph_eq_triton_static_cache']!s:>15} "
               f"{r['layer_graphs_eq_triton']!s:>12} {r['graph_tokens_eq_triton_dynamic_cache']!s:>14} "
               f"{r['graph_vs_dynamic_max_logit_diff']:>10.2e} {r['engine_graphs_eq_eager']!s:>12} "
               f"{r['engine_graph_tokens_eq_triton']!s:>13}")

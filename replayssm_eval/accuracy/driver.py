@@ -99,10 +99,10 @@ def make_plan(options: AccuracyConfig) -> Plan:
         if speculative:
             raise ValueError(f"--step {options.step} covers fixed windows only, got speculative configs "
                              f"{', '.join(speculative)}; use --step triton")
-        round_trips = [c.name for c in configs if c.round_trip is not None]
-        if round_trips:
-            raise ValueError(f"--step {options.step} steps fixed buffers and cannot restore a round trip, got configs "
-                             f"{', '.join(round_trips)}; use --step triton or reference")
+        inside = [c.name for c in configs if c.round_trip is not None and not c.round_trip.prompt]
+        if inside:
+            raise ValueError(f"--step {options.step} restores round trips at the prompt's end only, got configs "
+                             f"{', '.join(inside)}; accepted: #rt=FORMAT@prompt, or --step triton or reference")
     parse_spec(options.buckets)
     if options.data == "hub":
         data_dir = None

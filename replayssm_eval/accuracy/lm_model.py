@@ -117,9 +117,11 @@ class ReplaySSMLM(TemplateLM):
             if step in FIXED_BUFFER_STEPS and self.config.speculative is not None:
                 raise ValueError(f"step {step!r} covers fixed windows only, got speculative config "
                                  f"{self.config.name!r}; use step triton")
-            if step in FIXED_BUFFER_STEPS and self.config.round_trip is not None:
-                raise ValueError(f"step {step!r} steps fixed buffers and cannot restore a round trip, got config "
-                                 f"{self.config.name!r}; use step triton or reference")
+            trip = self.config.round_trip
+            if step in FIXED_BUFFER_STEPS and trip is not None and not trip.prompt:
+                raise ValueError(f"step {step!r} restores round trips at the prompt's end only, got #rt={trip.name} "
+                                 f"in config {self.config.name!r}; accepted: #rt=FORMAT@prompt, or step triton or "
+                                 "reference")
             device = resolve_device(device)
             if gen_log:
                 if Path(gen_log).is_dir():

@@ -36,7 +36,9 @@ ignored, until the next join, or, when no refill is coming, until at most half t
 run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
 it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
 the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new
-graphs, so it waits for many free places rather than one. Fixed-window configs only for "static" and "graph".
+graphs, so it waits for many free places rather than one. Fixed-window configs only for "static" and "graph";
+their round trips at the prompt's end only (each row's state takes it at its first decode step, before it
+enters fixed buffers; a round trip inside the decode would replace a state the buffers hold in place).
 
 Out of memory in a step, a prefill or a regroup: the running batch is discarded, its rows go back to the front of the
 queue and `max_batch` halves (decoding is deterministic, sampled or not: they regenerate the same tokens);
@@ -121,9 +123,10 @@ class Engine:
         if step in FIXED_BUFFER_STEPS and config.speculative is not None:
             raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
                              "use step 'triton'")
-        if step in FIXED_BUFFER_STEPS and config.round_trip is not None:
-            raise ValueError(f"step {step!r} steps fixed buffers and cannot restore a round trip, got config "
-                             f"{config.name!r}; use step 'triton' or 'reference'")
+        trip = config.round_trip
+        if step in FIXED_BUFFER_STEPS and trip is not None and not trip.prompt:
+            raise ValueError(f"step {step!r} restores round trips at the prompt's end only, got #rt={trip.name} in config "
+                             f"{config.name!r}; accepted: #rt=FORMAT@prompt, or step 'triton' or 'reference'")
         if step in FIXED_BUFFER_STEPS:
             check_static_family(rm.model_type.family)
         self.rm, self.config, self.step = rm, config, step

@@ -24,7 +24,9 @@ L = 1 FP32 step moves the state once, as a conventional step does.
 
 The tensors of a step never change address, so the step can be captured as a CUDA graph
 (`models.layer_graph`) and replayed; on CPU and in the Triton interpreter the same code runs eagerly.
-Fixed windows only: speculative schedules (host-side acceptance draws) and FP64 are refused.
+Fixed windows only: speculative schedules (host-side acceptance draws) and FP64 are refused, and so are
+round trips inside the decode (`#rt=...@every:N`, `@at:P`: they replace a state the buffers hold in place);
+a round trip at the prompt's end is applied before the state enters the buffers (`models.static_session`).
 """
 
 from __future__ import annotations
@@ -61,16 +63,17 @@ def check_static_family(family: str) -> None:
 
 def check_static_config(config: ReplayConfig) -> None:
     """Raise a one-line error for configs the static step does not cover (speculative schedules, mixed configs,
-    round trips)."""
+    round trips inside the decode)."""
     if config.overrides:
         raise ValueError(f"the static decode step takes one config for every layer, got mixed config {config.name!r}; "
                          "use step='triton'")
     if config.speculative is not None:
         raise ValueError(f"the static decode step covers fixed windows only, got speculative config {config.name!r}; "
                          "use step='triton'")
-    if config.round_trip is not None:
-        raise ValueError(f"the static decode step cannot restore a round trip, got config {config.name!r}; "
-                         "use step='triton'")
+    if config.round_trip is not None and not config.round_trip.prompt:
+        raise ValueError(f"the static decode step restores round trips at the prompt's end only, got "
+                         f"#rt={config.round_trip.name} in config {config.name!r}; accepted: #rt=FORMAT@prompt, "
+                         "or step='triton'")
 
 
 @dataclass

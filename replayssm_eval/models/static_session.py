@@ -1,13 +1,14 @@
 """`StaticStepSession`: a session whose one-token calls run the static, host-sync-free decode step.
 
 The prompt (and any multi-token call) runs as in `ReplaySession`. At a layer's first one-token
-call its state (the FP32 anchor the prompt left, or a ReplayState with its packed read copy) is
-moved into fixed buffers (`kernels.static_step.StaticState`); every later one-token call steps
-them in place. With `graphs=True` (CUDA only) each layer's step is a captured CUDA graph
-(`models.layer_graph`), captured at that first call; otherwise the same step runs eagerly (CPU,
-Triton interpreter), so tests run the code that is captured. A driver that captures the whole
-model (`models.model_graph`) sets `folds` (the step variant) and advances the layers' host-side
-phases itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
+call its state (the FP32 anchor the prompt left, after the config's round trip at the prompt's end
+if it has one, or a ReplayState with its packed read copy) is moved into fixed buffers
+(`kernels.static_step.StaticState`); every later one-token call steps them in place. With
+`graphs=True` (CUDA only) each layer's step is a captured CUDA graph (`models.layer_graph`),
+captured at that first call; otherwise the same step runs eagerly (CPU, Triton interpreter), so
+tests run the code that is captured. A driver that captures the whole model
+(`models.model_graph`) sets `folds` (the step variant) and advances the layers' host-side phases
+itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
 `decode_step_triton` would have carried.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_eval.kernels.family import KernelFamily
+from replayssm_eval.kernels.round_trip import round_trip
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_in_place
 from replayssm_eval.models.session import ReplaySession, at_least_fp32
@@ -76,8 +78,13 @@ class StaticStepSession(ReplaySession):
         return state.step(inputs, folds)
 
     def _load(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> StaticState:
-        """The layer's state in fixed buffers: checkpoint 0 written from the FP32 anchor, or a ReplayState's copies."""
+        """The layer's state in fixed buffers: checkpoint 0 written from the FP32 anchor (after the config's round trip
+        at the prompt's end, as `ReplaySession` restores it), or a ReplayState's copies."""
         seq_ids = self._seq_ids(inputs[0].shape[0], inputs[0].device)
+        trip = self.config.round_trip
+        if trip is not None and trip.prompt and not isinstance(initial, ReplayState) and not self.plain_fp32():
+            every_row = torch.ones_like(seq_ids, dtype=torch.bool)  # [B]
+            initial = round_trip(family, inputs, at_least_fp32(initial), self.config, layer_idx, seq_ids, every_row)
         state = family.replay_state(inputs, initial, self.config, layer_idx, seq_ids)
         packed = state.lo_packed
         if not isinstance(initial, ReplayState):  # the anchor: checkpoint 0's packed read copy

@@ -59,7 +59,9 @@ FORMATS = ("fp32", "bf16", "fp16", "fp16sr", "fp16sr:rounds=7",
            "nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor", "nvfp4:scale=rowcol", "nvfp4:axis=headdim,scale=head",
            "mxfp8", "mxfp4", "mxfp4:axis=headdim", "mxfp8:axis=headdim",
            "int8:rot=hadamard:16", "int8sr:axis=headdim,rot=hadamard:16", "fp8:rot=hadamard:16",
-           "nvfp4:rot=hadamard:16")  # hadamard:16: 1/4 is exact, so the rotated integer state is exact in FP64
+           "nvfp4:rot=hadamard:16",  # hadamard:16: 1/4 is exact, so the rotated integer state is exact in FP64
+           # sglang:fp8; tiles that split the golden and random heads (16 and 32 rows); 2-D tiles, shorter at the edges
+           "fp8:scale=tile:32x0,max=240", "fp8:scale=tile:4x0,max=240", "int8:scale=tile:6x20")
 NVFP4_SCALE_ORDER = ("nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor")  # one golden row per state: one global group
 BUFFER_DTYPES = ("bf16", "fp16")
 FORMAT_GEOMETRY = (4, 32, 64)
@@ -75,7 +77,10 @@ ENCODE_FORMATS = ("nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor", "fp8", "fp8:
                   "fp8:max=240", "fp8e5m2:scale=head,max=1024", "fp16", "bf16")
 KL_RUNS = {
     "tiny-nemotron-h": ("fp16", "shared:nvfp4", "nvfp4/fp16sr", "nvfp4/fp8sr"),
-    "tiny-qwen3.5": ("shared:nvfp4", "nvfp4/fp16sr#closed", "nvfp4/fp8sr"),
+    # SGLang's FP8 pool with 16-row tiles (its 32-row tile is a whole head of this model), error feedback, a
+    # prefix-cache hit (sglang:int8-pool) and a paged prefix cache
+    "tiny-qwen3.5": ("shared:nvfp4", "nvfp4/fp16sr#closed", "nvfp4/fp8sr", "fp8:scale=tile:16x0,max=240",
+                     "shared:int8:ef=fp32", "sglang:int8-pool", "fp16#rt=int8:axis=headdim@every:32"),
 }
 KL_OPTIONS = {"tokens": 128, "prompt_len": 64, "num_docs": 2, "buckets": "1,16,64", "segment_len": 64}
 

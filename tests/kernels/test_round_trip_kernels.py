@@ -11,6 +11,7 @@ from tests.helpers.compare import assert_close
 from replayssm_eval.kernels.family import all_families
 from replayssm_eval.kernels.static_step import check_static_config
 from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.models.static_session import StaticStepSession
 from replayssm_eval.replay.config import ReplayConfig
 
 FAMILIES = all_families()
@@ -24,8 +25,9 @@ def _inputs(fam, tokens=14, seed=0):
 
 
 def _feed(fam, config, tensors, anchor, cuts, engine="chunked", attention_mask=None):
-    """Outputs [B, T, ...] and the session after feeding tensors in calls ending at `cuts` (offsets into T)."""
-    session = ReplaySession(config, engine=engine)
+    """Outputs [B, T, ...] and the session after feeding tensors in calls ending at `cuts` (offsets into T); engine
+    "static": the static step's session (`StaticStepSession`)."""
+    session = StaticStepSession(config) if engine == "static" else ReplaySession(config, engine=engine)
     session.tokens, session.attention_mask = PROMPT, attention_mask
     timed = [fam.shapes[n].startswith("[B, T") for n in fam.inputs]
     ys, start = [], 0
@@ -130,6 +132,29 @@ def test_rows_at_different_positions_round_trip_alone(fam):
         assert not torch.allclose(plain[:, hit:], got[:, hit:], rtol=1e-4)
 
 
-def test_fixed_buffer_step_refuses_round_trips():
-    with pytest.raises(ValueError, match=r"cannot restore a round trip, got config 'nvfp4#rt=int8@prompt'; use step='triton'"):
-        check_static_config(ReplayConfig.parse("nvfp4#rt=int8@prompt"))
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_static_step_restores_the_prompt_round_trip_as_the_triton_step(fam):
+    """One-token calls from the anchor, a window of 3 so a flush follows: the static step takes the round trip before
+    the state enters its buffers and equals the eager Triton step bit for bit, outputs and every stored tensor."""
+    config = f"nvfp4/fp8sr@3#rt={POOL}@prompt"
+    tensors, anchor = _inputs(fam, tokens=5)
+    cuts = [1, 2, 3, 4, 5]
+    eager_y, eager = _feed(fam, config, tensors, anchor, cuts, "step")
+    static_y, static = _feed(fam, config, tensors, anchor, cuts, "static")
+    assert torch.equal(static_y, eager_y)
+    a, b = static.states[0], eager.states[0]
+    assert int(b.checkpoint.max()) == 1 and torch.equal(a.checkpoint, b.checkpoint)
+    assert torch.equal(a.hi, b.hi) and torch.equal(a.lo, b.lo) and torch.equal(a.schedule.count, b.schedule.count)
+    assert all(torch.equal(a.buffer[k], b.buffer[k]) for k in b.buffer)
+    assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a.lo_packed.tensors(), b.lo_packed.tensors()))
+    plain_y, _ = _feed(fam, "nvfp4/fp8sr@3", tensors, anchor, cuts, "static")
+    assert not torch.equal(plain_y[:, :1], static_y[:, :1])  # the first token reads the round-tripped checkpoint
+
+
+@pytest.mark.parametrize("points", ["every:4", "at:6,9"])
+def test_static_step_refuses_round_trips_inside_the_decode(points):
+    check_static_config(ReplayConfig.parse("nvfp4#rt=int8@prompt"))
+    with pytest.raises(ValueError, match=rf"the static decode step restores round trips at the prompt's end only, got "
+                                         rf"#rt=int8@{points} in config 'nvfp4#rt=int8@{points}'; accepted: "
+                                         r"#rt=FORMAT@prompt, or step='triton'"):
+        check_static_config(ReplayConfig.parse(f"nvfp4#rt=int8@{points}"))

@@ -11,8 +11,10 @@
   copy of its StaticCache: tokens, logits and every SSM layer's carried state.
 - greedy_generate(step="graph") against step="triton" (dynamic cache): the same tokens.
 
-Prompts of different lengths (left padding), windows of 2 so a few tokens cross flushes. The Triton interpreter on
-CPU is slow: few tokens, few configs here; tests/kernels/test_static_step.py covers every config kind per family.
+Prompts of different lengths (left padding), windows of 2 so a few tokens cross flushes; one config round-trips
+the state at the prompt's end (a prefix-cache hit), which the fixed-buffer steps take before the state enters their
+buffers; round trips inside the decode are refused. The Triton interpreter on CPU is slow: few tokens, few configs
+here; tests/kernels/test_static_step.py covers every config kind per family.
 """
 
 import copy
@@ -87,6 +89,7 @@ def test_static_step_equals_the_triton_step(name, config):
     ("tiny-qwen3.5", "shared:nvfp4@2"), ("tiny-qwen3.5", "nvfp4/fp8sr@2"),
     ("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "fp32"),
     ("tiny-kimi-linear", "shared:fp8sr@2"),
+    ("tiny-nemotron-h", "nvfp4/fp8sr@2#rt=int8:axis=headdim@prompt"),  # a prefix-cache hit: the anchor round-trips
 ])
 def test_whole_model_step_equals_the_triton_step_on_a_static_cache(name, config):
     rm = tiny_model(name, "triton")
@@ -159,6 +162,15 @@ def test_graph_step_generates_the_triton_step_tokens():
     graph = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=NEW_TOKENS, step="graph")
     triton = greedy_generate(rm, prompts, config="nvfp4/fp16sr@2", max_gen_toks=NEW_TOKENS, step="triton")
     assert [g.tokens for g in graph] == [g.tokens for g in triton]
+
+
+@pytest.mark.parametrize("step", ["static", "graph"])
+def test_round_trips_inside_the_decode_are_refused(step):
+    rm = tiny_model("tiny-qwen3.5", "triton")
+    with pytest.raises(ValueError, match=rf"step '{step}' restores round trips at the prompt's end only, got "
+                                         r"#rt=int8@every:4 in config 'nvfp4/fp16sr#rt=int8@every:4'; accepted: "
+                                         r"#rt=FORMAT@prompt, or step 'triton' or 'reference'"):
+        greedy_generate(rm, [[1, 2, 3]], config="nvfp4/fp16sr#rt=int8@every:4", max_gen_toks=2, step=step)
 
 
 @pytest.mark.parametrize("step", ["static", "graph"])

@@ -5,7 +5,7 @@ same prompts with two rows at once, prompts fed in 4-token segments, rows of dif
 leaving and joining the batch, and must give the same tokens per prompt (same seq_ids, so the
 same SR bits). Step "graph" (the whole model's step on fixed buffers, regrouped into a new decoder
 when rows join or most have left) gives the tokens of step "triton" under the same batching, on each SSM
-family, and so does step "static" on KDA. Then:
+family, and so does step "static" on KDA; both take a round trip at the prompt's end (a prefix-cache hit). Then:
 the order of entry changes nothing, an out-of-memory step is recovered by halving the batch (also
 under step "graph"), and a batch that does not fit is refused before any work.
 """
@@ -21,6 +21,7 @@ from replayssm_eval.generate import memory
 from replayssm_eval.generate.engine import Engine
 from replayssm_eval.generate.generation import greedy_generate
 from replayssm_eval.models.fixtures import BUNDLED_MODELS
+from replayssm_eval.models import session as session_module, static_session
 from replayssm_eval.models.model_graph import StaticDecoder
 
 from tests.helpers.device import TEST_DEVICE
@@ -193,7 +194,40 @@ def test_static_step_on_kda_gives_the_triton_step_tokens():
     assert [g.gen_tokens for g in static] == GRAPH_LIMITS
 
 
-def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_graph():
+@pytest.mark.slow
+def test_fixed_buffer_steps_restore_a_prompt_round_trip_as_the_triton_step(monkeypatch):
+    """A prefix-cache hit (`#rt=...@prompt`) under continuous batching: each row's state round-trips once per SSM
+    layer, at its first decode step (before it enters fixed buffers), whenever it joins. Step "static" gives step
+    "triton"'s logits at every step bit for bit, step "graph" its tokens."""
+    config = "nvfp4/fp16sr@2#rt=int8:axis=headdim@prompt"
+    rm = tiny_model("tiny-qwen3.5")
+    trips = []
+    for module in (session_module, static_session):
+        monkeypatch.setattr(module, "round_trip", functools.partial(_counted, trips, module.round_trip))
+
+    def run(step):
+        engine = Engine(rm, config, step=step, max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False)
+        logits, step_tokens = [], engine.step_tokens
+        monkeypatch.setattr(engine, "step_tokens", lambda session, t: logits.append(step_tokens(session, t)) or logits[-1])
+        trips.clear()
+        gens = engine.generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
+        assert sum(trips) == 3 * len(rm.layers)  # rows 0, 2 and 3 decode; row 1 stops at its first token
+        return [g.tokens for g in gens], logits
+
+    tokens, logits = run("triton")
+    static_tokens, static_logits = run("static")
+    assert static_tokens == tokens and len(static_logits) == len(logits)
+    assert all(torch.equal(a, b) for a, b in zip(static_logits, logits))
+    assert run("graph")[0] == tokens
+
+
+def _counted(trips: list, round_trip, *args):
+    """`kernels.round_trip.round_trip` that adds the number of rows it round-trips to `trips`."""
+    trips.append(int(args[-1].sum()))
+    return round_trip(*args)
+
+
+def test_lm_model_takes_the_decode_step_and_refuses_configs_the_graph_step_cannot_run():
     pytest.importorskip("lm_eval")
     from replayssm_eval.accuracy.lm_model import ReplaySSMLM
 
@@ -203,6 +237,12 @@ def test_lm_model_takes_the_decode_step_and_refuses_a_speculative_config_under_g
         ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="fast")
     with pytest.raises(ValueError, match="step 'graph' covers fixed windows only"):
         ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#spec=4:0.5")
+    with pytest.raises(ValueError, match=r"step 'graph' restores round trips at the prompt's end only, got "
+                                         r"#rt=int8@at:9 in config 'nvfp4/fp16sr#rt=int8@at:9'; accepted: "
+                                         r"#rt=FORMAT@prompt, or step triton or reference"):
+        ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#rt=int8@at:9")
+    prefix_hit = ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#rt=int8@prompt")
+    assert prefix_hit.step == "graph"
 
 
 def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):
