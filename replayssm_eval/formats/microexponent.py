@@ -65,7 +65,8 @@ class MicroexponentFormat(StateFormat):
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         words = self._words(x, seed, offset, random_bits)
         x4 = layout.as_bhpn(x)  # [B, H, P, N]
-        blocks = layout.pad_to(layout.orient(x4.float(), self.axis), BLOCK).unflatten(-1, (-1, BLOCK))  # [B, H, R, Cb, 16]
+        xo = layout.pad_to(layout.orient(x4.float(), self.axis), BLOCK)  # [B, H, R, Cp]
+        blocks = xo.unflatten(-1, (-1, BLOCK))  # [B, H, R, Cb, 16]
         finite = torch.isfinite(blocks).all(-1, keepdim=True)  # [B, H, R, Cb, 1]
         mag = torch.where(finite, blocks.abs(), 0.0)
         e = torch.where(mag > 0, torch.frexp(mag).exponent - 1, EXP_MIN - 1)  # floor(log2 |x|), zeros below any E
