@@ -123,7 +123,8 @@ PRESETS = {p.name: p for p in (
                  "MX8 state with round to nearest, ties away from zero (the paper's format without stochastic "
                  "rounding)",
                  "yes but where a magnitude rounds up to 64 steps (saturating at 63 here, carrying into the "
-                 "exponent in the paper's accuracy code) and for subnormal inputs"),
+                 "exponent in the paper's accuracy code) and in blocks of values below 2^-119, where that code "
+                 "gives zeros and subnormals an implicit leading one"),
     EnginePreset("pimba:int8sr", "int8sr:scale=block:32",
                  "Kim et al., Pimba, MICRO '25, Section 3.2 (casys-kaist/pimba, src/pimba/accuracy/quants/int8.py)",
                  "the paper's INT8 state: one scale amax / 127 per 32 elements along d_state, stochastic rounding "

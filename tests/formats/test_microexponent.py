@@ -129,3 +129,38 @@ def test_pimba_int8_is_int8sr_with_32_element_scales():
         expected[..., c0:c0 + 32] = code.astype(np.float32) * s
     np.testing.assert_array_equal(got, expected + 0.0)
     assert fmt.encode(x, seed=1).scales.shape == (2, 3, 4, 3)
+
+
+def _pimba_port(block: np.ndarray) -> np.ndarray:
+    """A scalar port of the integer steps of the Pimba accuracy code's MX8 rounding to nearest
+    (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py) for one block of 16 FP32 values."""
+    bits = block.view(np.uint32).astype(np.int64)
+    exp = (bits >> 23) & 0xFF
+    top = exp.max()
+    out = np.zeros(16, dtype=np.int64)
+    for i in range(16):
+        comp = 1 if top - exp[i - i % 2:i - i % 2 + 2].max() >= 1 else 0
+        diff = top - exp[i] - comp
+        m = ((bits[i] & 0x7FFFFF) | 0x800000) >> diff
+        m = (((m + (1 << 17)) >> 18) << 18) << diff
+        x = (bits[i] & ~0x7FFFFF) | (m & 0x7FFFFF)
+        x += (m & (1 << 24)) >> 1
+        out[i] = 0 if m < (1 << 23) else x
+    return out.astype(np.uint32).view(np.float32)
+
+
+def test_pimba_mx8_agrees_with_a_port_of_the_papers_code_but_past_63_steps():
+    g = np.random.default_rng(8)
+    x = (g.standard_normal((64, 16)) * np.exp2(g.integers(-20, 20, (64, 1)))).astype(np.float32)
+    x[0, 5] = 0.0
+    x[1, :2] = 0.0  # an all-zero pair
+    x[2] = np.float32(1.5) * np.exp2(np.arange(0, -16, -1)).astype(np.float32)  # values across 16 binades
+    x[3, 0], x[3, 1] = np.float32(63.5 / 32), np.float32(-1.0 - 2.5 / 32)  # rounds up to 64 steps; a tie
+    ours = ReplayConfig.parse("pimba:mx8").recur_format.quantize(torch.from_numpy(x).view(1, 64, 16)).view(64, 16)
+    port = np.stack([_pimba_port(row) for row in x])
+    carried = port != ours.numpy()
+    # each difference is a magnitude past 63.5 steps: 63 steps here, 64 (the carry into the exponent) there
+    assert carried[3, 0] and 0 < carried.sum() < 16
+    assert np.array_equal(ours.numpy()[carried], port[carried] * np.float32(63 / 64))
+    assert np.all(np.frexp(np.abs(port[carried]))[0] == 0.5)  # 64 steps is a power of two
+    assert ours[3, 1] == port[3, 1] == -(1.0 + 3 / 32)  # the tie, away from zero in both
