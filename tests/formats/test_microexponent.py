@@ -132,20 +132,22 @@ def test_pimba_int8_is_int8sr_with_32_element_scales():
 
 
 def _pimba_port(block: np.ndarray) -> np.ndarray:
-    """A scalar port of the integer steps of the Pimba accuracy code's MX8 rounding to nearest
-    (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py) for one block of 16 FP32 values."""
-    bits = block.view(np.uint32).astype(np.int64)
-    exp = (bits >> 23) & 0xFF
-    top = exp.max()
+    """Our port of the integer steps the Pimba accuracy code (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py)
+    rounds one block of 16 FP32 values with, to nearest: each significand, implicit bit set, is shifted right to
+    its pair's reference exponent, rounded to 6 bits (half adds 2^17 below the 18 dropped bits), shifted back
+    into the element's own exponent field, a carry past 24 bits raising that exponent, a lost leading bit giving 0."""
+    words = block.view(np.uint32).astype(np.int64)
+    field = (words >> 23) & 0xFF
+    shared = field.max()
     out = np.zeros(16, dtype=np.int64)
     for i in range(16):
-        comp = 1 if top - exp[i - i % 2:i - i % 2 + 2].max() >= 1 else 0
-        diff = top - exp[i] - comp
-        m = ((bits[i] & 0x7FFFFF) | 0x800000) >> diff
-        m = (((m + (1 << 17)) >> 18) << 18) << diff
-        x = (bits[i] & ~0x7FFFFF) | (m & 0x7FFFFF)
-        x += (m & (1 << 24)) >> 1
-        out[i] = 0 if m < (1 << 23) else x
+        mu = int(field[i - i % 2:i - i % 2 + 2].max() < shared)
+        shift = shared - mu - field[i]
+        sig = ((words[i] & 0x7FFFFF) | 0x800000) >> shift
+        sig = ((sig + (1 << 17)) >> 18 << 18) << shift
+        word = (words[i] & ~0x7FFFFF) | (sig & 0x7FFFFF)
+        word += (sig & (1 << 24)) >> 1
+        out[i] = word if sig >= (1 << 23) else 0
     return out.astype(np.uint32).view(np.float32)
 
 
