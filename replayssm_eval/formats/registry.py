@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 
 from replayssm_eval.formats.formats import ElementwiseFormat, FP8Format, IntFormat, MXFormat, NVFP4Format, StateFormat
+from replayssm_eval.formats.dual_axis import DualAxisFormat
 from replayssm_eval.formats.feedback import FEEDBACK, Feedback
+from replayssm_eval.formats.microexponent import MicroexponentFormat
 from replayssm_eval.formats.rotation import ROTATIONS, Rotated
 
 # name -> format class; the class's `options_for(name)` give the accepted options
@@ -27,6 +29,9 @@ FORMATS: dict[str, type[StateFormat]] = {
     "fp8e5m2": FP8Format,
     "int8": IntFormat,
     "int8sr": IntFormat,
+    "mx8": MicroexponentFormat,
+    "mx8sr": MicroexponentFormat,
+    "dualaxis": DualAxisFormat,
     "nvfp4": NVFP4Format,
     "mxfp8": MXFormat,
     "mxfp4": MXFormat,

@@ -58,6 +58,7 @@ FORMATS = ("fp32", "bf16", "fp16", "fp16sr", "fp16sr:rounds=7",
            "int16sr:rounds=7,bits=24",
            "nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor", "nvfp4:scale=rowcol", "nvfp4:axis=headdim,scale=head",
            "mxfp8", "mxfp4", "mxfp4:axis=headdim", "mxfp8:axis=headdim",
+           "mx8", "mx8sr", "mx8:axis=headdim", "dualaxis", "dualaxis:width=8", "dualaxis:axis=dstate,width=4",
            "int8:rot=hadamard:16", "int8sr:axis=headdim,rot=hadamard:16", "fp8:rot=hadamard:16",
            "nvfp4:rot=hadamard:16",  # hadamard:16: 1/4 is exact, so the rotated integer state is exact in FP64
            # sglang:fp8; tiles that split the golden and random heads (16 and 32 rows); 2-D tiles, shorter at the edges

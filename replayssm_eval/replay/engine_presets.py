@@ -111,6 +111,40 @@ PRESETS = {p.name: p for p in (
                  "statistically only, because ModelOpt floors the scale at 6e-8, rounds ties away from zero, "
                  "reconstructs with the scale rounded to FP16 and rotates in its own FP32 arithmetic (here: no "
                  "floor, ties to even, FP32 scales, FP64 rotation rounded once); elsewhere the codes agree"),
+    EnginePreset("pimba:mx8sr", "mx8sr",
+                 "Kim et al., Pimba, MICRO '25, Sections 3.2 and 4.2 (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py)",
+                 "the paper's state format: MX8 (16 values share an 8-bit exponent, each pair a 1-bit microexponent, "
+                 "sign and 6-bit mantissa) with stochastic rounding, the state stored every step (its Eq. 2)",
+                 "statistically only, because the paper draws its random bits from an LFSR (its accuracy code: "
+                 "Triton's tl.randint, 8 bits added below the rounding point, as here); a magnitude rounding up to 64 "
+                 "steps saturates at 63 here and carries into the exponent in that code; elsewhere the values agree"),
+    EnginePreset("pimba:mx8", "mx8",
+                 "Kim et al., Pimba, MICRO '25, Section 3.2 (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py)",
+                 "MX8 state with round to nearest, ties away from zero (the paper's format without stochastic "
+                 "rounding)",
+                 "yes but where a magnitude rounds up to 64 steps (saturating at 63 here, carrying into the "
+                 "exponent in the paper's accuracy code) and in blocks of values below 2^-119, where that code "
+                 "gives zeros and subnormals an implicit leading one"),
+    EnginePreset("pimba:int8sr", "int8sr:scale=block:32",
+                 "Kim et al., Pimba, MICRO '25, Section 3.2 (casys-kaist/pimba, src/pimba/accuracy/quants/int8.py)",
+                 "the paper's INT8 state: one scale amax / 127 per 32 elements along d_state, stochastic rounding "
+                 "(the paper's most accurate 8-bit state, Figure 4)",
+                 "statistically only, because the paper fixes the scale group and the rounding's distribution, not "
+                 "the scale's precision or the random bits (its accuracy code rounds amax to bf16 and adds "
+                 "tl.rand - 0.5 before rounding half away from zero)"),
+    EnginePreset("stepquant:dualaxis6", "dualaxis",
+                 "Yao, Xu, Lin et al., STEPQuant, arXiv 2609.38169, Section 4.3 and Appendix C.1 (Eq. 11-14)",
+                 "STEPQuant's Key-Row-Aware Dual-axis Fitting at its nominal 6 bits: one FP16 factor per key row "
+                 "(sqrt of the row's mean magnitude) and per value column (a weighted least-squares fit), the "
+                 "state stored every step (its Eq. 4); without the paper's calibrated row impact, lifetime-aware "
+                 "bit allocation and FP16 pivots",
+                 "statistically only, because the paper's SGLang kernel refits the column factors from the previous "
+                 "step's and calibrates row-impact factors and per-head widths; here each store starts from the "
+                 "column maxima with one fixed-code update, uniform row impact and one width"),
+    EnginePreset("stepquant:dualaxis8", "dualaxis:width=8",
+                 "Yao, Xu, Lin et al., STEPQuant, arXiv 2609.38169, Section 4.3 and Appendix C.1 (Eq. 11-14)",
+                 "stepquant:dualaxis6 with 8-bit codes, the paper's widest integer candidate",
+                 "statistically only, as stepquant:dualaxis6"),
 )}
 
 ENGINES = tuple(sorted({name.partition(":")[0] for name in PRESETS}))

@@ -6,9 +6,9 @@ import torch
 from replayssm_eval.formats import PackedState, StateFormat, get_format, list_formats
 from replayssm_eval.formats.measure import sample_state
 
-ALL = ["fp32", "bf16", "fp16", "fp16sr", "int16", "int16sr", "fp8", "fp8sr", "fp8e5m2", "int8", "int8sr", "nvfp4",
-       "mxfp8", "mxfp4"]
-STOCHASTIC = ("fp16sr", "fp8sr", "int8sr", "int16sr")
+ALL = ["fp32", "bf16", "fp16", "fp16sr", "int16", "int16sr", "fp8", "fp8sr", "fp8e5m2", "int8", "int8sr", "mx8", "mx8sr",
+       "dualaxis", "nvfp4", "mxfp8", "mxfp4"]
+STOCHASTIC = ("fp16sr", "fp8sr", "int8sr", "int16sr", "mx8sr")
 VARIANTS = ALL + ["fp8:scale=head", "fp8sr:scale=tensor", "fp8:scale=none", "nvfp4:axis=headdim,scale=tensor",
                   "nvfp4:scale=row", "nvfp4:scale=tensor", "nvfp4:scale=rowcol", "nvfp4:axis=headdim,scale=rowcol",
                   "mxfp4:axis=headdim", "int8:scale=block:4", "int16sr:axis=headdim,scale=block:3", "int8:scale=head",
@@ -39,7 +39,7 @@ def test_names_and_canonical_specs():
 
 @pytest.mark.parametrize("spec,message", [
     ("nvfp5", "unknown state format 'nvfp5'; known: fp32, bf16, fp16, fp16sr, int16, int16sr, fp8, fp8sr, fp8e5m2, "
-              "int8, int8sr, nvfp4, mxfp8, mxfp4"),
+              "int8, int8sr, mx8, mx8sr, dualaxis, nvfp4, mxfp8, mxfp4"),
     ("nvfp4:block=32", "unknown option 'block' for state format 'nvfp4'; accepted: axis, scale, rot, ef"),
     ("nvfp4:axis=k", "bad value 'k' for option 'axis' of state format 'nvfp4'; accepted: dstate, headdim"),
     ("fp8:scale", "bad value '' for option 'scale' of state format 'fp8'; "
@@ -97,7 +97,8 @@ def test_packed_roundtrip_and_sizes(spec, shape, bits_equal):
 def test_bits_per_element():
     bpe = {name: get_format(name).bits_per_element for name in ALL}
     assert bpe == {"fp32": 32, "bf16": 16, "fp16": 16, "fp16sr": 16, "int16": 16, "int16sr": 16, "fp8": 8, "fp8sr": 8,
-                   "fp8e5m2": 8, "int8": 8, "int8sr": 8, "nvfp4": 4.5, "mxfp8": 8.25, "mxfp4": 4.25}
+                   "fp8e5m2": 8, "int8": 8, "int8sr": 8, "mx8": 8, "mx8sr": 8, "dualaxis": 6, "nvfp4": 4.5, "mxfp8": 8.25,
+                   "mxfp4": 4.25}
     assert get_format("int8:scale=block:64").bits_per_element == 8.5
     assert get_format("int8:rot=hadamard:32").bits_per_element == 8
     shape = (96, 80, 128)
