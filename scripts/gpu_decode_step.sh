@@ -7,21 +7,7 @@
 #   PREV=.prev OUT=out scripts/gpu_decode_step.sh     # H200: about 8 minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-out}")
-PREV=${PREV:-}
-export PYTHONUNBUFFERED=1
-dir=$OUT/decode-step
-mkdir -p "$dir"
-status=0
-step() {  # step NAME SECONDS ROOT CMD...: run in ROOT with a time limit, log to $dir/NAME.log, remember a failure
-  local name=$1 limit=$2 root=$3
-  shift 3
-  echo "=== $name ($root): $*"
-  (cd "$root" && PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$@") 2>&1 | tee "$dir/$name.log" | tail -30
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name: exit $rc"
-  [[ $rc == 0 ]] || status=1
-}
+source scripts/gpu_steps.sh decode-step
 speed=(python benchmarks/kernel_speed.py --skip-chunked --quick --families kda,gdn,mamba2 --batches 256)
 [[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}" --out "$dir/speed_before.json"
 step speed_after 150 . "${speed[@]}" --out "$dir/speed_after.json"

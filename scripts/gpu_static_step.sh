@@ -9,21 +9,8 @@
 #   PREV=.prev OUT=out scripts/gpu_static_step.sh     # H200: about 7 minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-out}")
-PREV=${PREV:-}
-export PYTHONUNBUFFERED=1
-dir=$OUT/static-step
-mkdir -p "$dir"
-status=0
-step() {  # step NAME SECONDS ROOT CMD...: run in ROOT with a time limit, log to $dir/NAME.log, remember a failure
-  local name=$1 limit=$2 root=$3
-  shift 3
-  echo "=== $name ($root): $*"
-  (cd "$root" && PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$@") 2>&1 | tee "$dir/$name.log" | grep -v "^ *[-=]*$" | grep -E -v "^\s+(aten|cuda|void|Memcpy|Memset|Activity|triton_|_)" | tail -40
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name: exit $rc"
-  [[ $rc == 0 ]] || status=1
-}
+FILTER='^ *[-=]*$|^\s+(aten|cuda|void|Memcpy|Memset|Activity|triton_|_)'  # the profiles' noise
+source scripts/gpu_steps.sh static-step
 speed=(python benchmarks/static_step_speed.py --profile)
 [[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}"
 step speed_after 150 . "${speed[@]}" --out "$dir/speed_after.json"
