@@ -1,7 +1,7 @@
 # Sourced by the before-and-after GPU scripts (gpu_decode_step.sh, gpu_static_step.sh): their common setup and `step`.
 # Sets OUT, PREV, dir=$OUT/$1 and status; `step NAME SECONDS ROOT CMD...` runs CMD in ROOT (this checkout or PREV)
-# with a time limit, logs it to $dir/NAME.log, shows its last lines (FILTER: a grep -E -v pattern of lines to hide,
-# (default: blank lines) and remembers a failure in status.
+# with a time limit, logs it to $dir/NAME.log, shows its last lines (FILTER: a grep -E -v pattern of lines to hide;
+# default: blank lines) and remembers a failure in status.
 OUT=$(realpath -m "${OUT:-out}")
 PREV=${PREV:-}
 export PYTHONUNBUFFERED=1
