@@ -24,7 +24,7 @@ from tests.helpers.mamba2 import mamba2_inputs
 from tests.helpers.replay import stack_states
 
 TEXTS = ("To be", "O Romeo, Romeo", "KING HENRY:\nOnce more unto")  # three lengths: joining pads the KV caches
-N_VALUES = {"rounds": "7", "bits": "8", "max": "240", "block:N": "block:8", "tile:RxC": "tile:3x0",
+N_VALUES = {"rounds": "7", "bits": "8", "max": "240", "width": "4", "block:N": "block:8", "tile:RxC": "tile:3x0",
             "hadamard:N": "hadamard:4"}
 
 
