@@ -22,7 +22,9 @@ def _logits(rm, config, ids, engine):
     return torch.cat(out, dim=1)
 
 
-@pytest.mark.parametrize("name", BUNDLED_MODELS)
+# one model in the quick tier (the delta-rule models take minutes in the interpreter: the slow tier)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "tiny-nemotron-h" else pytest.mark.slow)
+                                  for n in BUNDLED_MODELS])
 def test_round_trip_through_fp32_changes_nothing(name):
     rm = tiny_model(name, backend="torch")
     ids = torch.randint(3, 250, (2, CUTS[-1]), generator=torch.Generator().manual_seed(0)).to(rm.model.device)

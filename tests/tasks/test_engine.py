@@ -100,7 +100,8 @@ def triton_tokens(name: str, config: str):
     return [g.tokens for g in gens]
 
 
-@pytest.mark.parametrize("name", BUNDLED_MODELS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "tiny-nemotron-h" else pytest.mark.slow)
+                                  for n in BUNDLED_MODELS])  # one model in the quick tier
 def test_segmented_prefill_keeps_the_anchor_state(name):
     rm = tiny_model(name)
     rows = prompts(rm)[:3]
@@ -121,6 +122,7 @@ def test_segmented_prefill_keeps_the_anchor_state(name):
     torch.testing.assert_close(logits_split, logits_whole, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # 45 s in the interpreter
 def test_entry_order_changes_no_tokens():
     rm = tiny_model("tiny-nemotron-h")
     gens = greedy_generate(rm, prompts(rm), config="nvfp4/fp16sr@4", max_gen_toks=LIMITS, step=STEP, max_batch=2,
