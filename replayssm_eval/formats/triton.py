@@ -20,6 +20,7 @@ from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, INT8, INT8SR, INT16, INT16SR, NVFP4, e2m1_encode,
     ORDER_MUL, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, quantize_tile, round_kind, row_amax, scale_elements,
+    state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
@@ -117,8 +118,8 @@ def _encode_kernel(
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
-    if (KIND == FP16SR) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):  # `replay.keys.state_random_bits`
-        bits = tl.randint(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem).to(tl.int64)
+    if (KIND == FP16SR) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):  # key and checkpoint: SR kinds only
+        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, KIND)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
     if GROUP == GROUP_ROW:
@@ -177,16 +178,14 @@ def _head_amax_kernel(x_ptr, amax_ptr, take_ptr, heads, GROUP_ELEMS: tl.constexp
         if tl.load(take_ptr + g // heads) == 0:
             return
     base = x_ptr + g.to(tl.int64) * GROUP_ELEMS
-    best = tl.zeros((BLOCK,), dtype=tl.float32)
-    nan = tl.zeros((BLOCK,), dtype=tl.int32)
+    best = tl.zeros((BLOCK,), dtype=tl.float32)  # the maximum of no element: 0, or -FLT_MAX (ORDER_MUL)
     if ORDER == ORDER_MUL:
-        best = magnitudes(best + float("nan"), ORDER)  # every lane starts at -FLT_MAX, the magnitude of NaN
+        best = magnitudes(best + float("nan"), ORDER)
+    nan = tl.zeros((BLOCK,), dtype=tl.int32)
     for start in range(0, GROUP_ELEMS, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        if ORDER == ORDER_MUL:  # NaN and padding read -FLT_MAX
-            a = magnitudes(tl.load(base + offs, mask=offs < GROUP_ELEMS, other=float("nan")), ORDER)
-        else:
-            a = tl.abs(tl.load(base + offs, mask=offs < GROUP_ELEMS, other=0.0))
+        inside = offs < GROUP_ELEMS
+        a = tl.where(inside, magnitudes(tl.load(base + offs, mask=inside, other=0.0), ORDER), best)  # padding: best
         nan = nan | (a != a).to(tl.int32)
         best = tl.maximum(best, tl.where(a != a, 0.0, a))
     amax = tl.max(best, axis=0)

@@ -12,9 +12,10 @@ Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
 writes the new checkpoint of those rows in place: one `encode_triton` launch per stored copy
 (`take=` the folding rows, `out=` the packed read copy, `decoded=` S_hi or S_lo), or, for formats
-it does not cover, torch's encode of every row and `torch.where` selects. The launches read and write the
-folding rows only (the other rows' programs return at once), so a step where a few rows fold costs little more
-than one where none does: the engine's case, whose rows joined at different times and fold at different steps. A step has three variants (`FOLDS`): no row folds ("none": no
+it does not cover, torch's encode of every row and `torch.where` selects. The encode, its head amax and
+the ring reset read and write the folding rows only (the other rows' programs return at once), so a step
+where a few rows fold does not cost a flush of every row: the engine's case, whose rows joined at
+different times and fold at different steps. A step has three variants (`FOLDS`): no row folds ("none": no
 rounding), some rows fold ("some"), every row folds ("all": no selection; every step of an L = 1
 config, every flush of rows that started together). The caller knows the variant without reading
 the device, since every row's phase advances by one per token (`StaticState.host_count`). With
