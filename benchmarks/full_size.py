@@ -3,6 +3,7 @@
     python benchmarks/full_size.py --out OUT.json                       # on a GPU: both 4B architectures
     python benchmarks/full_size.py --models tiny-nemotron-h --tokens 256 --device cpu   # smoke run
     python benchmarks/full_size.py --tokens 32768 --small-segments 256 --out OUT.json   # + the cache-hook paths
+    python benchmarks/full_size.py --tokens 8192 --profile-tokens 4096    # + each config's profile (where its time goes)
 
 Builds Nemotron-3-Nano-4B and Qwen3.5-4B from `presets.full_size_config` (no download, random
 weights, bf16), routes their SSM layers through our kernels and feeds a prompt plus teacher-forced
@@ -66,6 +67,21 @@ def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int
             "finite": bool(torch.isfinite(logits).all())}
 
 
+def profile_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
+                   device: str) -> None:
+    """Print where a config's teacher-forced segments spend their time: torch.profiler's top operators and kernels by
+    self GPU time and by self CPU time (the run is compiled and warm: `run_config` ran first)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        seconds, _ = feed(rm, ids, prompt_len, segment, config, backend, device)
+    print(f"profile of {config}: {ids.shape[1] - prompt_len} tokens in {seconds:.3f} s (profiled)")
+    events = prof.key_averages()
+    for key in (("self_cuda_time_total",) if device.startswith("cuda") else ()) + ("self_cpu_time_total",):
+        print(events.table(sort_by=key, row_limit=18, max_name_column_width=70), flush=True)
+
+
 def plain_forward(rm: ReplayModel, ids: torch.Tensor, device: str) -> float:
     """Seconds of one unrouted HF forward over all tokens (no cache), the yardstick of the issue."""
     rm.remove()
@@ -90,6 +106,8 @@ def main() -> None:
     parser.add_argument("--segment", type=int, default=2048)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="triton")
+    parser.add_argument("--profile-tokens", type=int, default=0,
+                        help="also profile each config over this many teacher-forced tokens (0: no profile)")
     parser.add_argument("--out")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
@@ -119,6 +137,9 @@ def main() -> None:
             if args.device.startswith("cuda"):
                 row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             emit(row)
+            if args.profile_tokens and "error" not in row:
+                profile_config(rm, ids[:, :args.prompt_len + args.profile_tokens], args.prompt_len, args.segment,
+                               config, args.backend, args.device)
         config = args.configs.split(",")[0]
         for segment in (16, 1) if args.small_segments else ():
             short = ids[:, :args.prompt_len + args.small_segments]

@@ -91,6 +91,7 @@ class ReplaySession:
         if config is not None:
             self._config = as_config(config)
         self.seq_ids = None if seq_ids is None else torch.as_tensor(seq_ids, dtype=torch.int64)
+        self._seq_ids_device = (None, None, None)  # (seq_ids, its version, its copy on the layers' device)
         # per SSM layer: a ReplayState, a plain FP32 tensor under `plain_fp32`, or for a layer with head parts
         # (`ReplayConfig.layer_parts`) {part config name: its state over all heads}
         self.states: dict[int, ReplayState | torch.Tensor | dict] = {}
@@ -256,4 +257,9 @@ class ReplaySession:
             self.seq_ids = torch.arange(batch, dtype=torch.int64)
         if self.seq_ids.shape != (batch,):
             raise ValueError(f"seq_ids has {self.seq_ids.numel()} entries, expected one per batch row ({batch})")
-        return self.seq_ids.to(device)
+        source, version, on_device = self._seq_ids_device
+        if source is not self.seq_ids or version != self.seq_ids._version or on_device.device != torch.device(device):
+            # one device tensor while seq_ids stand: `replay.keys.sr_keys` remembers its keys
+            on_device = self.seq_ids.to(device, non_blocking=True)
+            self._seq_ids_device = (self.seq_ids, self.seq_ids._version, on_device)
+        return on_device

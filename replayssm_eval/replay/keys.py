@@ -7,13 +7,20 @@ Every stored state copy draws its random bits from Philox4x32-10 (`formats.philo
   state's `[H, P, N]` format layout (GDN states are laid out `[HV, V, K]` for the formats).
 Checkpoint 0 is the one written at prefill; checkpoint k the k-th flush after it. So a run is
 bit-reproducible from its seed, and neither batch composition nor call boundaries change a bit.
+
+`sr_keys` computes a GPU batch's keys on the GPU and remembers the keys of a seq_ids tensor while it lives
+(and is not written in place): the layers of a session share one seq_ids tensor, and a host read of the ids
+would wait for every queued kernel, once per layer and call.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from replayssm_eval.formats.philox import randint
+from replayssm_eval.replay.device_keys import sr_keys_device
 
 _MASK64 = (1 << 64) - 1
 RECUR_COPY, READ_COPY, ROUND_TRIP_COPY = 0, 1, 2
@@ -34,9 +41,28 @@ def sr_key(seed: int, layer: int, sequence: int, copy: int) -> int:
     return z - (1 << 64) if z >= 1 << 63 else z
 
 
+# id(seq_ids) -> (a weak reference to it, its version counter, {(seed, layer, copy): [B] int64 keys on its device})
+_KEYS: dict[int, tuple[weakref.ref, int, dict]] = {}
+
+
 def sr_keys(seed: int, layer: int, seq_ids: torch.Tensor, copy: int) -> torch.Tensor:
-    """[B] int64 keys for a batch of sequences."""
-    return torch.tensor([sr_key(seed, layer, int(s), copy) for s in seq_ids.tolist()], dtype=torch.int64, device=seq_ids.device)
+    """[B] int64 keys for a batch of sequences, on seq_ids' device (read-only: shared between calls).
+
+    Remembered per seq_ids tensor (by identity) while it lives and is not written in place; off the CPU they are
+    computed on the device (`device_keys.sr_keys_device`, the same bits), so no call reads the device."""
+    ref, version, keys = _KEYS.get(id(seq_ids), (None, None, None))
+    if ref is None or ref() is not seq_ids or version != seq_ids._version:
+        for stale in [k for k, (r, _, _) in _KEYS.items() if r() is None]:
+            del _KEYS[stale]
+        keys = {}
+        _KEYS[id(seq_ids)] = (weakref.ref(seq_ids), seq_ids._version, keys)
+    part = (seed, layer, copy)
+    if part not in keys:
+        if seq_ids.device.type == "cpu":
+            keys[part] = torch.tensor([sr_key(seed, layer, int(s), copy) for s in seq_ids.tolist()], dtype=torch.int64)
+        else:
+            keys[part] = sr_keys_device(seed, layer, seq_ids.long(), copy)
+    return keys[part]
 
 
 def state_random_bits(keys: torch.Tensor, checkpoint: torch.Tensor, state_shape: tuple[int, ...]) -> torch.Tensor:

@@ -45,6 +45,8 @@ def _phased(inputs, config, pre, device):
     ("shared:fp16sr@1", 1),
     ("shared:nvfp4:scale=row@4#skip=0.4", 3),
     ("nvfp4:scale=head/fp8sr@4", 1),
+    ("nvfp4/fp16sr@4", 3),  # the default: a head-scaled read copy over two P tiles, from the amax pass
+    ("int8:scale=head,order=mul/fp16sr@3", 1),
     ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3),
     ("int8/int16sr:scale=head@4", 3),
     ("flashinfer:int16", 1),

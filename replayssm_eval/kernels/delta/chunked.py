@@ -52,8 +52,7 @@ class Segments:
     num: int  # NS: segments (max over sequences)
     length: int  # L: padded segment length
     tok_index: torch.Tensor  # [B, T] flat index into [B * NS * L] of each token
-    pre_index: torch.Tensor  # [P] flat index of each carried entry
-    pre_source: tuple[torch.Tensor, torch.Tensor]  # (b, slot) of each carried entry
+    pre_index: torch.Tensor  # [B, capacity] flat index of each buffer slot's entry; B * NS * L past the carried ones
     folds: torch.Tensor  # [B, NS] bool, segment s of sequence b ends with a fold
     last: torch.Tensor  # [B, NS] int64, position of the segment's last entry (the fold token), -1 if empty
     count_after: torch.Tensor  # [B] entries left in the buffer after the call
@@ -70,11 +69,15 @@ def segment_layout(p: Prepared) -> Segments:
     last_fold = torch.cat([torch.full((bsz, 1), -1, device=device, dtype=torch.int64), last_fold[:, :-1]], dim=1)
     pos = torch.where(seg > 0, n - last_fold - 1, count0[:, None] + n)  # [B, T]
     nfold = p.plan.num_folds  # [B]
-    num = int(nfold.max()) + 1 if seqlen else 1
-    length = max(int(pos.max()) + 1 if seqlen else 0, int(count0.max()) if count0.numel() else 0, 1)
+    if seqlen:  # the call's one host read
+        num, length = torch.stack([nfold.max() + 1, torch.maximum(pos.max() + 1, count0.max())]).tolist()
+    else:
+        num, length = 1, int(count0.max()) if count0.numel() else 0
+    length = max(length, 1)
     tok_index = (torch.arange(bsz, device=device)[:, None] * num + seg) * length + pos
-    pre_b, pre_slot = (torch.arange(p.capacity, device=device)[None, :] < count0[:, None]).nonzero(as_tuple=True)
-    pre_index = (pre_b * num) * length + pre_slot
+    slot = torch.arange(p.capacity, device=device)
+    pre_index = torch.where(slot[None, :] < count0[:, None], (torch.arange(bsz, device=device)[:, None] * num) * length
+                            + slot, bsz * num * length)  # [B, capacity]
     seg_ids = torch.arange(num, device=device)
     folds = seg_ids[None, :] < nfold[:, None]
     # entries per segment: tokens plus, for segment 0, the carried ones
@@ -83,17 +86,18 @@ def segment_layout(p: Prepared) -> Segments:
     sizes = sizes.view(bsz, num)
     sizes[:, 0] += count0
     count_after = sizes.gather(1, nfold[:, None]).squeeze(1)
-    return Segments(num, length, tok_index, pre_index, (pre_b, pre_slot), folds, sizes - 1, count_after)
+    return Segments(num, length, tok_index, pre_index, folds, sizes - 1, count_after)
 
 
 def pad_segments(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor | None) -> torch.Tensor:
     """Tokens [B, T, ...] (and carried entries [B, cap, ...]) -> zero-padded [B, NS, L, ...]."""
     bsz = x_tok.shape[0]
-    out = x_tok.new_zeros(bsz * seg.num * seg.length, *x_tok.shape[2:])
+    size = bsz * seg.num * seg.length
+    out = x_tok.new_zeros(size + 1, *x_tok.shape[2:])  # the last row takes the slots past each sequence's count
     out[seg.tok_index.flatten()] = x_tok.flatten(0, 1)
-    if x_buf is not None and seg.pre_index.numel():
-        out[seg.pre_index] = x_buf[seg.pre_source].to(out.dtype)
-    return out.view(bsz, seg.num, seg.length, *x_tok.shape[2:])
+    if x_buf is not None:
+        out[seg.pre_index.flatten()] = x_buf[:, :seg.pre_index.shape[1]].flatten(0, 1).to(out.dtype)
+    return out[:size].view(bsz, seg.num, seg.length, *x_tok.shape[2:])
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:

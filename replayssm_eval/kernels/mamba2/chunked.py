@@ -43,11 +43,12 @@ class Segments:
         self.num_folds = plan.fold_after.sum(1)  # [B]
         self.last_fold = last_fold[:, -1] if tokens else self.h0.new_full(self.h0.shape, -1)  # [B]: last folding token
         span = torch.cat([self.pos.flatten(), self.h0 - 1, torch.zeros(1, dtype=torch.int64, device=device)])
-        length, segments = (int(v) for v in torch.stack([span.max() + 1, self.num_folds.max() + 1]).tolist())
+        length, *num_folds = torch.cat([span.max()[None] + 1, self.num_folds]).tolist()  # the call's one host read
+        segments = max(num_folds, default=0) + 1
         self.length, self.segments = length, segments
         # [B, S]: segment s ends in a fold; host copy to steer the loop
         self.folds = torch.arange(segments, device=device)[None] < self.num_folds[:, None]
-        self.folds_host = self.folds.t().tolist()
+        self.folds_host = [[s < n for n in num_folds] for s in range(segments)]  # [S][B]
         self.index = self.seg * length + self.pos  # [B, T] flat index in the grid
         self.read_hi = self.scatter(plan.read_hi, None, False)  # [B, S*L]
 

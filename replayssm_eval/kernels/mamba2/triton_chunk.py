@@ -2,15 +2,17 @@
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch, one program per
+- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch (two, below), one program per
   (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
   bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
-  nvfp4 with axis=dstate and scale=row|head (head scales make a program hold the whole head). The
-  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec; the default
-  `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
+  nvfp4 with axis=dstate and scale=row|head. A head-scaled recurrence copy makes a program hold the whole
+  head; a head-scaled read copy, which never feeds the fold, keeps head_dim tiles of 16 rows (more programs)
+  and takes two launches: the folds alone with each tile's amax (`PASS_AMAX`), then everything with the head's
+  amax (`PASS_OUTPUT`); the two launches fold the same tiles in the same order, so the same bits. The
+  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
@@ -30,7 +32,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
-from replayssm_eval.formats.device import round_tile, state_bits
+from replayssm_eval.formats.device import quantize_tile, round_tile, state_bits, tile_amax
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -39,6 +41,9 @@ from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
 
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
+# `_chunk_scan_kernel`'s PASS: everything in one pass; or, for a read copy with a head scale held by programs of a head
+# tile each, the folds alone with each tile's amax per fold, then everything with the head's amax
+PASS_ONE, PASS_AMAX, PASS_OUTPUT = (tl.constexpr(p) for p in range(3))
 
 
 @triton.jit
@@ -46,11 +51,12 @@ def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
+    amax_ptr,  # PASS_AMAX: [B, S, H, P tiles] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -80,25 +86,27 @@ def _chunk_scan_kernel(
         cs = tl.cumsum(dt * A, axis=0)  # log G_{0..j}
         x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=mask_l[:, None] & mask_p[None, :], other=0.0)
         bm = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
-        cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
-        # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
-        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-        scores = tl.dot(cm, tl.trans(bm), input_precision=DOT) * decay * dt[None, :]
-        y = tl.dot(scores, x, input_precision=DOT)
-        # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
-        g_read = tl.exp(cs)
-        if SKIP:
-            g_read = tl.where(g_read < skip, 0.0, g_read)
-        y_src = tl.dot(cm, tl.trans(hi), input_precision=DOT)
-        if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
-            rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-            tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
-            g_read = tl.where(rh != 0, g_read, 0.0)
-        elif not SHARED:
-            rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-            y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision=DOT))
-        y += g_read[:, None] * y_src
-        tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
+        if PASS != PASS_AMAX:  # the amax pass computes the folds only
+            cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :],
+                         other=0.0)
+            # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
+            decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
+            scores = tl.dot(cm, tl.trans(bm), input_precision=DOT) * decay * dt[None, :]
+            y = tl.dot(scores, x, input_precision=DOT)
+            # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
+            g_read = tl.exp(cs)
+            if SKIP:
+                g_read = tl.where(g_read < skip, 0.0, g_read)
+            y_src = tl.dot(cm, tl.trans(hi), input_precision=DOT)
+            if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
+                rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
+                tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
+                g_read = tl.where(rh != 0, g_read, 0.0)
+            elif not SHARED:
+                rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
+                y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision=DOT))
+            y += g_read[:, None] * y_src
+            tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
         if tl.load(fold_ptr + b * S + s) != 0:
             cs_last = tl.sum(tl.where(offs_l == BLOCK_L - 1, cs, 0.0), axis=0)  # padding has dt = 0
             g_seg = tl.exp(cs_last)
@@ -112,21 +120,30 @@ def _chunk_scan_kernel(
             counter = ((ck + s + 1) << 32) + elem
             hi = round_tile(folded, state_bits(key_hi, counter, RECUR), RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
                             BLOCK_P, BLOCK_N)
-            if LO_OUTSIDE:
+            at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
+            if PASS == PASS_AMAX:
+                tile_max = tl.max(tile_amax(folded, True, READ_ORDER), axis=0)  # [1]: the tile's amax
+                tl.store(amax_ptr + at * tl.num_programs(2) + tl.program_id(2) + tl.arange(0, 1), tile_max)
+            elif LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif SHARED:
                 lo = hi
+            elif PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
+                amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
+                lo = quantize_tile(folded, state_bits(key_lo, counter, READ), amax, READ, READ_GROUP, READ_MAX,
+                                   READ_ORDER, BLOCK_P, BLOCK_N)
             else:
                 lo = round_tile(folded, state_bits(key_lo, counter, READ), READ, READ_GROUP, READ_MAX, READ_ORDER,
                                 BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
-    tl.store(hi_ptr + state_off, hi, mask=mask_s)
-    if not SHARED:
-        if not LO_OUTSIDE:
-            tl.store(lo_ptr + state_off, lo, mask=mask_s)
-    tl.store(pre_ptr + state_off, pre, mask=mask_s)
+    if PASS != PASS_AMAX:  # the amax pass leaves the state to the output pass, which folds the same again
+        tl.store(hi_ptr + state_off, hi, mask=mask_s)
+        if not SHARED:
+            if not LO_OUTSIDE:
+                tl.store(lo_ptr + state_off, lo, mask=mask_s)
+        tl.store(pre_ptr + state_off, pre, mask=mask_s)
 
 
 def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, outside=None):
@@ -142,19 +159,31 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     G, N = pB.shape[3], pB.shape[4]
     recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    launch = chunked_launch_config(P, N, Group.HEAD in (recur.group, read.group))
+    # a head-scaled read copy never feeds the fold: an amax pass over P tiles beats one program per head
+    two_pass = read.group == Group.HEAD and recur.group != Group.HEAD and not config.shared and outside is None
+    launch = chunked_launch_config(P, N, Group.HEAD in (recur.group, read.group) and not two_pass)
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
-    _chunk_scan_kernel[(batch, H, triton.cdiv(P, block_p))](
-        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
-        S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
-        RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-        READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-        SHARED=config.shared, LO_OUTSIDE=outside is not None,
-        SKIP=skip is not None, BUF=buffer_kind(config),
-        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
-        DOT=launch["DOT"], num_warps=launch["num_warps"],
-    )
+    grid_size = (batch, H, triton.cdiv(P, block_p))
+
+    def launch_pass(kind, amax):
+        _chunk_scan_kernel[grid_size](
+            px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, amax,
+            S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
+            RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
+            READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+            SHARED=config.shared, LO_OUTSIDE=outside is not None,
+            SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
+            BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
+            DOT=launch["DOT"], num_warps=launch["num_warps"],
+        )
+
+    if two_pass:
+        tiles = torch.empty(batch, S, H, grid_size[2], dtype=torch.float32, device=hi.device)  # [B, S, H, P tiles]
+        launch_pass(PASS_AMAX, tiles)
+        launch_pass(PASS_OUTPUT, tiles.amax(-1).contiguous())  # [B, S, H]: read at folds only
+    else:
+        launch_pass(PASS_ONE, hi)
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
@@ -252,13 +281,19 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
     y = y + inp.D[:, None] * inp.x_skip
     packed = state.lo_packed
-    rows = (seg.num_folds > 0).nonzero().flatten()
-    if len(rows):
-        _, new_lo, new_packed = write_checkpoint_packed(pre[rows], config, state.layer, state.seq_ids[rows],
-                                                        (state.checkpoint + seg.num_folds)[rows])
-        packed = merge_packed(packed, new_packed, rows, batch)
+    rows = [b for b, folds in enumerate(seg.folds_host[0]) if folds]  # sequences that wrote a checkpoint
+    if len(rows) == batch:  # no selection: seq_ids stays the tensor whose keys `sr_keys` remembers
+        _, new_lo, packed = write_checkpoint_packed(pre, config, state.layer, state.seq_ids,
+                                                    state.checkpoint + seg.num_folds)
         if read_outside:
-            lo[rows] = new_lo
+            lo = new_lo
+    elif rows:
+        index = torch.tensor(rows).to(hi.device, non_blocking=True)
+        _, new_lo, new_packed = write_checkpoint_packed(pre[index], config, state.layer, state.seq_ids[index],
+                                                        (state.checkpoint + seg.num_folds)[index])
+        packed = merge_packed(packed, new_packed, index, batch)
+        if read_outside:
+            lo[index] = new_lo
     buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
     out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
