@@ -343,8 +343,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     [B, H, K], v [B, HV, V], g, beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after the token; closed: from the
     buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
     the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
-    them). buf_kind:
-    `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
+    them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
