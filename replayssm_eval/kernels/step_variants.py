@@ -35,7 +35,8 @@ def step_launches(folds: str) -> tuple[tuple[bool, bool], ...]:
 @triton.jit
 def other_launch_row(fold_ptr, b, FOLD: tl.constexpr, SPLIT: tl.constexpr):
     """Whether row b belongs to the other launch of a split pair (`step_launches`): a split folding launch (FOLD)
-    takes the rows with fold[b] != 0, a split reading launch the others, a launch not split every row. fold: [B] int8."""
+    takes the rows with fold[b] != 0, a split reading launch the others, a launch not split every row.
+    fold: [B] int8."""
     other = False
     if SPLIT:
         if FOLD:
