@@ -19,8 +19,10 @@ folds ("all": no selection; every step of an L = 1 config, every flush of rows t
 (what a "none" step runs) and its folding path for those that do (what an "all" step runs), each launch's
 programs of the other's rows returning at once (`step_variants.step_launches`); so every row gets the bits
 it gets in a "none" or an "all" step, whatever the other rows do. The encode, its head amax and the ring
-reset read and write the folding rows only too, so a step where a few rows fold does not cost a flush of
-every row: the engine's case, whose rows joined at different times and fold at different steps. The caller
+reset read and write the folding rows only too (the encode's programs, a fixed number per row block, take
+the folding rows in turn; the others' programs return at once in the other rows), so a step where a few
+rows fold does not cost a flush of every row: the engine's case, whose rows joined at different times and
+fold at different steps. The caller
 knows the variant without reading the device, since every row's phase advances by one per token
 (`StaticState.host_count`). With an FP32 recurrence copy the kernel writes the fold into S_hi itself (a
 folding row's tile is read before it is written, by the same program), and a shared FP32 read copy is S_hi
