@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 FILTER='^ *[-=]*$|^\s+(aten|cuda|void|Memcpy|Memset|Activity|triton_|_)'  # the profiles' noise
 source scripts/gpu_steps.sh static-step
 speed=(python benchmarks/static_step_speed.py --profile)
-[[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}"
+[[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}" --out "$dir/speed_before.json"
 step speed_after 150 . "${speed[@]}" --out "$dir/speed_after.json"
 step tests 240 . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -p no:cacheprovider tests/kernels/test_static_step.py \
   tests/formats/test_encode_triton.py tests/kernels/test_delta_triton.py

@@ -17,8 +17,8 @@ import pytest
 
 GDN_FLAGS = {"pre_ptr": "*i32", "fold_ptr": "*i32", "rhi_ptr": "*i32"}  # GDN chunked: int32 flags (Mamba-2's pre is FP32)
 ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
-    "fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_ptr": "*i64", "ck_ptr": "*i64", "key_ptr": "*i64",
-    "ckpt_ptr": "*i64", "key_hi_ptr": "*i64", "key_lo_ptr": "*i64", "last_ptr": "*i32",
+    "fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "take_ptr": "*i8", "count_ptr": "*i64", "ck_ptr": "*i64",
+    "key_ptr": "*i64", "ckpt_ptr": "*i64", "key_hi_ptr": "*i64", "key_lo_ptr": "*i64", "last_ptr": "*i32",
     "data_ptr": "*u8", "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32",
 }
 
@@ -42,16 +42,20 @@ def cases() -> list:
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, READ=nvfp4, READ_GROUP=row,
                         READ_MAX=1.0, READ_ORDER=div,
                         SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", BLOCK_L=16, BLOCK_P=16, BLOCK_N=128)
-    mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, BLOCK_E=16, BLOCK_P=16,
-                       BLOCK_N=128, BLOCK_S=8, TILES=5)
+    encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
+    mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
+                       BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
     return [
-        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, BLOCK_R=16, BLOCK_C=128)),
-        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, BLOCK_R=16, BLOCK_C=128)),
-        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, BLOCK_R=16, BLOCK_C=128),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, **encode)),
+        # a flush of some states (take=): programs loop over the taken ones
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=head, MAX=1.0, ORDER=div, **{**encode, "TAKE": True})),
+        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, **encode)),
+        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, **encode),
          {"data_ptr": "*i16"}),
-        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div, BLOCK_R=16, BLOCK_C=128),
+        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div,
+                                      **{**encode, "TAKE": True, "DECODED": True}),
          {"data_ptr": "*i8"}),
-        (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048), {"take_ptr": "*i8"}),
+        (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048)),
         (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_GROUP": head, "DOT": "tf32x3"}, GDN_FLAGS),
         # one segment per launch, S_hi kept in FP32 for the torch rounding
@@ -60,18 +64,20 @@ def cases() -> list:
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int(Kind.INT16SR), "HI_GROUP": row, "HI_MAX": 32767.0,
                                             "LO_KIND": int(Kind.INT8), "LO_MAX": 127.0, "LO_ORDER": mul}, GDN_FLAGS),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
-                                       FOLD=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
+                                       FOLD=True, SPLIT=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64,
+                                       TILES=4)),
         # a reading launch: NVFP4 as bytes (a folding one: as whole words)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=row, SKIP=False,
-                                       FOLD=False, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, TILES=4)),
+                                       FOLD=False, SPLIT=False, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64,
+                                       TILES=4)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=head, SKIP=True,
-                                       BLOCK_E=16, BLOCK_V=128, BLOCK_K=32)),
+                                       SPLIT=True, BLOCK_E=16, BLOCK_V=128, BLOCK_K=32)),
         (kda_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, KIND=fp8, GROUP=row, SKIP=False,
-                                       BLOCK_E=16, BLOCK_V=16, BLOCK_K=16)),
+                                       SPLIT=False, BLOCK_E=16, BLOCK_V=16, BLOCK_K=16)),
         (kda_step_module._replay_fold_kernel, dict(BK=128, BV=32, BLOCK_E=16, KIND=nvfp4, GROUP=head, SKIP=True,
-                                       CLOSED=False, BUF=1)),
+                                       CLOSED=False, BUF=1, SPLIT=True)),
         (kda_step_module._replay_fold_kernel, dict(BK=128, BV=16, BLOCK_E=16, KIND=fp8, GROUP=row, SKIP=False,
-                                       CLOSED=True, BUF=0)),
+                                       CLOSED=True, BUF=0, SPLIT=False)),
         (gdn_step_module._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=nvfp4, GROUP=row, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
@@ -82,6 +88,9 @@ def cases() -> list:
                                                   "READ_MAX": 127.0}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
+        # the two launches of a step where some rows fold
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "SPLIT": True}),
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False, "SPLIT": True}),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": fp8, "GROUP": row, "SKIP": True, "FOLD": False,
                                       "BLOCK_P": 8, "TILES": 10}),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": int(Kind.INT16), "GROUP": row, "FOLD": False,

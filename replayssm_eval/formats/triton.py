@@ -26,6 +26,7 @@ from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
 
 _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # where quantize_triton's random words come from
+TAKE_SLOTS = 16  # `encode_triton(take=)`: programs per row block; program s takes taken states s, s + 16, ...
 
 
 @triton.jit
@@ -97,19 +98,39 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 
 @triton.jit
 def _encode_kernel(
-    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_rows, n_cols, group_rows,
+    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_seq, n_rows, n_cols,
+    group_rows,
     KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, TAKE: tl.constexpr, DECODED: tl.constexpr,
+    BLOCK_C: tl.constexpr, TAKE: tl.constexpr, BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
 ):
-    # x: [B, n_rows, n_cols] FP32 (n_rows = H * P), one program = BLOCK_R whole rows of sequence b;
-    # amax: [B * n_rows // group_rows] (head and tensor groups, reduced by torch); key, ck: [B] Philox key and
-    # checkpoint (SR kinds);
-    # take: [B] int8, TAKE: only sequences with take[b] != 0 are read and written; dec: [B, n_rows, n_cols]
-    # FP32, DECODED: the decoded value is stored there too
-    b = tl.program_id(0)
-    if TAKE:  # a program of a state not taken does nothing (masked work would cost what the taken states' does)
-        if tl.load(take_ptr + b) == 0:
-            return
+    # x: [B, n_rows, n_cols] FP32 (n_rows = H * P); program (s, t) encodes row block t (BLOCK_R whole rows) of
+    # sequence s, or, TAKE, of the taken sequences s, s + S, s + 2 S, ... in order (S programs on axis 0);
+    # take: [B] int8, TAKE: only sequences with take[b] != 0 are read and written (B = n_seq <= BLOCK_B)
+    if TAKE:  # the grid's size does not depend on how many states are taken (a CUDA graph replays it)
+        seqs = tl.arange(0, BLOCK_B)
+        taken = (tl.load(take_ptr + seqs, mask=seqs < n_seq, other=0) != 0).to(tl.int32)
+        rank = tl.cumsum(taken, axis=0) - 1  # [BLOCK_B] place of each taken state among them
+        n_taken = tl.sum(taken, axis=0)
+        k = tl.program_id(0)
+        while k < n_taken:  # a while loop: the interpreter cannot take range() of a runtime scalar
+            b = tl.sum(tl.where((taken != 0) & (rank == k), seqs, 0), axis=0)
+            _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols,
+                         group_rows, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C, DECODED)
+            k += tl.num_programs(0)
+    else:
+        _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, tl.program_id(0), n_rows,
+                     n_cols, group_rows, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C, DECODED)
+
+
+@triton.jit
+def _encode_rows(
+    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols, group_rows,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
+):
+    """Encode row block program_id(1) of sequence b. amax: [B * n_rows // group_rows] (head and tensor groups,
+    reduced by torch); key, ck: [B] Philox key and checkpoint (SR kinds); dec: [B, n_rows, n_cols] FP32, DECODED:
+    the decoded value is stored there too."""
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
@@ -221,7 +242,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
     of x's shape that receives `fmt.decode` of the result; take: [B] bool, only those states are read
-    and written (not with scale=tensor, whose one scale spans every state).
+    and written (not with scale=tensor, whose one scale spans every state), by `TAKE_SLOTS` programs per
+    row block that take them in turn: the grid does not grow with B nor depend on how many are taken.
     """
     codec = packed_codec(fmt)
     if codec is None:
@@ -267,14 +289,15 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     if x4.numel():
         block_c = max(triton.next_power_of_2(n), codec.block)
         block_r = max(1, min(64, 2048 // block_c))
-        grid = (n_seq, triton.cdiv(h * p, block_r))
-        _encode_kernel[grid](
+        seqs = n_seq if take is None else min(n_seq, TAKE_SLOTS)  # grid axis 0: states, or slots for the taken ones
+        _encode_kernel[(seqs, triton.cdiv(h * p, block_r))](
             x4, data.view(torch.int16) if codec.kind == Kind.BF16 else data, x4 if scales is None else scales,
             x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
             x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
-            x4 if decoded is None else decoded, h * p, n, {Group.HEAD: p, Group.TENSOR: h * p}.get(group, 1),
+            x4 if decoded is None else decoded, n_seq, h * p, n, {Group.HEAD: p, Group.TENSOR: h * p}.get(group, 1),
             *codec.args, BLOCK_R=block_r, BLOCK_C=block_c,
-            TAKE=take is not None, DECODED=decoded is not None,
+            TAKE=take is not None, BLOCK_B=1 if take is None else triton.next_power_of_2(n_seq),
+            DECODED=decoded is not None,
         )
     return PackedState(fmt.name, shape, data, scales, gs)
 

@@ -12,16 +12,21 @@ Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
 writes the new checkpoint of those rows in place: one `encode_triton` launch per stored copy
 (`take=` the folding rows, `out=` the packed read copy, `decoded=` S_hi or S_lo), or, for formats
-it does not cover, torch's encode of every row and `torch.where` selects. The encode, its head amax and
-the ring reset read and write the folding rows only (the other rows' programs return at once), so a step
-where a few rows fold does not cost a flush of every row: the engine's case, whose rows joined at
-different times and fold at different steps. A step has three variants (`FOLDS`): no row folds ("none": no
-rounding), some rows fold ("some"), every row folds ("all": no selection; every step of an L = 1
-config, every flush of rows that started together). The caller knows the variant without reading
-the device, since every row's phase advances by one per token (`StaticState.host_count`). With
-an FP32 recurrence copy the kernel writes the fold into S_hi itself (a folding row's tile is read
-before it is written, by the same program), and a shared FP32 read copy is S_hi itself, so an
-L = 1 FP32 step moves the state once, as a conventional step does.
+it does not cover, torch's encode of every row and `torch.where` selects. A step has three variants
+(`FOLDS`, `kernels.step_variants`): no row folds ("none": no rounding), some rows fold ("some"), every row
+folds ("all": no selection; every step of an L = 1 config, every flush of rows that started together). A
+"some" step runs the family's single-token kernel twice: its reading path for the rows that do not fold
+(what a "none" step runs) and its folding path for those that do (what an "all" step runs), each launch's
+programs of the other's rows returning at once (`step_variants.step_launches`); so every row gets the bits
+it gets in a "none" or an "all" step, whatever the other rows do. The encode, its head amax and the ring
+reset read and write the folding rows only too (the encode's programs, a fixed number per row block, take
+the folding rows in turn; the others' programs return at once in the other rows), so a step where a few
+rows fold does not cost a flush of every row: the engine's case, whose rows joined at different times and
+fold at different steps. The caller
+knows the variant without reading the device, since every row's phase advances by one per token
+(`StaticState.host_count`). With an FP32 recurrence copy the kernel writes the fold into S_hi itself (a
+folding row's tile is read before it is written, by the same program), and a shared FP32 read copy is S_hi
+itself, so an L = 1 FP32 step moves the state once, as a conventional step does.
 
 The tensors of a step never change address, so the step can be captured as a CUDA graph
 (`models.layer_graph`) and replayed; on CPU and in the Triton interpreter the same code runs eagerly.
@@ -40,13 +45,12 @@ from replayssm_eval.formats import PackedState
 from replayssm_eval.formats.codec import Group, packed_codec
 from replayssm_eval.formats.triton import encode_triton
 from replayssm_eval.kernels.family import get_family
+from replayssm_eval.kernels.step_variants import FOLDS
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.state import ReplayState, encode_keyed
-
-FOLDS = ("none", "some", "all")
 
 
 def folds_of(counts: list[int], window: int) -> str:

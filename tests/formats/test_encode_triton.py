@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from replayssm_eval.formats import PackedState, get_format, layout, rounding
+from replayssm_eval.formats import triton as formats_triton
 from replayssm_eval.formats.codec import packed_codec
 from replayssm_eval.formats.triton import encode_triton, head_amax
 from replayssm_eval.replay import state as state_mod
@@ -163,6 +164,17 @@ IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e
 def test_encode_triton_in_place_rounds_the_taken_states_only(spec, device):
     """take/out/decoded (a flush of some rows): taken states get `fmt.encode` and `fmt.decode` of it bit for bit,
     the others keep every field and decoded value they had."""
+    _check_in_place(spec, device)
+
+
+@pytest.mark.parametrize("spec", ["nvfp4:scale=head", "fp16sr", "int16sr:scale=head"])
+def test_encode_triton_take_with_fewer_programs_than_taken_states(spec, device, monkeypatch):
+    """Two programs per row block for four taken states (`TAKE_SLOTS`): each encodes two of them in turn."""
+    monkeypatch.setattr(formats_triton, "TAKE_SLOTS", 2)
+    _check_in_place(spec, device)
+
+
+def _check_in_place(spec, device):
     fmt = get_format(spec)
     x, old_x = _states((2, 3, 32), seed=8), _states((2, 3, 32), seed=9)
     keys, (checkpoint, *_) = _keys(fmt, x.shape[0])

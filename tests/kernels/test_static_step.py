@@ -1,24 +1,29 @@
 """The static decode step equals `decode_step_triton` bit for bit: outputs, both stored copies, the packed
 read copy, the ring buffer, window phases and checkpoint indices, across flushes, with rows at different
-phases (the "some rows fold" variant) and in phase (the "every row folds" variant).
+phases (the "some rows fold" variant) and in phase (the "every row folds" variant); and a "some" step gives each
+row the bits of a step of the rows that share its fold (a "none" or an "all" step).
 
 Runs in the Triton interpreter on CPU (tiny sizes). Device keys are checked against `sr_keys`.
 """
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
 
+from replayssm_eval.formats import PackedState
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import sr_keys
+from replayssm_eval.replay.state import ReplayState
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, check_static_family, folds_of
+from replayssm_eval.kernels.step_variants import step_launches, step_variant
 
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",
            "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3", "int8/int16sr:scale=head@3")
 STEPS = 7
-SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789], dtype=torch.int64)
+SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789, 31, 2**40 + 3], dtype=torch.int64)
 
 
 @pytest.mark.parametrize("seed", [0, 9, 2**63 - 1])
@@ -50,6 +55,11 @@ def _at_phases(state, window, phased):
 def test_step_variants_follow_the_rows_that_fold():
     assert [folds_of(c, 4) for c in ([0, 1, 2], [3, 1], [3, 3], [])] == ["none", "some", "all", "none"]
     assert folds_of([0, 0], 1) == "all"
+    assert [step_variant(torch.tensor(f)) for f in ([False, False], [True, False], [True, True])] == ["none", "some",
+                                                                                                   "all"]
+    assert step_launches("some") == ((False, True), (True, True))  # a reading and a folding launch, each split
+    with pytest.raises(ValueError, match="unknown step variant 'few'; known: none, some, all"):
+        step_launches("few")
 
 
 def _assert_same(static: StaticState, ref, config):
@@ -96,11 +106,11 @@ def _run(family, config, make_inputs, decode, first_state, phased=True):
         assert ("some" in variants, "all" in variants) == (phased, not phased)
 
 
-@pytest.mark.parametrize("config,phased", _cases(CONFIGS))
-def test_mamba2_static_step_equals_decode_step_triton(config, phased, device):
+def _mamba2(config, device, b=3, h=4, p=8, g=2, n=16):
+    """(make, decode, first state) of a Mamba-2 layer of these sizes: token inputs, the eager step, the state after
+    one eager step from a random FP32 state."""
     from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton
 
-    b, h, p, g, n = 3, 4, 8, 2, 16
     gen = torch.Generator().manual_seed(0)
     A = -torch.rand(h, generator=gen) - 0.5
     D = torch.randn(h, generator=gen)
@@ -113,22 +123,25 @@ def test_mamba2_static_step_equals_decode_step_triton(config, phased, device):
     def decode(inputs, state, cfg):
         x, dt, A_, B, C, D_ = inputs
         y, state = decode_step_triton(x[:, 0], dt[:, 0], A_, B[:, 0], C[:, 0], D_, state, cfg, layer_idx=3,
-                                      seq_ids=SEQ_IDS.to(device))
+                                      seq_ids=SEQ_IDS[:b].to(device))
         return y[:, None], state
 
-    x0 = make(gen)
-    _, first = decode(x0, torch.randn(b, h, p, n, generator=gen).to(device), ReplayConfig.parse(config))
-    _run("mamba2", config, make, decode, first, phased)
+    _, first = decode(make(gen), torch.randn(b, h, p, n, generator=gen).to(device), ReplayConfig.parse(config))
+    return make, decode, first
+
+
+@pytest.mark.parametrize("config,phased", _cases(CONFIGS))
+def test_mamba2_static_step_equals_decode_step_triton(config, phased, device):
+    _run("mamba2", config, *_mamba2(config, device), phased)
 
 
 CLOSED = ("nvfp4/fp16sr@4#closed", "shared:fp16@3#closed#buf=fp16")
 
 
-@pytest.mark.parametrize("config,phased", _cases(CONFIGS + CLOSED))
-def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
+def _gdn(config, device, b=3, h=1, hv=2, k=16, v=8):
+    """(make, decode, first state) of a GDN layer of these sizes, as `_mamba2`."""
     from replayssm_eval.kernels.gdn import decode_step_triton
 
-    b, h, hv, k, v = 3, 1, 2, 16, 8
     gen = torch.Generator().manual_seed(0)
 
     def make(gen):
@@ -139,10 +152,15 @@ def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
         return tuple(t.to(device) for t in made)
 
     def decode(inputs, state, cfg):
-        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS.to(device))
+        return decode_step_triton(*inputs, state, cfg, layer_idx=2, seq_ids=SEQ_IDS[:b].to(device))
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
-    _run("gdn", config, make, decode, first, phased)
+    return make, decode, first
+
+
+@pytest.mark.parametrize("config,phased", _cases(CONFIGS + CLOSED))
+def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
+    _run("gdn", config, *_gdn(config, device), phased)
 
 
 def _kda_cases():
@@ -156,11 +174,10 @@ def _kda_cases():
             for name, dims in shapes.items() for c in CONFIGS + CLOSED for phased in (True, False)]
 
 
-@pytest.mark.parametrize("config,phased,dims", _kda_cases())
-def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device):
+def _kda(config, device, b=3, h=1, hv=2, k=16, v=8):
+    """(make, decode, first state) of a KDA layer of these sizes, as `_mamba2`."""
     from replayssm_eval.kernels.kda import decode_step_triton
 
-    b, h, hv, k, v = 3, dims["h"], dims["hv"], dims["k"], dims["v"]
     gen = torch.Generator().manual_seed(0)
     rate = torch.logspace(-2, 0.5, hv * k)[torch.randperm(hv * k, generator=gen)].view(hv, k)  # [HV, K] shuffled rates
 
@@ -172,10 +189,107 @@ def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device)
         return tuple(t.to(device) for t in made)
 
     def decode(inputs, state, cfg):
-        return decode_step_triton(*inputs, state, cfg, layer_idx=4, seq_ids=SEQ_IDS.to(device))
+        return decode_step_triton(*inputs, state, cfg, layer_idx=4, seq_ids=SEQ_IDS[:b].to(device))
 
     _, first = decode(make(gen), (torch.randn(b, hv, k, v, generator=gen) * 0.3).to(device), ReplayConfig.parse(config))
-    _run("kda", config, make, decode, first, phased)
+    return make, decode, first
+
+
+@pytest.mark.parametrize("config,phased,dims", _kda_cases())
+def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device):
+    _run("kda", config, *_kda(config, device, **dims), phased)
+
+
+AWKWARD = {"mamba2": (_mamba2, dict(b=5, h=3, p=7, g=1, n=12)), "gdn": (_gdn, dict(b=5, h=1, hv=3, k=12, v=7)),
+           "kda": (_kda, dict(b=5, h=1, hv=3, k=12, v=7))}
+
+
+@pytest.mark.parametrize("family", ["gdn", "mamba2", pytest.param("kda", marks=pytest.mark.slow)])
+def test_some_steps_at_awkward_sizes_equal_decode_step_triton(family, device):
+    """Five rows at four window phases, odd head dims: every step is a "some" step, rows folding at different steps."""
+    setup, dims = AWKWARD[family]
+    _run(family, "nvfp4/fp16sr@4", *setup("nvfp4/fp16sr@4", device, **dims))
+
+
+def _rows(static: StaticState, rows: list[int]) -> StaticState:
+    """Rows `rows` of a static state as a static state of their own (copies)."""
+    st, index = static.replay_state(), torch.tensor(rows, device=static.hi.device)
+    packed = PackedState(st.lo_packed.format, (len(rows), *st.lo_packed.shape[1:]),
+                         *(None if t is None else t[index] for t in (st.lo_packed.data, st.lo_packed.scales,
+                                                                     st.lo_packed.global_scale)))
+    sub = ReplayState(st.hi[index], st.lo[index], {k: v[index] for k, v in st.buffer.items()},
+                      dataclasses.replace(st.schedule, count=st.schedule.count[index]),
+                      st.checkpoint[index], st.seq_ids[index], st.layer)
+    return StaticState.from_replay_state(static.family, sub, packed, static.config,
+                                         [static.host_count[i] for i in rows])
+
+
+def _assert_rows(static: StaticState, sub: StaticState, rows: list[int]):
+    index = torch.tensor(rows, device=static.hi.device)
+    for name in ("hi", "lo", "count", "checkpoint"):
+        assert torch.equal(getattr(static, name)[index], getattr(sub, name)), name
+    for name, t in static.buffer.items():
+        assert torch.equal(t[index], sub.buffer[name]), name
+    for name in ("data", "scales", "global_scale"):
+        a, b = getattr(static.packed, name), getattr(sub.packed, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a[index], b)), name
+
+
+@pytest.mark.parametrize("family,config", [
+    ("mamba2", "nvfp4/fp16sr@4"), ("gdn", "nvfp4/fp16sr@4"), ("kda", "nvfp4/fp16sr@4"),
+    pytest.param("mamba2", "nvfp4:scale=row/fp32@3#skip=0.2", marks=pytest.mark.slow),
+    pytest.param("gdn", "nvfp4/fp8sr@3#closed", marks=pytest.mark.slow),
+    pytest.param("gdn", "shared:nvfp4@4", marks=pytest.mark.slow),
+    pytest.param("kda", "int8/int16sr:scale=head@3#closed", marks=pytest.mark.slow),
+])
+def test_some_step_gives_each_row_the_bits_of_its_own_variant(family, config, device):
+    """A "some" step gives the rows that do not fold the bits of a step where no row folds, and the folding rows those
+    of a step where every row folds: output, stored copies, packed read copy, ring, phase and checkpoint, each row
+    stepped beside the rows that share its fold."""
+    setup, dims = AWKWARD[family]
+    make, _, first = setup(config, device, **dims)
+    cfg = ReplayConfig.parse(config)
+    ref = _at_phases(first, cfg.window, True)
+    static = StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(cfg.window + 1):  # every row folds once, at its own step
+        inputs = tuple(t.contiguous() for t in make(gen))
+        folding = [c == cfg.window - 1 for c in static.host_count]
+        parts = [(variant, [i for i, f in enumerate(folding) if f == want]) for variant, want in (("none", False),
+                                                                                               ("all", True))]
+        subs = [(variant, rows, _rows(static, rows)) for variant, rows in parts]
+        assert static.folds_next == "some"
+        y = static.step(inputs, "some")
+        for variant, rows, sub in subs:
+            index = torch.tensor(rows, device=device)
+            assert sub.folds_next == variant
+            y_sub = sub.step(tuple(t[index] if t.dim() > 1 else t for t in inputs), variant)
+            assert torch.equal(y[index], y_sub), variant
+            _assert_rows(static, sub, rows)
+
+
+@pytest.mark.parametrize("family", ["gdn", "mamba2"])
+def test_some_step_equals_one_folding_launch_over_every_row(family, device, monkeypatch):
+    """With a read copy other than NVFP4 (whose codes the reading and the folding path sum in different orders), the
+    split launches of a "some" step give the bits of one folding launch over every row, as the step ran before."""
+    module = importlib.import_module(f"replayssm_eval.kernels.{family}.triton_step")
+    split = module.step_launches
+    config = "int8/int16sr:scale=head@3"
+    setup, dims = AWKWARD[family]
+    make, _, first = setup(config, device, **dims)
+    cfg = ReplayConfig.parse(config)
+    ref = _at_phases(first, cfg.window, True)
+    new, old = (StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
+                for _ in range(2))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(cfg.window + 1):
+        inputs = tuple(t.contiguous() for t in make(gen))
+        y_new = new.step(inputs, "some")
+        with monkeypatch.context() as m:
+            m.setattr(module, "step_launches", lambda folds: ((True, False),) if folds == "some" else split(folds))
+            y_old = old.step(inputs, "some")
+        assert torch.equal(y_new, y_old)
+        _assert_rows(new, old, list(range(dims["b"])))
 
 
 def test_zero_rows_writes_the_chosen_rows_only(device):

@@ -21,6 +21,7 @@ from replayssm_eval.formats.device import (
     e4m3_decode, e4m3_fast, nibble_lanes,
 )
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
+from replayssm_eval.kernels.step_variants import step_variant
 from replayssm_eval.replay.buffer_round import buffer_kind
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
@@ -131,8 +132,8 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
     u = torch.empty(new["v"].shape, device=hi.device)  # [B, HV, V]
     o = torch.empty_like(u)
-    folds = bool(fold.any())
-    variant = "all" if bool(fold.all()) else "some" if folds else "none"  # `static_step.FOLDS`
+    variant = step_variant(fold)
+    folds = variant != "none"
     folded = torch.empty_like(hi) if folds else u  # [B, HV, V, K] the FP32 fold of the folding rows
     launch_step(hi, packed, fmt, st.buffer, count, new, read_hi.to(torch.int8), fold.to(torch.int8), u, o, folded,
                 folds=variant, closed=cfg.gdn_fold == "closed", groups=p.groups, eps=cfg.skip_read_below,

@@ -4,16 +4,18 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
 (sequence, value head, block of value columns); stored copies [B, HV, V, K]).
 
 1. `launch_replay_step` (`gdn.decode_step_triton`, and the fixed-buffer step, `delta.fixed_step`):
-   one decode token for B sequences at their own phases, one launch of the single-token kernel
-   `_replay_step_kernel` (no [K, V] tile, no tl.dot: the buffer terms are
-   weighted sums of buffered u rows, the state terms two row dots S_src^T k, S_src^T q per v row in
-   one pass over K in FP32 FMAs; see "single-token step" below). Non-flush rows read the packed
-   read copy (NVFP4 nibbles + E4M3 block scales + FP32 global scale, FP8 codes + FP32 scales, or
-   16/32-bit elements) through the fast decoders of `formats.device` and the buffer, and write no
-   state; flush rows read S_hi and the buffer and write the FP32 fold (open: rank-1 updates; closed:
-   the delta rule re-run over the buffered raw entries), which the host rounds to both copies with
-   `write_checkpoint_packed` (one rounding, the read copy also packed). `step_launch_config` gives
-   its block sizes (benchmarks/kernel_speed.py sweeps them).
+   one decode token for B sequences at their own phases on the single-token kernel `_replay_step_kernel`
+   (no [K, V] tile, no tl.dot: the buffer terms are weighted sums of buffered u rows, the state terms two
+   row dots S_src^T k, S_src^T q per v row in one pass over K in FP32 FMAs; see "single-token step"
+   below). Non-flush rows read the packed read copy (NVFP4 nibbles + E4M3 block scales + FP32 global
+   scale, FP8 codes + FP32 scales, or 16/32-bit elements) through the fast decoders of `formats.device`
+   and the buffer, and write no state; flush rows read S_hi and the buffer and write the FP32 fold
+   (open: rank-1 updates; closed: the delta rule re-run over the buffered raw entries), which the host
+   rounds to both copies with `write_checkpoint_packed` (one rounding, the read copy also packed). One
+   launch where no row or every row folds; where some rows fold, a reading launch (FOLD off) for the rows
+   that do not and a folding launch for those that do, each skipping the other's rows
+   (`step_variants.step_launches`). `step_launch_config` gives its block sizes
+   (benchmarks/kernel_speed.py sweeps them).
 2. `verify_triton` (`gdn.verify`): output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write,
    on `_step_kernel` (the read copy tile and the buffer sum P as [K, BV] tiles).
@@ -30,6 +32,7 @@ from replayssm_eval.kernels.delta.triton_chunk import dot  # a jit helper the ke
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, nvfp4_partials, read_args, scale_rows,
 )
+from replayssm_eval.kernels.step_variants import other_launch_row, step_launches
 from replayssm_eval.replay.buffer_round import round_buffered
 
 
@@ -226,10 +229,13 @@ def _replay_step_kernel(
     u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
-    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, CLOSED: tl.constexpr,
-    BUF: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
+    CLOSED: tl.constexpr, BUF: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
+    if other_launch_row(fold_ptr, b, FOLD, SPLIT):  # some rows fold: the other launch takes this row
+        return
     hv = tl.program_id(1)
     h = hv // GROUPS
     H = HV // GROUPS
@@ -327,15 +333,17 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
                        eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
     tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton_step.decode_step`, and of
-    the static step, `kernels.static_step`).
+    the static step, `kernels.static_step`). folds: the step variant, "none", "some" or "all" rows fold
+    (`step_variants.FOLDS`); "some" launches the kernel twice (`step_variants.step_launches`): the reading path for
+    the rows that do not fold and the folding path for those that do, each launch's programs of the other's rows
+    returning at once, so a row's output never depends on whether other rows fold at this token.
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g (beta) [B, CAP, HV] (v, beta: closed only); count [B] int64; new: q, k
     [B, H, K], v [B, HV, V], g, beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after the token; closed: from the
-    buffer's raw v, beta). folds: the step variant, "none", "some" or "all" rows fold (`static_step.FOLDS`). Writes u
-    (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of the folding rows into out [B, HV,
-    V, K], which may be hi itself (a program reads its rows of S_hi before writing them). buf_kind:
-    `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
+    buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
+    the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
+    them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -344,13 +352,16 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
-    _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
-        *token, *entries, count.contiguous(), read_hi.contiguous(), fold.contiguous(),
-        hi, data, scales, gs, u, o, out,
-        nv, groups, cap, float(eps or 0.0),
-        K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
-        FOLD=folds != "none", CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)), **cfg,
-    )
+    read_hi, fold, count = read_hi.contiguous(), fold.contiguous(), count.contiguous()
+    for fold_path, split in step_launches(folds):
+        _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
+            *token, *entries, count, read_hi, fold,
+            hi, data, scales, gs, u, o, out,
+            nv, groups, cap, float(eps or 0.0),
+            K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
+            FOLD=fold_path, SPLIT=split, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)),
+            **cfg,
+        )
 
 
 def verify_triton(src_hi, packed, read_fmt, buffer, count, drafts, width, read_hi, groups, eps=None):

@@ -33,6 +33,7 @@ from replayssm_eval.formats.device import NVFP4, decode_elements
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, nvfp4_partials, read_args, scale_rows,
 )
+from replayssm_eval.kernels.step_variants import other_launch_row, step_launches
 from replayssm_eval.replay.buffer_round import round_buffered
 
 
@@ -46,13 +47,12 @@ def _replay_step_kernel(
     u_ptr, o_ptr,  # u, o [B, HV, V]
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, STAYING: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0)
-    if STAYING:  # the rows that do not fold only (`_replay_fold_kernel` takes the others)
-        if tl.load(fold_ptr + b) != 0:
-            return
+    if other_launch_row(fold_ptr, b, False, SPLIT):  # SPLIT: the rows that do not fold only (`_replay_fold_kernel`)
+        return
     hv = tl.program_id(1)
     h = hv // GROUPS
     H = HV // GROUPS
@@ -142,12 +142,11 @@ def _replay_fold_kernel(
     HV, GROUPS, CAP, K, V, KP, eps,
     BK: tl.constexpr, BV: tl.constexpr, BLOCK_E: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, CLOSED: tl.constexpr,
-    BUF: tl.constexpr, FOLDING: tl.constexpr,
+    BUF: tl.constexpr, SPLIT: tl.constexpr,
 ):
     b = tl.program_id(0)
-    if FOLDING:  # the folding rows only (`_replay_step_kernel` takes the others)
-        if tl.load(fold_ptr + b) == 0:
-            return
+    if other_launch_row(fold_ptr, b, True, SPLIT):  # SPLIT: the folding rows only (`_replay_step_kernel` the others)
+        return
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
@@ -243,8 +242,9 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     """Launch `_replay_step_kernel` for the rows that do not fold and `_replay_fold_kernel` for those that do: one token
     per sequence after count[b] committed buffer entries, into the given tensors, with no allocation and no host sync
     (the launch of the eager step, `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`).
-    folds: the step variant, "none", "some" or "all" rows fold (`static_step.FOLDS`); "some" launches both kernels,
-    each skipping the other's rows, so a row's output never depends on whether other rows fold at this token.
+    folds: the step variant, "none", "some" or "all" rows fold (`step_variants.FOLDS`); "some" launches both kernels,
+    each skipping the other's rows (`step_variants.step_launches`), so a row's output never depends on whether
+    other rows fold at this token.
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g [B, CAP, HV, K] (beta [B, CAP, HV]; v, beta: closed only); count [B]
@@ -259,25 +259,27 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     block_e = max(16, triton.next_power_of_2(cap))
-    read_hi, fold, some = read_hi.contiguous(), fold.contiguous(), folds == "some"
-    if folds != "none":
-        cfg = fold_launch_config(bsz, nv, dv)
-        entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed
-        _replay_fold_kernel[step_grid(bsz, nv, dv, cfg["BV"])](
-            *token, *entries, count.contiguous(), read_hi, fold,
-            hi, data, scales, gs, u, o, out,
-            nv, groups, cap, dk, dv, kp, float(eps or 0.0),
-            BK=max(16, triton.next_power_of_2(dk)), BLOCK_E=block_e, KIND=kind, GROUP=group, SKIP=eps is not None,
-            CLOSED=closed, BUF=buf_kind, FOLDING=some, **cfg,
-        )
-    if folds != "all":
-        cfg = step_launch_config(bsz, nv, dk, dv, kind)
-        entries = [buffer[name].contiguous() for name in ("k", "u", "g")]
-        _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
-            *token, *entries, count.contiguous(), read_hi, fold, hi, data, scales, gs, u, o,
-            nv, groups, cap, float(eps or 0.0),
-            K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, STAYING=some, BLOCK_E=block_e, **cfg,
-        )
+    read_hi, fold, count = read_hi.contiguous(), fold.contiguous(), count.contiguous()
+    for fold_path, split in step_launches(folds):
+        if fold_path:
+            cfg = fold_launch_config(bsz, nv, dv)
+            # v, beta: closed only
+            entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]
+            _replay_fold_kernel[step_grid(bsz, nv, dv, cfg["BV"])](
+                *token, *entries, count, read_hi, fold,
+                hi, data, scales, gs, u, o, out,
+                nv, groups, cap, dk, dv, kp, float(eps or 0.0),
+                BK=max(16, triton.next_power_of_2(dk)), BLOCK_E=block_e, KIND=kind, GROUP=group, SKIP=eps is not None,
+                CLOSED=closed, BUF=buf_kind, SPLIT=split, **cfg,
+            )
+        else:
+            cfg = step_launch_config(bsz, nv, dk, dv, kind)
+            entries = [buffer[name].contiguous() for name in ("k", "u", "g")]
+            _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
+                *token, *entries, count, read_hi, fold, hi, data, scales, gs, u, o,
+                nv, groups, cap, float(eps or 0.0),
+                K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, SPLIT=split, BLOCK_E=block_e, **cfg,
+            )
 
 
 @triton.jit

@@ -2,12 +2,14 @@
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `decode_step_triton`: one token for every sequence, one launch of the single-token kernel
-  `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs). Non-flush
-  sequences read the packed read copy (`read_layout`: NVFP4 codes + E4M3 block scales + FP32 global scale,
-  FP8 or integer codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write no state; flush sequences
-  read S_hi and the buffer, and the kernel writes the FP32 fold, which one vectorised pass
-  (`write_checkpoint_packed`) rounds to both copies: this pass does the scale reductions of every format.
+- `decode_step_triton` (and the fixed-buffer step, `fixed_step`): one token for every sequence on the
+  single-token kernel `_replay_step_kernel` (no tl.dot: row reductions and rank-1 updates in FP32 FMAs), launched
+  by `launch_replay_step`. Non-flush sequences read the packed read copy (`read_layout`: NVFP4 codes + E4M3 block
+  scales + FP32 global scale, FP8 or integer codes + FP32 scales, or FP16/BF16/FP32 data) and the buffer and write
+  no state; flush sequences read S_hi and the buffer, and the kernel writes the FP32 fold, which one vectorised pass
+  (`write_checkpoint_packed`) rounds to both copies: this pass does the scale reductions of every format. One
+  launch where no sequence or every sequence folds; where some fold, a reading launch (FOLD off) for the others and
+  a folding launch for them, each skipping the other's rows (`step_variants.step_launches`).
 - `verify_triton`: output-only verification of T drafts appended after the committed entries.
 - `conventional_step`: the conventional FP32 decode step the benchmarks compare with.
 The kernels compute in FP32 (tl.dot with input_precision="ieee", no TF32; FP32 FMAs in the step kernel).
@@ -25,6 +27,7 @@ from replayssm_eval.formats.device import (
     e2m1_f16, e2m1_f16_hi, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, nibble_lanes,
 )
 from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
+from replayssm_eval.kernels.step_variants import other_launch_row, step_launches, step_variant
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
@@ -215,10 +218,13 @@ def _replay_step_kernel(
     A_ptr, y_ptr, out_ptr,  # y [B, H, P] (without D x); out [B, H, P, N] the FP32 fold of the folding sequences
     E, H, G, HPG, skip,
     P: tl.constexpr, N: tl.constexpr, NB: tl.constexpr,
-    READ: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, BUF: tl.constexpr,
+    READ: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
+    BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
+    if other_launch_row(fold_ptr, b, FOLD, SPLIT):  # some rows fold: the other launch takes this row
+        return
     h = tl.program_id(1)
     g = h // HPG
     count = tl.load(count_ptr + b)
@@ -305,27 +311,49 @@ def step_grid(batch: int, heads: int, head_dim: int, block_p: int, tiles: int) -
     return batch, heads, triton.cdiv(triton.cdiv(head_dim, block_p), tiles)
 
 
-def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fold=None):
-    """Launch `_replay_step_kernel`: one query per sequence at entry count[b] of the buffer (the last entry it uses);
-    sequences with fold[b] also get their FP32 fold of entries 0..count[b]. Returns (y [B, H, P], fold or None)."""
+def launch_replay_step(x, B, dt, C, count, read_hi, fold, A, hi, read_copy, y, out, *, folds, skip, buf_kind,
+                       launch=None):
+    """Launch `_replay_step_kernel`: one query per sequence at entry count[b] of the buffer (the last entry it uses),
+    into the given tensors, with no allocation and no host sync (the launch of the eager step, `decode_step_triton`,
+    and of the fixed-buffer step, `fixed_step`). folds: the step variant, "none", "some" or "all" rows fold
+    (`step_variants.FOLDS`); "some" launches the kernel twice (`step_variants.step_launches`): the reading path for
+    the rows that do not fold and the folding path for those that do, each launch's programs of the other's rows
+    returning at once, so a row's output never depends on whether other rows fold at this token.
+
+    x [B, E, H, P], B [B, E, G, N], dt [B, E, H]: the buffer with the token at count[b]; C [B, G, N]; count [B] int64;
+    read_hi, fold [B] int8 (fold after the token); A [H]; hi: S_hi [B, H, P, N] FP32 (read where read_hi[b] or
+    fold[b]); read_copy: `read_layout` of the state. Writes y [B, H, P] (without D x) and, unless folds is "none", the
+    FP32 fold of entries 0..count[b] of the folding rows into out [B, H, P, N], which may be hi itself (a program
+    reads its rows of S_hi before writing them). skip: skip_read_below; buf_kind: `buffer_round.buffer_kind` of the
+    config; launch: a launch config instead of `step_launch_config`'s."""
     batch, E, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    read, group, (data, scales, gs), nb = read_layout(state, config)
-    y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
-    do_fold = fold is not None and bool(fold.any())
-    out = torch.empty_like(state.hi) if do_fold else y
-    fold = read_hi if fold is None else fold
+    read, group, (data, scales, gs), nb = read_copy
     cfg = launch or step_launch_config(batch, H, P, read)
-    skip = config.skip_read_below
     block_nb = max(16, triton.next_power_of_2(nb))
-    _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
-        x, B, dt, C, count, read_hi.to(torch.int8), fold.to(torch.int8), state.hi.contiguous(), data,
-        data if scales is None else scales, data if gs is None else gs, A, y, out,
-        E, H, G, H // G, float(skip or 0.0),
-        P=P, N=N, NB=nb, READ=read, GROUP=group, SKIP=skip is not None, FOLD=do_fold, BUF=buffer_kind(config),
-        BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N), BLOCK_S=block_nb // 16, **cfg,
-    )
-    return y, (out if do_fold else None)
+    for fold_path, split in step_launches(folds):
+        _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
+            x, B, dt, C, count, read_hi, fold, hi, data,
+            data if scales is None else scales, data if gs is None else gs, A, y, out,
+            E, H, G, H // G, float(skip or 0.0),
+            P=P, N=N, NB=nb, READ=read, GROUP=group, SKIP=skip is not None, FOLD=fold_path, SPLIT=split, BUF=buf_kind,
+            BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N), BLOCK_S=block_nb // 16,
+            **cfg,
+        )
+
+
+def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fold=None):
+    """`launch_replay_step` with new outputs: sequences with fold[b] (None: none) also get their FP32 fold of entries
+    0..count[b]. Returns (y [B, H, P], fold or None)."""
+    batch, _, H, P = x.shape
+    y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
+    folds = "none" if fold is None else step_variant(fold)
+    out = torch.empty_like(state.hi) if folds != "none" else y
+    read_hi = read_hi.to(torch.int8)
+    launch_replay_step(x, B, dt, C, count, read_hi, read_hi if fold is None else fold.to(torch.int8), A,
+                       state.hi.contiguous(), read_layout(state, config), y, out, folds=folds,
+                       skip=config.skip_read_below, buf_kind=buffer_kind(config), launch=launch)
+    return y, (out if folds != "none" else None)
 
 
 def _check_fp32(inp: Inputs):
