@@ -7,7 +7,7 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
-  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
+  bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
   nvfp4 with axis=dstate and scale=row|head (head scales make a program hold the whole head). The
   other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec; the default
   `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
@@ -48,7 +48,8 @@ def _chunk_scan_kernel(
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
-    READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
+    RECUR_WORDS: tl.constexpr, READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr,
+    READ_ORDER: tl.constexpr, READ_WORDS: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -110,16 +111,16 @@ def _chunk_scan_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_tile(folded, state_bits(key_hi, counter, RECUR), RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
-                            BLOCK_P, BLOCK_N)
+            hi = round_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
+                            RECUR_GROUP, RECUR_MAX, RECUR_ORDER, BLOCK_P, BLOCK_N)
             if LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif SHARED:
                 lo = hi
             else:
-                lo = round_tile(folded, state_bits(key_lo, counter, READ), READ, READ_GROUP, READ_MAX, READ_ORDER,
-                                BLOCK_P, BLOCK_N)
+                lo = round_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
+                                READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
     tl.store(hi_ptr + state_off, hi, mask=mask_s)
@@ -149,7 +150,8 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
         S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
         RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-        READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+        RECUR_WORDS=int(recur.words), READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max,
+        READ_ORDER=int(read.order), READ_WORDS=int(read.words),
         SHARED=config.shared, LO_OUTSIDE=outside is not None,
         SKIP=skip is not None, BUF=buffer_kind(config),
         BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
