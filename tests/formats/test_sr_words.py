@@ -21,7 +21,8 @@ from tests.helpers.kernel_checks import round_tile_in_kernel
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter reports 1/0 in numpy
 
 VARIANTS = ["fp16sr:words=pair", "fp16sr:words=duo", "fp16sr:words=quad", "fp16sr:words=octet", "fp16sr:cvt=soft",
-            "fp16sr:words=pair,cvt=soft", "fp16sr:words=quad,cvt=soft", "fp16sr:words=octet,cvt=soft"]
+            "fp16sr:words=pair,cvt=soft", "fp16sr:words=duo,cvt=soft", "fp16sr:words=quad,cvt=soft",
+            "fp16sr:words=octet,cvt=soft"]
 SPECIAL = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, -65519.0, 65520.0, 1e30, 2.0**-14,
            -(2.0**-14) * (1 - 2.0**-11), 2.0**-24, 3 * 2.0**-25, -(2.0**-20) * 1.37, 1e-40, -1e-39, 1.0 + 2.0**-11,
            -(1.0 + 3 * 2.0**-11), 2049.0, 2.0**15 * (1 + 2.0**-10)]
