@@ -26,7 +26,7 @@ ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
 def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
     from replayssm_eval.formats import triton as formats
-    from replayssm_eval.formats.codec import Group, Kind, Order
+    from replayssm_eval.formats.codec import Group, Kind, Order, Words
     from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk_module
     from replayssm_eval.kernels.gdn import triton_step as gdn_step_module
     from replayssm_eval.kernels.kda import triton_chunk as kda_chunk_module
@@ -37,25 +37,32 @@ def cases() -> list:
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
     none, row, head, tensor = int(Group.NONE), int(Group.ROW), int(Group.HEAD), int(Group.TENSOR)
     div, mul = int(Order.DIV), int(Order.MUL)
+    element, pair, octet = int(Words.ELEMENT), int(Words.PAIR), int(Words.OCTET)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
-                     HI_ORDER=div, LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, DOT="ieee")
-    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, READ=nvfp4, READ_GROUP=row,
-                        READ_MAX=1.0, READ_ORDER=div,
-                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", BLOCK_L=16, BLOCK_P=16, BLOCK_N=128)
+                     HI_ORDER=div, HI_WORDS=pair, LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div,
+                     LO_WORDS=element, DOT="ieee")
+    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_WORDS=octet, READ=nvfp4,
+                        READ_GROUP=row, READ_MAX=1.0, READ_ORDER=div, READ_WORDS=element,
+                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0, BLOCK_L=16, BLOCK_P=16,
+                        BLOCK_N=128)
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
     return [
-        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, **encode)),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, WORDS=element, **encode)),
         # a flush of some states (take=): programs loop over the taken ones
-        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=head, MAX=1.0, ORDER=div, **{**encode, "TAKE": True})),
-        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, **encode)),
-        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, **encode),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=head, MAX=1.0, ORDER=div, WORDS=element, **{**encode, "TAKE": True})),
+        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, WORDS=element, **encode)),
+        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, WORDS=element, **encode),
          {"data_ptr": "*i16"}),
-        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div,
+        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div, WORDS=element,
                                       **{**encode, "TAKE": True, "DECODED": True}),
          {"data_ptr": "*i8"}),
-        (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048)),
+        (formats._encode_kernel, dict(KIND=int(Kind.FP16SR_SOFT), GROUP=none, MAX=1.0, ORDER=div, WORDS=pair, **encode),
+         {"data_ptr": "*fp16"}),
+        (formats._quantize_kernel, dict(KIND=fp16sr, GROUP=none, MAX=1.0, ORDER=div, WORDS=octet, BITS=2, BLOCK_R=16,
+                                        BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
+        (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048), {"take_ptr": "*i8"}),
         (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_GROUP": head, "DOT": "tf32x3"}, GDN_FLAGS),
         # one segment per launch, S_hi kept in FP32 for the torch rounding
@@ -83,6 +90,9 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_GROUP": none}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
+        # a head-scaled read copy over head_dim tiles: the amax pass, then the output pass
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 1}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 2}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.INT16), "RECUR_GROUP": row,
                                                   "RECUR_MAX": 32767.0, "RECUR_ORDER": mul, "READ": int(Kind.INT8SR),
                                                   "READ_MAX": 127.0}),

@@ -3,7 +3,7 @@
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
 A format without one (None: FP8 and integer formats with axis=headdim, block:N, tile:RxC and rowcol scales,
-rot=, ef=, non-default SR rounds= / bits=, fp16sr's engine words= / cvt= variants) is rounded by torch.
+rot=, ef=, non-default SR rounds= / bits=) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
@@ -13,6 +13,7 @@ A new format that rounds like one of the kinds below is its class plus its codec
     block   elements per block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
     axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
     order   scaled elementwise kinds: the operand order of the scale (`Order`, the formats' `order=`)
+    words   stochastic kinds: which random word and bit field each element reads (`Words`, fp16sr's `words=`)
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Kind(enum.IntEnum):
 
     FP32, BF16, FP16 (RNE); FP16SR (stochastic, PTX cvt.rs.f16x2.f32); FP8 (E4M3fn, RNE), FP8SR, FP8E5M2;
     NVFP4 (E2M1 in blocks of 16, E4M3 block scales); MXFP8, MXFP4 (E4M3 / E2M1 in blocks of 32, E8M0 scales);
-    INT8, INT16 (RNE, saturating, two's-complement codes), INT8SR, INT16SR (stochastic, 16 random bits).
+    INT8, INT16 (RNE, saturating, two's-complement codes), INT8SR, INT16SR (stochastic, 16 random bits);
+    FP16SR_SOFT (FP16 codes, stochastic by FlashInfer's integer port of cvt.rs, fp16sr's `cvt=soft`).
     """
 
     FP32 = 0
@@ -45,6 +47,7 @@ class Kind(enum.IntEnum):
     INT16 = 11
     INT8SR = 12
     INT16SR = 13
+    FP16SR_SOFT = 14
 
 
 class Group(enum.IntEnum):
@@ -61,6 +64,28 @@ class Group(enum.IntEnum):
         return self.name.lower()
 
 
+class Words(enum.IntEnum):
+    """Which Philox word and bit field each element of a stochastic kind reads (values are the Triton constexprs of
+    `formats.device`; fp16sr's `words=`, `formats.ElementwiseFormat`). n is the element's index along the state's
+    last dim (its column), `counter` its Philox counter (`replay.keys`: (checkpoint << 32) + flat index; `quantize`:
+    offset + flat index).
+
+    ELEMENT  its own word, `tl.randint(key, counter)`.
+    PAIR     elements 2j and 2j+1 of a row share 2j's word: 2j reads its bits [12:0], 2j+1 its bits [28:16]
+             (a last unpaired element its own word).
+    DUO, QUAD, OCTET  drawn from a seed (`quantize(x, seed=...)`): one Philox4x32 call per G = 2, 4, 8 elements of
+             a row at the first one's counter, element n reading output word n % G (OCTET: word (0, 0, 2, 2, 1, 1, 3,
+             3)[n % 8], each pair split as PAIR). Given one word per element (`random_bits`, the keyed words of a
+             stored copy) DUO and QUAD read it as ELEMENT does, OCTET as PAIR does.
+    """
+
+    ELEMENT = 0
+    PAIR = 1
+    DUO = 2
+    QUAD = 3
+    OCTET = 4
+
+
 class Order(enum.IntEnum):
     """Operand order of a scaled elementwise kind's scale (values are the Triton constexprs of `formats.device`).
 
@@ -75,8 +100,8 @@ class Order(enum.IntEnum):
 
 # dtype of the packed `data` field of each kind (4-bit kinds pack two codes per byte)
 _DATA_DTYPES = {Kind.FP32: torch.float32, Kind.BF16: torch.bfloat16, Kind.FP16: torch.float16,
-                Kind.FP16SR: torch.float16, Kind.INT8: torch.int8, Kind.INT8SR: torch.int8, Kind.INT16: torch.int16,
-                Kind.INT16SR: torch.int16}
+                Kind.FP16SR: torch.float16, Kind.FP16SR_SOFT: torch.float16, Kind.INT8: torch.int8,
+                Kind.INT8SR: torch.int8, Kind.INT16: torch.int16, Kind.INT16SR: torch.int16}
 
 
 @dataclass(frozen=True)
@@ -89,10 +114,11 @@ class KernelCodec:
     block: int = 1
     axis: str = "dstate"
     order: Order = Order.DIV
+    words: Words = Words.ELEMENT
 
     @property
     def stochastic(self) -> bool:
-        return self.kind in (Kind.FP16SR, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR)
+        return self.kind in (Kind.FP16SR, Kind.FP16SR_SOFT, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR)
 
     @property
     def packed(self) -> bool:

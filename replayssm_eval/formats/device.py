@@ -3,12 +3,15 @@
 Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted):
     round_bf16, round_fp16, round_e4m3, round_e5m2, round_e2m1   RNE (fp8/fp4 saturating), as `rounding`
     sr_fp16(x, bits), sr_e4m3(x, bits)                            stochastic, bits = uint32 words
+    sr_fp16_soft(x, bits)                                          FlashInfer's integer port of sr_fp16
     round_int(v, QMAX), sr_int(v, bits, QMAX)                      integer codes as FP32, as `rounding`
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
     scale_elements, group_scale, magnitudes, tile_amax, row_amax   a scaled kind's group amax and scale
-    state_bits(key, counter, KIND)                                 the Philox words of a stored copy
+    state_bits(key, counter, col, KIND, WORDS)                     the Philox words of a stored copy
+    seeded_bits(seed, counter, col, WORDS)                         the Philox words of `quantize(x, seed=...)`
+    pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
 interpreter and any GPU give the same bits as the torch reference. Constants come from `rounding`.
 
@@ -24,8 +27,9 @@ cvt per element, same values as the decoders above):
                                                                    multiplies nibble J of each of BW words
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
-numbering, constexprs FP32 ... INT16SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
-GROUP_TENSOR), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL).
+numbering, constexprs FP32 ... FP16SR_SOFT here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
+GROUP_TENSOR), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); a stochastic kind's random words also WORDS
+(`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import rounding
-from replayssm_eval.formats.codec import Group, Kind, Order
+from replayssm_eval.formats.codec import Group, Kind, Order, Words
 
-# the numberings of `codec.Kind` and `codec.Group` (globals read inside @triton.jit must be constexpr)
-FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR = (
+# the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
+FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT = (
     tl.constexpr(int(k)) for k in Kind)
 GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
+WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
 
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
 # the constants of `rounding` the device functions read
@@ -137,6 +142,19 @@ def sr_fp16(x, bits):
     """FP16 stochastic rounding with bits [12:0] (PTX cvt.rs.f16x2.f32); beyond 65504 -> Inf."""
     y = _sr_grid(x, bits, _FP16_SR_BITS, 10, -14)
     return tl.where(tl.abs(y) > _FP16_MAX, _copysign(tl.full(x.shape, float("inf"), tl.float32), y), y)
+
+
+@triton.jit
+def sr_fp16_soft(x, bits):
+    """FP16 stochastic rounding as FlashInfer's integer port of cvt.rs (`rounding.sr_fp16_soft`): bits [12:0] added to
+    |x|'s FP32 bit pattern and its low 13 bits cleared; below 2^-14 -> +-0, beyond 65504 -> +-Inf, +-Inf -> NaN unless
+    the bits are 0, a NaN carried past bit 31 -> +-0."""
+    u = (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64) + (bits.to(tl.int64) & (2**_FP16_SR_BITS - 1))
+    e_field = (u >> 23) & 0xFF
+    kept = (u & 0x7FFFE000).to(tl.int32).to(tl.float32, bitcast=True)
+    mag = tl.where(e_field < 113, 0.0, tl.where(e_field > 142, float("inf"), kept))
+    mag = tl.where(e_field == 255, tl.where((u & 0x7FFFFF) != 0, float("nan"), float("inf")), mag)
+    return _copysign(mag, x)
 
 
 @triton.jit
@@ -304,6 +322,8 @@ def round_kind(v, bits, KIND: tl.constexpr):
         q = round_fp16(v)
     elif KIND == FP16SR:
         q = sr_fp16(v, bits)
+    elif KIND == FP16SR_SOFT:
+        q = sr_fp16_soft(v, bits)
     elif KIND == FP8SR:
         q = sr_e4m3(v, bits)
     elif KIND == FP8E5M2:
@@ -454,13 +474,52 @@ def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constex
 
 
 @triton.jit
-def state_bits(key, counter, KIND: tl.constexpr):
-    """Philox words `tl.randint(key, counter)` (int64) for the stochastic kinds, as `replay.keys.state_random_bits`;
-    zeros for the others (key: a loaded int64; counter: (checkpoint << 32) + element index)."""
-    if (KIND == FP16SR) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
-        bits = tl.randint(key, counter).to(tl.int64)
+def pair_odd(col, WORDS: tl.constexpr):
+    """1 (int64) for the element 2j+1 of a pair under the paired layouts (WORDS_PAIR, WORDS_OCTET), which reads bits
+    [28:16] of the word of element 2j, its counter less 1; 0 elsewhere (col: the element's index along the last dim)."""
+    if (WORDS == WORDS_PAIR) | (WORDS == WORDS_OCTET):
+        odd = (col & 1).to(tl.int64)
+    else:
+        odd = (col * 0).to(tl.int64)
+    return odd
+
+
+@triton.jit
+def state_bits(key, counter, col, KIND: tl.constexpr, WORDS: tl.constexpr):
+    """Philox words (int64) of a stored copy's elements for the stochastic kinds, as `fmt.encode(x, random_bits=
+    replay.keys.state_random_bits(...))` reads them: `tl.randint(key, counter)`, the element 2j+1 of a pair bits
+    [28:16] of 2j's word under WORDS_PAIR and WORDS_OCTET (`pair_odd`); zeros for the other kinds. key: a loaded int64;
+    counter: (checkpoint << 32) + element index; col: the element's index along the last dim (broadcast to counter)."""
+    if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
+        odd = pair_odd(col, WORDS)
+        bits = tl.randint(key, counter - odd).to(tl.int64) >> (odd * 16)
     else:
         bits = tl.zeros(counter.shape, dtype=tl.int64)
+    return bits
+
+
+@triton.jit
+def seeded_bits(seed, counter, col, WORDS: tl.constexpr):
+    """Philox words (int64) that `fmt.quantize(x, seed=seed, offset=...)` draws (counter: offset + flat index; col: the
+    element's index along the last dim): `tl.randint(seed, counter)` (WORDS_ELEMENT, and WORDS_PAIR with `pair_odd`),
+    or one `tl.randint4x` per G = 2, 4, 8 elements of a row at the first one's counter, element n reading its output
+    word n % G (WORDS_DUO, WORDS_QUAD) or (0, 0, 2, 2, 1, 1, 3, 3)[n % 8] split as a pair (WORDS_OCTET)."""
+    if (WORDS == WORDS_ELEMENT) | (WORDS == WORDS_PAIR):
+        odd = pair_odd(col, WORDS)
+        bits = tl.randint(seed, counter - odd).to(tl.int64) >> (odd * 16)
+    else:
+        if WORDS == WORDS_DUO:
+            pos = col % 2
+            lane = pos
+        elif WORDS == WORDS_QUAD:
+            pos = col % 4
+            lane = pos
+        else:
+            pos = col % 8
+            lane = ((pos >> 1) & 1) * 2 + ((pos >> 2) & 1)  # (0, 0, 2, 2, 1, 1, 3, 3)[pos]
+        r0, r1, r2, r3 = tl.randint4x(seed, counter - pos)
+        word = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+        bits = word.to(tl.int64) >> (pair_odd(col, WORDS) * 16)
     return bits
 
 

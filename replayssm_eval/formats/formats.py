@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from replayssm_eval.formats import layout, philox, rounding
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, Words
 from replayssm_eval.formats.packed import PackedState
 
 
@@ -216,9 +216,13 @@ class ElementwiseFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: the default word layout and conversion (the kernels draw one word per element, cvt.rs model)."""
-        plain = self.words == "element" and self.cvt == "ptx"
-        return KernelCodec(Kind[self.base.upper()]) if self.default_random and plain else None
+        """Covered: every word layout and conversion with the default rounds= and bits= (fp16sr's `words=` as the
+        codec's `Words`, `cvt=soft` as the kind FP16SR_SOFT)."""
+        if not self.default_random:
+            return None
+        if not self.is_stochastic:
+            return KernelCodec(Kind[self.base.upper()])
+        return KernelCodec(Kind.FP16SR_SOFT if self.cvt == "soft" else Kind.FP16SR, words=Words[self.words.upper()])
 
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize

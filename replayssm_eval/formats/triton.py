@@ -3,10 +3,11 @@
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
 flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
-`kernel_codec` only. Group amax reductions over more than a row (FP8 and integer head/tensor scales, NVFP4
-global scales) run before the launch, in torch (`encode_triton`'s head scales in one amax launch of their own,
-`head_amax`); row maxima, block maxima, scales, rounding and Philox (`tl.randint(seed, offset + flat index)`) run
-in the kernel.
+`kernel_codec` only (fp16sr's word layouts and conversions included). Group amax reductions over more than a
+row (FP8 and integer head/tensor scales, NVFP4 global scales) run before the launch, in torch (`encode_triton`'s
+head scales in one amax launch of their own, `head_amax`); row maxima, block maxima, scales, rounding and Philox
+(`tl.randint(seed, offset + flat index)`, or the word layout's `tl.randint4x` calls: `device.seeded_bits`) run in
+the kernel.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import triton.language as tl
 from replayssm_eval.formats import layout
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec
 from replayssm_eval.formats.device import (
-    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, INT8, INT8SR, INT16, INT16SR, NVFP4, e2m1_encode,
-    ORDER_MUL, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, quantize_tile, round_kind, row_amax, scale_elements,
-    state_bits,
+    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, INT8, INT8SR, INT16, INT16SR, NVFP4,
+    ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile, round_kind,
+    row_amax, scale_elements, seeded_bits, state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
@@ -32,10 +33,11 @@ TAKE_SLOTS = 16  # `encode_triton(take=)`: programs per row block; program s tak
 @triton.jit
 def _quantize_kernel(
     x_ptr, y_ptr, amax_ptr, bits_ptr, seed, offset, n_rows, n_cols,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group
+    # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group; bits:
+    # [n_rows, n_cols] one word per element (BITS_GIVEN), read through the word layout WORDS
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -43,9 +45,10 @@ def _quantize_kernel(
     x = tl.load(x_ptr + idx, mask=mask, other=0.0)  # [BLOCK_R, BLOCK_C]
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
     if BITS == _BITS_GIVEN:
-        bits = tl.load(bits_ptr + idx, mask=mask, other=0)
+        odd = pair_odd(cols[None, :], WORDS)  # the element 2j+1 of a pair reads 2j's word
+        bits = tl.load(bits_ptr + idx - odd, mask=mask, other=0) >> (odd * 16)
     elif BITS == _BITS_PHILOX:
-        bits = tl.randint(seed, offset.to(tl.int64) + idx).to(tl.int64)
+        bits = seeded_bits(seed, offset.to(tl.int64) + idx, cols[None, :], WORDS)
     amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
     y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + idx, y, mask=mask)
@@ -91,7 +94,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
         grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
         _quantize_kernel[grid](
             xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
-            *codec.args, BITS=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
+            *codec.args, WORDS=int(codec.words), BITS=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
         )
     return layout.unorient(y, codec.axis).reshape(x.shape).to(x.dtype)
 
@@ -100,8 +103,8 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 def _encode_kernel(
     x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_seq, n_rows, n_cols,
     group_rows,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, TAKE: tl.constexpr, BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TAKE: tl.constexpr, BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
 ):
     # x: [B, n_rows, n_cols] FP32 (n_rows = H * P); program (s, t) encodes row block t (BLOCK_R whole rows) of
     # sequence s, or, TAKE, of the taken sequences s, s + S, s + 2 S, ... in order (S programs on axis 0);
@@ -115,22 +118,22 @@ def _encode_kernel(
         while k < n_taken:  # a while loop: the interpreter cannot take range() of a runtime scalar
             b = tl.sum(tl.where((taken != 0) & (rank == k), seqs, 0), axis=0)
             _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols,
-                         group_rows, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C, DECODED)
+                         group_rows, KIND, GROUP, MAX, ORDER, WORDS, BLOCK_R, BLOCK_C, DECODED)
             k += tl.num_programs(0)
     else:
         _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, tl.program_id(0), n_rows,
-                     n_cols, group_rows, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C, DECODED)
+                     n_cols, group_rows, KIND, GROUP, MAX, ORDER, WORDS, BLOCK_R, BLOCK_C, DECODED)
 
 
 @triton.jit
 def _encode_rows(
     x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols, group_rows,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
 ):
     """Encode row block program_id(1) of sequence b. amax: [B * n_rows // group_rows] (head and tensor groups,
-    reduced by torch); key, ck: [B] Philox key and checkpoint (SR kinds); dec: [B, n_rows, n_cols] FP32, DECODED:
-    the decoded value is stored there too."""
+    reduced by torch); key, ck: [B] Philox key and checkpoint (SR kinds, their words read through the word layout
+    WORDS); dec: [B, n_rows, n_cols] FP32, DECODED: the decoded value is stored there too."""
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
@@ -139,8 +142,9 @@ def _encode_rows(
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
-    if (KIND == FP16SR) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):  # key and checkpoint: SR kinds only
-        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, KIND)
+    if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
+        # key and checkpoint: SR kinds only
+        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
     if GROUP == GROUP_ROW:
@@ -178,7 +182,7 @@ def _encode_rows(
             tl.store(out, e5m2_encode(q).to(tl.uint8), mask=mask)
         elif KIND == BF16:  # the high half of the rounded FP32 (data viewed as int16)
             tl.store(out, (q.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
-        elif (KIND == FP16) | (KIND == FP16SR):
+        elif (KIND == FP16) | (KIND == FP16SR) | (KIND == FP16SR_SOFT):
             tl.store(out, q.to(tl.float16), mask=mask)  # exact: q is on the FP16 grid
         elif (KIND == INT8) | (KIND == INT8SR):
             tl.store(out, q.to(tl.int8), mask=mask)  # exact: q is an integer code within +-127
@@ -248,9 +252,10 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     codec = packed_codec(fmt)
     if codec is None:
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
-                                  "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, "
-                                  "int8sr, int16, int16sr with axis=dstate and scale row, head, tensor or none; "
-                                  "nvfp4 with axis=dstate and scale head, tensor or row; default rounds= and bits=)")
+                                  "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
+                                  "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
+                                  "tensor or none; nvfp4 with axis=dstate and scale head, tensor or row; default "
+                                  "rounds= and bits=)")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -295,7 +300,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
             x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
             x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
             x4 if decoded is None else decoded, n_seq, h * p, n, {Group.HEAD: p, Group.TENSOR: h * p}.get(group, 1),
-            *codec.args, BLOCK_R=block_r, BLOCK_C=block_c,
+            *codec.args, WORDS=int(codec.words), BLOCK_R=block_r, BLOCK_C=block_c,
             TAKE=take is not None, BLOCK_B=1 if take is None else triton.next_power_of_2(n_seq),
             DECODED=decoded is not None,
         )

@@ -13,16 +13,16 @@ from typing import ClassVar
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-from replayssm_eval.formats import device, get_format, list_formats, registry, rounding
+from replayssm_eval.formats import get_format, list_formats, registry, rounding
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec, tile_codec
 from replayssm_eval.formats.formats import ScaledFormat
 from replayssm_eval.formats.triton import encode_triton, quantize_triton
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import state_random_bits
 from replayssm_eval.regress import conformance
+
+from tests.helpers.kernel_checks import round_tile_in_kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter reports 1/0 in numpy
 
@@ -31,7 +31,7 @@ SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5
                           "nvfp4:scale=tensor", "nvfp4:axis=headdim", "mxfp4:axis=headdim", "fp16sr:bits=8",
                           "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8", "int16:scale=head",
                           "int8sr:scale=tensor", "int8:order=mul", "int16sr:scale=head,order=mul",
-                          "fp8:scale=head,order=mul"]
+                          "fp8:scale=head,order=mul", "fp16sr:words=pair", "fp16sr:words=octet,cvt=soft"]
 
 
 @dataclass(frozen=True)
@@ -78,20 +78,6 @@ def _states(shape=(3, 2, 5, 40), seed=0) -> torch.Tensor:
     return x
 
 
-@triton.jit
-def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
-    b = tl.program_id(0)
-    rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
-    mask = (rows[:, None] < R) & (cols[None, :] < C)
-    elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
-    x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
-    bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, KIND)
-    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
-    tl.store(y_ptr + b * R * C + elem, y, mask=mask)
-
-
 def _check_codec(fmt, device_name, bits_equal):
     """fmt's codec rounds as its torch reference: quantize_triton, encode_triton and the in-tile rounding."""
     codec = fmt.kernel_codec
@@ -112,11 +98,8 @@ def _check_codec(fmt, device_name, bits_equal):
                 assert torch.equal(a.cpu().view(torch.uint8), b.view(torch.uint8)), name
     if tile_codec(fmt) is not None:  # one program per state of one head, as the chunked kernels with head scales
         xs = x[:, :1].contiguous()  # [B, 1, P, N]
-        y = torch.empty_like(xs, device=device_name)
-        _round_tile_kernel[(xs.shape[0],)](xs.to(device_name), y, keys.to(device_name), checkpoint.to(device_name),
-                                           xs.shape[2], xs.shape[3], *codec.args, BLOCK_R=8, BLOCK_C=64)
         tile_bits = {"random_bits": words[:, :1]} if fmt.is_stochastic else {}
-        bits_equal(y.cpu(), fmt.quantize(xs, **tile_bits))
+        bits_equal(round_tile_in_kernel(xs.to(device_name), codec, keys, checkpoint).cpu(), fmt.quantize(xs, **tile_bits))
 
 
 @pytest.mark.parametrize("spec", SPECS)

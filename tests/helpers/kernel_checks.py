@@ -4,7 +4,11 @@ import warnings
 from unittest import mock
 
 import torch
+import triton
+import triton.language as tl
 
+from replayssm_eval.formats import device
+from replayssm_eval.formats.codec import KernelCodec
 from replayssm_eval.kernels.delta import triton_chunk
 from replayssm_eval.replay.state import write_checkpoint
 
@@ -30,3 +34,30 @@ def triton_no_fallback(chunked, *args):
     warned = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert not warned, f"this config must run the kernel: {warned}"
     return out
+
+
+@triton.jit
+def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
+                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+    # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
+    b = tl.program_id(0)
+    rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
+    x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
+    bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
+    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
+    tl.store(y_ptr + b * R * C + elem, y, mask=mask)
+
+
+def round_tile_in_kernel(x: torch.Tensor, codec: KernelCodec, keys: torch.Tensor, checkpoint: torch.Tensor):
+    """`device.round_tile` of states x [B, 1, P, N] (one head each) in a kernel program that holds a whole state, its
+    Philox words from `device.state_bits` with keys and checkpoint ([B] int64, `replay.keys`); the result is on x's
+    device."""
+    b, _, p, n = x.shape
+    y = torch.empty_like(x)
+    _round_tile_kernel[(b,)](x, y, keys.to(x.device), checkpoint.to(x.device), p, n, *codec.args,
+                             WORDS=int(codec.words), BLOCK_R=triton.next_power_of_2(p),
+                             BLOCK_C=max(triton.next_power_of_2(n), codec.block))
+    return y

@@ -42,14 +42,14 @@ def cases(per_family):
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(0)
     ks = tl.arange(0, BK)
     vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, BK, BV)
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, WORDS, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
 
@@ -61,11 +61,11 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
     x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
     x[0, 1, 3] = 0.0
-    kind, group, top, order = tile_codec(cfg.recur_format).args
+    codec = tile_codec(cfg.recur_format)
     y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
-    _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, KIND=kind, GROUP=group,
-                               MAX=top, ORDER=order, BK=64, BV=32)
+    _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, *codec.args,
+                               WORDS=int(codec.words), BK=64, BV=32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -79,11 +79,11 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
     x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
     x[0, 1, 70] = 0.0  # a zero row in the second v-block
-    kind, group, top, order = tile_codec(cfg.recur_format).args
+    codec = tile_codec(cfg.recur_format)
     y = torch.empty_like(x, device=device)
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
-    _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128, KIND=kind,
-                                       GROUP=group, MAX=top, ORDER=order, BK=128, BV=bv)
+    _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128,
+                                       *codec.args, WORDS=int(codec.words), BK=128, BV=bv)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -187,6 +187,26 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, device):
     inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **SMALL[fam])
     _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg))
     _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
+    assert rounds_to(fold, rounded, cfg)
+
+
+@FAM
+def test_chunked_triton_engine_word_layouts(fam, device):
+    """fp16sr's engine word layouts in the kernel (vLLM's pairs along K, TensorRT-LLM's octets with FlashInfer's software
+    conversion) at an odd K, whose pairs end a row unpaired: the stored copies are write_checkpoint of the kernel's
+    FP32 folds bit for bit, and the outputs and copies those of the torch chunked form up to FP32 flips."""
+    mod = FAMILIES[fam]
+    cfg = ReplayConfig.parse("fp16sr:words=pair/fp16sr:words=octet,cvt=soft@4")
+    inputs = delta_inputs(fam, batch=2, seqlen=9, dtype=torch.float32, device=device, heads=1, value_heads=2, dk=23,
+                          dv=12)
+    o_ref, st_ref = mod.chunked(*inputs, cfg)
+    o, st = mod.chunked(*inputs, cfg, backend="triton")
+    assert_close("o", o_ref, o, 1e-5, flips=one_column_share(inputs))
+    mostly_equal("S_hi", st_ref.hi, st.hi)
+    mostly_equal("S_lo", st_ref.lo, st.lo)
+    first = (*cut(inputs, 0, 4), *inputs[5:])  # one fold: the unrounded launch's fold is the rounded launch's
+    _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*first, cfg))
+    _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*first, cfg), rounded=False)
     assert rounds_to(fold, rounded, cfg)
 
 

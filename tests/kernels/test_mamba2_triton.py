@@ -41,19 +41,22 @@ def _phased(inputs, config, pre, device):
     return state_to(phased_state(decode_reference, tuple(t.cpu() for t in inputs), config, pre, torch.float32), device)
 
 
-@pytest.mark.parametrize("text, groups", [
-    ("shared:fp16sr@1", 1),
-    ("shared:nvfp4:scale=row@4#skip=0.4", 3),
-    ("nvfp4:scale=head/fp8sr@4", 1),
-    ("nvfp4/fp16sr@4", 3),  # the default: a head-scaled read copy over two P tiles, from the amax pass
-    ("int8:scale=head,order=mul/fp16sr@3", 1),
-    ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3),
-    ("int8/int16sr:scale=head@4", 3),
-    ("flashinfer:int16", 1),
+@pytest.mark.parametrize("text, groups, d_state", [
+    ("shared:fp16sr@1", 1, 24),
+    ("shared:nvfp4:scale=row@4#skip=0.4", 3, 24),
+    ("nvfp4:scale=head/fp8sr@4", 1, 24),
+    ("nvfp4/fp16sr@4", 3, 24),  # the default: a head-scaled read copy over two P tiles, from the amax pass
+    ("int8:scale=head,order=mul/fp16sr@3", 1, 24),
+    ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3, 24),
+    ("int8/int16sr:scale=head@4", 3, 24),
+    ("flashinfer:int16", 1, 24),
+    # fp16sr's engine word layouts at an odd d_state, whose pairs end a row unpaired
+    ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", 3, 23),
+    ("shared:fp16sr:words=octet@3#buf=bf16", 1, 23),
 ])
-def test_chunked_triton_matches_torch(text, groups, device):
+def test_chunked_triton_matches_torch(text, groups, d_state, device):
     config = ReplayConfig.parse(text)
-    inputs = tuple(t.to(device) for t in _small(groups=groups))
+    inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state))
     state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 13)[:6]
     y_ref, st_ref = chunked(*main, state, config)
@@ -110,20 +113,22 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     assert tri.checkpoint.min() >= 2
 
 
-@pytest.mark.parametrize("text, by_torch", [
-    ("nvfp4:scale=row/fp16sr@4", "read"),
-    ("fp8sr:scale=row/fp32@3#skip=0.4", "read"),
-    ("fp16/fp8sr:scale=row@3", "recur"),
-    ("shared:fp16sr@4#skip=0.4", "recur"),
-    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur"),
-    ("int16:order=mul/int8sr:scale=head@3", "read/recur"),
+@pytest.mark.parametrize("text, by_torch, d_state", [
+    ("nvfp4:scale=row/fp16sr@4", "read", 24),
+    ("fp8sr:scale=row/fp32@3#skip=0.4", "read", 24),
+    ("fp16/fp8sr:scale=row@3", "recur", 24),
+    ("shared:fp16sr@4#skip=0.4", "recur", 24),
+    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", 24),
+    ("int16:order=mul/int8sr:scale=head@3", "read/recur", 24),
+    ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", "read/recur", 23),  # engine word layouts, odd d_state
+    ("shared:fp16sr:words=octet@3#buf=bf16", "recur", 23),
 ])
-def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypatch):
+def test_torch_rounding_equals_in_loop_rounding(text, by_torch, d_state, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
     between one-segment launches): both copies and the packed read copy bit for bit those of the in-loop rounding
     (same folds; the torch rounding uses the same keys, counters and checkpoint indices, SR included)."""
     config = ReplayConfig.parse(text)
-    inputs = tuple(t.to(device) for t in _small(tokens=12))
+    inputs = tuple(t.to(device) for t in _small(tokens=12, d_state=d_state))
     state = _phased(inputs, config, [0, 1], device)
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")
@@ -150,7 +155,8 @@ def test_chunked_triton_fp64_runs_torch(device):
     assert torch.equal(y, y_ref) and torch.equal(st.hi, st_ref.hi) and torch.equal(st.lo, st_ref.lo)
 
 
-@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "nvfp4:scale=row/fp32@3", "fp8/fp16sr@4#skip=0.3", "fp16/fp32@2"])
+@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "nvfp4:scale=row/fp32@3", "fp8/fp16sr@4#skip=0.3", "fp16/fp32@2",
+                                  "fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3"])
 def test_decode_step_matches_reference(text, device):
     """Steps from sequences at different phases: non-flush steps read the packed read copy, flush steps fold."""
     config = ReplayConfig.parse(text)

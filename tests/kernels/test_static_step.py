@@ -21,7 +21,8 @@ from replayssm_eval.kernels.static_step import StaticState, check_static_config,
 from replayssm_eval.kernels.step_variants import step_launches, step_variant
 
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",
-           "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3", "int8/int16sr:scale=head@3")
+           "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3", "int8/int16sr:scale=head@3",
+           "shared:fp16sr:words=octet,cvt=soft@3")
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789, 31, 2**40 + 3], dtype=torch.int64)
 

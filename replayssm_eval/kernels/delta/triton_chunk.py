@@ -11,7 +11,7 @@ are the same, so are
 - the host side of the chunked kernels: which copies round in-kernel (each format's `tile_codec`),
   the launch configuration, and the loop over segment blocks with the torch rounding between
   one-segment launches of a copy no program can round (`run_segments`).
-A kernel takes a format as its codec's constexprs (`KernelCodec.args`: KIND, GROUP, MAX, ORDER).
+A kernel takes a format as its codec's constexprs (`KernelCodec.args`: KIND, GROUP, MAX, ORDER; and its `words`).
 The step kernels' shared pieces are `triton_step`.
 """
 
@@ -40,13 +40,15 @@ def dot(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
-                ORDER: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                ORDER: tl.constexpr, WORDS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
 
     A format row is one v column (amax over K); a head is the whole tile. elem: [BK, BV] int64
-    element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem).
+    element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in the word layout
+    WORDS, whose pairs run along K (`device.state_bits`).
     """
-    bits = state_bits(key, (checkpoint << 32) + elem, KIND)
+    ks = tl.arange(0, BK)[:, None]  # [BK, 1] the element's index along the format rows (K)
+    bits = state_bits(key, (checkpoint << 32) + elem, ks, KIND, WORDS)
     xt = tl.trans(x)  # [BV, BK]: format rows are v columns, blocks run along K
     return tl.trans(round_tile(xt, tl.trans(bits), KIND, GROUP, MAX, ORDER, BV, BK))
 
@@ -84,15 +86,15 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 @triton.jit
 def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
                  HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
-                 LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
-                 BK: tl.constexpr, BV: tl.constexpr):
+                 HI_WORDS: tl.constexpr, LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr,
+                 LO_ORDER: tl.constexpr, LO_WORDS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
-    s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, BK, BV)
+    s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_WORDS, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
     if SHARED:
         s_lo = s_hi
     else:
-        s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, BK, BV)
+        s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_WORDS, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
     return s_hi, s_lo
 
@@ -166,15 +168,16 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     block = 1 if outside else min(triton.next_power_of_2(seg.num), 1 << (fits.bit_length() - 1))
     ckpt = (st.checkpoint[:, None] + seg.folds.cumsum(1) - seg.folds.long()).t().contiguous()  # [NS, B] at each start
     fold_host = seg.folds.t().tolist() if outside else None  # [NS][B], steers the rounding without device syncs
-    hi_kind, hi_group, hi_max, hi_order = (hi_codec or FP32_CODEC).args
-    lo_kind, lo_group, lo_max, lo_order = (lo_codec or FP32_CODEC).args
+    hi_codec, lo_codec = hi_codec or FP32_CODEC, lo_codec or FP32_CODEC
+    hi_kind, hi_group, hi_max, hi_order = hi_codec.args
+    lo_kind, lo_group, lo_max, lo_order = lo_codec.args
     for start in range(0, seg.num, block):
         kernel[grid](
             *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
-            HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order,
-            LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order,
+            HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_WORDS=int(hi_codec.words),
+            LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_WORDS=int(lo_codec.words),
             DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:

@@ -47,8 +47,8 @@ def _chunked_kernel(
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr, HI_WORDS: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr, LO_WORDS: tl.constexpr,
     DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
@@ -110,7 +110,8 @@ def _chunked_kernel(
                     folded = d_end * s_hi + dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
                 s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
-                                          HI_MAX, HI_ORDER, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, BK, BV)
+                                          HI_MAX, HI_ORDER, HI_WORDS, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_WORDS,
+                                          BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
             tl.store(u_ptr + out, u, mask=vmask[None, :])

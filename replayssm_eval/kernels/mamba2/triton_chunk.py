@@ -7,12 +7,13 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
-  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
+  bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
   nvfp4 with axis=dstate and scale=row|head. A head-scaled recurrence copy makes a program hold the whole
   head; a head-scaled read copy, which never feeds the fold, keeps head_dim tiles of 16 rows (more programs)
   and takes two launches: the folds alone with each tile's amax (`PASS_AMAX`), then everything with the head's
   amax (`PASS_OUTPUT`); the two launches fold the same tiles in the same order, so the same bits. The
-  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
+  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec) are rounded by
+  torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
@@ -54,7 +55,8 @@ def _chunk_scan_kernel(
     amax_ptr,  # PASS_AMAX: [B, S, H, P tiles] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
-    READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
+    RECUR_WORDS: tl.constexpr, READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr,
+    READ_ORDER: tl.constexpr, READ_WORDS: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -118,8 +120,8 @@ def _chunk_scan_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_tile(folded, state_bits(key_hi, counter, RECUR), RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
-                            BLOCK_P, BLOCK_N)
+            hi = round_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
+                            RECUR_GROUP, RECUR_MAX, RECUR_ORDER, BLOCK_P, BLOCK_N)
             at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
             if PASS == PASS_AMAX:
                 tile_max = tl.max(tile_amax(folded, True, READ_ORDER), axis=0)  # [1]: the tile's amax
@@ -131,11 +133,11 @@ def _chunk_scan_kernel(
                 lo = hi
             elif PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
                 amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
-                lo = quantize_tile(folded, state_bits(key_lo, counter, READ), amax, READ, READ_GROUP, READ_MAX,
-                                   READ_ORDER, BLOCK_P, BLOCK_N)
+                lo = quantize_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), amax, READ,
+                                   READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             else:
-                lo = round_tile(folded, state_bits(key_lo, counter, READ), READ, READ_GROUP, READ_MAX, READ_ORDER,
-                                BLOCK_P, BLOCK_N)
+                lo = round_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
+                                READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
     if PASS != PASS_AMAX:  # the amax pass leaves the state to the output pass, which folds the same again
@@ -171,7 +173,8 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
             px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, amax,
             S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-            READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+            RECUR_WORDS=int(recur.words), READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max,
+            READ_ORDER=int(read.order), READ_WORDS=int(read.words),
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
             SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
             BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),

@@ -32,7 +32,7 @@ from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buff
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
-_WIDE_READS = (Kind.FP32, Kind.BF16, Kind.FP16, Kind.FP16SR, Kind.INT16, Kind.INT16SR)  # 16- and 32-bit elements
+_WIDE_READS = (Kind.FP32, Kind.BF16, Kind.FP16, Kind.FP16SR, Kind.FP16SR_SOFT, Kind.INT16, Kind.INT16SR)  # 16/32-bit
 
 
 @triton.jit

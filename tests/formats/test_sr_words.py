@@ -1,0 +1,99 @@
+"""fp16sr's engine word layouts (`words=`) and software conversion (`cvt=soft`) in the Triton kernels, bit for bit.
+
+Each variant's kernel codec (`KernelCodec.words`, kind FP16SR_SOFT) must make `quantize_triton` (Philox from a seed,
+or given words), `encode_triton` (the keyed words of a stored copy) and the in-tile rounding of the chunked kernels
+(`device.state_bits` in `round_tile`) equal the torch format, on rows of odd length (a last unpaired element, a
+last partial Philox group), counters that cross a 32-bit boundary, and the values where the roundings differ: FP16
+subnormals and FP32 subnormals, exact FP16 values and midpoints, signed zeros, the overflow edge, +-Inf and NaN.
+"""
+
+import pytest
+import torch
+
+from replayssm_eval.formats import get_format
+from replayssm_eval.formats.codec import Kind, Words
+from replayssm_eval.formats.packed import PackedState
+from replayssm_eval.formats.triton import encode_triton, quantize_triton
+from replayssm_eval.replay.keys import state_random_bits
+
+from tests.helpers.kernel_checks import round_tile_in_kernel
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter reports 1/0 in numpy
+
+VARIANTS = ["fp16sr:words=pair", "fp16sr:words=duo", "fp16sr:words=quad", "fp16sr:words=octet", "fp16sr:cvt=soft",
+            "fp16sr:words=pair,cvt=soft", "fp16sr:words=duo,cvt=soft", "fp16sr:words=quad,cvt=soft",
+            "fp16sr:words=octet,cvt=soft"]
+SPECIAL = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, -65519.0, 65520.0, 1e30, 2.0**-14,
+           -(2.0**-14) * (1 - 2.0**-11), 2.0**-24, 3 * 2.0**-25, -(2.0**-20) * 1.37, 1e-40, -1e-39, 1.0 + 2.0**-11,
+           -(1.0 + 3 * 2.0**-11), 2049.0, 2.0**15 * (1 + 2.0**-10)]
+
+
+def awkward_states(shape, seed=0) -> torch.Tensor:
+    """`[B, H, P, N]` FP32 states of every magnitude from FP32 subnormals to past 65504, the SPECIAL values spread
+    over them (odd positions included; as many as fit)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-30, 17, shape, generator=g).float())
+    flat = x.view(-1)
+    where = torch.randperm(flat.numel(), generator=g)[: 3 * len(SPECIAL)]
+    flat[where] = torch.tensor(SPECIAL * 3)[: where.numel()]
+    return x
+
+
+def test_codecs_cover_every_variant():
+    """Every words= and cvt= with the default rounds= and bits= has a codec; cvt=soft is its own element kind."""
+    for spec in VARIANTS:
+        codec = get_format(spec).kernel_codec
+        assert codec.kind == (Kind.FP16SR_SOFT if "soft" in spec else Kind.FP16SR) and codec.stochastic
+        assert codec.words == Words[(spec.partition("words=")[2].partition(",")[0] or "element").upper()]
+        assert codec.packed and codec.data_dtype == torch.float16
+    assert get_format("fp16sr:words=pair,rounds=7").kernel_codec is None
+
+
+@pytest.mark.parametrize("spec", VARIANTS)
+@pytest.mark.parametrize("shape, offset", [((2, 3, 5, 37), 2**32 - 301), ((1, 2, 4, 1), 0), ((3, 1, 3, 13), 2**40 + 3)])
+def test_quantize_triton_seeded(spec, shape, offset, device, bits_equal):
+    """Philox from a seed (the engines' own layouts: one tl.randint4x per group, lanes, pairs) == fmt.quantize."""
+    fmt = get_format(spec)
+    x = awkward_states(shape)
+    bits_equal(quantize_triton(x.to(device), fmt, seed=2**33 + 9, offset=offset).cpu(),
+               fmt.quantize(x, seed=2**33 + 9, offset=offset))
+
+
+@pytest.mark.parametrize("spec", VARIANTS)
+def test_quantize_triton_given_words(spec, device, bits_equal):
+    """One word per element given (random_bits): pairs read 2j's word, the other layouts each element's own."""
+    fmt = get_format(spec)
+    x = awkward_states((2, 2, 3, 21), seed=1)
+    words = torch.randint(0, 2**32, x.shape, generator=torch.Generator().manual_seed(2), dtype=torch.int64)
+    bits_equal(quantize_triton(x.to(device), fmt, random_bits=words.to(device)).cpu(),
+               fmt.quantize(x, random_bits=words))
+
+
+@pytest.mark.parametrize("spec", VARIANTS)
+def test_encode_triton_keyed(spec, device):
+    """The packed checkpoint of a stored copy (keyed words of `replay.keys`) == fmt.encode, FP16 code for code; in
+    place for some states only (`take`, with the decoded copy)."""
+    fmt = get_format(spec)
+    x = awkward_states((3, 2, 5, 19), seed=3)
+    keys, checkpoint = torch.tensor([11, -(2**62) + 5, 7]), torch.tensor([0, 5, 2**20])
+    ref = fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:])))
+    got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
+    assert got.format == ref.format and torch.equal(got.data.cpu().view(torch.int16), ref.data.view(torch.int16))
+    take = torch.tensor([False, True, True])
+    out = PackedState(fmt.name, tuple(x.shape), torch.zeros(x.shape, dtype=torch.float16, device=device))
+    decoded = torch.zeros(x.shape, device=device)
+    encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device), take=take.to(device), out=out,
+                  decoded=decoded)
+    assert torch.equal(out.data.cpu()[take].view(torch.int16), ref.data[take].view(torch.int16))
+    assert torch.equal(out.data.cpu()[0], torch.zeros_like(ref.data[0]))
+    assert torch.equal(decoded.cpu()[take].nan_to_num(7.0), fmt.decode(ref)[take].nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("spec", ["fp16sr:words=pair", "fp16sr:words=octet,cvt=soft", "fp16sr:words=quad,cvt=soft"])
+def test_in_tile_rounding(spec, device, bits_equal):
+    """`state_bits` + `round_tile` in a kernel's tile with rows of odd length == the keyed torch rounding."""
+    fmt = get_format(spec)
+    x = awkward_states((2, 1, 6, 23), seed=4)  # [B, 1, P, N]
+    keys, checkpoint = torch.tensor([3, 2**50 + 1]), torch.tensor([1, 2**31 - 1])
+    y = round_tile_in_kernel(x.to(device), fmt.kernel_codec, keys, checkpoint)
+    bits_equal(y.cpu(), fmt.quantize(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:]))))
