@@ -31,7 +31,9 @@ SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5
                           "nvfp4:scale=tensor", "nvfp4:axis=headdim", "mxfp4:axis=headdim", "fp16sr:bits=8",
                           "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8", "int16:scale=head",
                           "int8sr:scale=tensor", "int8:order=mul", "int16sr:scale=head,order=mul",
-                          "fp8:scale=head,order=mul"]
+                          "fp8:scale=head,order=mul", "int8:scale=block:16", "fp8sr:scale=block:8,order=mul",
+                          "int16:scale=tile:4x8", "fp8:scale=tile:32x0,max=240", "int8:scale=tile:3x5,order=mul",
+                          "int8sr:scale=tile:0x16"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ def _states(shape=(3, 2, 5, 40), seed=0) -> torch.Tensor:
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                       MAX: tl.constexpr, ORDER: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
     b = tl.program_id(0)
     rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
@@ -88,7 +91,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, 
     elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
     x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
     bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, KIND)
-    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
+    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + b * R * C + elem, y, mask=mask)
 
 
@@ -114,7 +117,8 @@ def _check_codec(fmt, device_name, bits_equal):
         xs = x[:, :1].contiguous()  # [B, 1, P, N]
         y = torch.empty_like(xs, device=device_name)
         _round_tile_kernel[(xs.shape[0],)](xs.to(device_name), y, keys.to(device_name), checkpoint.to(device_name),
-                                           xs.shape[2], xs.shape[3], *codec.args, BLOCK_R=8, BLOCK_C=64)
+                                           xs.shape[2], xs.shape[3], *codec.args, *codec.tile, BLOCK_R=8,
+                                           BLOCK_C=64)
         tile_bits = {"random_bits": words[:, :1]} if fmt.is_stochastic else {}
         bits_equal(y.cpu(), fmt.quantize(xs, **tile_bits))
 
@@ -140,9 +144,20 @@ def test_capabilities():
     assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
     assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
-    for spec in ("int16sr:bits=8", "int8:axis=headdim", "fp8:scale=block:16", "nvfp4:scale=rowcol",
-                 "fp16sr:rounds=7", "bf16:rot=hadamard:8"):
+    for spec in ("int16sr:bits=8", "int8:axis=headdim", "nvfp4:scale=rowcol", "fp16sr:rounds=7", "bf16:rot=hadamard:8",
+                 "mx8sr"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
+    # scale tiles and MX blocks: rounded in a chunked program's loop, their packed layout written by torch
+    block = get_format("int8sr:scale=block:32").kernel_codec
+    assert block == KernelCodec(Kind.INT8SR, Group.TILE, 127.0, rows=1, cols=32) and block.tile == (1, 32)
+    assert block.in_tile(whole_head=False) and not block.packed and not block.spans(1)
+    sglang = ReplayConfig.parse("sglang:fp8").read_format.kernel_codec
+    assert sglang.tile == (32, 0) and sglang.spans(16) and not sglang.spans(32) and not sglang.packed
+    assert sglang.in_tile(whole_head=True) and not sglang.in_tile(whole_head=False)
+    assert not get_format("int8:scale=tile:3x5").kernel_codec.in_tile(whole_head=True)  # not powers of two
+    assert get_format("nvfp4:scale=head").kernel_codec.spans(64) and not get_format("fp8").kernel_codec.spans(1)
+    mx = get_format("mxfp4").kernel_codec
+    assert mx.in_tile(whole_head=False) and not mx.packed and not get_format("mxfp4:axis=headdim").kernel_codec.in_tile(True)
 
 
 @pytest.mark.parametrize("scale", ["row", "head", "tensor", "none"])

@@ -48,9 +48,12 @@ def _phased(inputs, config, pre, device):
     ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3),
     ("int8/int16sr:scale=head@4", 3),
     ("flashinfer:int16", 1),
+    ("sglang:fp8", 3),
+    ("pimba:int8sr", 1),
 ])
 def test_chunked_triton_matches_torch(text, groups, device):
     config = ReplayConfig.parse(text)
+    assert None not in triton_chunk._codecs(config), "both copies must be rounded in the loop"
     inputs = tuple(t.to(device) for t in _small(groups=groups))
     state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 13)[:6]
@@ -70,7 +73,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("nvfp4:scale=tensor/fp32@4", 3, 24),
     ("nvfp4:scale=tensor/fp16sr@3#skip=0.4", 1, 40),
     ("nvfp4:axis=headdim/fp32@4", 3, 24),
-    ("mxfp4/fp16@4", 1, 24),
+    ("mxfp4:axis=headdim/fp16@4", 1, 24),
     ("fp8sr:scale=tensor/fp32@4", 3, 24),
     ("nvfp4:axis=headdim/fp16sr@4", 1, 24),
     ("shared:nvfp4:scale=tensor@4", 3, 24),
@@ -78,7 +81,7 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("fp16sr/fp8sr:scale=tensor@4", 3, 24),
     ("fp32/nvfp4:axis=headdim@3", 1, 24),
     ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
-    ("fp16/mxfp8@4", 1, 24),
+    ("fp16/int8:scale=tile:4x6@4", 1, 24),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
     ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
@@ -86,7 +89,8 @@ def test_chunked_triton_matches_torch(text, groups, device):
     ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
-    """Copies in formats no program can round (tensor scale, head_dim blocks, MX) run on Triton, rounded by torch: a
+    """Copies in formats no program can round (tensor scale, head_dim blocks, tiles of other than power-of-two sizes)
+    run on Triton, rounded by torch: a
     read copy after the kernel, a recurrence copy (or shared checkpoint) between one-segment launches. Three calls in
     a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
@@ -108,20 +112,30 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     assert tri.checkpoint.min() >= 2
 
 
-@pytest.mark.parametrize("text, by_torch", [
-    ("nvfp4:scale=row/fp16sr@4", "read"),
-    ("fp8sr:scale=row/fp32@3#skip=0.4", "read"),
-    ("fp16/fp8sr:scale=row@3", "recur"),
-    ("shared:fp16sr@4#skip=0.4", "recur"),
-    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur"),
-    ("int16:order=mul/int8sr:scale=head@3", "read/recur"),
+# head_dim 40: two 32-row tiles (the second short) in a program holding the whole head; d_state 40: MX blocks of 32
+# and blocks of 16, the last one short
+_WIDE = {"head_dim": 40, "d_state": 40}
+
+
+@pytest.mark.parametrize("text, by_torch, sizes", [
+    ("nvfp4:scale=row/fp16sr@4", "read", {}),
+    ("fp8sr:scale=row/fp32@3#skip=0.4", "read", {}),
+    ("fp16/fp8sr:scale=row@3", "recur", {}),
+    ("shared:fp16sr@4#skip=0.4", "recur", {}),
+    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", {}),
+    ("int16:order=mul/int8sr:scale=head@3", "read/recur", {}),
+    ("int8sr:scale=block:16/fp32@3", "read", _WIDE),
+    ("shared:fp8:scale=tile:8x0,max=240@4#skip=0.4", "recur", {}),  # 8-row tiles in 16-row programs, the last short
+    ("fp16sr/mxfp4@4", "recur", _WIDE),
+    ("fp8:scale=tile:32x0,max=240/int16:scale=tile:4x8,order=mul@3", "read/recur", _WIDE),
+    ("mxfp8/int8:scale=block:8@4", "read/recur", {}),
 ])
-def test_torch_rounding_equals_in_loop_rounding(text, by_torch, device, monkeypatch):
+def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
     between one-segment launches): both copies and the packed read copy bit for bit those of the in-loop rounding
     (same folds; the torch rounding uses the same keys, counters and checkpoint indices, SR included)."""
     config = ReplayConfig.parse(text)
-    inputs = tuple(t.to(device) for t in _small(tokens=12))
+    inputs = tuple(t.to(device) for t in _small(tokens=12, **sizes))
     state = _phased(inputs, config, [0, 1], device)
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")

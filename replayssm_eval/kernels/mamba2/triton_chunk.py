@@ -7,9 +7,11 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
-  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
-  nvfp4 with axis=dstate and scale=row|head (head scales make a program hold the whole head). The
-  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec; the default
+  bf16, fp16, fp16sr; fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none and
+  scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`, `sglang:fp8`);
+  nvfp4, mxfp8 and mxfp4 with axis=dstate (nvfp4 scale=row|head). A program holds 16 rows of the head,
+  or the whole head for head scales and tiles of more than 16 rows. The other formats (tensor-wide
+  scales, blocks along head_dim, tiles of other sizes, formats without a kernel codec; the default
   `nvfp4` included) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
@@ -29,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
+from replayssm_eval.formats.codec import FP32_CODEC, tile_codec
 from replayssm_eval.formats.device import round_tile, state_bits
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
@@ -38,6 +40,7 @@ from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
 
+_BLOCK_P = 16  # head_dim rows per program where no scale group spans more rows
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 
 
@@ -48,7 +51,9 @@ def _chunk_scan_kernel(
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
+    RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr,
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
+    READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -111,7 +116,7 @@ def _chunk_scan_kernel(
                 folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = round_tile(folded, state_bits(key_hi, counter, RECUR), RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
-                            BLOCK_P, BLOCK_N)
+                            RECUR_ROWS, RECUR_COLS, BLOCK_P, BLOCK_N)
             if LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
@@ -119,7 +124,7 @@ def _chunk_scan_kernel(
                 lo = hi
             else:
                 lo = round_tile(folded, state_bits(key_lo, counter, READ), READ, READ_GROUP, READ_MAX, READ_ORDER,
-                                BLOCK_P, BLOCK_N)
+                                READ_ROWS, READ_COLS, BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
     tl.store(hi_ptr + state_off, hi, mask=mask_s)
@@ -142,14 +147,16 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     G, N = pB.shape[3], pB.shape[4]
     recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    launch = chunked_launch_config(P, N, Group.HEAD in (recur.group, read.group))
+    launch = chunked_launch_config(P, N, recur.spans(_BLOCK_P) or read.spans(_BLOCK_P))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     _chunk_scan_kernel[(batch, H, triton.cdiv(P, block_p))](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo,
         S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
         RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
+        RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols,
         READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+        READ_ROWS=read.rows, READ_COLS=read.cols,
         SHARED=config.shared, LO_OUTSIDE=outside is not None,
         SKIP=skip is not None, BUF=buffer_kind(config),
         BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
@@ -158,11 +165,12 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
-    """BLOCK_P (head_dim rows per program; the whole head for head scales), num_warps and DOT (the tl.dot
-    input_precision) of `_chunk_scan_kernel` (benchmarks/layer_speed.py sweeps them)."""
+    """BLOCK_P (head_dim rows per program: _BLOCK_P, or the whole head for scale groups spanning more rows: head
+    scales, tall scale tiles), num_warps and DOT (the tl.dot input_precision) of `_chunk_scan_kernel`
+    (benchmarks/layer_speed.py sweeps them)."""
     if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
         return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
-    return {"BLOCK_P": 16, "num_warps": 2, "DOT": "ieee"}
+    return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee"}
 
 
 def _codecs(config) -> tuple:
@@ -188,7 +196,7 @@ def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside
 
 
 def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
-    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, MX): exact in two passes,
+    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks): exact in two passes,
     because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi (`_scan`)
     and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s
     encoding, keys and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are
