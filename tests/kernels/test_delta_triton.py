@@ -193,7 +193,7 @@ def test_chunked_triton_quantized(fam, text, device):
     ("nvfp4:scale=row/fp16sr@4", False),
     # K = 40: blocks of 16 and MX blocks of 32 with a short last one; V = 40: two v-blocks of 32 (tiles of 16 and 32
     # rows, the last one short), the whole head (tiles of 64 rows)
-    ("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", True),
+    pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", True, marks=pytest.mark.slow),
     ("mxfp4/int16:scale=tile:4x8,order=mul@4", True),
     ("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True),
 ])
