@@ -346,9 +346,9 @@ def tile_amax(x, WHOLE: tl.constexpr, ORDER: tl.constexpr):
 @triton.jit
 def scale_tile_amax(x, ROWS: tl.constexpr, COLS: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_C: tl.constexpr):
-    """[BLOCK_R, BLOCK_C] amax of each element's scale tile of ROWS x COLS (powers of two; 0 or more than the tile's
-    own: all of it) in x [BLOCK_R, BLOCK_C]; ORDER_MUL skips NaN. NaN propagates under ORDER_DIV (comparisons, as
-    `row_amax`)."""
+    """[BLOCK_R, BLOCK_C] amax of each element's scale tile of ROWS x COLS in x [BLOCK_R, BLOCK_C] (powers of two; 0,
+    or more than BLOCK_R / BLOCK_C: the whole extent); NaN propagates (ORDER_DIV; comparisons, as `row_amax`) or is
+    skipped (ORDER_MUL)."""
     TR: tl.constexpr = ROWS if (ROWS > 0) and (ROWS < BLOCK_R) else BLOCK_R  # no chained comparisons in compiled code
     TC: tl.constexpr = COLS if (COLS > 0) and (COLS < BLOCK_C) else BLOCK_C
     a = tl.reshape(magnitudes(x, ORDER), (BLOCK_R // TR, TR, BLOCK_C // TC, TC))

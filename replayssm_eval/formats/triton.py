@@ -18,8 +18,8 @@ import triton.language as tl
 from replayssm_eval.formats import layout
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec
 from replayssm_eval.formats.device import (
-    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16, INT16SR, NVFP4, e2m1_encode,
-    ORDER_MUL, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, quantize_tile, round_kind, row_amax, scale_elements,
+    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16, INT16SR, NVFP4,
+    e2m1_encode, ORDER_MUL, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, quantize_tile, round_kind, row_amax, scale_elements,
     state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat

@@ -90,9 +90,8 @@ def test_chunked_triton_matches_torch(text, groups, device):
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
     """Copies in formats no program can round (tensor scale, head_dim blocks, tiles of other than power-of-two sizes)
-    run on Triton, rounded by torch: a
-    read copy after the kernel, a recurrence copy (or shared checkpoint) between one-segment launches. Three calls in
-    a row, each from its own backend's state, sequences at different phases."""
+    run on Triton, rounded by torch: a read copy after the kernel, a recurrence copy (or shared checkpoint) between
+    one-segment launches. Three calls in a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
     assert None in triton_chunk._codecs(config), "a copy must be rounded by torch"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))

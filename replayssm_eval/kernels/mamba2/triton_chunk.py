@@ -196,11 +196,11 @@ def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside
 
 
 def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
-    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks): exact in two passes,
-    because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi (`_scan`)
-    and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s
-    encoding, keys and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are
-    updated in place.
+    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, non-power-of-two tiles):
+    exact in two passes, because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only,
+    rounds S_hi (`_scan`) and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once
+    (`write_checkpoint_packed`'s encoding, keys and checkpoint indices); (3) the tokens that read S_lo add
+    g_read C . S_lo. hi, pre and y are updated in place.
 
     Memory: the folds of a block, B * (K + 1) * H * P * N fp32 with B * K * H * P * N <= _FOLD_BLOCK_ELEMENTS (K >= 1),
     and the encoder's temporaries for them."""
