@@ -63,7 +63,8 @@ COMMON_CONFIGS = [
     "fp32/fp32@16", "fp32/fp32@16#closed", "nvfp4:scale=row/fp16sr@16", "nvfp4:scale=head/fp8sr@16#closed",
     "shared:nvfp4:scale=head@16", "fp16/fp32@16", "fp32/fp32@8#spec=3:0.7#closed", "int8/fp16sr@16",
     "int16:scale=head/int8sr@16#closed", "shared:int16sr@16", "flashinfer:int16", "vllm:replay-fp16sr",
-    "fp16sr:words=octet,cvt=soft/fp16sr:words=pair@16",
+    "fp16sr:words=octet,cvt=soft/fp16sr:words=pair@16", "int8sr:scale=block:32/fp16sr@16", "sglang:fp8",
+    "mxfp8/int8:scale=block:64@16#closed",
 ]
 EXTRA_CONFIGS = {"gdn": ["nvfp4:scale=tensor/fp32@16"], "kda": ["nvfp4/fp32@16"]}  # beside COMMON_CONFIGS
 

@@ -39,7 +39,8 @@ CONFIGS = ["fp32@16", "shared:fp16sr@1", "nvfp4:scale=row/fp16sr@16", "nvfp4:sca
            "shared:nvfp4:scale=head@16#skip=0.01", "fp16/fp8sr:scale=head@8#spec=3:0.6", "nvfp4:scale=tensor/fp16sr@16",
            "shared:nvfp4:scale=tensor@16", "int8/fp16sr@16", "int16:scale=head/int8sr@16", "shared:int16sr@16",
            "flashinfer:int16", "vllm:fp16sr", "flashinfer:fp16sr-sm90", "trtllm:replay-fp16sr",
-           "nvfp4:scale=row/fp16sr:words=pair@16"]
+           "nvfp4:scale=row/fp16sr:words=pair@16", "int8sr:scale=block:32/fp16sr@16", "sglang:fp8",
+           "mxfp8/int8:scale=block:64@16"]
 
 
 def make_inputs(batch, tokens, heads, head_dim, groups, d_state, seed=0, device="cuda"):

@@ -35,13 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment, relerr  # noqa: E402
 
+from replayssm_eval.formats.codec import tile_codec  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
+from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 
 CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",
            "shared:fp8@16", "nvfp4/fp16sr@16")
 PRECISIONS = ("ieee", "tf32x3")
-SWEEP = {  # launch configs tried per family (the whole-head ones only where a head scale needs them)
+SWEEP = {  # launch configs tried per family (the whole-head ones only where a scale group needs them: `whole_head`)
     "mamba2": [dict(BLOCK_P=p, num_warps=w, DOT=d) for p, w, d in itertools.product((16, 32), (2, 4), PRECISIONS)],
     "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, Chunked form)
             for v, w in itertools.product((16, 32, 64), (4, 8))],
@@ -89,6 +91,13 @@ def hf_runner(fam, inputs):
             return scan(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=state, output_final_state=True,
                         **norm)
     return step, s0
+
+
+def whole_head(config: str) -> bool:
+    """Whether a config's in-loop copies need programs that hold the whole head: scale groups of more rows than the
+    sweep's smallest row blocks (16), as head scales and SGLang's 32-row tiles."""
+    cfg = ReplayConfig.parse(config)
+    return any(c is not None and c.spans(16) for c in map(tile_codec, (cfg.recur_format, cfg.read_format)))
 
 
 def ours_runner(fam, inputs, config: str, backend: str):
@@ -169,7 +178,7 @@ def main(argv=None):
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in args.sweep.split(",") and not note:
-                for launch in WHOLE_HEAD[family] if "scale=head" in config else SWEEP[family]:
+                for launch in WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]:
                     with with_launch(family, launch):
                         try:
                             seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, timer)

@@ -35,16 +35,20 @@ def cases() -> list:
     from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
 
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
-    none, row, head, tensor = int(Group.NONE), int(Group.ROW), int(Group.HEAD), int(Group.TENSOR)
+    none, row, head, tensor, tile = (int(g) for g in (Group.NONE, Group.ROW, Group.HEAD, Group.TENSOR, Group.TILE))
     div, mul = int(Order.DIV), int(Order.MUL)
     element, pair, octet = int(Words.ELEMENT), int(Words.PAIR), int(Words.OCTET)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
-                     HI_ORDER=div, HI_WORDS=pair, LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div,
-                     LO_WORDS=element, DOT="ieee")
-    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_WORDS=octet, READ=nvfp4,
-                        READ_GROUP=row, READ_MAX=1.0, READ_ORDER=div, READ_WORDS=element,
-                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0, BLOCK_L=16, BLOCK_P=16,
-                        BLOCK_N=128)
+                     HI_ORDER=div, HI_WORDS=pair, HI_ROWS=1, HI_COLS=0, LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0,
+                     LO_ORDER=div, LO_WORDS=element, LO_ROWS=1, LO_COLS=0, DOT="ieee")
+    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_WORDS=octet, RECUR_ROWS=1,
+                        RECUR_COLS=0, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0, READ_ORDER=div, READ_WORDS=element,
+                        READ_ROWS=1, READ_COLS=0, SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0,
+                        BLOCK_L=16, BLOCK_P=16, BLOCK_N=128)
+    # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
+    pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
+    sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
+    int8sr, mxfp4, mxfp8 = int(Kind.INT8SR), int(Kind.MXFP4), int(Kind.MXFP8)
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
@@ -70,6 +74,11 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int(Kind.INT16SR), "HI_GROUP": row, "HI_MAX": 32767.0,
                                             "LO_KIND": int(Kind.INT8), "LO_MAX": 127.0, "LO_ORDER": mul}, GDN_FLAGS),
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int8sr, **{f"HI_{k}": v for k, v in pimba.items()},
+                                            "LO_KIND": fp8, **{f"LO_{k}": v for k, v in sglang.items()}}, GDN_FLAGS),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "HI_KIND": mxfp4, "LO_KIND": fp8,
+                                            **{f"LO_{k}": v for k, v in sglang.items()}},
+         {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64,
                                        TILES=4)),
@@ -96,6 +105,10 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.INT16), "RECUR_GROUP": row,
                                                   "RECUR_MAX": 32767.0, "RECUR_ORDER": mul, "READ": int(Kind.INT8SR),
                                                   "READ_MAX": 127.0}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_P": 128, "RECUR": mxfp8, "READ": fp8,
+                                                  **{f"READ_{k}": v for k, v in sglang.items()}}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int8sr,
+                                                  **{f"RECUR_{k}": v for k, v in pimba.items()}}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
         # the two launches of a step where some rows fold

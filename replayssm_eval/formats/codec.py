@@ -2,15 +2,17 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: FP8 and integer formats with axis=headdim, block:N, tile:RxC and rowcol scales,
-rot=, ef=, non-default SR rounds= / bits=) is rounded by torch.
+A format without one (None: FP8 and integer formats with axis=headdim or rowcol scales, rot=, ef=, non-default SR
+rounds= / bits=, Pimba's mx8 / mx8sr) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
     group   the group of the FP32 global scale (`Group`): none, per row of the blocked axis, per head,
-            per leading index (tensor)
+            per leading index (tensor), per tile of rows x cols of the oriented head (block:N, tile:RxC)
     max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise)
-    block   elements per block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
+    rows    group tile: the tile's rows of the oriented head [R, C] (0: all R; 1 for block:N)
+    cols    group tile: the tile's columns along the blocked axis (0: all C; N for block:N)
+    block   elements per E4M3 / E8M0 block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
     axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
     order   scaled elementwise kinds: the operand order of the scale (`Order`, the formats' `order=`)
     words   stochastic kinds: which random word and bit field each element reads (`Words`, fp16sr's `words=`)
@@ -57,6 +59,7 @@ class Group(enum.IntEnum):
     ROW = 1
     HEAD = 2
     TENSOR = 3
+    TILE = 4
 
     @property
     def scale(self) -> str:
@@ -115,6 +118,8 @@ class KernelCodec:
     axis: str = "dstate"
     order: Order = Order.DIV
     words: Words = Words.ELEMENT
+    rows: int = 1
+    cols: int = 0
 
     @property
     def stochastic(self) -> bool:
@@ -123,13 +128,28 @@ class KernelCodec:
     @property
     def packed(self) -> bool:
         """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: codes along d_state
-        (axis=dstate) in a kind the kernel decoders read (not MX)."""
-        return self.axis == "dstate" and self.kind not in (Kind.MXFP8, Kind.MXFP4)
+        (axis=dstate) in a kind the kernel decoders read (not MX) with one scale per row, head or tensor (no tiles)."""
+        return self.axis == "dstate" and self.kind not in (Kind.MXFP8, Kind.MXFP4) and self.group != Group.TILE
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of the oriented head one scale group spans (0: all of them, head scales and tiles of every row)."""
+        return {Group.HEAD: 0, Group.TILE: self.rows}.get(self.group, 1)
+
+    def spans(self, rows: int) -> bool:
+        """Whether a scale group spans more than `rows` rows: a program holding blocks of `rows` rows would cut it."""
+        return self.tile_rows == 0 or self.tile_rows > rows
 
     def in_tile(self, whole_head: bool) -> bool:
-        """Whether a kernel program holding whole rows of the state (whole_head: the whole head) rounds this format in
-        its loop: its scale group lies inside the program's tile."""
-        return self.packed and self.group != Group.TENSOR and (whole_head or self.group != Group.HEAD)
+        """Whether a chunked kernel program holding whole rows of the state rounds this format in its loop: its scale
+        groups and blocks lie inside the program's tile. Blocks and tiles run along d_state (axis=dstate), no
+        tensor-wide scale, tiles of power-of-two rows and columns (or the whole axis); a group spanning rows needs
+        whole_head (a program that can hold the whole head; it then holds the whole head or whole tiles)."""
+        if self.axis != "dstate" or self.group == Group.TENSOR:
+            return False
+        if self.group == Group.TILE and any(n & (n - 1) for n in (self.rows, self.cols)):
+            return False
+        return whole_head or not self.spans(1)
 
     @property
     def data_dtype(self) -> torch.dtype:
@@ -144,6 +164,11 @@ class KernelCodec:
     def args(self) -> tuple[int, int, float, int]:
         """(KIND, GROUP, MAX, ORDER): the constexprs of a kernel's in-tile rounding (`device.round_tile`)."""
         return int(self.kind), int(self.group), float(self.max), int(self.order)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        """(ROWS, COLS): the constexprs of `device.round_tile`'s scale tile (group tile; 0 for the whole axis)."""
+        return self.rows, self.cols
 
 
 FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds the copy: the FP32 value itself

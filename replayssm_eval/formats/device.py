@@ -8,7 +8,8 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
-    scale_elements, group_scale, magnitudes, tile_amax, row_amax   a scaled kind's group amax and scale
+    scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
+    scale_tile_amax
     state_bits(key, counter, col, KIND, WORDS)                     the Philox words of a stored copy
     seeded_bits(seed, counter, col, WORDS)                         the Philox words of `quantize(x, seed=...)`
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
@@ -28,8 +29,8 @@ cvt per element, same values as the decoders above):
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
 numbering, constexprs FP32 ... FP16SR_SOFT here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
-GROUP_TENSOR), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); a stochastic kind's random words also WORDS
-(`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
+GROUP_TENSOR, GROUP_TILE), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS and COLS
+(`codec.tile`); a stochastic kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from replayssm_eval.formats.codec import Group, Kind, Order, Words
 # the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
 FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT = (
     tl.constexpr(int(k)) for k in Kind)
-GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR = (tl.constexpr(int(g)) for g in Group)
+GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
 
@@ -362,6 +363,24 @@ def tile_amax(x, WHOLE: tl.constexpr, ORDER: tl.constexpr):
 
 
 @triton.jit
+def scale_tile_amax(x, ROWS: tl.constexpr, COLS: tl.constexpr, ORDER: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
+    """[BLOCK_R, BLOCK_C] amax of each element's scale tile of ROWS x COLS in x [BLOCK_R, BLOCK_C] (powers of two; 0,
+    or more than BLOCK_R / BLOCK_C: the whole extent); NaN propagates (ORDER_DIV; comparisons, as `row_amax`) or is
+    skipped (ORDER_MUL)."""
+    TR: tl.constexpr = ROWS if (ROWS > 0) and (ROWS < BLOCK_R) else BLOCK_R  # no chained comparisons in compiled code
+    TC: tl.constexpr = COLS if (COLS > 0) and (COLS < BLOCK_C) else BLOCK_C
+    a = tl.reshape(magnitudes(x, ORDER), (BLOCK_R // TR, TR, BLOCK_C // TC, TC))
+    if ORDER == ORDER_MUL:
+        amax = tl.max(tl.max(a, axis=3), axis=1)  # [BLOCK_R // TR, BLOCK_C // TC]
+    else:
+        nan = tl.max(tl.max((a != a).to(tl.int32), axis=3), axis=1)
+        amax = tl.where(nan != 0, float("nan"), tl.max(tl.max(tl.where(a != a, 0.0, a), axis=3), axis=1))
+    spread = amax[:, None, :, None] + tl.zeros((BLOCK_R // TR, TR, BLOCK_C // TC, TC), tl.float32)
+    return tl.reshape(spread, (BLOCK_R, BLOCK_C))
+
+
+@triton.jit
 def row_amax(x, mask, ORDER: tl.constexpr):
     """[R, 1] amax of each row of x [R, C] over mask as torch's `layout.group_amax`: NaN propagates (ORDER_DIV;
     comparisons, as tl.max's own NaN rule differs by backend) or is skipped, the maximum starting at -FLT_MAX
@@ -406,7 +425,8 @@ def group_scale(amax, MAX: tl.constexpr):
 @triton.jit
 def scale_elements(x, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr):
     """(v, s): the elements x [R, C] of a scaled elementwise kind ready to round, and their decode scale [R, 1] from
-    the amax [R, 1] of each row's group in the operand order ORDER (`ScaledFormat._scaled`; s = 1 without a group).
+    the amax [R, 1] of each row's group (or [R, C], each element's tile) in the operand order ORDER
+    (`ScaledFormat._scaled`; s = 1 without a group).
     Under ORDER_MUL an integer kind codes NaN as -MAX."""
     if GROUP == GROUP_NONE:
         v = x
@@ -431,14 +451,16 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
     kind, group, max and order).
 
     bits: [BLOCK_R, BLOCK_C] uint32 words (SR kinds); amax: [BLOCK_R, 1] amax of each row's global-scale
-    group (NVFP4's S_enc; the scale amax / MAX of an elementwise kind with a group). Padding must be zero
-    (it never raises a block max).
+    group (NVFP4's S_enc; the scale amax / MAX of an elementwise kind with a group), [BLOCK_R, BLOCK_C] each
+    element's for GROUP_TILE. Padding must be zero (it never raises a block max); an MX block longer than BLOCK_C
+    is the whole padded row.
     """
     if KIND == NVFP4:
         q, s_b, s_dec = nvfp4_tile(x, amax, BLOCK_R, BLOCK_C)
         y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
     elif (KIND == MXFP8) or (KIND == MXFP4):
-        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // _MX_BLOCK, _MX_BLOCK))
+        MB: tl.constexpr = _MX_BLOCK if _MX_BLOCK < BLOCK_C else BLOCK_C
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // MB, MB))
         ab = tl.abs(xb)
         bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
         bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
@@ -466,10 +488,15 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
 
 @triton.jit
 def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
-               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+               ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """`quantize_tile` of a tile x [BLOCK_R, BLOCK_C] holding whole format rows (padding zero) whose scale groups lie
-    inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the whole tile (GROUP_HEAD)."""
-    amax = tile_amax(x, GROUP == GROUP_HEAD, ORDER)
+    inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the whole tile (GROUP_HEAD), a scale tile's
+    over its ROWS x COLS (GROUP_TILE, `codec.tile`: the program holds whole tiles, or the whole head where a tile is
+    taller than BLOCK_R)."""
+    if GROUP == GROUP_TILE:
+        amax = scale_tile_amax(x, ROWS, COLS, ORDER, BLOCK_R, BLOCK_C)
+    else:
+        amax = tile_amax(x, GROUP == GROUP_HEAD, ORDER)
     return quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
 
 

@@ -337,12 +337,16 @@ class ScaledFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: axis=dstate with scale row, head, tensor or none, either order, default SR rounds= and bits=; the
-        element kind is the one named as the base (`Kind`: fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr)."""
-        if self.axis != "dstate" or self.scale not in ("row", "head", "tensor", "none") or not self.default_random:
+        """Covered: axis=dstate with scale row, head, tensor, none, block:N or tile:RxC (group tile), either order,
+        default SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr, fp8e5m2, int8,
+        int8sr, int16, int16sr)."""
+        if self.axis != "dstate" or self.scale == "rowcol" or not self.default_random:
             return None
-        return KernelCodec(Kind[self.base.upper()], Group[self.scale.upper()], self.max_value,
-                           order=Order[self.order.upper()])
+        kind, order = Kind[self.base.upper()], Order[self.order.upper()]
+        if self.tile:
+            rows, cols = self.tile
+            return KernelCodec(kind, Group.TILE, self.max_value, order=order, rows=rows, cols=cols)
+        return KernelCodec(kind, Group[self.scale.upper()], self.max_value, order=order)
 
     def _round(self, v: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
         """On-grid values (FP32) of the scaled elements v."""

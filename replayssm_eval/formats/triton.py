@@ -4,10 +4,10 @@
 flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
 `kernel_codec` only (fp16sr's word layouts and conversions included). Group amax reductions over more than a
-row (FP8 and integer head/tensor scales, NVFP4 global scales) run before the launch, in torch (`encode_triton`'s
-head scales in one amax launch of their own, `head_amax`); row maxima, block maxima, scales, rounding and Philox
-(`tl.randint(seed, offset + flat index)`, or the word layout's `tl.randint4x` calls: `device.seeded_bits`) run in
-the kernel.
+row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before the launch, in torch
+(`encode_triton`'s head scales in one amax launch of their own, `head_amax`); row maxima, block maxima, scales,
+rounding and Philox (`tl.randint(seed, offset + flat index)`, or the word layout's `tl.randint4x` calls:
+`device.seeded_bits`) run in the kernel.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import triton.language as tl
 from replayssm_eval.formats import layout
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec
 from replayssm_eval.formats.device import (
-    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, INT8, INT8SR, INT16, INT16SR, NVFP4,
-    ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile, round_kind,
-    row_amax, scale_elements, seeded_bits, state_bits,
+    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
+    INT16SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile,
+    round_kind, row_amax, scale_elements, seeded_bits, state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
@@ -36,8 +36,9 @@ def _quantize_kernel(
     KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
     BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group; bits:
-    # [n_rows, n_cols] one word per element (BITS_GIVEN), read through the word layout WORDS
+    # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group, or
+    # [n_rows, n_cols] each element's (GROUP_TILE); bits: [n_rows, n_cols] one word per element (BITS_GIVEN), read
+    # through the word layout WORDS
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -49,7 +50,10 @@ def _quantize_kernel(
         bits = tl.load(bits_ptr + idx - odd, mask=mask, other=0) >> (odd * 16)
     elif BITS == _BITS_PHILOX:
         bits = seeded_bits(seed, offset.to(tl.int64) + idx, cols[None, :], WORDS)
-    amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
+    if GROUP == GROUP_TILE:
+        amax = tl.load(amax_ptr + idx, mask=mask, other=1.0)  # [BLOCK_R, BLOCK_C]
+    else:
+        amax = tl.load(amax_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]  # [BLOCK_R, 1]
     y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + idx, y, mask=mask)
 
@@ -61,9 +65,15 @@ def _group_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor:
 
 
 def _row_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor | None:
-    """Per-row amax of the row's global scale group, `[B*H*R]`, or None when the format has none."""
+    """Per-row amax of the row's global scale group, `[B*H*R]` (per element, `[B*H*R*C]`, for scale tiles), or None
+    when the format has none."""
     if codec.group == Group.NONE:
         return None
+    if codec.group == Group.TILE:
+        r, c = xo.shape[-2:]
+        rows, cols = codec.rows or r, codec.cols or c
+        tmax = layout.tile_max(layout.magnitudes(xo, codec.order == Order.MUL), rows, cols)  # [B, H, Rt, Ct]
+        return layout.untile(tmax, rows, cols, r, c).reshape(-1).contiguous()
     return _group_amax(xo, codec).expand(*xo.shape[:3], 1).reshape(-1).contiguous()
 
 

@@ -31,7 +31,9 @@ SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5
                           "nvfp4:scale=tensor", "nvfp4:axis=headdim", "mxfp4:axis=headdim", "fp16sr:bits=8",
                           "fp8:axis=headdim", "nvfp4:scale=rowcol", "fp16:rot=hadamard:8", "int16:scale=head",
                           "int8sr:scale=tensor", "int8:order=mul", "int16sr:scale=head,order=mul",
-                          "fp8:scale=head,order=mul", "fp16sr:words=pair", "fp16sr:words=octet,cvt=soft"]
+                          "fp8:scale=head,order=mul", "fp16sr:words=pair", "fp16sr:words=octet,cvt=soft",
+                          "int8:scale=block:16", "fp8sr:scale=block:8,order=mul", "int16:scale=tile:4x8",
+                          "fp8:scale=tile:32x0,max=240", "int8:scale=tile:3x5,order=mul", "int8sr:scale=tile:0x16"]
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,21 @@ def test_capabilities():
     assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
     assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
-    for spec in ("int16sr:bits=8", "int8:axis=headdim", "fp8:scale=block:16", "nvfp4:scale=rowcol",
-                 "fp16sr:rounds=7", "bf16:rot=hadamard:8"):
+    for spec in ("int16sr:bits=8", "int8:axis=headdim", "nvfp4:scale=rowcol", "fp16sr:rounds=7", "bf16:rot=hadamard:8",
+                 "mx8sr"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
+    # scale tiles and MX blocks: rounded in a chunked program's loop, their packed layout written by torch
+    block = get_format("int8sr:scale=block:32").kernel_codec
+    assert block == KernelCodec(Kind.INT8SR, Group.TILE, 127.0, rows=1, cols=32) and block.tile == (1, 32)
+    assert block.in_tile(whole_head=False) and not block.packed and not block.spans(1)
+    sglang = ReplayConfig.parse("sglang:fp8").read_format.kernel_codec
+    assert sglang.tile == (32, 0) and sglang.spans(16) and not sglang.spans(32) and not sglang.packed
+    assert sglang.in_tile(whole_head=True) and not sglang.in_tile(whole_head=False)
+    assert not get_format("int8:scale=tile:3x5").kernel_codec.in_tile(whole_head=True)  # not powers of two
+    assert get_format("nvfp4:scale=head").kernel_codec.spans(64) and not get_format("fp8").kernel_codec.spans(1)
+    mx = get_format("mxfp4").kernel_codec
+    assert mx.in_tile(whole_head=False) and not mx.packed
+    assert not get_format("mxfp4:axis=headdim").kernel_codec.in_tile(whole_head=True)
 
 
 @pytest.mark.parametrize("scale", ["row", "head", "tensor", "none"])

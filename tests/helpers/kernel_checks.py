@@ -38,8 +38,8 @@ def triton_no_fallback(chunked, *args):
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                       COLS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
     b = tl.program_id(0)
     rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
@@ -47,7 +47,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, 
     elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
     x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
     bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
-    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
+    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + b * R * C + elem, y, mask=mask)
 
 
@@ -58,6 +58,6 @@ def round_tile_in_kernel(x: torch.Tensor, codec: KernelCodec, keys: torch.Tensor
     b, _, p, n = x.shape
     y = torch.empty_like(x)
     _round_tile_kernel[(b,)](x, y, keys.to(x.device), checkpoint.to(x.device), p, n, *codec.args,
-                             WORDS=int(codec.words), BLOCK_R=triton.next_power_of_2(p),
+                             WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, BLOCK_R=triton.next_power_of_2(p),
                              BLOCK_C=max(triton.next_power_of_2(n), codec.block))
     return y

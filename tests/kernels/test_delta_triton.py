@@ -42,20 +42,24 @@ def cases(per_family):
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                       COLS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(0)
     ks = tl.arange(0, BK)
     vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, WORDS, BK, BV)
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, WORDS, ROWS,
+                           COLS, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
                                   "nvfp4:scale=row", "nvfp4:scale=head", "int8", "int16sr:scale=head",
-                                  "int16:scale=head,order=mul"])
+                                  "int16:scale=head,order=mul", "int8:scale=block:16", "int8sr:scale=block:32",
+                                  "fp8:scale=tile:8x0,max=240", "fp8:scale=tile:32x0,max=240",
+                                  "int16:scale=tile:4x16,order=mul", "mxfp8", "mxfp4"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
@@ -65,17 +69,19 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
     y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
     _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, *codec.args,
-                               WORDS=int(codec.words), BK=64, BV=32)
+                               WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, BK=64, BV=32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
 
 
 @pytest.mark.parametrize("spec, bv", [("nvfp4:scale=row", 64), ("nvfp4:scale=head", 128), ("fp16sr", 64), ("fp8sr", 64),
-                                      ("fp8:scale=head", 128)])
+                                      ("fp8:scale=head", 128), ("fp8:scale=tile:32x0,max=240", 32),
+                                      ("int8sr:scale=block:32", 64), ("mxfp4", 64)])
 def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     """`store_round` at K = V = 128 with the chunked kernels' tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
-    row scales, the whole head for head scales) == write_checkpoint, bit for bit."""
+    row scales, the whole head for head scales, 32-wide v-blocks for SGLang's 32-row tiles) == write_checkpoint, bit
+    for bit."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
     x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
     x[0, 1, 70] = 0.0  # a zero row in the second v-block
@@ -83,7 +89,8 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     y = torch.empty_like(x, device=device)
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
     _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128,
-                                       *codec.args, WORDS=int(codec.words), BK=128, BV=bv)
+                                       *codec.args, WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, BK=128,
+                                       BV=bv)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -180,11 +187,22 @@ def test_chunked_triton_quantized(fam, text, device):
 
 
 @FAM
-def test_chunked_triton_unrounded_folds_round_to_stored(fam, device):
-    """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores."""
+@pytest.mark.parametrize("text, awkward", [
+    ("nvfp4:scale=row/fp16sr@4", False),
+    # K = 40: blocks of 16 and MX blocks of 32 with a short last one; V = 40: two v-blocks of 32 (tiles of 16 and 32
+    # rows, the last one short), the whole head (tiles of 64 rows)
+    pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", True, marks=pytest.mark.slow),
+    ("mxfp4/int16:scale=tile:4x8,order=mul@4", True),
+    ("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True),
+])
+def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
+    """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores
+    (both copies rounded in the kernel)."""
     mod = FAMILIES[fam]
-    cfg = ReplayConfig.parse("nvfp4:scale=row/fp16sr@4")
-    inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **SMALL[fam])
+    cfg = ReplayConfig.parse(text)
+    assert None not in (tile_codec(cfg.recur_format), tile_codec(cfg.read_format))
+    sizes = {**AWKWARD[fam], "dk": 40} if awkward else SMALL[fam]
+    inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **sizes)
     _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg))
     _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
     assert rounds_to(fold, rounded, cfg)

@@ -106,8 +106,8 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
     pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     "int8:axis=headdim,scale=block:8/fp32@4", pytest.param("nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed", marks=SLOW),
-    "shared:int16sr:bits=8@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4", "shared:fp8:scale=tile:4x0,max=240@4",
-    "int8:scale=tile:8x0/fp32@4"])
+    "shared:int16sr:bits=8@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4", "shared:fp8:scale=tile:4x12,max=240@4",
+    "int8:scale=tile:8x6/fp32@4"])
 def test_chunked_triton_torch_rounded_copies(text, device):
     """Copies in formats no program can round run on Triton, one segment per launch with that copy rounded by torch.
     Awkward sizes, sequences at different phases, three calls in a row, each from its own backend's state: == the
@@ -145,6 +145,8 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     ("shared:fp16sr@4#spec=3:0.6#closed", "recur"),
     ("fp8sr/nvfp4:scale=row@4", "read/recur"),
     ("int16:order=mul/int8sr@4", "read/recur"),
+    ("fp16sr/mxfp8@4#closed", "recur"),
+    pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", "read/recur", marks=SLOW),
 ])
 def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     """The torch rounding between one-segment launches, forced on formats the kernel rounds: outputs, stored copies,

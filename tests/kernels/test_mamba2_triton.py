@@ -50,12 +50,15 @@ def _phased(inputs, config, pre, device):
     ("fp16/fp8sr:scale=head@8#spec=3:0.6", 3, 24),
     ("int8/int16sr:scale=head@4", 3, 24),
     ("flashinfer:int16", 1, 24),
+    ("sglang:fp8", 3, 24),
+    pytest.param("pimba:int8sr", 1, 24, marks=pytest.mark.slow),  # blocks along d_state: quick below, bit for bit
     # fp16sr's engine word layouts at an odd d_state, whose pairs end a row unpaired
     ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", 3, 23),
     ("shared:fp16sr:words=octet@3#buf=bf16", 1, 23),
 ])
 def test_chunked_triton_matches_torch(text, groups, d_state, device):
     config = ReplayConfig.parse(text)
+    assert None not in triton_chunk._codecs(config), "both copies must be rounded in the loop"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state))
     state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 13)[:6]
@@ -75,7 +78,7 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
     ("nvfp4:scale=tensor/fp32@4", 3, 24),
     ("nvfp4:scale=tensor/fp16sr@3#skip=0.4", 1, 40),
     ("nvfp4:axis=headdim/fp32@4", 3, 24),
-    ("mxfp4/fp16@4", 1, 24),
+    ("mxfp4:axis=headdim/fp16@4", 1, 24),
     ("fp8sr:scale=tensor/fp32@4", 3, 24),
     ("nvfp4:axis=headdim/fp16sr@4", 1, 24),
     ("shared:nvfp4:scale=tensor@4", 3, 24),
@@ -83,7 +86,7 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
     ("fp16sr/fp8sr:scale=tensor@4", 3, 24),
     ("fp32/nvfp4:axis=headdim@3", 1, 24),
     ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
-    ("fp16/mxfp8@4", 1, 24),
+    ("fp16/int8:scale=tile:4x6@4", 1, 24),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
     ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
@@ -91,9 +94,9 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
     ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
-    """Copies in formats no program can round (tensor scale, head_dim blocks, MX) run on Triton, rounded by torch: a
-    read copy after the kernel, a recurrence copy (or shared checkpoint) between one-segment launches. Three calls in
-    a row, each from its own backend's state, sequences at different phases."""
+    """Copies in formats no program can round (tensor scale, head_dim blocks, tiles of other than power-of-two sizes)
+    run on Triton, rounded by torch: a read copy after the kernel, a recurrence copy (or shared checkpoint) between
+    one-segment launches. Three calls in a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
     assert None in triton_chunk._codecs(config), "a copy must be rounded by torch"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))
@@ -113,22 +116,33 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
     assert tri.checkpoint.min() >= 2
 
 
-@pytest.mark.parametrize("text, by_torch, d_state", [
-    ("nvfp4:scale=row/fp16sr@4", "read", 24),
-    ("fp8sr:scale=row/fp32@3#skip=0.4", "read", 24),
-    ("fp16/fp8sr:scale=row@3", "recur", 24),
-    ("shared:fp16sr@4#skip=0.4", "recur", 24),
-    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", 24),
-    ("int16:order=mul/int8sr:scale=head@3", "read/recur", 24),
-    ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", "read/recur", 23),  # engine word layouts, odd d_state
-    ("shared:fp16sr:words=octet@3#buf=bf16", "recur", 23),
+# head_dim 40: two 32-row tiles (the second short) in a program holding the whole head; d_state 40: MX blocks of 32
+# and blocks of 16, the last one short
+_WIDE = {"head_dim": 40, "d_state": 40}
+
+
+@pytest.mark.parametrize("text, by_torch, sizes", [
+    ("nvfp4:scale=row/fp16sr@4", "read", {}),
+    ("fp8sr:scale=row/fp32@3#skip=0.4", "read", {}),
+    ("fp16/fp8sr:scale=row@3", "recur", {}),
+    ("shared:fp16sr@4#skip=0.4", "recur", {}),
+    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", {}),
+    ("int16:order=mul/int8sr:scale=head@3", "read/recur", {}),
+    ("fp16sr/mxfp4@4", "recur", _WIDE),
+    ("fp8:scale=tile:32x0,max=240/int16:scale=tile:4x8,order=mul@3", "read/recur", _WIDE),
+    ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", "read/recur", {"d_state": 23}),  # engine word layouts
+    ("shared:fp16sr:words=octet@3#buf=bf16", "recur", {"d_state": 23}),
+    # the same paths with other scale tiles: blocks, 8-row tiles in 16-row programs (the last short)
+    pytest.param("int8sr:scale=block:16/fp32@3", "read", _WIDE, marks=pytest.mark.slow),
+    pytest.param("shared:fp8:scale=tile:8x0,max=240@4#skip=0.4", "recur", {}, marks=pytest.mark.slow),
+    pytest.param("mxfp8/int8:scale=block:8@4", "read/recur", {}, marks=pytest.mark.slow),
 ])
-def test_torch_rounding_equals_in_loop_rounding(text, by_torch, d_state, device, monkeypatch):
+def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
     between one-segment launches): both copies and the packed read copy bit for bit those of the in-loop rounding
     (same folds; the torch rounding uses the same keys, counters and checkpoint indices, SR included)."""
     config = ReplayConfig.parse(text)
-    inputs = tuple(t.to(device) for t in _small(tokens=12, d_state=d_state))
+    inputs = tuple(t.to(device) for t in _small(tokens=12, **sizes))
     state = _phased(inputs, config, [0, 1], device)
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")

@@ -13,9 +13,9 @@ changes their math.
    a segment (the solved WY rows u0, W_hi, W_lo, the decayed queries, the causal mixing M, the
    fold's decayed keys; `delta.chunked.precompute`, per channel) comes from torch; one launch then
    walks the segments of each (sequence, head, v-block) in order: u's, outputs, the fold, and
-   the rounding of both stored copies in-kernel (Philox bits as `replay.keys`). A copy in a
-   format whose scale group no single program sees is stored as the FP32 fold and rounded by
-   torch (`round_folded`) between one-segment launches, as for GDN.
+   the rounding of both stored copies in-kernel (Philox bits as `replay.keys`; the same formats as
+   GDN's, `gdn.triton_chunk`). A copy in a format whose scale group no single program sees is stored
+   as the FP32 fold and rounded by torch (`round_folded`) between one-segment launches, as for GDN.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def _chunked_kernel(
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr, HI_WORDS: tl.constexpr,
+    HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr,
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr, LO_WORDS: tl.constexpr,
+    LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr,
     DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
@@ -96,8 +98,8 @@ def _chunked_kernel(
                     folded = d_end[:, None] * s_hi + dot(tl.trans(k_end), u, DOT)
                 checkpoint += 1
                 s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
-                                          HI_MAX, HI_ORDER, HI_WORDS, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_WORDS,
-                                          BK, BV)
+                                          HI_MAX, HI_ORDER, HI_WORDS, HI_ROWS, HI_COLS, LO_KIND, LO_GROUP, LO_MAX,
+                                          LO_ORDER, LO_WORDS, LO_ROWS, LO_COLS, BK, BV)
             tl.store(o_ptr + rv, o, mask=vmask[None, :])
             tl.store(u_ptr + rv, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)

@@ -7,13 +7,15 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
-  bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with scale=row|head|none;
-  nvfp4 with axis=dstate and scale=row|head. A head-scaled recurrence copy makes a program hold the whole
-  head; a head-scaled read copy, which never feeds the fold, keeps head_dim tiles of 16 rows (more programs)
-  and takes two launches: the folds alone with each tile's amax (`PASS_AMAX`), then everything with the head's
-  amax (`PASS_OUTPUT`); the two launches fold the same tiles in the same order, so the same bits. The
-  other formats (tensor-wide scales, nvfp4 axis=headdim, MX, formats without a kernel codec) are rounded by
-  torch with `write_checkpoint`'s encoding, keys and checkpoint
+  bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with
+  scale=row|head|none and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
+  `sglang:fp8`); nvfp4, mxfp8 and mxfp4 with axis=dstate (nvfp4 scale=row|head). A program holds 16 rows of the
+  head, or the whole head for a recurrence copy's head scale and for tiles of more than 16 rows. A head-scaled
+  read copy, which never feeds the fold, keeps the programs of 16 rows and takes two launches: the folds alone
+  with each program's amax (`PASS_AMAX`), then everything with the head's amax (`PASS_OUTPUT`); the two launches
+  fold the same tiles in the same order, so the same bits. The other formats (tensor-wide scales, blocks along
+  head_dim, tiles of other sizes, formats without a kernel codec) are rounded by torch with `write_checkpoint`'s
+  encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
@@ -41,6 +43,7 @@ from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
 
+_BLOCK_P = 16  # head_dim rows per program where no scale group spans more rows
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 # `_chunk_scan_kernel`'s PASS: everything in one pass; or, for a read copy with a head scale held by programs of a head
 # tile each, the folds alone with each tile's amax per fold, then everything with the head's amax
@@ -55,8 +58,9 @@ def _chunk_scan_kernel(
     amax_ptr,  # PASS_AMAX: [B, S, H, P tiles] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
-    RECUR_WORDS: tl.constexpr, READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr,
-    READ_ORDER: tl.constexpr, READ_WORDS: tl.constexpr,
+    RECUR_WORDS: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr,
+    READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
+    READ_WORDS: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -121,7 +125,7 @@ def _chunk_scan_kernel(
                 folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = round_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
-                            RECUR_GROUP, RECUR_MAX, RECUR_ORDER, BLOCK_P, BLOCK_N)
+                            RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, BLOCK_P, BLOCK_N)
             at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
             if PASS == PASS_AMAX:
                 tile_max = tl.max(tile_amax(folded, True, READ_ORDER), axis=0)  # [1]: the tile's amax
@@ -133,11 +137,11 @@ def _chunk_scan_kernel(
                 lo = hi
             elif PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
                 amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
-                lo = quantize_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), amax, READ,
-                                   READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
+                bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS)
+                lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             else:
                 lo = round_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
-                                READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
+                                READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
     if PASS != PASS_AMAX:  # the amax pass leaves the state to the output pass, which folds the same again
@@ -161,9 +165,9 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     G, N = pB.shape[3], pB.shape[4]
     recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    # a head-scaled read copy never feeds the fold: an amax pass over P tiles beats one program per head
-    two_pass = read.group == Group.HEAD and recur.group != Group.HEAD and not config.shared and outside is None
-    launch = chunked_launch_config(P, N, Group.HEAD in (recur.group, read.group) and not two_pass)
+    # a head-scaled read copy never feeds the fold: an amax pass over programs of _BLOCK_P rows beats one per head
+    two_pass = read.group == Group.HEAD and not recur.spans(_BLOCK_P) and not config.shared and outside is None
+    launch = chunked_launch_config(P, N, recur.spans(_BLOCK_P) or (read.spans(_BLOCK_P) and not two_pass))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     grid_size = (batch, H, triton.cdiv(P, block_p))
@@ -173,8 +177,9 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
             px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, amax,
             S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-            RECUR_WORDS=int(recur.words), READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max,
-            READ_ORDER=int(read.order), READ_WORDS=int(read.words),
+            RECUR_WORDS=int(recur.words), RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols,
+            READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+            READ_WORDS=int(read.words), READ_ROWS=read.rows, READ_COLS=read.cols,
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
             SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
             BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
@@ -190,11 +195,12 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
-    """BLOCK_P (head_dim rows per program; the whole head for head scales), num_warps and DOT (the tl.dot
-    input_precision) of `_chunk_scan_kernel` (benchmarks/layer_speed.py sweeps them)."""
+    """BLOCK_P (head_dim rows per program: _BLOCK_P, or the whole head for scale groups spanning more rows: head
+    scales, tall scale tiles), num_warps and DOT (the tl.dot input_precision) of `_chunk_scan_kernel`
+    (benchmarks/layer_speed.py sweeps them)."""
     if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
         return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
-    return {"BLOCK_P": 16, "num_warps": 2, "DOT": "ieee"}
+    return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee"}
 
 
 def _codecs(config) -> tuple:
@@ -220,11 +226,11 @@ def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside
 
 
 def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
-    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, MX): exact in two passes,
-    because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only, rounds S_hi (`_scan`)
-    and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once (`write_checkpoint_packed`'s
-    encoding, keys and checkpoint indices); (3) the tokens that read S_lo add g_read C . S_lo. hi, pre and y are
-    updated in place.
+    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, non-power-of-two tiles):
+    exact in two passes, because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only,
+    rounds S_hi (`_scan`) and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once
+    (`write_checkpoint_packed`'s encoding, keys and checkpoint indices); (3) the tokens that read S_lo add
+    g_read C . S_lo. hi, pre and y are updated in place.
 
     Memory: the folds of a block, B * (K + 1) * H * P * N fp32 with B * K * H * P * N <= _FOLD_BLOCK_ELEMENTS (K >= 1),
     and the encoder's temporaries for them."""
