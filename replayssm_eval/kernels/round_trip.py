@@ -20,10 +20,10 @@ from replayssm_eval.replay.state import ReplayState, encode_keyed, write_checkpo
 
 
 def stored_and_restored(live: torch.Tensor, fmt, keys: torch.Tensor | None, checkpoint: torch.Tensor) -> torch.Tensor:
-    """live [B, H, P, N] (formats' layout) encoded in the round trip's format `fmt` and decoded, fp32 and contiguous (a
-    format along head_dim decodes a transposed view; the Triton step kernels take states contiguous, and Mamba-2's
-    allocates its fold output with S_hi's strides); SR bits from the Philox keys [B] of (seed, layer, sequence, `ROUND_TRIP_COPY`)
-    (None for a deterministic format) at the checkpoint indices [B]."""
+    """live [B, H, P, N] (formats' layout) encoded in the round trip's format `fmt` and decoded, fp32 and contiguous
+    (a format along head_dim decodes a transposed view; the Triton step kernels take states contiguous, and
+    Mamba-2's allocates its fold output with S_hi's strides); SR bits from the Philox keys [B] of (seed, layer,
+    sequence, `ROUND_TRIP_COPY`) (None for a deterministic format) at the checkpoint indices [B]."""
     return fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint)).contiguous()
 
 

@@ -79,7 +79,8 @@ def check_static_family(family: str) -> None:
                          "use step='triton'")
 
 
-def check_static_config(config: ReplayConfig, step: str = "the static decode step", instead: str = "step='triton'") -> None:
+def check_static_config(config: ReplayConfig, step: str = "the static decode step",
+                        instead: str = "step='triton'") -> None:
     """Raise a one-line error for configs the fixed-buffer steps do not cover: mixed configs and speculative schedules.
     step: the caller's name of its step (e.g. "step 'graph'", "--step static"); instead: what the error says to use."""
     if config.overrides:

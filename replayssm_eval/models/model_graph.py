@@ -185,10 +185,11 @@ class StaticDecoder:
             return state.folds_next, state.trips_next
         for state in self.session.states.values():
             if isinstance(state, ReplayState):  # rows continued from a session; a due round trip restarts a phase
+                count = state.schedule.count.tolist()
                 positions = self.session.trip_positions(self.batch, self.attend.device)  # [B] or None
-                due = torch.zeros_like(state.schedule.count, dtype=torch.bool) if positions is None else \
-                    self.session.config.round_trip.hits(positions).to(state.schedule.count.device)
-                return folds_of(state.schedule.count.masked_fill(due, 0).tolist(), window), bool(due.any())
+                trip = self.session.config.round_trip
+                due = [False] * len(count) if positions is None else trip.hits(positions).tolist()
+                return folds_of([0 if d else c for c, d in zip(count, due)], window), any(due)
         return folds_of([0] * self.batch, window), False
 
     def _step_device(self, variant: tuple[str, bool]) -> torch.Tensor:

@@ -82,7 +82,8 @@ class StaticStepSession(ReplaySession):
 
     def trip_positions(self, batch: int, device) -> torch.Tensor | None:
         """[B] int64: each row's real tokens fed so far, when one-token calls take round trips inside the decode
-        (None otherwise: no round trip, one at the prompt's end, or the plain FP32 reference's, which change nothing)."""
+        (None otherwise: no round trip, one at the prompt's end, or the plain FP32 reference's, which change
+        nothing)."""
         trip = self.config.round_trip
         if trip is None or trip.prompt or self.plain_fp32():
             return None

@@ -57,7 +57,7 @@ class RoundTrip:
     def hits(self, positions: torch.Tensor, points: torch.Tensor | None = None) -> torch.Tensor:
         """[...] bool: where positions ([...] int64, real tokens consumed) are round-trip points (the prompt's end is
         not a position: `ReplaySession` applies it at the layer's anchor). points: `points(device)`, made once by a
-        caller that must create no tensor here (a step captured in a CUDA graph)."""
+        caller that copies nothing from the host here (a step captured in a CUDA graph)."""
         hit = torch.zeros_like(positions, dtype=torch.bool)
         if self.every:
             hit |= (positions > 0) & (positions % self.every == 0)

@@ -51,7 +51,8 @@ def decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, s
 def live_state(x, dt, A, B, C, D, state: ReplayState, config) -> torch.Tensor:
     """The state a flush now would fold from a carried ReplayState, unrounded: G S_hi + sum_i x_i (dt_i G_{i+1..} B_i)^T
     over its buffered entries (`_Run.replay`'s fold), [B, H, P, N] in the buffer's dtype. Of the inputs only A is read.
-    The carried state is not checked again, so nothing here reads the device (the static step captures it in a graph)."""
+    The carried state is not checked again, so nothing here reads the device (the static step captures it in a
+    graph)."""
     dtype = state.buffer["x"].dtype
     inp = Inputs(x, dt, A.to(dtype), B, C.to(dtype), D, x, state, parse_config(config), x.dtype)
     reads_hi = torch.ones(state.batch, dtype=torch.bool, device=state.hi.device)
