@@ -8,9 +8,10 @@
     python benchmarks/gpu_check_graph.py --out OUT_DIR --skip-speed --check-configs 'nvfp4/fp16sr@4#rt=int8@prompt'
 
 Checks (the bundled tiny models, one per SSM family: Mamba-2, GDN, KDA; fp32 weights, prompts of
-different lengths, windows of 4 so twelve tokens cross several flushes; one config round-trips the state
-through SGLang's INT8 pool at the prompt's end, which the fixed-buffer steps take before the state enters
-their buffers), each must hold bit for bit:
+different lengths, windows of 4 so twelve tokens cross several flushes; two configs round-trip the state
+through SGLang's INT8 pool: at the prompt's end, which the fixed-buffer steps take before the state enters
+their buffers, and every 5 tokens, which each row takes at its own positions inside the buffers and graphs),
+each must hold bit for bit:
 - whole model: `StaticDecoder` replaying its CUDA graphs equals the same decoder run eagerly and
   the eager Triton step session on a Hugging Face StaticCache: tokens, last logits and every SSM
   layer's carried state (both stored copies, packed read copy, ring buffer, phases, checkpoints);
@@ -57,7 +58,8 @@ from replayssm_eval.models.session import ReplaySession
 
 CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
 CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4",
-                 "nvfp4/fp16sr@4#rt=int8:axis=headdim@prompt")  # a prefix-cache hit: round trip before the buffers
+                 "nvfp4/fp16sr@4#rt=int8:axis=headdim@prompt",  # a prefix-cache hit: round trip before the buffers
+                 "nvfp4/fp8sr@4#rt=int8:axis=headdim@every:5")  # pages of 5 tokens: round trips inside the buffers
 CHECK_PROMPTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce", "To be")
 CHECK_TOKENS = 12
 ENGINE_LIMITS = (12, 1, 20, 6)  # per CHECK_PROMPTS row and one more: rows leave at different steps

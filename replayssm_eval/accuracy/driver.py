@@ -95,14 +95,10 @@ def make_plan(options: AccuracyConfig) -> Plan:
         raise ValueError(f"--samples {options.samples} needs sampling: greedy samples are all the same; give "
                          "--gen-kwargs with a temperature > 0 (e.g. temperature=0.6,top_p=0.95,top_k=20)")
     if options.step in FIXED_BUFFER_STEPS:
-        speculative = [c.name for c in configs if c.speculative is not None]
-        if speculative:
-            raise ValueError(f"--step {options.step} covers fixed windows only, got speculative configs "
-                             f"{', '.join(speculative)}; use --step triton")
-        inside = [c.name for c in configs if c.round_trip is not None and not c.round_trip.prompt]
-        if inside:
-            raise ValueError(f"--step {options.step} restores round trips at the prompt's end only, got configs "
-                             f"{', '.join(inside)}; accepted: #rt=FORMAT@prompt, or --step triton or reference")
+        from replayssm_eval.kernels.static_step import check_static_config  # the Triton kernels' module: on demand
+
+        for c in configs:
+            check_static_config(c, f"--step {options.step}", "--step triton")
     parse_spec(options.buckets)
     if options.data == "hub":
         data_dir = None

@@ -43,6 +43,7 @@ from replayssm_eval.generate.degeneration import is_loop
 from replayssm_eval.generate.engine import PREFILL_SEGMENT, PREFILL_TOKENS, Engine
 from replayssm_eval.generate.generation import score_continuations
 from replayssm_eval.generate.memory import plan_rows
+from replayssm_eval.kernels.static_step import check_static_config
 from replayssm_eval.replay.config import DEFAULT_REPLAY_WINDOW, ReplayConfig
 from replayssm_eval.models import load_model
 from replayssm_eval.results.files import check_output_dir
@@ -114,14 +115,8 @@ class ReplaySSMLM(TemplateLM):
             self.prefill_tokens = int_arg("prefill_tokens", prefill_tokens, 1)
             self.sampling_seed, self.sample = int_arg("sampling_seed", sampling_seed, 0), int_arg("sample", sample, 0)
             self.config = replay_config(config, read, recur, window, seed)
-            if step in FIXED_BUFFER_STEPS and self.config.speculative is not None:
-                raise ValueError(f"step {step!r} covers fixed windows only, got speculative config "
-                                 f"{self.config.name!r}; use step triton")
-            trip = self.config.round_trip
-            if step in FIXED_BUFFER_STEPS and trip is not None and not trip.prompt:
-                raise ValueError(f"step {step!r} restores round trips at the prompt's end only, got #rt={trip.name} "
-                                 f"in config {self.config.name!r}; accepted: #rt=FORMAT@prompt, or step triton or "
-                                 "reference")
+            if step in FIXED_BUFFER_STEPS:
+                check_static_config(self.config, f"step {step!r}", "step triton")
             device = resolve_device(device)
             if gen_log:
                 if Path(gen_log).is_dir():

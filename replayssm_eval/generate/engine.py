@@ -36,9 +36,9 @@ ignored, until the next join, or, when no refill is coming, until at most half t
 run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
 it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
 the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new
-graphs, so it waits for many free places rather than one. Fixed-window configs only for "static" and "graph";
-their round trips at the prompt's end only (each row's state takes it at its first decode step, before it
-enters fixed buffers; a round trip inside the decode would replace a state the buffers hold in place).
+graphs, so it waits for many free places rather than one. "static" and "graph" take one fixed-window config for
+every layer (not speculative or mixed: `kernels.static_step.check_static_config`), with round trips of every kind,
+each row's at its own positions (`kernels.static_step.Trips`).
 
 Out of memory in a step, a prefill or a regroup: the running batch is discarded, its rows go back to the front of the
 queue and `max_batch` halves (decoding is deterministic, sampled or not: they regenerate the same tokens);
@@ -58,7 +58,7 @@ from replayssm_eval.generate import DECODE_STEPS, FIXED_BUFFER_STEPS
 from replayssm_eval.generate.batch_rows import join, keep_rows
 from replayssm_eval.generate.decode import Generation, cut_text, decode_session, left_pad, sequence_id
 from replayssm_eval.generate.sampling import Sampling, choose
-from replayssm_eval.kernels.static_step import check_static_family
+from replayssm_eval.kernels.static_step import check_static_config, check_static_family
 from replayssm_eval.models.adapter import ReplayModel
 from replayssm_eval.models.model_graph import StaticDecoder
 from replayssm_eval.models.session import ReplaySession, as_config
@@ -120,14 +120,8 @@ class Engine:
         if step not in DECODE_STEPS:
             raise ValueError(f"unknown decode step {step!r}; known: {', '.join(DECODE_STEPS)}")
         config = as_config(config)
-        if step in FIXED_BUFFER_STEPS and config.speculative is not None:
-            raise ValueError(f"step {step!r} covers fixed windows only, got speculative config {config.name!r}; "
-                             "use step 'triton'")
-        trip = config.round_trip
-        if step in FIXED_BUFFER_STEPS and trip is not None and not trip.prompt:
-            raise ValueError(f"step {step!r} restores round trips at the prompt's end only, got #rt={trip.name} in config "
-                             f"{config.name!r}; accepted: #rt=FORMAT@prompt, or step 'triton' or 'reference'")
         if step in FIXED_BUFFER_STEPS:
+            check_static_config(config, f"step {step!r}", "step 'triton'")
             check_static_family(rm.model_type.family)
         self.rm, self.config, self.step = rm, config, step
         self.graphs = step == "graph" and rm.model.device.type == "cuda"  # CUDA graphs of each decoder's step

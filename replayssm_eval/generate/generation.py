@@ -15,12 +15,12 @@ keyed by seq_id, sample index and position), each SSM layer through the decode s
 - "triton": the Triton decode step of the layer's kernel family (the session engine "step"; GPU,
   the Triton interpreter on CPU);
 - "static": the same step on preallocated state buffers without host syncs
-  (`models.static_session`), bit-identical to "triton"; fixed-window configs only, round trips at the
-  prompt's end only (`#rt=...@prompt`);
+  (`models.static_session`), bit-identical to "triton"; fixed-window configs, one for every layer
+  (round trips included, `kernels.static_step`);
   on CUDA each SSM layer's step is captured as a CUDA graph and replayed (`models.layer_graph`);
 - "graph": the whole model's step on fixed buffers (Hugging Face's StaticCache for attention,
   `models.model_graph.StaticDecoder`), captured as a CUDA graph on CUDA and replayed per token;
-  elsewhere the same step runs eagerly. Fixed-window configs only, round trips as "static". Rows leave
+  elsewhere the same step runs eagerly. The configs of "static". Rows leave
   and join as under the other steps: the engine regroups them into a new decoder (`engine`).
 
 A row stops at the eos token or once its text contains a stop string, or at `max_gen_toks`; with

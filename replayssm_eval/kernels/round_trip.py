@@ -19,13 +19,12 @@ from replayssm_eval.replay.keys import ROUND_TRIP_COPY, sr_keys
 from replayssm_eval.replay.state import ReplayState, encode_keyed, write_checkpoint_packed
 
 
-def stored_and_restored(live: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor,
-                        checkpoint: torch.Tensor) -> torch.Tensor:
-    """live [B, H, P, N] (formats' layout) encoded in the round trip's format and decoded, fp32; SR bits keyed by
-    (seed, layer, sequence, `ROUND_TRIP_COPY`) at the checkpoint indices [B]."""
-    fmt = config.round_trip.format
-    keys = sr_keys(config.seed, layer, seq_ids, ROUND_TRIP_COPY) if fmt.is_stochastic else None
-    return fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint))
+def stored_and_restored(live: torch.Tensor, fmt, keys: torch.Tensor | None, checkpoint: torch.Tensor) -> torch.Tensor:
+    """live [B, H, P, N] (formats' layout) encoded in the round trip's format `fmt` and decoded, fp32 and contiguous
+    (a format along head_dim decodes a transposed view; the Triton step kernels take states contiguous, and
+    Mamba-2's allocates its fold output with S_hi's strides); SR bits from the Philox keys [B] of (seed, layer,
+    sequence, `ROUND_TRIP_COPY`) (None for a deterministic format) at the checkpoint indices [B]."""
+    return fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint)).contiguous()
 
 
 def round_trip(family: KernelFamily, tensors: tuple, state, config: ReplayConfig, layer_idx: int,
@@ -38,16 +37,21 @@ def round_trip(family: KernelFamily, tensors: tuple, state, config: ReplayConfig
     base = family.replay_state(tensors, state, config, layer_idx, seq_ids)  # the anchor: checkpoint 0 from it
     anchor = not isinstance(state, ReplayState)
     live = family.stored_layout(state) if anchor else family.live_state(tensors, base, config)  # [B, H, P, N]
-    restored = stored_and_restored(live, config, layer_idx, base.seq_ids, base.checkpoint)
+    fmt = config.round_trip.format
+    keys = sr_keys(config.seed, layer_idx, base.seq_ids, ROUND_TRIP_COPY) if fmt.is_stochastic else None
+    restored = stored_and_restored(live, fmt, keys, base.checkpoint)
     hi, lo, packed = write_checkpoint_packed(restored, config, layer_idx, base.seq_ids, base.checkpoint)
     pick = lambda new, old: torch.where(rows.view(-1, *[1] * (old.dim() - 1)), new, old)  # noqa: E731
+    old_packed = base.lo_packed
+    if anchor and old_packed is None and not bool(rows.all()):  # checkpoint 0's packed read copy, for the other rows
+        old_packed = write_checkpoint_packed(live.float(), config, layer_idx, base.seq_ids, base.checkpoint)[2]
     new_hi = pick(hi, base.hi)
     schedule = dataclasses.replace(base.schedule, count=torch.where(rows, 0, base.schedule.count))
     return ReplayState(
         hi=new_hi, lo=new_hi if config.shared else pick(lo, base.lo),
         buffer={name: pick(torch.zeros_like(t), t) for name, t in base.buffer.items()},
         schedule=schedule, checkpoint=base.checkpoint, seq_ids=base.seq_ids, layer=base.layer,
-        lo_packed=_pick_packed(rows, packed, base.lo_packed),
+        lo_packed=_pick_packed(rows, packed, old_packed),
     )
 
 

@@ -1,7 +1,8 @@
 """One SSM layer's static decode step captured as CUDA graphs and replayed per token.
 
 Three graphs per layer and batch size, one per step variant (`kernels.static_step.FOLDS`): no
-row folds, some rows fold (the per-row fold mask is read on the device), every row folds. The
+row folds, some rows fold (the per-row fold mask is read on the device), every row folds; with round
+trips inside the decode, three more, each variant with the due rows' round trip first. The
 step's inputs are copied into fixed input buffers, the graph is replayed and its output copied
 out. Warm-up (Triton compilation, allocator) runs on a side stream, as the CUDA graph docs of
 torch ask, on a snapshot of the state that is restored afterwards, so capture changes no state.
@@ -18,7 +19,14 @@ def _tensors(state: StaticState) -> list[torch.Tensor]:
     """Every device tensor a step writes (S_lo is S_hi when shared)."""
     packed = [t for t in (state.packed.data, state.packed.scales, state.packed.global_scale) if t is not None]
     lo = [] if state.lo is state.hi else [state.lo]
-    return [state.hi, *lo, *packed, *state.buffer.values(), state.count, state.checkpoint, state.fold_out]
+    trips = [] if state.trips is None else [state.trips.position, state.trips.due]
+    return [state.hi, *lo, *packed, *state.buffer.values(), state.count, state.checkpoint, state.fold_out, *trips]
+
+
+def variants(state: StaticState) -> list[tuple[str, bool]]:
+    """The (folds, trips) variants of `state.step_device` a caller may ask for."""
+    trips = (False, True) if state.trips is not None else (False,)
+    return [(folds, trip) for trip in trips for folds in FOLDS]
 
 
 class LayerGraph:
@@ -31,25 +39,25 @@ class LayerGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for folds in FOLDS:
-                state.step_device(self.inputs, folds)
+            for variant in variants(state):
+                state.step_device(self.inputs, *variant)
         torch.cuda.current_stream().wait_stream(side)
         self._restore(saved)
         self.graphs, self.outputs = {}, {}
-        for folds in FOLDS:
+        for variant in variants(state):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[folds] = state.step_device(self.inputs, folds)
-            self.graphs[folds] = graph
+                self.outputs[variant] = state.step_device(self.inputs, *variant)
+            self.graphs[variant] = graph
         self._restore(saved)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
         for t, s in zip(_tensors(self.state), saved):
             t.copy_(s)
 
-    def __call__(self, inputs: tuple, folds: str) -> torch.Tensor:
+    def __call__(self, inputs: tuple, folds: str, trips: bool = False) -> torch.Tensor:
         for static, new in zip(self.inputs, inputs):
             static.copy_(new)
-        self.graphs[folds].replay()
+        self.graphs[folds, trips].replay()
         self.state.advance_host()
-        return self.outputs[folds].clone()
+        return self.outputs[folds, trips].clone()

@@ -28,7 +28,9 @@ Every tensor a step reads or writes has a fixed address:
 - the token [B, 1], positions [B, 1] and the next column [1], advanced on the device.
 
 A step has three variants: no row, some rows or every row folds after this token
-(`kernels.static_step.FOLDS`, known on the host from the window phases, `StaticState.host_count`).
+(`kernels.static_step.FOLDS`, known on the host from the window phases, `StaticState.host_count`),
+and with round trips inside the decode each comes with or without the due rows' round trip first
+(known on the host from the rows' positions, `StaticState.trips_next`).
 With graphs=True (CUDA) a variant's first use runs eagerly on a side stream (Triton compiles, the
 allocator warms up), its second use captures it and every use replays it. With graphs=False (CPU, the Triton interpreter) every step runs
 eagerly: the code that is captured.
@@ -88,6 +90,7 @@ class StaticDecoder:
         decoder._buffers(rm, session.config, session.seq_ids, mask, width + steps, graphs)
         _into_static(session.cache, decoder.session.cache, width)
         decoder.session.states = dict(session.states)
+        decoder.session.tokens, decoder.session.attention_mask = width, mask  # the rows' positions (round trips)
         return decoder
 
     def _buffers(self, rm: ReplayModel, config, seq_ids, mask: torch.Tensor, max_len: int, graphs: bool) -> None:
@@ -109,8 +112,8 @@ class StaticDecoder:
         self.column = torch.full((1,), width, dtype=torch.long, device=device)  # [1] its cache column
         self.mask_arg = {"full_attention": self.attend, "linear_attention": None}
         self.max_len, self.written = max_len, width
-        self._warm: set[str] = set()
-        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._warm: set[tuple[str, bool]] = set()
+        self._graphs: dict[tuple[str, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
     @property
@@ -146,25 +149,25 @@ class StaticDecoder:
         if self.written >= self.max_len:
             raise ValueError(f"the attention caches hold max_len={self.max_len} tokens, all written")
         self.token.copy_(token[:, None])
-        folds = self._folds_next()
+        variant = self._variant_next()
         if not self.graphs:
-            logits = self._step_device(folds)
-        elif folds not in self._warm:
+            logits = self._step_device(variant)
+        elif variant not in self._warm:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                logits = self._step_device(folds)
+                logits = self._step_device(variant)
             torch.cuda.current_stream().wait_stream(side)
-            self._warm.add(folds)
+            self._warm.add(variant)
         else:
-            if folds not in self._graphs:
+            if variant not in self._graphs:
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    out = self._step_device(folds)
-                self._graphs[folds] = (graph, out)
-            graph, out = self._graphs[folds]
+                    out = self._step_device(variant)
+                self._graphs[variant] = (graph, out)
+            graph, out = self._graphs[variant]
             graph.replay()
             logits = out.clone()
         self.written += 1
@@ -172,21 +175,26 @@ class StaticDecoder:
             state.advance_host()
         return logits
 
-    def _folds_next(self) -> str:
-        """The next step's variant (`kernels.static_step.FOLDS`) from the host-side phases, which every SSM layer
-        shares; the first step, before the layers are loaded, reads a carried state's phases once, or starts a
-        window at the prompt's end."""
+    def _variant_next(self) -> tuple[str, bool]:
+        """The next step's variant, (`kernels.static_step.FOLDS`, whether round trips are due), from the host-side
+        phases and positions, which every SSM layer shares; the first step, before the layers are loaded, reads a
+        carried state's phases and the rows' positions once, or starts a window at the prompt's end (whose round
+        trips the layers take from the anchor as they load)."""
         window = self.session.config.window
         for state in self.session.static.values():
-            return state.folds_next
+            return state.folds_next, state.trips_next
         for state in self.session.states.values():
-            if isinstance(state, ReplayState):  # rows continued from a session
-                return folds_of(state.schedule.count.tolist(), window)
-        return folds_of([0] * self.batch, window)
+            if isinstance(state, ReplayState):  # rows continued from a session; a due round trip restarts a phase
+                count = state.schedule.count.tolist()
+                positions = self.session.trip_positions(self.batch, self.attend.device)  # [B] or None
+                trip = self.session.config.round_trip
+                due = [False] * len(count) if positions is None else trip.hits(positions).tolist()
+                return folds_of([0 if d else c for c, d in zip(count, due)], window), any(due)
+        return folds_of([0] * self.batch, window), False
 
-    def _step_device(self, folds: str) -> torch.Tensor:
+    def _step_device(self, variant: tuple[str, bool]) -> torch.Tensor:
         """One token through the model on the fixed buffers: the device work a graph captures."""
-        self.session.folds = folds
+        self.session.folds, self.session.trips = variant
         self.attend.index_fill_(-1, self.column, True)
         out = self.rm.model(input_ids=self.token, use_cache=True, attention_mask=self.mask_arg, position_ids=self.position,
                             logits_to_keep=1, **{self.rm._cache_arg: self.session.cache})

@@ -2,13 +2,14 @@
 
 The prompt (and any multi-token call) runs as in `ReplaySession`. At a layer's first one-token
 call its state (the FP32 anchor the prompt left, after the config's round trip at the prompt's end
-if it has one, or a ReplayState with its packed read copy) is moved into fixed buffers
-(`kernels.static_step.StaticState`); every later one-token call steps them in place. With
+or at the rows' positions then if it has one, or a ReplayState with its packed read copy) is moved
+into fixed buffers (`kernels.static_step.StaticState`, with each row's position, its real tokens
+fed so far, for round trips inside the decode); every later one-token call steps them in place. With
 `graphs=True` (CUDA only) each layer's step is a captured CUDA graph (`models.layer_graph`),
 captured at that first call; otherwise the same step runs eagerly (CPU, Triton interpreter), so
 tests run the code that is captured. A driver that captures the whole model
-(`models.model_graph`) sets `folds` (the step variant) and advances the layers' host-side phases
-itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
+(`models.model_graph`) sets `folds` and `trips` (the step variant) and advances the layers'
+host-side phases itself. `states[layer]` is a ReplayState view of the buffers, equal bit for bit to what
 `decode_step_triton` would have carried.
 """
 
@@ -33,7 +34,9 @@ class StaticStepSession(ReplaySession):
                              "use the reference engine for FP64 checks")
         self.graphs = graphs
         self._pool = None
-        self.folds: str | None = None  # the step variant, set by a driver stepping every layer (`models.model_graph`)
+        # the step variant, set by a driver stepping every layer (`models.model_graph`)
+        self.folds: str | None = None
+        self.trips = False
 
     def reset(self, *, config=None, seq_ids=None) -> None:
         super().reset(config=config, seq_ids=seq_ids)
@@ -64,8 +67,8 @@ class StaticStepSession(ReplaySession):
         if state is None:
             state = self._load(family, layer_idx, inputs, self.states.get(layer_idx, anchor))
         if self.folds is not None:  # the driver chose the variant and advances the host-side phases
-            return state.step_device(inputs, self.folds)
-        folds = state.folds_next
+            return state.step_device(inputs, self.folds, self.trips)
+        folds, trips = state.folds_next, state.trips_next
         if self.graphs:
             graph = self.layer_graphs.get(layer_idx)
             if graph is None:
@@ -74,17 +77,31 @@ class StaticStepSession(ReplaySession):
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 graph = self.layer_graphs[layer_idx] = LayerGraph(state, inputs, self._pool)
-            return graph(inputs, folds)
-        return state.step(inputs, folds)
+            return graph(inputs, folds, trips)
+        return state.step(inputs, folds, trips)
+
+    def trip_positions(self, batch: int, device) -> torch.Tensor | None:
+        """[B] int64: each row's real tokens fed so far, when one-token calls take round trips inside the decode
+        (None otherwise: no round trip, one at the prompt's end, or the plain FP32 reference's, which change
+        nothing)."""
+        trip = self.config.round_trip
+        if trip is None or trip.prompt or self.plain_fp32():
+            return None
+        return self._positions(batch, device)
 
     def _load(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial) -> StaticState:
         """The layer's state in fixed buffers: checkpoint 0 written from the FP32 anchor (after the config's round trip
-        at the prompt's end, as `ReplaySession` restores it), or a ReplayState's copies."""
-        seq_ids = self._seq_ids(inputs[0].shape[0], inputs[0].device)
+        at the prompt's end, or those due at the rows' positions now, as `ReplaySession` restores them), or a
+        ReplayState's copies."""
+        batch, device = inputs[0].shape[0], inputs[0].device
+        seq_ids = self._seq_ids(batch, device)
         trip = self.config.round_trip
-        if trip is not None and trip.prompt and not isinstance(initial, ReplayState) and not self.plain_fp32():
-            every_row = torch.ones_like(seq_ids, dtype=torch.bool)  # [B]
-            initial = round_trip(family, inputs, at_least_fp32(initial), self.config, layer_idx, seq_ids, every_row)
+        anchor = not isinstance(initial, ReplayState)
+        positions = self.trip_positions(batch, device)  # [B] or None
+        if anchor and trip is not None and not self.plain_fp32():
+            rows = torch.ones_like(seq_ids, dtype=torch.bool) if trip.prompt else trip.hits(positions)  # [B]
+            if bool(rows.any()):
+                initial = round_trip(family, inputs, at_least_fp32(initial), self.config, layer_idx, seq_ids, rows)
         state = family.replay_state(inputs, initial, self.config, layer_idx, seq_ids)
         packed = state.lo_packed
         if not isinstance(initial, ReplayState):  # the anchor: checkpoint 0's packed read copy
@@ -100,7 +117,8 @@ class StaticStepSession(ReplaySession):
             if shape not in self._scratch:
                 self._scratch[shape] = torch.zeros(shape[0], dtype=torch.float32, device=shape[1])
             scratch = self._scratch[shape]
-        static = self.static[layer_idx] = StaticState.from_replay_state(family.name, state, packed, self.config, count,
-                                                                        scratch)
+        static = self.static[layer_idx] = StaticState.from_replay_state(
+            family.name, state, packed, self.config, count, scratch,
+            positions=None if positions is None else positions.tolist(), taken=anchor)
         self.states[layer_idx] = static.replay_state()
         return static

@@ -54,15 +54,21 @@ class RoundTrip:
             points = "at:" + ",".join(map(str, self.at))
         return f"{self.fmt}@{points}"
 
-    def hits(self, positions: torch.Tensor) -> torch.Tensor:
-        """[B] bool: rows whose position ([B] int64, real tokens consumed) is a round-trip point (the prompt's
-        end is not a position: `ReplaySession` applies it at the layer's anchor)."""
+    def hits(self, positions: torch.Tensor, points: torch.Tensor | None = None) -> torch.Tensor:
+        """[...] bool: where positions ([...] int64, real tokens consumed) are round-trip points (the prompt's end is
+        not a position: `ReplaySession` applies it at the layer's anchor). points: `points(device)`, made once by a
+        caller that copies nothing from the host here (a step captured in a CUDA graph)."""
         hit = torch.zeros_like(positions, dtype=torch.bool)
         if self.every:
             hit |= (positions > 0) & (positions % self.every == 0)
         if self.at:
-            hit |= torch.isin(positions, torch.tensor(self.at, dtype=positions.dtype, device=positions.device))
+            at = self.points(positions.device) if points is None else points
+            hit |= (positions[..., None] == at).any(dim=-1)
         return hit
+
+    def points(self, device) -> torch.Tensor:
+        """[K] int64: the listed positions `at` on `device`."""
+        return torch.tensor(self.at, dtype=torch.int64, device=device)
 
     @classmethod
     def parse(cls, text: str) -> "RoundTrip":

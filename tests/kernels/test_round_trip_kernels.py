@@ -132,6 +132,14 @@ def test_rows_at_different_positions_round_trip_alone(fam):
         assert not torch.allclose(plain[:, hit:], got[:, hit:], rtol=1e-4)
 
 
+def _assert_same_state(a, b):
+    """Two carried ReplayStates equal bit for bit: both copies, phases, checkpoints, the ring, the packed read copy."""
+    assert torch.equal(a.checkpoint, b.checkpoint) and torch.equal(a.schedule.count, b.schedule.count)
+    assert torch.equal(a.hi, b.hi) and torch.equal(a.lo, b.lo)
+    assert all(torch.equal(a.buffer[k], b.buffer[k]) for k in b.buffer)
+    assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a.lo_packed.tensors(), b.lo_packed.tensors()))
+
+
 @pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
 def test_static_step_restores_the_prompt_round_trip_as_the_triton_step(fam):
     """One-token calls from the anchor, a window of 3 so a flush follows: the static step takes the round trip before
@@ -142,19 +150,75 @@ def test_static_step_restores_the_prompt_round_trip_as_the_triton_step(fam):
     eager_y, eager = _feed(fam, config, tensors, anchor, cuts, "step")
     static_y, static = _feed(fam, config, tensors, anchor, cuts, "static")
     assert torch.equal(static_y, eager_y)
-    a, b = static.states[0], eager.states[0]
-    assert int(b.checkpoint.max()) == 1 and torch.equal(a.checkpoint, b.checkpoint)
-    assert torch.equal(a.hi, b.hi) and torch.equal(a.lo, b.lo) and torch.equal(a.schedule.count, b.schedule.count)
-    assert all(torch.equal(a.buffer[k], b.buffer[k]) for k in b.buffer)
-    assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a.lo_packed.tensors(), b.lo_packed.tensors()))
+    assert int(eager.states[0].checkpoint.max()) == 1
+    _assert_same_state(static.states[0], eager.states[0])
     plain_y, _ = _feed(fam, "nvfp4/fp8sr@3", tensors, anchor, cuts, "static")
     assert not torch.equal(plain_y[:, :1], static_y[:, :1])  # the first token reads the round-tripped checkpoint
 
 
-@pytest.mark.parametrize("points", ["every:4", "at:6,9"])
-def test_static_step_refuses_round_trips_inside_the_decode(points):
-    check_static_config(ReplayConfig.parse("nvfp4#rt=int8@prompt"))
-    with pytest.raises(ValueError, match=rf"the static decode step restores round trips at the prompt's end only, got "
-                                         rf"#rt=int8@{points} in config 'nvfp4#rt=int8@{points}'; accepted: "
-                                         r"#rt=FORMAT@prompt, or step='triton'"):
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+def test_a_row_that_does_not_round_trip_keeps_its_numbers_on_the_triton_step(fam):
+    """Rows 1 and 2 go through the pool (whose decode along head_dim is a transposed view) in the step where row 0
+    folds: row 0's outputs and stored copies are the plain config's, bit for bit."""
+    tensors, anchor = _inputs(fam, tokens=2)
+    mask = torch.ones(len(anchor), PROMPT, dtype=torch.long)
+    mask[0, 0] = 0  # row 0 reaches position 6 a step after rows 1 and 2
+    tripped_y, tripped = _feed(fam, f"fp16/fp32@2#rt={POOL}@at:6", tensors, anchor, [1, 2], "step", attention_mask=mask)
+    plain_y, plain = _feed(fam, "fp16/fp32@2", tensors, anchor, [1, 2], "step", attention_mask=mask)
+    a, b = tripped.states[0], plain.states[0]
+    assert torch.equal(tripped_y[0], plain_y[0]) and torch.equal(a.hi[0], b.hi[0]) and torch.equal(a.lo[0], b.lo[0])
+    assert a.checkpoint.tolist() == [1, 0, 0] and not torch.equal(tripped_y[1:, 1], plain_y[1:, 1])
+
+
+# row 0's prompt has a padded column, so it reaches each position one step after rows 1 and 2 (positions 4 and 5 at
+# the first step): every:4 takes row 0's first round trip at the anchor, the others' from the buffers; at:5,7,8 the
+# reverse, then two in a row; fp16/fp32 writes its FP32 recurrence copy in place; at window 2 with every:2 some rows
+# round-trip at every step while the others fold. Each config and each family at least once in the quick tier (about
+# 8 s each in the interpreter), the rest of the grid in the slow tier.
+INSIDE = (f"nvfp4/fp8sr@3#rt={POOL}@every:4", "shared:fp16@2#rt=fp8sr@at:5,7,8", "fp16/fp32@3#rt=fp16sr@every:3",
+          f"nvfp4/fp16sr@2#rt={POOL}@every:2")
+
+
+@pytest.mark.parametrize("fam, config", [
+    pytest.param(fam, config, marks=() if i == j % len(FAMILIES) else pytest.mark.slow, id=f"{fam.name}-{config}")
+    for i, fam in enumerate(FAMILIES) for j, config in enumerate(INSIDE)])
+def test_static_step_takes_round_trips_inside_the_decode_as_the_triton_step(fam, config):
+    """One-token calls of rows at different positions: the static step's per-row positions take each row's round
+    trips at its own tokens, bit for bit as the eager Triton step: outputs and every stored tensor after each call."""
+    tensors, anchor = _inputs(fam, tokens=7)
+    mask = torch.ones(len(anchor), PROMPT, dtype=torch.long)
+    mask[0, 0] = 0
+    cuts = list(range(1, 8))
+    eager_y, eager = _feed(fam, config, tensors, anchor, cuts, "step", attention_mask=mask)
+    static_y, static = _feed(fam, config, tensors, anchor, cuts, "static", attention_mask=mask)
+    assert torch.equal(static_y, eager_y)
+    _assert_same_state(static.states[0], eager.states[0])
+    trips = static.static[0].trips
+    assert static.static[0].host_count == eager.states[0].schedule.count.tolist()
+    assert trips.host_position == trips.position.tolist() == [PROMPT - 1 + 7] + [PROMPT + 7] * (len(anchor) - 1)
+    plain_y, _ = _feed(fam, config.partition("#")[0], tensors, anchor, cuts, "static", attention_mask=mask)
+    assert not torch.equal(plain_y, static_y)
+
+
+def test_static_state_without_round_trips_refuses_the_trips_variant():
+    fam = FAMILIES[0]
+    tensors, anchor = _inputs(fam, tokens=1)
+    session = StaticStepSession("nvfp4/fp8sr@3")
+    session.tokens = PROMPT
+    session.scan(fam, 0, tensors, anchor, None)
+    with pytest.raises(ValueError, match=r"this state takes no round trips inside the decode \(config 'nvfp4/fp8sr@3'\); "
+                                         "accepted: trips=False"):
+        session.static[0].step(tuple(t.contiguous() for t in tensors), "none", trips=True)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("nvfp4#rt=int8@every:4+1=fp32", r"the static decode step takes one config for every layer, got mixed config "
+                                     r"'nvfp4#rt=int8@every:4\+1=fp32'; use step='triton'"),
+    ("nvfp4#spec=2:0.5", r"the static decode step covers fixed windows only, got speculative config 'nvfp4#spec=2:0.5'; "
+                         r"use step='triton'"),
+])
+def test_static_step_refuses_mixed_and_speculative_configs(config, message):
+    for points in ("prompt", "every:4", "at:6,9"):
         check_static_config(ReplayConfig.parse(f"nvfp4#rt=int8@{points}"))
+    with pytest.raises(ValueError, match=message):
+        check_static_config(ReplayConfig.parse(config))

@@ -1,5 +1,5 @@
 """State round trips on the bundled tiny models: through fp32 they change nothing, bit for bit; the generation engine
-restores them on its session steps; its fixed-buffer steps take them at the prompt's end only."""
+restores them on its session steps at each row's own positions (its fixed-buffer steps: tests/tasks/test_engine.py)."""
 
 import pytest
 import torch
@@ -35,7 +35,7 @@ def test_round_trip_through_fp32_changes_nothing(name):
     assert not torch.equal(lossy, _logits(rm, "fp16", ids, "chunked"))
 
 
-def test_engine_restores_on_session_steps_and_at_the_prompt_on_fixed_buffers(monkeypatch):
+def test_engine_restores_on_session_steps_at_each_rows_positions(monkeypatch):
     """Rows of prompt lengths 5 and 3, pages of 4 tokens, 6 generated tokens (5 fed): row 0 round-trips at position 8,
     row 1 at 4, each in its own step."""
     rm = tiny_model("tiny-qwen3.5", backend="torch")
@@ -47,7 +47,3 @@ def test_engine_restores_on_session_steps_and_at_the_prompt_on_fixed_buffers(mon
     same = Engine(rm, "fp32#rt=fp32@every:4", step="reference", max_batch=2, stop_at_eos=False)
     assert [g.tokens for g in same.generate(prompts, max_gen_toks=6)] == [g.tokens for g in plain]
     assert trips == [[False, True]] * layers + [[True, False]] * layers
-    with pytest.raises(ValueError, match=r"step 'static' restores round trips at the prompt's end only, got "
-                                         r"#rt=int8@every:4 in config 'fp32#rt=int8@every:4'"):
-        Engine(rm, "fp32#rt=int8@every:4", step="static", max_batch=2)
-    Engine(rm, "fp32#rt=int8@prompt", step="static", max_batch=2)  # a prefix-cache hit: before the fixed buffers

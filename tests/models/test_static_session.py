@@ -90,6 +90,7 @@ def test_static_step_equals_the_triton_step(name, config):
     ("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "fp32"),
     ("tiny-kimi-linear", "shared:fp8sr@2"),
     ("tiny-nemotron-h", "nvfp4/fp8sr@2#rt=int8:axis=headdim@prompt"),  # a prefix-cache hit: the anchor round-trips
+    ("tiny-kimi-linear", "nvfp4/fp8sr@2#rt=fp8sr@every:3"),  # pages of 3 tokens: each row at its own positions
 ])
 def test_whole_model_step_equals_the_triton_step_on_a_static_cache(name, config):
     rm = tiny_model(name, "triton")
@@ -131,7 +132,8 @@ def greedy(step, logits, count):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,config", [("tiny-nemotron-h", "nvfp4/fp16sr@2"), ("tiny-qwen3.5", "shared:fp8sr@2"),
-                                         ("tiny-kimi-linear", "nvfp4/fp16sr@2")])
+                                         ("tiny-kimi-linear", "nvfp4/fp16sr@2"),
+                                         ("tiny-nemotron-h", "nvfp4/fp16sr@2#rt=int8:axis=headdim@every:2")])
 def test_regrouped_decoder_continues_its_rows_bit_for_bit(name, config):
     rm = tiny_model(name, "triton")
     first, logits = first_step(rm, config, PROMPTS)
@@ -165,12 +167,11 @@ def test_graph_step_generates_the_triton_step_tokens():
 
 
 @pytest.mark.parametrize("step", ["static", "graph"])
-def test_round_trips_inside_the_decode_are_refused(step):
+def test_mixed_config_is_refused(step):
     rm = tiny_model("tiny-qwen3.5", "triton")
-    with pytest.raises(ValueError, match=rf"step '{step}' restores round trips at the prompt's end only, got "
-                                         r"#rt=int8@every:4 in config 'nvfp4/fp16sr#rt=int8@every:4'; accepted: "
-                                         r"#rt=FORMAT@prompt, or step 'triton' or 'reference'"):
-        greedy_generate(rm, [[1, 2, 3]], config="nvfp4/fp16sr#rt=int8@every:4", max_gen_toks=2, step=step)
+    with pytest.raises(ValueError, match=rf"^step '{step}' takes one config for every layer, got mixed config "
+                                         r"'nvfp4/fp16sr#rt=int8@every:4\+1=fp32'; use step 'triton'$"):
+        greedy_generate(rm, [[1, 2, 3]], config="nvfp4/fp16sr#rt=int8@every:4+1=fp32", max_gen_toks=2, step=step)
 
 
 @pytest.mark.parametrize("step", ["static", "graph"])

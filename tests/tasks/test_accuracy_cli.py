@@ -81,7 +81,9 @@ def test_resume_never_recomputes_a_finished_config_or_task(tmp_path, count_runs)
     (["--samples", "4"], "--samples 4 needs sampling: greedy samples are all the same"),
     (["--sampling-seed", "-1"], "--sampling-seed must be >= 0, got -1"),
     (["--step", "graph", "--configs", "fp32,nvfp4/fp16sr#spec=4:0.5"],
-     "--step graph covers fixed windows only, got speculative configs nvfp4/fp16sr#spec=4:0.5; use --step triton"),
+     "--step graph covers fixed windows only, got speculative config 'nvfp4/fp16sr#spec=4:0.5'; use --step triton"),
+    (["--step", "static", "--configs", "nvfp4/fp16sr+1=fp32"],
+     "--step static takes one config for every layer, got mixed config 'nvfp4/fp16sr+1=fp32'; use --step triton"),
 ])
 def test_bad_input_is_one_clear_error(args, message, capsys):
     assert cli.main(["accuracy", *args]) == 2

@@ -5,9 +5,10 @@ same prompts with two rows at once, prompts fed in 4-token segments, rows of dif
 leaving and joining the batch, and must give the same tokens per prompt (same seq_ids, so the
 same SR bits). Step "graph" (the whole model's step on fixed buffers, regrouped into a new decoder
 when rows join or most have left) gives the tokens of step "triton" under the same batching, on each SSM
-family, and so does step "static" on KDA; both take a round trip at the prompt's end (a prefix-cache hit). Then:
-the order of entry changes nothing, an out-of-memory step is recovered by halving the batch (also
-under step "graph"), and a batch that does not fit is refused before any work.
+family, and so does step "static" on KDA; both take round trips at the prompt's end (a prefix-cache hit)
+and every 3 tokens, each row at its own positions. Then: the order of entry changes nothing, an
+out-of-memory step is recovered by halving the batch (also under step "graph"), and a batch that does not
+fit is refused before any work.
 """
 
 import functools
@@ -196,12 +197,19 @@ def test_static_step_on_kda_gives_the_triton_step_tokens():
     assert [g.gen_tokens for g in static] == GRAPH_LIMITS
 
 
+# (points, max_gen_toks, rows round-tripped through `kernels.round_trip.round_trip` per step kind and SSM layer): at the
+# prompt's end rows 0, 2 and 3 (row 1 stops at its first token); every 3 tokens rows 0 and 2 (prompts of 5 and 4
+# tokens) at position 6, inside the fixed buffers, and row 3 (21 tokens) at its first decode step, from the anchor
 @pytest.mark.slow
-def test_fixed_buffer_steps_restore_a_prompt_round_trip_as_the_triton_step(monkeypatch):
-    """A prefix-cache hit (`#rt=...@prompt`) under continuous batching: each row's state round-trips once per SSM
-    layer, at its first decode step (before it enters fixed buffers), whenever it joins. Step "static" gives step
-    "triton"'s logits at every step bit for bit, step "graph" its tokens."""
-    config = "nvfp4/fp16sr@2#rt=int8:axis=headdim@prompt"
+@pytest.mark.parametrize("points, limits, trips_per_layer", [
+    ("prompt", GRAPH_LIMITS, {"triton": 3, "static": 3, "graph": 3}),
+    ("every:3", [4, 1, 5, 3], {"triton": 3, "static": 1, "graph": 1}),
+])
+def test_fixed_buffer_steps_take_round_trips_as_the_triton_step(monkeypatch, points, limits, trips_per_layer):
+    """Round trips under continuous batching, rows joining at different steps, each at its own positions: a
+    prefix-cache hit (`@prompt`) before a row's state enters the fixed buffers, pages (`@every:3`) also inside them.
+    Step "static" gives step "triton"'s logits at every step bit for bit, step "graph" its tokens."""
+    config = f"nvfp4/fp16sr@2#rt=int8:axis=headdim@{points}"
     rm = tiny_model("tiny-qwen3.5")
     trips = []
     for module in (session_module, static_session):
@@ -212,8 +220,8 @@ def test_fixed_buffer_steps_restore_a_prompt_round_trip_as_the_triton_step(monke
         logits, step_tokens = [], engine.step_tokens
         monkeypatch.setattr(engine, "step_tokens", lambda session, t: logits.append(step_tokens(session, t)) or logits[-1])
         trips.clear()
-        gens = engine.generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
-        assert sum(trips) == 3 * len(rm.layers)  # rows 0, 2 and 3 decode; row 1 stops at its first token
+        gens = engine.generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=limits)
+        assert sum(trips) == trips_per_layer[step] * len(rm.layers)
         return [g.tokens for g in gens], logits
 
     tokens, logits = run("triton")
@@ -239,12 +247,12 @@ def test_lm_model_takes_the_decode_step_and_refuses_configs_the_graph_step_canno
         ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="fast")
     with pytest.raises(ValueError, match="step 'graph' covers fixed windows only"):
         ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#spec=4:0.5")
-    with pytest.raises(ValueError, match=r"step 'graph' restores round trips at the prompt's end only, got "
-                                         r"#rt=int8@at:9 in config 'nvfp4/fp16sr#rt=int8@at:9'; accepted: "
-                                         r"#rt=FORMAT@prompt, or step triton or reference"):
-        ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#rt=int8@at:9")
-    prefix_hit = ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr#rt=int8@prompt")
-    assert prefix_hit.step == "graph"
+    with pytest.raises(ValueError, match=r"step 'graph' takes one config for every layer, got mixed config "
+                                         r"'nvfp4/fp16sr\+1=fp32'; use step triton"):
+        ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config="nvfp4/fp16sr+1=fp32")
+    for points in ("prompt", "at:9"):
+        tripped = ReplaySSMLM(pretrained="tiny-qwen3.5", device="cpu", step="graph", config=f"nvfp4/fp16sr#rt=int8@{points}")
+        assert tripped.step == "graph"
 
 
 def test_lm_model_checks_the_batch_against_a_mocked_free_memory(monkeypatch):

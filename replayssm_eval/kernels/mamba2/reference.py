@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed, prepare_inputs
+from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed, parse_config, prepare_inputs
 from replayssm_eval.replay.schedule import ScheduleState, accepted_per_step, plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
 
@@ -50,8 +50,11 @@ def decode_reference(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, s
 
 def live_state(x, dt, A, B, C, D, state: ReplayState, config) -> torch.Tensor:
     """The state a flush now would fold from a carried ReplayState, unrounded: G S_hi + sum_i x_i (dt_i G_{i+1..} B_i)^T
-    over its buffered entries (`_Run.replay`'s fold), [B, H, P, N] in the buffer's dtype. Of the inputs only A is read."""
-    inp = prepare_inputs(x, dt, A, B, C, D, state, config, state.layer, state.seq_ids, state.buffer["x"].dtype)
+    over its buffered entries (`_Run.replay`'s fold), [B, H, P, N] in the buffer's dtype. Of the inputs only A is read.
+    The carried state is not checked again, so nothing here reads the device (the static step captures it in a
+    graph)."""
+    dtype = state.buffer["x"].dtype
+    inp = Inputs(x, dt, A.to(dtype), B, C.to(dtype), D, x, state, parse_config(config), x.dtype)
     reads_hi = torch.ones(state.batch, dtype=torch.bool, device=state.hi.device)
     return _Run(inp).replay(state.schedule.count - 1, inp.C[:, 0], reads_hi, True)[1]
 
