@@ -19,8 +19,8 @@ TESTS_K=${TESTS_K:-}
 step pytest_cuda 300 . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider \
   ${TESTS_K:+-k "$TESTS_K"} $TESTS
 step gpu_check_mamba2 120 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
-step gpu_check_gdn 100 . python benchmarks/gpu_check_delta.py --family gdn --quick --out "$dir/gpu_check_gdn.json"
-step gpu_check_kda 100 . python benchmarks/gpu_check_delta.py --family kda --quick --out "$dir/gpu_check_kda.json"
+step gpu_check_gdn 150 . python benchmarks/gpu_check_delta.py --family gdn --quick --out "$dir/gpu_check_gdn.json"
+step gpu_check_kda 150 . python benchmarks/gpu_check_delta.py --family kda --quick --out "$dir/gpu_check_kda.json"
 # shellcheck disable=SC2086  # CONFIGS_CHECK is a list of configs
 [[ -n $CONFIGS_CHECK ]] && step graph_check 150 . python benchmarks/gpu_check_graph.py --out "$dir/graph" \
   --skip-speed --check-configs $CONFIGS_CHECK

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.compare import assert_close
+from tests.helpers.device import TEST_DEVICE
 from replayssm_eval.kernels.family import all_families
 from replayssm_eval.kernels.static_step import check_static_config
 from replayssm_eval.models.session import ReplaySession
@@ -21,7 +22,7 @@ POOL = "int8:axis=headdim"  # SGLang's checkpoint pool: one scale per key channe
 
 def _inputs(fam, tokens=14, seed=0):
     inputs, anchor = fam.random_inputs(fam.test_shapes["small"], tokens, torch.Generator().manual_seed(seed))
-    return tuple(inputs[n] for n in fam.inputs), anchor
+    return tuple(inputs[n].to(TEST_DEVICE) for n in fam.inputs), anchor.to(TEST_DEVICE)
 
 
 def _feed(fam, config, tensors, anchor, cuts, engine="chunked", attention_mask=None):
