@@ -20,11 +20,13 @@ from replayssm_eval.replay.state import ReplayState, encode_keyed, write_checkpo
 
 
 def stored_and_restored(live: torch.Tensor, fmt, keys: torch.Tensor | None, checkpoint: torch.Tensor) -> torch.Tensor:
-    """live [B, H, P, N] (formats' layout) encoded in the round trip's format `fmt` and decoded, fp32 and contiguous
-    (a format along head_dim decodes a transposed view; the Triton step kernels take states contiguous, and
-    Mamba-2's allocates its fold output with S_hi's strides); SR bits from the Philox keys [B] of (seed, layer,
-    sequence, `ROUND_TRIP_COPY`) (None for a deterministic format) at the checkpoint indices [B]."""
-    return fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint)).contiguous()
+    """live [B, H, P, N] (formats' layout) encoded in the round trip's format `fmt` and decoded, fp32 in live's memory
+    layout (a format along head_dim decodes a transposed view, which Mamba-2's Triton step, allocating its fold
+    output with S_hi's strides, would write through; and a round trip through FP32 must leave the next call's sums,
+    whose order follows the layout, as they were); SR bits from the Philox keys [B] of (seed, layer, sequence,
+    `ROUND_TRIP_COPY`) (None for a deterministic format) at the checkpoint indices [B]."""
+    restored = torch.empty_like(live, dtype=torch.float32)  # live's strides (preserve_format)
+    return restored.copy_(fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint)))
 
 
 def round_trip(family: KernelFamily, tensors: tuple, state, config: ReplayConfig, layer_idx: int,

@@ -57,12 +57,15 @@ def sr_keys(seed: int, layer: int, seq_ids: torch.Tensor, copy: int) -> torch.Te
         keys = {}
         _KEYS[id(seq_ids)] = (weakref.ref(seq_ids), seq_ids._version, keys)
     part = (seed, layer, copy)
-    if part not in keys:
-        if seq_ids.device.type == "cpu":
-            keys[part] = torch.tensor([sr_key(seed, layer, int(s), copy) for s in seq_ids.tolist()], dtype=torch.int64)
-        else:
-            keys[part] = sr_keys_device(seed, layer, seq_ids.long(), copy)
-    return keys[part]
+    if part in keys:
+        return keys[part]
+    if seq_ids.device.type == "cpu":
+        return keys.setdefault(part, torch.tensor([sr_key(seed, layer, int(s), copy) for s in seq_ids.tolist()],
+                                                  dtype=torch.int64))
+    new = sr_keys_device(seed, layer, seq_ids.long(), copy)
+    if not torch.cuda.is_current_stream_capturing():  # a graph's tensors hold their values only when it replays
+        keys[part] = new
+    return new
 
 
 def state_random_bits(keys: torch.Tensor, checkpoint: torch.Tensor, state_shape: tuple[int, ...]) -> torch.Tensor:
