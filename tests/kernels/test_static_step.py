@@ -269,6 +269,7 @@ def test_some_step_gives_each_row_the_bits_of_its_own_variant(family, config, de
             _assert_rows(static, sub, rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gdn", "mamba2"])
 def test_some_step_equals_one_folding_launch_over_every_row(family, device, monkeypatch):
     """With a read copy other than NVFP4 (whose codes the reading and the folding path sum in different orders), the
