@@ -193,7 +193,7 @@ def test_chunked_triton_quantized(fam, text, device):
     # rows, the last one short), the whole head (tiles of 64 rows)
     pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", True, marks=pytest.mark.slow),
     ("mxfp4/int16:scale=tile:4x8,order=mul@4", True),
-    ("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True),
+    pytest.param("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True, marks=pytest.mark.slow),
 ])
 def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
     """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores
@@ -208,7 +208,7 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, devi
     assert rounds_to(fold, rounded, cfg)
 
 
-@FAM
+@pytest.mark.parametrize("fam", [name if name == "gdn" else pytest.param(name, marks=pytest.mark.slow) for name in FAMILIES])
 def test_chunked_triton_engine_word_layouts(fam, device):
     """fp16sr's engine word layouts in the kernel (vLLM's pairs along K, TensorRT-LLM's octets with FlashInfer's software
     conversion) at an odd K, whose pairs end a row unpaired: the stored copies are write_checkpoint of the kernel's
