@@ -5,10 +5,11 @@ out of window phase cost: the engine's case.
     TRITON_INTERPRET=1 python benchmarks/static_step_speed.py --tiny --device cpu       # CPU: checks the script runs
 
 One SSM layer at full-size geometry (`kernel_speed.py`'s drivers: GDN of Qwen3.5-4B, Mamba-2 of Nemotron-3-Nano-4B,
-KDA of Kimi-Linear-48B-A3B), batch 256, per config, `StaticState.step_device` timed (`triton.testing.do_bench`,
-median) in its three variants: no row folds ("none"), every row folds ("all": rows in phase, a fixed batch's flush),
-and rows spread over every window phase ("some": 1/L of them fold at every step, as rows that joined at different
-times do in the engine). A window of L tokens then costs (L - 1) x none + all on a fixed batch and L x some in
+KDA of Kimi-Linear-48B-A3B), batch 256, per config, `StaticState.step_device` timed as `--step graph` runs it,
+replayed from a CUDA graph (`triton.testing.do_bench_cudagraph`, median: no host launch overhead), in its three
+variants: no row folds ("none"), every row folds ("all": rows in phase, a fixed batch's flush), and rows spread over
+every window phase ("some": 1/L of them fold at every step, as rows that joined at different times do in the
+engine). A window of L tokens then costs (L - 1) x none + all on a fixed batch and L x some in
 the engine; the table gives both per token and their ratio. `--profile` prints the "some" step's GPU kernels.
 """
 
@@ -51,7 +52,8 @@ def static_state(fam, batch: int, config: str, counts: list[int]) -> StaticState
 
 
 def time_variant(fam, batch: int, config: str, variant: str, device: str) -> tuple[float, StaticState, tuple]:
-    """Median ms of one `step_device` call of `variant`, its rows' phases reset before each call."""
+    """Median ms of one `step_device` call of `variant` replayed from a CUDA graph, its rows' phases reset before each
+    call."""
     window = ReplayConfig.parse(config).window
     counts = {"none": [0] * batch, "all": [window - 1] * batch, "some": [b % window for b in range(batch)]}[variant]
     static = static_state(fam, batch, config, counts)
@@ -65,7 +67,7 @@ def time_variant(fam, batch: int, config: str, variant: str, device: str) -> tup
     if device == "cpu":
         step()
         return float("nan"), static, inputs
-    return triton.testing.do_bench(step, warmup=10, rep=60), static, inputs
+    return triton.testing.do_bench_cudagraph(step, rep=60, return_mode="median"), static, inputs
 
 
 def profile(static: StaticState, inputs: tuple, steps: int = 16) -> str:

@@ -72,6 +72,11 @@ def cases() -> list:
         # one segment per launch, S_hi kept in FP32 for the torch rounding
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        # window 1 (conventional decoding): one-row windows, products as broadcast sums
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            "HI_GROUP": row, "HI_MAX": 127.0}, GDN_FLAGS),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "LO_GROUP": head},
+         {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int(Kind.INT16SR), "HI_GROUP": row, "HI_MAX": 32767.0,
                                             "LO_KIND": int(Kind.INT8), "LO_MAX": 127.0, "LO_ORDER": mul}, GDN_FLAGS),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int8sr, **{f"HI_{k}": v for k, v in pimba.items()},
@@ -99,6 +104,8 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_GROUP": none}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_L": 1, "RECUR": int(Kind.INT16SR),
+                                                  "RECUR_GROUP": row, "RECUR_MAX": 32767.0, "SHARED": True}),
         # a head-scaled read copy over head_dim tiles: the amax pass, then the output pass
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 1}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 2}),

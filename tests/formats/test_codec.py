@@ -152,12 +152,12 @@ def test_toy_format_codec(toy, scale, device, bits_equal):
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f == "kda" else f
                                     for f in conformance.FAMILIES])  # kda: the delta-rule step kernels again
-def test_toy_format_conforms(toy, family):
+def test_toy_format_conforms(toy, family, device):
     """The toy format as a read copy and as a shared checkpoint: the reference stores its grid, and the Triton decode
     step, which reads its packed encoding through the codec, conforms with the reference."""
     configs = (f"{toy}/fp16sr@{{L}}", f"shared:{toy}:scale=head@{{L}}")
     cases = conformance.grid_cases("quick", (family,), configs)
-    for result in conformance.check_kernel(conformance.triton_adapter, cases):
+    for result in conformance.check_kernel(conformance.triton_adapter, cases, device):
         assert result.status == "pass", result.message
     config = ReplayConfig.parse(configs[0].format(L=4))
     inputs, anchor = conformance.make_inputs(family, "small", 0, 6)

@@ -97,9 +97,10 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
 
 
 @FAM
-@pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@4#closed#skip=0.7", "fp32/fp32@5#spec=3:0.6#closed"])
+@pytest.mark.parametrize("text", ["fp32/fp32@4", "fp32/fp32@4#closed#skip=0.7", "fp32/fp32@5#spec=3:0.6#closed",
+                                  "fp32/fp32@1#closed"])
 def test_chunked_triton_fp32(fam, text, device):
-    """Per-sequence phases from carried buffers: == decode_reference to FP32 accuracy."""
+    """Per-sequence phases from carried buffers: == decode_reference to FP32 accuracy (window 1: one-row windows)."""
     mod = FAMILIES[fam]
     inputs = delta_inputs(fam, seqlen=13, dtype=torch.float32, device=device, **SMALL[fam])
     start = phased_start(fam, inputs, text, warmup=(0, 3), dtype=torch.float32)
@@ -167,14 +168,15 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
 
 @pytest.mark.parametrize("fam, text", cases({
     "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
-            "int16sr:scale=head/int8@4"],
+            "int16sr:scale=head/int8@4", "int16sr@1"],
     "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6",
-            "int8sr/int16:order=mul@3"],
+            "int8sr/int16:order=mul@3", "vllm:int8"],
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
     == the torch chunked form, up to the roundings FP32 noise flips (`one_column_share` of the outputs); awkward
-    sizes (V = 40: two v-blocks, or the whole head for head scales) with one segment per launch."""
+    sizes (V = 40: two v-blocks, or the whole head for head scales) with one segment per launch; window 1 (`int16sr`,
+    `vllm:int8`: a rounding after every token) in one-row windows."""
     mod = FAMILIES[fam]
     inputs = delta_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
     o_ref, st_ref = mod.chunked(*inputs, text)

@@ -4,7 +4,7 @@ The families keep their own kernels where the math differs (a scalar decay per h
 per-channel one); what is the same for both lives here: the state layout [B, HV, V, K] and the formats
 are the same, so are
 
-- the jit helpers `dot` (FP32 product), `store_round` (in-kernel rounding of a stored copy, Philox
+- the jit helpers `store_round` (in-kernel rounding of a stored copy, Philox
   bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `load_copies` and
   `round_copies` (a program's tile of both stored copies), and `forward_substitution`, the chunked
   kernels' delta rule with rounded buffered u's;
@@ -32,12 +32,6 @@ from replayssm_eval.replay.state import ReplayState, round_folded
 
 _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales and scale tiles taller than _BV)
 _BV = 32  # v columns per program where no scale group spans more (fewer where V is smaller)
-
-
-@triton.jit
-def dot(a, b, DOT: tl.constexpr):
-    """FP32 product: DOT = "ieee" (FMAs) or "tf32x3" (three TF32 tensor-core products, FP32-level error)."""
-    return tl.dot(a, b, input_precision=DOT)
 
 
 @triton.jit

@@ -37,8 +37,9 @@ from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
 from replayssm_eval.kernels.delta.chunked import pad_segments, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
-    dot, forward_substitution, load_copies, round_copies,
+    forward_substitution, load_copies, round_copies,
 )
+from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
 
 
@@ -137,7 +138,7 @@ def _chunked(p: Prepared, hi_codec, lo_codec, launch: dict):
     device = p.q.device
     closed = cfg.gdn_fold == "closed"
     seg = segment_layout(p)
-    lp = max(16, triton.next_power_of_2(seg.length))
+    lp = window_rows(seg.length)
     buf = st.buffer
     expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731
 

@@ -28,11 +28,11 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.device import E2M1_F16_SCALE, NVFP4, decode_elements, e2m1_f16, e2m1_f16_hi, e4m3_fast
-from replayssm_eval.kernels.delta.triton_chunk import dot  # a jit helper the kernels read as a global
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, nvfp4_partials, read_args, scale_rows,
 )
 from replayssm_eval.kernels.step_variants import other_launch_row, step_launches
+from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
 from replayssm_eval.replay.buffer_round import round_buffered
 
 

@@ -28,8 +28,9 @@ from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
-    dot, forward_substitution, load_copies, round_copies,
+    forward_substitution, load_copies, round_copies,
 )
+from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
 
 
@@ -151,7 +152,7 @@ def _chunked(p: Prepared, hi_codec, lo_codec, launch: dict):
     """One `_chunked_kernel` launch per block of segments on `_segment_tensors`; the segment loop and the rounding of
     copies no program can round: `delta.triton_chunk.run_segments`."""
     seg = segment_layout(p)
-    lp = max(16, triton.next_power_of_2(seg.length))
+    lp = window_rows(seg.length)
     t = _segment_tensors(p, seg, lp)
     solved = [t[name] for name in _solved_names(p.config)]
     unused = solved[1]

@@ -23,7 +23,8 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
   folded before the next launch (`_scan`). FP64 compute falls back to the torch backend, with a
   warning.
-The kernel computes in FP32 (tl.dot with input_precision="ieee", no TF32).
+The kernel computes in FP32 (`tile_dot.dot`: tl.dot with input_precision="ieee", no TF32; one-token windows
+take one row, not 16).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
 from replayssm_eval.formats.device import quantize_tile, round_tile, state_bits, tile_amax
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
+from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
@@ -97,20 +99,20 @@ def _chunk_scan_kernel(
                          other=0.0)
             # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
             decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-            scores = tl.dot(cm, tl.trans(bm), input_precision=DOT) * decay * dt[None, :]
-            y = tl.dot(scores, x, input_precision=DOT)
+            scores = dot(cm, tl.trans(bm), DOT) * decay * dt[None, :]
+            y = dot(scores, x, DOT)
             # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
             g_read = tl.exp(cs)
             if SKIP:
                 g_read = tl.where(g_read < skip, 0.0, g_read)
-            y_src = tl.dot(cm, tl.trans(hi), input_precision=DOT)
+            y_src = dot(cm, tl.trans(hi), DOT)
             if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
                 rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
                 tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
                 g_read = tl.where(rh != 0, g_read, 0.0)
             elif not SHARED:
                 rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-                y_src = tl.where(rh[:, None] != 0, y_src, tl.dot(cm, tl.trans(lo), input_precision=DOT))
+                y_src = tl.where(rh[:, None] != 0, y_src, dot(cm, tl.trans(lo), DOT))
             y += g_read[:, None] * y_src
             tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
         if tl.load(fold_ptr + b * S + s) != 0:
@@ -120,9 +122,9 @@ def _chunk_scan_kernel(
                 g_seg = tl.where(g_seg < skip, 0.0, g_seg)
             w = tl.exp(cs_last - cs) * dt
             if BUF == BUF_FP32:
-                folded = g_seg * hi + tl.dot(tl.trans(x * w[:, None]), bm, input_precision=DOT)
+                folded = g_seg * hi + dot(tl.trans(x * w[:, None]), bm, DOT)
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
-                folded = g_seg * hi + tl.dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), input_precision=DOT)
+                folded = g_seg * hi + dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = round_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
                             RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, BLOCK_P, BLOCK_N)
@@ -182,7 +184,7 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
             READ_WORDS=int(read.words), READ_ROWS=read.rows, READ_COLS=read.cols,
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
             SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
-            BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
+            BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
             DOT=launch["DOT"], num_warps=launch["num_warps"],
         )
 

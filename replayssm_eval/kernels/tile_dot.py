@@ -1,0 +1,34 @@
+"""The chunked kernels' FP32 matrix product `dot`, and `window_rows`, the rows of a window's tile.
+
+tl.dot needs every dim of at least 16, so a kernel that walks one-token windows (window 1: conventional decoding,
+the state rounded after every token) would pad each window to 16 rows and do 16 times the work. With one row per
+window every product of the kernels is an outer product, a row times a matrix or a matrix times a column, which
+`dot` computes as 2D broadcasts instead.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dot(a, b, DOT: tl.constexpr):
+    """a [M, C] @ b [C, N] in FP32: tl.dot with input_precision DOT ("ieee": FMAs; "tf32x3": three TF32 tensor-core
+    products, FP32-level error) where every dim is at least 16; with one row, column or term (a one-token window's
+    products) a 2D broadcast: exact products, summed over C in FP32."""
+    if tl.constexpr(a.shape[1] == 1):  # an outer product
+        c = a * b
+    elif tl.constexpr(a.shape[0] == 1):  # a row times a matrix
+        c = tl.sum(tl.trans(a) * b, axis=0)[None, :]
+    elif tl.constexpr(b.shape[1] == 1):  # a matrix times a column
+        c = tl.sum(a * tl.trans(b), axis=1)[:, None]
+    else:
+        c = tl.dot(a, b, input_precision=DOT)
+    return c
+
+
+def window_rows(length: int) -> int:
+    """Rows of the tile holding a window of `length` entries: one for one-token windows, else the power of two of at
+    least 16 that holds it (tl.dot's minimum)."""
+    return 1 if length == 1 else max(16, triton.next_power_of_2(length))
