@@ -87,8 +87,8 @@ class Rotated(WrappedFormat):
         return None if codec is None else dataclasses.replace(codec, rot=self.size)
 
     def rotate(self, x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        """x `[..., H, P, N]` times H (or H^T = H) on runs of `size` along the axis, in FP64 (`hadamard_runs`),
-        rounded to FP32."""
+        """x `[..., H, P, N]` times H (inverse: H^T, the same matrix) on runs of `size` along the axis, in FP64
+        (`hadamard_runs`), rounded to FP32."""
         xo = layout.orient(layout.as_bhpn(x), self.axis)  # [B, H, R, C]
         return layout.unorient(rotate_runs(xo, self.size, self.axis), self.axis).reshape(x.shape)
 

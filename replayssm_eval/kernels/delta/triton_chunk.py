@@ -141,7 +141,8 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
     """BV (v columns per program: up to _BV, or the whole head for scale groups, blocks or rotation runs spanning more
-    columns: head scales, tall scale tiles, blocks and runs along V), num_warps and DOT of `_chunked_kernel`, the H200 sweep's best (benchmarks/layer_speed.py).
+    columns: head scales, tall scale tiles, blocks and runs along V), num_warps and DOT of `_chunked_kernel`, the H200
+    sweep's best (benchmarks/layer_speed.py).
 
     DOT "tf32x3" (three TF32 products per FP32 product, about FP32 accuracy): 1.87x the "ieee" FMAs on the H200 at
     K = V = 128, and it flips stored-copy roundings about as often as another FP32 summation order does (0.16% vs

@@ -221,8 +221,8 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
     """BLOCK_P (head_dim rows per program: _BLOCK_P, or the whole head for scale groups spanning more rows: head
-    scales, tall scale tiles, groups, blocks and rotation runs along head_dim), num_warps and DOT (the tl.dot input_precision) of `_chunk_scan_kernel`
-    (benchmarks/layer_speed.py sweeps them)."""
+    scales, tall scale tiles, groups, blocks and rotation runs along head_dim), num_warps and DOT (the tl.dot
+    input_precision) of `_chunk_scan_kernel` (benchmarks/layer_speed.py sweeps them)."""
     if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
         return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
     return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee"}
