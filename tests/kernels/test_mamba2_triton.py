@@ -167,6 +167,18 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
         assert (a is None and b is None) or torch.equal(a, b), f
 
 
+def test_rotation_runs_that_do_not_tile_head_dim_are_refused(device):
+    """`modelopt:int8-hadamard` at head_dim 20, which runs of 32 do not tile: no program rounds it (`tile_codec`), and
+    the torch rounding refuses it with the format's own error, as the torch backend does."""
+    config = ReplayConfig.parse("modelopt:int8-hadamard")
+    assert triton_chunk._codecs(config, (20, 24)) == (None, None)
+    assert None not in triton_chunk._codecs(config, (64, 24))
+    inputs = tuple(t.to(device) for t in _small(tokens=4))
+    for backend in ("torch", "triton"):
+        with pytest.raises(ValueError, match=r"rot=hadamard:32 needs the headdim dim \(20\) to be a multiple of 32"):
+            chunked(*inputs, config, backend=backend)
+
+
 def test_chunked_triton_fp64_runs_torch(device):
     inputs = tuple(t.to(device) for t in _small(tokens=6, dtype=torch.float64))
     with pytest.warns(UserWarning, match="compute in FP32"):
