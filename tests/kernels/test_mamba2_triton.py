@@ -141,6 +141,9 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     # modelopt:int8-hadamard's format (blocks of 32 along head_dim 32, rotated by H_32 along it); mxfp4 along head_dim
     ("shared:int8:axis=headdim,scale=block:32,rot=hadamard:32@3", "recur", {"head_dim": 32}),
     ("mxfp4:axis=headdim/fp8:axis=headdim,scale=head,rot=hadamard:8@3", "read/recur", _WIDE),
+    # blocks and runs of 8 and 16 along head_dim 32 held by programs of 16 rows (two per head)
+    ("int8:axis=headdim,scale=block:8,rot=hadamard:8/fp8sr:axis=headdim,scale=block:16,rot=hadamard:16@3",
+     "read/recur", {"head_dim": 32}),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
