@@ -65,6 +65,9 @@ COMMON_CONFIGS = [
     "int16:scale=head/int8sr@16#closed", "shared:int16sr@16", "flashinfer:int16", "vllm:replay-fp16sr",
     "fp16sr:words=octet,cvt=soft/fp16sr:words=pair@16", "int8sr:scale=block:32/fp16sr@16", "sglang:fp8",
     "mxfp8/int8:scale=block:64@16#closed",
+    # blocks along V rotated along V (as modelopt:int8-hadamard, whose runs of 32 need V a multiple of 32), and a
+    # rotation along K: rounded in the kernel
+    "int8:axis=headdim,scale=block:8,rot=hadamard:8/fp8sr:rot=hadamard:4@16",
 ]
 EXTRA_CONFIGS = {"gdn": ["nvfp4:scale=tensor/fp32@16"], "kda": ["nvfp4/fp32@16"]}  # beside COMMON_CONFIGS
 

@@ -40,7 +40,9 @@ CONFIGS = ["fp32@16", "shared:fp16sr@1", "nvfp4:scale=row/fp16sr@16", "nvfp4:sca
            "shared:nvfp4:scale=tensor@16", "int8/fp16sr@16", "int16:scale=head/int8sr@16", "shared:int16sr@16",
            "flashinfer:int16", "vllm:fp16sr", "flashinfer:fp16sr-sm90", "trtllm:replay-fp16sr",
            "nvfp4:scale=row/fp16sr:words=pair@16", "int8sr:scale=block:32/fp16sr@16", "sglang:fp8",
-           "mxfp8/int8:scale=block:64@16"]
+           "mxfp8/int8:scale=block:64@16",
+           # blocks along head_dim (the whole head per program) rotated along it, and a rotation along d_state
+           "int8:axis=headdim,scale=block:32,rot=hadamard:4/fp8sr:rot=hadamard:8@16"]
 
 
 def make_inputs(batch, tokens, heads, head_dim, groups, d_state, seed=0, device="cuda"):

@@ -39,16 +39,20 @@ def cases() -> list:
     div, mul = int(Order.DIV), int(Order.MUL)
     element, pair, octet = int(Words.ELEMENT), int(Words.PAIR), int(Words.OCTET)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
-                     HI_ORDER=div, HI_WORDS=pair, HI_ROWS=1, HI_COLS=0, LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0,
-                     LO_ORDER=div, LO_WORDS=element, LO_ROWS=1, LO_COLS=0, DOT="ieee")
+                     HI_ORDER=div, HI_WORDS=pair, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, LO_KIND=nvfp4,
+                     LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_WORDS=element, LO_ROWS=1, LO_COLS=0, LO_AXIS=0, LO_ROT=1,
+                     DOT="ieee")
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_WORDS=octet, RECUR_ROWS=1,
-                        RECUR_COLS=0, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0, READ_ORDER=div, READ_WORDS=element,
-                        READ_ROWS=1, READ_COLS=0, SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0,
-                        BLOCK_L=16, BLOCK_P=16, BLOCK_N=128)
+                        RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
+                        READ_ORDER=div, READ_WORDS=element, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
+                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0, BLOCK_L=16, BLOCK_P=16,
+                        BLOCK_N=128)
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
     int8sr, mxfp4, mxfp8 = int(Kind.INT8SR), int(Kind.MXFP4), int(Kind.MXFP8)
+    # modelopt:int8-hadamard: INT8 blocks of 32 along head_dim, rotated by H_32 along head_dim (FP64 butterflies)
+    modelopt = dict(KIND=int(Kind.INT8), GROUP=tile, MAX=127.0, ROWS=1, COLS=32, AXIS=1, ROT=32)
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
@@ -84,6 +88,11 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "HI_KIND": mxfp4, "LO_KIND": fp8,
                                             **{f"LO_{k}": v for k, v in sglang.items()}},
          {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "SHARED": True, **{f"HI_{k}": v for k, v in modelopt.items()}},
+         GDN_FLAGS),
+        # rotated along d_state (K) and along head_dim (V, the whole head) with MX blocks along V
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "BV": 128, "HI_ROT": 16, "LO_KIND": mxfp8, "LO_GROUP": none,
+                                            "LO_AXIS": 1, "LO_ROT": 64}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64,
                                        TILES=4)),
@@ -116,6 +125,13 @@ def cases() -> list:
                                                   **{f"READ_{k}": v for k, v in sglang.items()}}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int8sr,
                                                   **{f"RECUR_{k}": v for k, v in pimba.items()}}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_P": 64, "SHARED": True,
+                                                  **{("RECUR" if k == "KIND" else f"RECUR_{k}"): v
+                                                     for k, v in modelopt.items()}}),
+        # fp8sr:axis=headdim,rot=hadamard:16 (the whole head) / nvfp4:scale=row,rot=hadamard:8 (along d_state)
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.FP8SR), "RECUR_GROUP": row,
+                                                  "RECUR_MAX": 448.0, "RECUR_WORDS": element, "RECUR_AXIS": 1,
+                                                  "RECUR_ROT": 16, "READ_ROT": 8, "BLOCK_P": 64}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
         # the two launches of a step where some rows fold

@@ -2,8 +2,8 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: FP8 and integer formats with axis=headdim or rowcol scales, rot=, ef=, non-default SR
-rounds= / bits=, Pimba's mx8 / mx8sr) is rounded by torch.
+A format without one (None: FP8 and integer formats with rowcol scales, ef=, non-default SR rounds= / bits=, Pimba's
+mx8 / mx8sr, and rot= over any of those) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
@@ -14,6 +14,8 @@ A new format that rounds like one of the kinds below is its class plus its codec
     cols    group tile: the tile's columns along the blocked axis (0: all C; N for block:N)
     block   elements per E4M3 / E8M0 block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
     axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
+    rot     Hadamard size of `rot=hadamard:N` (1: none): runs of rot elements along the blocked axis are rotated by
+            H_rot in FP64 and rounded to FP32 before the rounding above, and rotated back after it (`rotation`)
     order   scaled elementwise kinds: the operand order of the scale (`Order`, the formats' `order=`)
     words   stochastic kinds: which random word and bit field each element reads (`Words`, fp16sr's `words=`)
 """
@@ -120,36 +122,56 @@ class KernelCodec:
     words: Words = Words.ELEMENT
     rows: int = 1
     cols: int = 0
+    rot: int = 1
 
     @property
     def stochastic(self) -> bool:
         return self.kind in (Kind.FP16SR, Kind.FP16SR_SOFT, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR)
 
     @property
-    def packed(self) -> bool:
-        """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: codes along d_state
-        (axis=dstate) in a kind the kernel decoders read (not MX) with one scale per row, head or tensor (no tiles)."""
-        return self.axis == "dstate" and self.kind not in (Kind.MXFP8, Kind.MXFP4) and self.group != Group.TILE
+    def natural(self) -> bool:
+        """Codes along d_state in the state's own basis (axis=dstate, no rotation): a [head_dim, d_state] tile of the
+        state rounds as it lies."""
+        return self.axis == "dstate" and self.rot == 1
 
     @property
-    def tile_rows(self) -> int:
-        """Rows of the oriented head one scale group spans (0: all of them, head scales and tiles of every row)."""
-        return {Group.HEAD: 0, Group.TILE: self.rows}.get(self.group, 1)
+    def packed(self) -> bool:
+        """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
+        the kernel decoders read (not MX) with one scale per row, head or tensor (no tiles)."""
+        return self.natural and self.kind not in (Kind.MXFP8, Kind.MXFP4) and self.group != Group.TILE
+
+    @property
+    def head_span(self) -> int:
+        """Consecutive head_dim indices one scale group, block or rotation run spans (0: all of them). The chunked
+        kernels' programs hold all of d_state and a slab of head_dim: along d_state (axis=dstate) a format row is one
+        head_dim index, a head all of them, a scale tile `rows` of them; along head_dim (axis=headdim) a row or head
+        scale spans them all, a scale tile or block `cols`, an MX / NVFP4 block and a rotation run their size."""
+        if self.axis == "dstate":
+            return {Group.HEAD: 0, Group.TILE: self.rows}.get(self.group, 1)
+        group = {Group.NONE: 1, Group.TILE: self.cols}.get(self.group, 0)
+        return 0 if group == 0 else max(group, self.block, self.rot)
 
     def spans(self, rows: int) -> bool:
-        """Whether a scale group spans more than `rows` rows: a program holding blocks of `rows` rows would cut it."""
-        return self.tile_rows == 0 or self.tile_rows > rows
+        """Whether a scale group, block or rotation run spans more than `rows` head_dim indices (`head_span`): a
+        program holding slabs of `rows` head_dim indices would cut it."""
+        return self.head_span == 0 or self.head_span > rows
 
     def in_tile(self, whole_head: bool) -> bool:
-        """Whether a chunked kernel program holding whole rows of the state rounds this format in its loop: its scale
-        groups and blocks lie inside the program's tile. Blocks and tiles run along d_state (axis=dstate), no
-        tensor-wide scale, tiles of power-of-two rows and columns (or the whole axis); a group spanning rows needs
-        whole_head (a program that can hold the whole head; it then holds the whole head or whole tiles)."""
-        if self.axis != "dstate" or self.group == Group.TENSOR:
+        """Whether a chunked kernel program holding all of d_state and a slab of head_dim rounds this format in its
+        loop: its scale groups, blocks and rotation runs lie inside the program's tile. No tensor-wide scale; scale
+        tiles, blocks and rotation runs of power-of-two sizes (or the whole axis), so that they align with the
+        power-of-two slabs; a group or run spanning more than one head_dim index needs whole_head (a program that can
+        hold the whole head; it then holds the whole head, or slabs of whole spans)."""
+        if self.group == Group.TENSOR:
             return False
-        if self.group == Group.TILE and any(n & (n - 1) for n in (self.rows, self.cols)):
+        if any(n & (n - 1) for n in (self.rows, self.cols, self.rot)):
             return False
         return whole_head or not self.spans(1)
+
+    def fits(self, head_dim: int, d_state: int) -> bool:
+        """Whether rotation runs tile the rotated axis of a [head_dim, d_state] head (else the format's torch encode
+        raises: `rotation.Rotated`)."""
+        return (head_dim if self.axis == "headdim" else d_state) % self.rot == 0
 
     @property
     def data_dtype(self) -> torch.dtype:
@@ -170,14 +192,24 @@ class KernelCodec:
         """(ROWS, COLS): the constexprs of `device.round_tile`'s scale tile (group tile; 0 for the whole axis)."""
         return self.rows, self.cols
 
+    @property
+    def basis(self) -> tuple[int, int]:
+        """(AXIS, ROT): the constexprs of the blocked axis (0 d_state, 1 head_dim: the kernels transpose their tile to
+        the oriented view) and the Hadamard size (1: none) of a kernel's in-tile rounding."""
+        return int(self.axis == "headdim"), self.rot
+
 
 FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds the copy: the FP32 value itself
 
 
-def tile_codec(fmt, whole_head: bool = True) -> KernelCodec | None:
-    """fmt's codec when a kernel program rounds it in-loop (`KernelCodec.in_tile`), else None: torch rounds it."""
+def tile_codec(fmt, whole_head: bool = True, dims: tuple[int, int] | None = None) -> KernelCodec | None:
+    """fmt's codec when a kernel program rounds it in-loop (`KernelCodec.in_tile`), else None: torch rounds it. dims:
+    the state's (head_dim, d_state), where rotation runs that do not tile their axis leave it to torch, whose encode
+    names the mismatch (`KernelCodec.fits`); None for a codec alone."""
     codec = fmt.kernel_codec
-    return codec if codec is not None and codec.in_tile(whole_head) else None
+    if codec is None or not codec.in_tile(whole_head) or (dims is not None and not codec.fits(*dims)):
+        return None
+    return codec
 
 
 def packed_codec(fmt) -> KernelCodec | None:

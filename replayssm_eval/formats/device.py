@@ -8,13 +8,15 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
+    hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax
     state_bits(key, counter, col, KIND, WORDS)                     the Philox words of a stored copy
     seeded_bits(seed, counter, col, WORDS)                         the Philox words of `quantize(x, seed=...)`
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
-They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the
-interpreter and any GPU give the same bits as the torch reference. Constants come from `rounding`.
+They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division; the rotation FP64 adds
+and products by constants in `rotation.hadamard_runs`' order), so the interpreter and any GPU give the same bits as the
+torch reference. Constants come from `rounding`.
 
 Fast decoders for kernels that stream a packed copy (integer shifts and masks and one exact FP16 -> FP32
 cvt per element, same values as the decoders above):
@@ -29,11 +31,14 @@ cvt per element, same values as the decoders above):
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
 numbering, constexprs FP32 ... FP16SR_SOFT here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
-GROUP_TENSOR, GROUP_TILE), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS and COLS
-(`codec.tile`); a stochastic kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
+GROUP_TENSOR, GROUP_TILE), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS, COLS (`codec.tile`)
+and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to orient its tile); a stochastic
+kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
 """
 
 from __future__ import annotations
+
+import math
 
 import triton
 import triton.language as tl
@@ -47,6 +52,7 @@ FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16,
 GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
+AXIS_DSTATE, AXIS_HEADDIM = tl.constexpr(0), tl.constexpr(1)  # `KernelCodec.basis`'s AXIS
 
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
 # the constants of `rounding` the device functions read
@@ -55,6 +61,8 @@ _CONSTANTS = ("E4M3_MAX", "E5M2_MAX", "E2M1_MAX", "FP16_MAX", "FP16_OVERFLOW", "
 (_E4M3_MAX, _E5M2_MAX, _E2M1_MAX, _FP16_MAX, _FP16_OVERFLOW, _FP16_SR_BITS, _E4M3_SR_BITS, _NVFP4_AMAX, _F32_SIXTH,
  _FLT_MAX, _NVFP4_BLOCK, _MX_BLOCK, _INT_SR_BITS) = (tl.constexpr(getattr(rounding, name)) for name in _CONSTANTS)
 _INT8_MAX, _INT16_MAX = tl.constexpr(float(rounding.INT8_MAX)), tl.constexpr(float(rounding.INT16_MAX))
+_INV_SQRT2 = tl.constexpr(1 / math.sqrt(2))  # the FP64 constant 1 / sqrt(2) of `rotation.hadamard_runs`
+_ROT_STAGES = tl.constexpr(16)  # butterfly stages `hadamard_tile` unrolls at most (ROT up to 2^16)
 
 
 @triton.jit
@@ -487,17 +495,49 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
 
 
 @triton.jit
+def _butterfly(y, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One stage of `hadamard_tile`: the pairs (a, b) = (y[j], y[j + H]) of every block of 2H columns -> (a + b, a - b)."""
+    t = tl.permute(tl.reshape(y, (BLOCK_R, BLOCK_C // (2 * H), 2, H)), (0, 1, 3, 2))  # [R, C / 2H, H, 2]
+    a, b = tl.split(t)
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (BLOCK_R, BLOCK_C))
+
+
+@triton.jit
+def hadamard_tile(x, ROT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """x [BLOCK_R, BLOCK_C] (FP32) times H_ROT on each run of ROT columns (ROT a power of two dividing BLOCK_C, 1: x),
+    in FP64 rounded to FP32, bit for bit `rotation.hadamard_runs`: the same butterfly stages, and its product by
+    fp64(1 / sqrt(ROT)) = fp64(1 / sqrt(2))^(log2 ROT odd) * 2^-(log2 ROT // 2) taken as a halving after every second
+    stage and a last product by fp64(1 / sqrt(2)) (powers of two scale FP64 values of FP32 range exactly). H_ROT is
+    symmetric: the same call rotates back."""
+    y = x.to(tl.float64)
+    for i in tl.static_range(_ROT_STAGES):
+        if 2**i < ROT:
+            y = _butterfly(y, 2**i, BLOCK_R, BLOCK_C)
+            if i % 2 == 1:
+                y = y * tl.full((1, 1), 0.5, tl.float64)
+            elif 2**(i + 1) == ROT:  # an odd number of stages
+                y = y * tl.full((1, 1), _INV_SQRT2, tl.float64)
+    return y.to(tl.float32)
+
+
+@triton.jit
 def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
-               ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """`quantize_tile` of a tile x [BLOCK_R, BLOCK_C] holding whole format rows (padding zero) whose scale groups lie
-    inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the whole tile (GROUP_HEAD), a scale tile's
-    over its ROWS x COLS (GROUP_TILE, `codec.tile`: the program holds whole tiles, or the whole head where a tile is
-    taller than BLOCK_R)."""
+               ROWS: tl.constexpr, COLS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """`quantize_tile` of a tile x [BLOCK_R, BLOCK_C] of the oriented state (blocks along C) holding whole format rows
+    (padding zero) whose scale groups lie inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the
+    whole tile (GROUP_HEAD), a scale tile's over its ROWS x COLS (GROUP_TILE, `codec.tile`: the program holds whole
+    tiles, or the whole head where a tile is taller than BLOCK_R). ROT > 1: rotated by H_ROT along C before and rotated
+    back after (`hadamard_tile`; the program holds whole runs, padding whole runs of zeros)."""
+    if ROT > 1:
+        x = hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)
     if GROUP == GROUP_TILE:
         amax = scale_tile_amax(x, ROWS, COLS, ORDER, BLOCK_R, BLOCK_C)
     else:
         amax = tile_amax(x, GROUP == GROUP_HEAD, ORDER)
-    return quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
+    y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
+    if ROT > 1:
+        y = hadamard_tile(y, ROT, BLOCK_R, BLOCK_C)
+    return y
 
 
 @triton.jit

@@ -337,16 +337,16 @@ class ScaledFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: axis=dstate with scale row, head, tensor, none, block:N or tile:RxC (group tile), either order,
+        """Covered: either axis with scale row, head, tensor, none, block:N or tile:RxC (group tile), either order,
         default SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr, fp8e5m2, int8,
         int8sr, int16, int16sr)."""
-        if self.axis != "dstate" or self.scale == "rowcol" or not self.default_random:
+        if self.scale == "rowcol" or not self.default_random:
             return None
         kind, order = Kind[self.base.upper()], Order[self.order.upper()]
         if self.tile:
             rows, cols = self.tile
-            return KernelCodec(kind, Group.TILE, self.max_value, order=order, rows=rows, cols=cols)
-        return KernelCodec(kind, Group[self.scale.upper()], self.max_value, order=order)
+            return KernelCodec(kind, Group.TILE, self.max_value, axis=self.axis, order=order, rows=rows, cols=cols)
+        return KernelCodec(kind, Group[self.scale.upper()], self.max_value, axis=self.axis, order=order)
 
     def _round(self, v: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
         """On-grid values (FP32) of the scaled elements v."""

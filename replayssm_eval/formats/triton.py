@@ -7,7 +7,7 @@ flush writes; Philox keyed per state as `replay.keys`), in one launch after any 
 row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before the launch, in torch
 (`encode_triton`'s head scales in one amax launch of their own, `head_amax`); row maxima, block maxima, scales,
 rounding and Philox (`tl.randint(seed, offset + flat index)`, or the word layout's `tl.randint4x` calls:
-`device.seeded_bits`) run in the kernel.
+`device.seeded_bits`) run in the kernel; a rotation (`rot=`) runs in torch around it (`rotation.rotate_runs`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from replayssm_eval.formats.device import (
 )
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
+from replayssm_eval.formats.rotation import rotate_runs
 
 _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # where quantize_triton's random words come from
 TAKE_SLOTS = 16  # `encode_triton(take=)`: programs per row block; program s takes taken states s, s + 16, ...
@@ -84,13 +85,16 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     if codec is None:
         raise NotImplementedError(f"quantize_triton does not cover format '{fmt.name}' (it has no `kernel_codec`)")
     xo = layout.orient(layout.as_bhpn(x), codec.axis).contiguous()  # [B, H, R, C]
+    if codec.rot > 1:
+        xo = rotate_runs(xo, codec.rot, codec.axis)
     n_cols = xo.shape[-1]
     n_rows = xo.numel() // max(n_cols, 1)
     mode = _NO_BITS
     bits = xo
     if fmt.is_stochastic:
-        if random_bits is not None:
-            bits = layout.random_words(x, seed, offset, random_bits).contiguous()
+        if random_bits is not None or codec.axis == "headdim":  # Philox counters run over x's own layout
+            words = layout.random_words(x, seed, offset, random_bits)  # raises the missing-seed error
+            bits = layout.orient(words.reshape(layout.as_bhpn(x).shape), codec.axis).contiguous()
             mode = _BITS_GIVEN
         elif seed is None:
             layout.random_words(x, seed, offset, None)  # raises the missing-seed error
@@ -106,6 +110,8 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
             xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
             *codec.args, WORDS=int(codec.words), BITS=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
         )
+    if codec.rot > 1:
+        y = rotate_runs(y, codec.rot, codec.axis)
     return layout.unorient(y, codec.axis).reshape(x.shape).to(x.dtype)
 
 

@@ -17,6 +17,7 @@ import torch
 from replayssm_eval.formats import get_format, list_formats, registry, rounding
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec, tile_codec
 from replayssm_eval.formats.formats import ScaledFormat
+from replayssm_eval.formats.rotation import hadamard_runs
 from replayssm_eval.formats.triton import encode_triton, quantize_triton
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import state_random_bits
@@ -33,7 +34,11 @@ SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5
                           "int8sr:scale=tensor", "int8:order=mul", "int16sr:scale=head,order=mul",
                           "fp8:scale=head,order=mul", "fp16sr:words=pair", "fp16sr:words=octet,cvt=soft",
                           "int8:scale=block:16", "fp8sr:scale=block:8,order=mul", "int16:scale=tile:4x8",
-                          "fp8:scale=tile:32x0,max=240", "int8:scale=tile:3x5,order=mul", "int8sr:scale=tile:0x16"]
+                          "fp8:scale=tile:32x0,max=240", "int8:scale=tile:3x5,order=mul", "int8sr:scale=tile:0x16",
+                          "int8sr:axis=headdim,scale=block:4", "fp8:axis=headdim,scale=head,order=mul",
+                          "int16:axis=headdim,scale=tile:8x2", "int8:rot=hadamard:8", "nvfp4:scale=row,rot=hadamard:4",
+                          "fp16sr:words=pair,rot=hadamard:2", "int8:scale=rowcol,rot=hadamard:8",
+                          "int8sr:scale=head,rot=hadamard:1"]
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,11 @@ def _states(shape=(3, 2, 5, 40), seed=0) -> torch.Tensor:
     return x
 
 
-def _check_codec(fmt, device_name, bits_equal):
-    """fmt's codec rounds as its torch reference: quantize_triton, encode_triton and the in-tile rounding."""
+def _check_codec(fmt, device_name, bits_equal, states=None):
+    """fmt's codec rounds as its torch reference on states [3, H, P, N] (`_states` without): quantize_triton,
+    encode_triton and the in-tile rounding."""
     codec = fmt.kernel_codec
-    x = _states()
+    x = _states() if states is None else states
     keys, checkpoint = torch.tensor([11, 2**40 + 3, 7]), torch.tensor([0, 5, 2**20])
     words = state_random_bits(keys, checkpoint, tuple(x.shape[1:]))  # [B, H, P, N] the Philox words of `replay.keys`
     bits = {"random_bits": words} if fmt.is_stochastic else {}
@@ -125,7 +131,7 @@ def test_capabilities():
     assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
     assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
-    for spec in ("int16sr:bits=8", "int8:axis=headdim", "nvfp4:scale=rowcol", "fp16sr:rounds=7", "bf16:rot=hadamard:8",
+    for spec in ("int16sr:bits=8", "int8:scale=rowcol,rot=hadamard:8", "nvfp4:scale=rowcol", "fp16sr:rounds=7",
                  "mx8sr"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
     # scale tiles and MX blocks: rounded in a chunked program's loop, their packed layout written by torch
@@ -139,7 +145,56 @@ def test_capabilities():
     assert get_format("nvfp4:scale=head").kernel_codec.spans(64) and not get_format("fp8").kernel_codec.spans(1)
     mx = get_format("mxfp4").kernel_codec
     assert mx.in_tile(whole_head=False) and not mx.packed
-    assert not get_format("mxfp4:axis=headdim").kernel_codec.in_tile(whole_head=True)
+    # blocks along head_dim: a program holds whole blocks of v columns (whole heads for a row or head scale)
+    mx_cols = get_format("mxfp4:axis=headdim").kernel_codec
+    assert mx_cols.head_span == 32 and mx_cols.in_tile(whole_head=True) and not mx_cols.in_tile(whole_head=False)
+    assert get_format("fp8:axis=headdim").kernel_codec.head_span == 0 and not get_format("fp8:axis=headdim").kernel_codec.packed
+    assert get_format("int8:axis=headdim,scale=none").kernel_codec.in_tile(whole_head=False)
+
+
+def test_rotation_capabilities():
+    """A rotation is its inner format's codec with `rot`: rounded in-tile where its runs align with the programs' slabs
+    and tile the state, never packed; the engine preset `modelopt:int8-hadamard` in full."""
+    modelopt = ReplayConfig.parse("modelopt:int8-hadamard").recur_format.kernel_codec
+    assert modelopt == KernelCodec(Kind.INT8, Group.TILE, 127.0, axis="headdim", rows=1, cols=32, rot=32)
+    assert modelopt.basis == (1, 32) and modelopt.head_span == 32 and not modelopt.packed and not modelopt.natural
+    assert modelopt.spans(16) and not modelopt.spans(32) and not modelopt.in_tile(whole_head=False)
+    fmt = get_format("int8:axis=headdim,scale=block:32,rot=hadamard:32")
+    assert tile_codec(fmt, dims=(128, 128)) == modelopt and tile_codec(fmt, dims=(64, 24)) == modelopt
+    assert tile_codec(fmt, dims=(80, 128)) is None  # runs of 32 do not tile head_dim 80: torch raises
+    assert tile_codec(fmt, whole_head=False, dims=(256, 128)) is None  # no program holds the runs (V > 128)
+    along_k = get_format("bf16:rot=hadamard:8").kernel_codec
+    assert along_k == KernelCodec(Kind.BF16, rot=8) and along_k.basis == (0, 8) and along_k.head_span == 1
+    assert along_k.in_tile(whole_head=False) and along_k.fits(5, 16) and not along_k.fits(16, 12)
+    assert packed_codec(get_format("int8:rot=hadamard:8")) is None and packed_codec(get_format("int8")) is not None
+    assert get_format("int8:rot=hadamard:1").kernel_codec.packed  # H_1 is the identity
+
+
+def _rotation_states(shape=(3, 2, 64, 12)) -> torch.Tensor:
+    """[B, H, P, N] states for rotations of up to 32 along either axis: `_states` plus FP32 subnormals, magnitudes whose
+    rotation overflows FP32, -0.0, and heads whose rotation by H_4 along head_dim or d_state is exactly half-integers
+    with amax 127 (INT8 ties, blocks of 4)."""
+    x = _states(shape)
+    x[0, 0, :, :4] = torch.randn(shape[2], 4) * 1e-42
+    x[0, 0, 3:5] = 3e38  # runs along d_state overflow
+    x[0, 0, 8:16, 6] = 3e38  # and along head_dim
+    x[2, 1, 7] = -0.0
+    g = torch.Generator().manual_seed(5)
+    halves = torch.randint(-127, 127, (2, shape[2], shape[3]), generator=g) + 0.5  # [2, P, N]
+    halves[..., ::4] = 127.0  # amax 127: the scale is 1 and the rotated values round as they are
+    x[1, 0] = hadamard_runs(halves[0].double(), 4).float()  # along d_state: exact, |sums| / 2 of half-integers
+    x[1, 1] = hadamard_runs(halves[1].double().T, 4).float().T  # along head_dim
+    return x
+
+
+@pytest.mark.parametrize("spec", ["int8:axis=headdim,scale=block:32,rot=hadamard:32", "fp8sr:axis=headdim,rot=hadamard:16",
+                                  "mxfp8:axis=headdim,rot=hadamard:8", "int16sr:scale=head,rot=hadamard:4",
+                                  "int8:axis=headdim,scale=block:4,rot=hadamard:4", "int8:scale=block:4,rot=hadamard:4",
+                                  "fp16sr:words=pair,rot=hadamard:2"])
+def test_rotated_codec_rounds_as_torch(spec, device, bits_equal):
+    """Rotations along head_dim (P = 64) and d_state (N = 12) of awkward states (subnormals, overflow to Inf, -0.0,
+    ties): quantize_triton and the in-tile rounding (FP64 butterfly in the kernel) == the torch format, bit for bit."""
+    _check_codec(get_format(spec), device, bits_equal, states=_rotation_states())
 
 
 @pytest.mark.parametrize("scale", ["row", "head", "tensor", "none"])

@@ -104,10 +104,11 @@ def test_bits_and_kernel_coverage():
     their loop (`tile_codec`), torch the others and every tiled packed layout (no `packed_codec`)."""
     assert get_format("int8:scale=tile:4x8").bits_per_element == 8 + 1
     assert get_format("int8:scale=tile:32x0").bits_per_element == 8
-    for spec in ("int8:scale=tile:4x8", "fp8:scale=tile:32x0,max=240", "fp8sr:scale=tile:1x0"):
+    for spec in ("int8:scale=tile:4x8", "fp8:scale=tile:32x0,max=240", "fp8sr:scale=tile:1x0",
+                 "fp8:axis=headdim,scale=tile:4x0"):
         fmt = get_format(spec)
         assert packed_codec(fmt) is None and tile_codec(fmt) == fmt.kernel_codec
-    for spec in ("int8:scale=tile:3x8", "int8:scale=tile:4x6", "fp8:axis=headdim,scale=tile:4x0"):
+    for spec in ("int8:scale=tile:3x8", "int8:scale=tile:4x6", "fp8:axis=headdim,scale=tile:4x6"):
         assert tile_codec(get_format(spec)) is None
     assert get_format("fp8:scale=tile:32x0,max=240").name == "fp8:scale=tile:32x0,max=240"
 

@@ -39,7 +39,8 @@ def triton_no_fallback(chunked, *args):
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
                        MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr,
-                       COLS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                       COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
     # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
     b = tl.program_id(0)
     rows, cols = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_C)
@@ -47,17 +48,27 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, 
     elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
     x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
     bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
-    y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, BLOCK_R, BLOCK_C)
+    if AXIS == device.AXIS_HEADDIM:  # the oriented [N, P] view
+        y = tl.trans(device.round_tile(tl.trans(x), tl.trans(bits), KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_C,
+                                       BLOCK_R))
+    else:
+        y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + b * R * C + elem, y, mask=mask)
 
 
 def round_tile_in_kernel(x: torch.Tensor, codec: KernelCodec, keys: torch.Tensor, checkpoint: torch.Tensor):
-    """`device.round_tile` of states x [B, 1, P, N] (one head each) in a kernel program that holds a whole state, its
-    Philox words from `device.state_bits` with keys and checkpoint ([B] int64, `replay.keys`); the result is on x's
-    device."""
+    """`device.round_tile` of states x [B, 1, P, N] (one head each) in a kernel program that holds a whole state,
+    oriented as the codec's axis, its Philox words from `device.state_bits` with keys and checkpoint ([B] int64,
+    `replay.keys`); the result is on x's device."""
     b, _, p, n = x.shape
     y = torch.empty_like(x)
+    axis, rot = codec.basis
+    block_p, block_n = triton.next_power_of_2(p), triton.next_power_of_2(n)
+    if axis:  # MX and NVFP4 blocks along head_dim: at least one block (quantize_tile)
+        block_p = max(block_p, codec.block)
+    else:
+        block_n = max(block_n, codec.block)
     _round_tile_kernel[(b,)](x, y, keys.to(x.device), checkpoint.to(x.device), p, n, *codec.args,
-                             WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, BLOCK_R=triton.next_power_of_2(p),
-                             BLOCK_C=max(triton.next_power_of_2(n), codec.block))
+                             WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, AXIS=axis, ROT=rot,
+                             BLOCK_R=block_p, BLOCK_C=block_n)
     return y

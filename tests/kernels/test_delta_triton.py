@@ -27,7 +27,7 @@ from replayssm_eval.replay.state import write_checkpoint
 from tests.helpers.compare import assert_close, mostly_equal
 from tests.helpers.delta import (FAMILIES, cut, delta_inputs, one_column_share, phased_start, plain_recurrence,
                                  square_kda_inputs)
-from tests.helpers.kernel_checks import one_segment_launches, rounds_to
+from tests.helpers.kernel_checks import one_segment_launches, rounds_to, triton_no_fallback
 
 SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
 # grouped heads (HV = 2H), K and V not powers of two
@@ -43,7 +43,7 @@ def cases(per_family):
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
                        MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr,
-                       COLS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(0)
     ks = tl.arange(0, BK)
     vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
@@ -51,7 +51,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
     y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, WORDS, ROWS,
-                           COLS, BK, BV)
+                           COLS, AXIS, ROT, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
 
@@ -59,7 +59,11 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
                                   "nvfp4:scale=row", "nvfp4:scale=head", "int8", "int16sr:scale=head",
                                   "int16:scale=head,order=mul", "int8:scale=block:16", "int8sr:scale=block:32",
                                   "fp8:scale=tile:8x0,max=240", "fp8:scale=tile:32x0,max=240",
-                                  "int16:scale=tile:4x16,order=mul", "mxfp8", "mxfp4"])
+                                  "int16:scale=tile:4x16,order=mul", "mxfp8", "mxfp4",
+                                  # along head_dim (V), rotated: the whole 24 v columns in the program
+                                  "int8sr:axis=headdim,scale=block:16", "fp8:axis=headdim,scale=tile:8x8,order=mul",
+                                  "int16:axis=headdim", "mxfp4:axis=headdim", "int8:rot=hadamard:8",
+                                  "nvfp4:scale=row,rot=hadamard:8", "int8:axis=headdim,scale=block:8,rot=hadamard:8"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
@@ -69,7 +73,8 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
     y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
     _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, *codec.args,
-                               WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, BK=64, BV=32)
+                               WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, AXIS=codec.basis[0],
+                               ROT=codec.rot, BK=64, BV=32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -77,11 +82,14 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
 
 @pytest.mark.parametrize("spec, bv", [("nvfp4:scale=row", 64), ("nvfp4:scale=head", 128), ("fp16sr", 64), ("fp8sr", 64),
                                       ("fp8:scale=head", 128), ("fp8:scale=tile:32x0,max=240", 32),
-                                      ("int8sr:scale=block:32", 64), ("mxfp4", 64)])
+                                      ("int8sr:scale=block:32", 64), ("mxfp4", 64),
+                                      ("int8:axis=headdim,scale=block:32,rot=hadamard:32", 32),  # modelopt:int8-hadamard
+                                      ("fp8sr:axis=headdim,scale=head,rot=hadamard:64", 128),
+                                      ("int8sr:scale=block:32,rot=hadamard:16", 64)])
 def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     """`store_round` at K = V = 128 with the chunked kernels' tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
-    row scales, the whole head for head scales, 32-wide v-blocks for SGLang's 32-row tiles) == write_checkpoint, bit
-    for bit."""
+    row scales, the whole head for head scales, 32-wide v-blocks for SGLang's 32-row tiles and for blocks and
+    rotation runs of 32 along V) == write_checkpoint, bit for bit."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
     x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
     x[0, 1, 70] = 0.0  # a zero row in the second v-block
@@ -89,8 +97,8 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     y = torch.empty_like(x, device=device)
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
     _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128,
-                                       *codec.args, WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, BK=128,
-                                       BV=bv)
+                                       *codec.args, WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols,
+                                       AXIS=codec.basis[0], ROT=codec.rot, BK=128, BV=bv)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
     y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
@@ -195,6 +203,9 @@ def test_chunked_triton_quantized(fam, text, device):
     # rows, the last one short), the whole head (tiles of 64 rows)
     pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", True, marks=pytest.mark.slow),
     ("mxfp4/int16:scale=tile:4x8,order=mul@4", True),
+    # along V (the whole head: row scales, blocks of 16 in V = 40) and rotated along K = 40 and V
+    ("int8sr:axis=headdim,scale=block:16/fp8:axis=headdim,rot=hadamard:8@4", True),
+    pytest.param("nvfp4:axis=headdim,scale=row,rot=hadamard:4/bf16:rot=hadamard:8@4", True, marks=pytest.mark.slow),
     pytest.param("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True, marks=pytest.mark.slow),
 ])
 def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
@@ -207,6 +218,28 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, devi
     inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **sizes)
     _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg))
     _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)
+    assert rounds_to(fold, rounded, cfg)
+
+
+@FAM
+def test_chunked_triton_modelopt_hadamard(fam, device):
+    """`modelopt:int8-hadamard` (shared INT8, blocks of 32 along V rotated by H_32 along V) rounded in the kernel at
+    V = 64 (two programs of 32 v columns) and K = 24: the stored copies are write_checkpoint of the kernel's FP32 folds
+    bit for bit, and the outputs and copies those of the torch chunked form up to FP32 flips."""
+    mod = FAMILIES[fam]
+    cfg = ReplayConfig.parse("modelopt:int8-hadamard")
+    assert tile_codec(cfg.recur_format, True, (64, 24)) == cfg.recur_format.kernel_codec
+    assert shared.chunked_launch_config(24, 64, cfg.recur_format.kernel_codec.spans(32))["BV"] == 32
+    inputs = delta_inputs(fam, batch=2, seqlen=18, dtype=torch.float32, device=device, heads=1, value_heads=2, dk=24,
+                          dv=64)
+    o_ref, st_ref = mod.chunked(*inputs, cfg)
+    o, st = triton_no_fallback(mod.chunked, *inputs, cfg)
+    assert_close("o", o_ref, o, 1e-5, flips=one_column_share(inputs))
+    mostly_equal("S_hi", st_ref.hi, st.hi)
+    assert torch.equal(st_ref.checkpoint, st.checkpoint) and int(st.checkpoint.min()) == 2 and st.lo is st.hi
+    first = (*cut(inputs, 0, 8), *inputs[5:])  # one fold: the unrounded launch's fold is the rounded launch's
+    _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*first, cfg))
+    _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*first, cfg), rounded=False)
     assert rounds_to(fold, rounded, cfg)
 
 

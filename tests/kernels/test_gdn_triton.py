@@ -94,7 +94,7 @@ def _assert_first_fold_rounds_exactly(inputs, cfg):
     assert rounds_to(fold, rounded, cfg), "stored copies != write_checkpoint of the kernel's fold"
 
 
-# copies no program can round (tensor-wide scales, blocks along V); the sequences start 3 tokens apart, so @3 folds
+# copies no program can round (tensor-wide scales, tiles of other sizes); the sequences start 3 tokens apart, so @3 folds
 # both in the same segments and the other windows fold one without the other
 SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another format or option
 
@@ -102,10 +102,12 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
 @pytest.mark.parametrize("text", [
     "shared:nvfp4:scale=tensor@4", "nvfp4:scale=tensor/fp16sr@4", pytest.param("nvfp4:scale=tensor/fp32@4#closed", marks=SLOW),
     "shared:fp8:scale=tensor@4", pytest.param("fp8sr:scale=tensor/fp32@5#skip=0.6", marks=SLOW),
-    pytest.param("nvfp4:axis=headdim/fp16sr@4", marks=SLOW), pytest.param("fp16/nvfp4:scale=tensor@3#closed", marks=SLOW),
+    pytest.param("nvfp4:axis=headdim,scale=tensor/fp16sr@4", marks=SLOW),
+    pytest.param("fp16/nvfp4:scale=tensor@3#closed", marks=SLOW),
     pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
-    "int8:axis=headdim,scale=block:8/fp32@4", pytest.param("nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed", marks=SLOW),
+    "int8:axis=headdim,scale=tile:3x8,rot=hadamard:8/fp32@4",
+    pytest.param("nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed", marks=SLOW),
     "shared:int16sr:bits=8@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4", "shared:fp8:scale=tile:4x12,max=240@4",
     "int8:scale=tile:8x6/fp32@4"])
 def test_chunked_triton_torch_rounded_copies(text, device):
@@ -147,6 +149,7 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     ("int16:order=mul/int8sr@4", "read/recur"),
     ("fp16sr/mxfp8@4#closed", "recur"),
     pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", "read/recur", marks=SLOW),
+    ("int8:axis=headdim,scale=block:8,rot=hadamard:8/mxfp4:axis=headdim@4", "read/recur"),  # along V, rotated
 ])
 def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     """The torch rounding between one-segment launches, forced on formats the kernel rounds: outputs, stored copies,
@@ -160,8 +163,8 @@ def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
         o_in, st_in = chunked(*x, start, cfg, backend="triton")
     forced = [getattr(cfg, f"{copy}_format") for copy in by_torch.split("/")]
     monkeypatch.setattr(shared, "tile_codec",
-                        lambda fmt, whole_head: None if fmt in forced else tile_codec(fmt, whole_head))
-    assert shared.tile_codec(cfg.recur_format if by_torch == "recur" else cfg.read_format, True) is None
+                        lambda fmt, whole_head, dims: None if fmt in forced else tile_codec(fmt, whole_head, dims))
+    assert shared.tile_codec(cfg.recur_format if by_torch == "recur" else cfg.read_format, True, None) is None
     o_out, st_out = triton_no_fallback(chunked, *x, start, cfg)
     assert torch.equal(o_out, o_in)
     assert torch.equal(st_out.hi, st_in.hi) and torch.equal(st_out.lo, st_in.lo)

@@ -55,10 +55,14 @@ def _phased(inputs, config, pre, device):
     # fp16sr's engine word layouts at an odd d_state, whose pairs end a row unpaired
     ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", 3, 23),
     ("shared:fp16sr:words=octet@3#buf=bf16", 1, 23),
+    # along head_dim (P = 20: the whole head, blocks of 8 the last one short) and rotated along P or d_state
+    ("nvfp4:axis=headdim/int8sr:axis=headdim,scale=block:8,rot=hadamard:4@4", 3, 24),
+    ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
+    pytest.param("int8:rot=hadamard:8/mxfp4:axis=headdim@4", 1, 24, marks=pytest.mark.slow),
 ])
 def test_chunked_triton_matches_torch(text, groups, d_state, device):
     config = ReplayConfig.parse(text)
-    assert None not in triton_chunk._codecs(config), "both copies must be rounded in the loop"
+    assert None not in triton_chunk._codecs(config, (20, d_state)), "both copies must be rounded in the loop"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state))
     state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 13)[:6]
@@ -77,28 +81,26 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
 @pytest.mark.parametrize("text, groups, d_state", [
     ("nvfp4:scale=tensor/fp32@4", 3, 24),
     ("nvfp4:scale=tensor/fp16sr@3#skip=0.4", 1, 40),
-    ("nvfp4:axis=headdim/fp32@4", 3, 24),
-    ("mxfp4:axis=headdim/fp16@4", 1, 24),
+    ("nvfp4:axis=headdim,scale=tensor/fp32@4", 3, 24),
     ("fp8sr:scale=tensor/fp32@4", 3, 24),
-    ("nvfp4:axis=headdim/fp16sr@4", 1, 24),
     ("shared:nvfp4:scale=tensor@4", 3, 24),
     ("shared:fp8:scale=tensor@4#skip=0.4", 1, 40),
     ("fp16sr/fp8sr:scale=tensor@4", 3, 24),
-    ("fp32/nvfp4:axis=headdim@3", 1, 24),
+    ("fp32/nvfp4:axis=headdim,scale=tensor@3", 1, 24),
     ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
     ("fp16/int8:scale=tile:4x6@4", 1, 24),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
     ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
-    ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
+    ("shared:fp8sr:axis=headdim,scale=tile:2x6,max=240@4", 1, 24),
     ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
 def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, device):
-    """Copies in formats no program can round (tensor scale, head_dim blocks, tiles of other than power-of-two sizes)
+    """Copies in formats no program can round (tensor scale, tiles of other than power-of-two sizes, no kernel codec)
     run on Triton, rounded by torch: a read copy after the kernel, a recurrence copy (or shared checkpoint) between
     one-segment launches. Three calls in a row, each from its own backend's state, sequences at different phases."""
     config = ReplayConfig.parse(text)
-    assert None in triton_chunk._codecs(config), "a copy must be rounded by torch"
+    assert None in triton_chunk._codecs(config, (20, d_state)), "a copy must be rounded by torch"
     inputs = tuple(t.to(device) for t in _small(groups=groups, d_state=d_state, tokens=15))
     ref = tri = _phased(inputs, config, [0, 2], device)
     for start, stop in ((2, 7), (7, 8), (8, 15)):
@@ -136,6 +138,12 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     pytest.param("int8sr:scale=block:16/fp32@3", "read", _WIDE, marks=pytest.mark.slow),
     pytest.param("shared:fp8:scale=tile:8x0,max=240@4#skip=0.4", "recur", {}, marks=pytest.mark.slow),
     pytest.param("mxfp8/int8:scale=block:8@4", "read/recur", {}, marks=pytest.mark.slow),
+    # modelopt:int8-hadamard's format (blocks of 32 along head_dim 32, rotated by H_32 along it); mxfp4 along head_dim
+    ("shared:int8:axis=headdim,scale=block:32,rot=hadamard:32@3", "recur", {"head_dim": 32}),
+    ("mxfp4:axis=headdim/fp8:axis=headdim,scale=head,rot=hadamard:8@3", "read/recur", _WIDE),
+    # blocks and runs of 8 and 16 along head_dim 32 held by programs of 16 rows (two per head)
+    ("int8:axis=headdim,scale=block:8,rot=hadamard:8/fp8sr:axis=headdim,scale=block:16,rot=hadamard:16@3",
+     "read/recur", {"head_dim": 32}),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
@@ -147,10 +155,11 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     main = sliced(inputs, 1, 12)[:6]
     y_in, st_in = chunked(*main, state, config, backend="triton")
     forced = [getattr(config, f"{copy}_format") for copy in by_torch.split("/")]
-    monkeypatch.setattr(triton_chunk, "tile_codec", lambda fmt: None if fmt in forced else tile_codec(fmt))
-    by_copy = [config.recur_format in forced, config.read_format in forced]
-    assert [k is None for k in triton_chunk._codecs(config)] == by_copy
+    monkeypatch.setattr(triton_chunk, "tile_codec",
+                        lambda fmt, dims: None if fmt in forced else tile_codec(fmt, dims=dims))
     heads, head_dim, d_state = state.hi.shape[1:]
+    by_copy = [config.recur_format in forced, config.read_format in forced]
+    assert [k is None for k in triton_chunk._codecs(config, (head_dim, d_state))] == by_copy
     monkeypatch.setattr(triton_chunk, "_FOLD_BLOCK_ELEMENTS", 2 * 2 * heads * head_dim * d_state)
     y_out, st_out = triton_no_fallback(chunked, *main, state, config)
     assert_close("y", y_in, y_out, 1e-5)
@@ -159,6 +168,18 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     for f in ("data", "scales", "global_scale"):
         a, b = getattr(st_in.lo_packed, f), getattr(st_out.lo_packed, f)
         assert (a is None and b is None) or torch.equal(a, b), f
+
+
+def test_rotation_runs_that_do_not_tile_head_dim_are_refused(device):
+    """`modelopt:int8-hadamard` at head_dim 20, which runs of 32 do not tile: no program rounds it (`tile_codec`), and
+    the torch rounding refuses it with the format's own error, as the torch backend does."""
+    config = ReplayConfig.parse("modelopt:int8-hadamard")
+    assert triton_chunk._codecs(config, (20, 24)) == (None, None)
+    assert None not in triton_chunk._codecs(config, (64, 24))
+    inputs = tuple(t.to(device) for t in _small(tokens=4))
+    for backend in ("torch", "triton"):
+        with pytest.raises(ValueError, match=r"rot=hadamard:32 needs the headdim dim \(20\) to be a multiple of 32"):
+            chunked(*inputs, config, backend=backend)
 
 
 def test_chunked_triton_fp64_runs_torch(device):

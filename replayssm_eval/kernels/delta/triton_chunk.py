@@ -12,7 +12,7 @@ are the same, so are
   the launch configuration, and the loop over segment blocks with the torch rounding between
   one-segment launches of a copy no program can round (`run_segments`).
 A kernel takes a format as its codec's constexprs (`KernelCodec.args`: KIND, GROUP, MAX, ORDER; `KernelCodec.tile`:
-ROWS, COLS; and its `words`).
+ROWS, COLS; `KernelCodec.basis`: AXIS, ROT; and its `words`).
 The step kernels' shared pieces are `triton_step`.
 """
 
@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, KernelCodec, tile_codec
-from replayssm_eval.formats.device import round_tile, state_bits
+from replayssm_eval.formats.device import AXIS_HEADDIM, round_tile, state_bits
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
@@ -36,18 +36,23 @@ _BV = 32  # v columns per program where no scale group spans more (fewer where V
 
 @triton.jit
 def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
-                ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr):
+                ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
+                ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
 
-    A format row is one v column (amax over K); a head is the whole tile; a scale tile ROWS v columns x COLS k
-    rows. elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) +
-    elem) in the word layout WORDS, whose pairs run along K (`device.state_bits`).
+    Blocks along d_state (AXIS_DSTATE): a format row is one v column (amax over K), a scale tile ROWS v columns x
+    COLS k rows, rotation runs along K; along head_dim (AXIS_HEADDIM): a format row is one k row (amax over V), a
+    scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head is the whole tile.
+    elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in
+    the word layout WORDS, whose pairs run along K (`device.state_bits`).
     """
-    ks = tl.arange(0, BK)[:, None]  # [BK, 1] the element's index along the format rows (K)
+    ks = tl.arange(0, BK)[:, None]  # [BK, 1] the element's index along the state's last dim (K)
     bits = state_bits(key, (checkpoint << 32) + elem, ks, KIND, WORDS)
-    xt = tl.trans(x)  # [BV, BK]: format rows are v columns, blocks run along K
-    return tl.trans(round_tile(xt, tl.trans(bits), KIND, GROUP, MAX, ORDER, ROWS, COLS, BV, BK))
+    if AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
+        y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BK, BV)
+    else:  # [BV, BK]: format rows are v columns, blocks run along K
+        y = tl.trans(round_tile(tl.trans(x), tl.trans(bits), KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BV, BK))
+    return y
 
 
 @triton.jit
@@ -83,28 +88,31 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 @triton.jit
 def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
                  HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
-                 HI_WORDS: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr,
+                 HI_WORDS: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr,
+                 HI_ROT: tl.constexpr,
                  LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
-                 LO_WORDS: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr):
+                 LO_WORDS: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr,
+                 LO_ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
     s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_WORDS, HI_ROWS,
-                       HI_COLS, BK, BV)
+                       HI_COLS, HI_AXIS, HI_ROT, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
     if SHARED:
         s_lo = s_hi
     else:
         s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_WORDS, LO_ROWS,
-                           LO_COLS, BK, BV)
+                           LO_COLS, LO_AXIS, LO_ROT, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
     return s_hi, s_lo
 
 
 def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
     """backend="triton" of `chunked` (FP32 only) through the family's `chunked(p, hi_codec, lo_codec, launch)`; a copy
-    whose rounding needs a reduction no program can do (its `tile_codec` is None: blocks along V, a tensor-wide
-    scale, a head scale or a scale tile of more than one v column with V > 128, scale tiles of other than
-    power-of-two sizes, formats without a kernel codec) is rounded by torch between one-segment launches.
+    whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
+    a row scale along V, or a scale tile, block or rotation run of more than one v column with V > 128; scale tiles,
+    blocks or rotation runs of other than power-of-two sizes; rotation runs that do not tile K or V; formats without a
+    kernel codec) is rounded by torch between one-segment launches. A program holds all of K and 32 v columns, or the
+    whole head where a copy's scale groups, blocks along V or rotation runs along V span more.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -117,7 +125,8 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     cfg = p.config
     dv = p.v.shape[-1]
     whole_head = dv <= _MAX_HEAD_V
-    codecs = [tile_codec(cfg.recur_format, whole_head), tile_codec(cfg.read_format, whole_head)]
+    dims = (dv, p.k.shape[-1])  # (head_dim, d_state) of the [V, K] head
+    codecs = [tile_codec(cfg.recur_format, whole_head, dims), tile_codec(cfg.read_format, whole_head, dims)]
     launch = chunked_launch_config(p.k.shape[-1], dv, any(c is not None and c.spans(_BV) for c in codecs))
     if not rounded:
         codecs = [FP32_CODEC] * 2
@@ -125,8 +134,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
-    """BV (v columns per program: up to _BV, or the whole head for scale groups spanning more columns: head scales,
-    tall scale tiles), num_warps and DOT of `_chunked_kernel`, the H200 sweep's best (benchmarks/layer_speed.py).
+    """BV (v columns per program: up to _BV, or the whole head for scale groups, blocks or rotation runs spanning more
+    columns: head scales, tall scale tiles, blocks and runs along V), num_warps and DOT of `_chunked_kernel`, the H200
+    sweep's best (benchmarks/layer_speed.py).
 
     DOT "tf32x3" (three TF32 products per FP32 product, about FP32 accuracy): 1.87x the "ieee" FMAs on the H200 at
     K = V = 128, and it flips stored-copy roundings about as often as another FP32 summation order does (0.16% vs
@@ -173,15 +183,16 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     hi_kind, hi_group, hi_max, hi_order = hi_codec.args
     lo_kind, lo_group, lo_max, lo_order = lo_codec.args
     (hi_rows, hi_cols), (lo_rows, lo_cols) = hi_codec.tile, lo_codec.tile
+    (hi_axis, hi_rot), (lo_axis, lo_rot) = hi_codec.basis, lo_codec.basis
     for start in range(0, seg.num, block):
         kernel[grid](
             *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
             HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_WORDS=int(hi_codec.words),
-            HI_ROWS=hi_rows, HI_COLS=hi_cols,
+            HI_ROWS=hi_rows, HI_COLS=hi_cols, HI_AXIS=hi_axis, HI_ROT=hi_rot,
             LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_WORDS=int(lo_codec.words),
-            LO_ROWS=lo_rows, LO_COLS=lo_cols,
+            LO_ROWS=lo_rows, LO_COLS=lo_cols, LO_AXIS=lo_axis, LO_ROT=lo_rot,
             DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:

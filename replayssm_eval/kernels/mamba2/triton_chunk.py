@@ -9,13 +9,15 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
   bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with
   scale=row|head|none and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
-  `sglang:fp8`); nvfp4, mxfp8 and mxfp4 with axis=dstate (nvfp4 scale=row|head). A program holds 16 rows of the
-  head, or the whole head for a recurrence copy's head scale and for tiles of more than 16 rows. A head-scaled
-  read copy, which never feeds the fold, keeps the programs of 16 rows and takes two launches: the folds alone
-  with each program's amax (`PASS_AMAX`), then everything with the head's amax (`PASS_OUTPUT`); the two launches
-  fold the same tiles in the same order, so the same bits. The other formats (tensor-wide scales, blocks along
-  head_dim, tiles of other sizes, formats without a kernel codec) are rounded by torch with `write_checkpoint`'s
-  encoding, keys and checkpoint
+  `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head), mxfp8 and mxfp4 on either axis; and any of
+  these with rot=hadamard:N (runs of N along the format's axis, N a power of two dividing that dim). A program holds
+  16 rows of the head, or the whole head for a recurrence copy's head scale, for tiles of more than 16 rows and for
+  anything spanning more than one head_dim row along head_dim (row scales, blocks, rotation runs). A head-scaled
+  read copy along d_state without rotation, which never feeds the fold, keeps the programs of 16 rows and takes two
+  launches: the folds alone with each program's amax (`PASS_AMAX`), then everything with the head's amax
+  (`PASS_OUTPUT`); the two launches fold the same tiles in the same order, so the same bits. The other formats
+  (tensor-wide scales, tiles of other sizes, rotation runs that do not tile their dim, formats without a kernel
+  codec) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
@@ -36,7 +38,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
-from replayssm_eval.formats.device import quantize_tile, round_tile, state_bits, tile_amax
+from replayssm_eval.formats.device import AXIS_HEADDIM, quantize_tile, round_tile, state_bits, tile_amax
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.tile_dot import dot, window_rows
@@ -53,6 +55,20 @@ PASS_ONE, PASS_AMAX, PASS_OUTPUT = (tl.constexpr(p) for p in range(3))
 
 
 @triton.jit
+def _round_state(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
+                 ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BLOCK_P: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """`round_tile` of a state tile x [BLOCK_P, BLOCK_N] (rows head_dim, columns d_state; bits alike) in the format's
+    orientation: as it lies (blocks along d_state) or transposed to [BLOCK_N, BLOCK_P] (AXIS_HEADDIM)."""
+    if AXIS == AXIS_HEADDIM:
+        xt, bt = tl.trans(x), tl.trans(bits)  # [BLOCK_N, BLOCK_P]: format rows are d_state indices
+        y = tl.trans(round_tile(xt, bt, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_N, BLOCK_P))
+    else:
+        y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_P, BLOCK_N)
+    return y
+
+
+@triton.jit
 def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
@@ -60,9 +76,11 @@ def _chunk_scan_kernel(
     amax_ptr,  # PASS_AMAX: [B, S, H, P tiles] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
-    RECUR_WORDS: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr,
+    RECUR_WORDS: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
+    RECUR_ROT: tl.constexpr,
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
-    READ_WORDS: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr,
+    READ_WORDS: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
+    READ_ROT: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -126,8 +144,9 @@ def _chunk_scan_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 folded = g_seg * hi + dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
-                            RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, BLOCK_P, BLOCK_N)
+            hi = _round_state(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
+                              RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
+                              BLOCK_P, BLOCK_N)
             at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
             if PASS == PASS_AMAX:
                 tile_max = tl.max(tile_amax(folded, True, READ_ORDER), axis=0)  # [1]: the tile's amax
@@ -142,8 +161,9 @@ def _chunk_scan_kernel(
                 bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS)
                 lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             else:
-                lo = round_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
-                                READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, BLOCK_P, BLOCK_N)
+                lo = _round_state(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
+                                  READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
+                                  BLOCK_P, BLOCK_N)
             pre = folded
         s += 1
     if PASS != PASS_AMAX:  # the amax pass leaves the state to the output pass, which folds the same again
@@ -167,21 +187,26 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     G, N = pB.shape[3], pB.shape[4]
     recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    # a head-scaled read copy never feeds the fold: an amax pass over programs of _BLOCK_P rows beats one per head
-    two_pass = read.group == Group.HEAD and not recur.spans(_BLOCK_P) and not config.shared and outside is None
+    # a head-scaled read copy never feeds the fold: an amax pass over programs of _BLOCK_P rows beats one per head (the
+    # amax of the fold itself: codes along d_state, no rotation)
+    two_pass = (read.group == Group.HEAD and read.natural and not recur.spans(_BLOCK_P) and not config.shared
+                and outside is None)
     launch = chunked_launch_config(P, N, recur.spans(_BLOCK_P) or (read.spans(_BLOCK_P) and not two_pass))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     grid_size = (batch, H, triton.cdiv(P, block_p))
+    (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
 
     def launch_pass(kind, amax):
         _chunk_scan_kernel[grid_size](
             px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, amax,
             S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-            RECUR_WORDS=int(recur.words), RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols,
+            RECUR_WORDS=int(recur.words), RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
+            RECUR_ROT=recur_rot,
             READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-            READ_WORDS=int(read.words), READ_ROWS=read.rows, READ_COLS=read.cols,
+            READ_WORDS=int(read.words), READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis,
+            READ_ROT=read_rot,
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
             SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
             BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
@@ -198,17 +223,17 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
     """BLOCK_P (head_dim rows per program: _BLOCK_P, or the whole head for scale groups spanning more rows: head
-    scales, tall scale tiles), num_warps and DOT (the tl.dot input_precision) of `_chunk_scan_kernel`
-    (benchmarks/layer_speed.py sweeps them)."""
+    scales, tall scale tiles, groups, blocks and rotation runs along head_dim), num_warps and DOT (the tl.dot
+    input_precision) of `_chunk_scan_kernel` (benchmarks/layer_speed.py sweeps them)."""
     if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
         return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
     return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee"}
 
 
-def _codecs(config) -> tuple:
-    """The codecs of (S_hi, S_lo) the loop rounds (`tile_codec`: a program holds the whole head where a scale needs it),
-    None for a copy torch rounds; a shared checkpoint's S_lo is S_hi."""
-    return tile_codec(config.recur_format), tile_codec(config.read_format)
+def _codecs(config, dims: tuple[int, int]) -> tuple:
+    """The codecs of (S_hi, S_lo) the loop rounds (`tile_codec`: a program holds the whole head where a scale needs it;
+    dims: the state's (head_dim, d_state)), None for a copy torch rounds; a shared checkpoint's S_lo is S_hi."""
+    return tile_codec(config.recur_format, dims=dims), tile_codec(config.read_format, dims=dims)
 
 
 def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside=None) -> None:
@@ -228,7 +253,7 @@ def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside
 
 
 def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
-    """Split config whose read format the loop cannot round (tensor scale, head_dim blocks, non-power-of-two tiles):
+    """Split config whose read format the loop cannot round (tensor scale, non-power-of-two tiles, no kernel codec):
     exact in two passes, because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only,
     rounds S_hi (`_scan`) and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once
     (`write_checkpoint_packed`'s encoding, keys and checkpoint indices); (3) the tokens that read S_lo add
@@ -280,7 +305,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     hi = state.hi.clone().contiguous()
     pre = torch.zeros_like(hi)
     y_grid = torch.empty(*grid[0].shape, dtype=torch.float32, device=hi.device)  # [B, S, L, H, P]
-    recur, read = _codecs(config)
+    recur, read = _codecs(config, (head_dim, d_state))
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
     if read_outside:
