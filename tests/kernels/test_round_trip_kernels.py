@@ -20,9 +20,9 @@ PROMPT = 5  # tokens of the (notional) prompt before the first call
 POOL = "int8:axis=headdim"  # SGLang's checkpoint pool: one scale per key channel
 
 
-def _inputs(fam, tokens=14, seed=0):
+def _inputs(fam, tokens=14, seed=0, device=TEST_DEVICE):
     inputs, anchor = fam.random_inputs(fam.test_shapes["small"], tokens, torch.Generator().manual_seed(seed))
-    return tuple(inputs[n].to(TEST_DEVICE) for n in fam.inputs), anchor.to(TEST_DEVICE)
+    return tuple(inputs[n].to(device) for n in fam.inputs), anchor.to(device)
 
 
 def _feed(fam, config, tensors, anchor, cuts, engine="chunked", attention_mask=None):
@@ -65,8 +65,9 @@ def test_round_trip_through_fp32_changes_nothing(fam, config, engine):
 @pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
 def test_lossy_round_trip_equals_the_hand_computation(fam):
     """fp32 with the pool at position PROMPT + 4: four FP32 steps, the state rounded by SGLang's formula, then FP32
-    steps from it as from a new anchor."""
-    tensors, anchor = _inputs(fam, tokens=9)
+    steps from it as from a new anchor, bit for bit. A test of the torch reference's semantics: it runs on the CPU
+    even under REPLAYSSM_TEST_DEVICE=cuda, where the two computations' FP32 sums are not the same bits."""
+    tensors, anchor = _inputs(fam, tokens=9, device="cpu")
     timed = [fam.shapes[n].startswith("[B, T") for n in fam.inputs]
     head = tuple(t[:, :4] if time else t for t, time in zip(tensors, timed))
     tail = tuple(t[:, 4:] if time else t for t, time in zip(tensors, timed))
