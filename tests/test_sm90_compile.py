@@ -51,6 +51,7 @@ def cases() -> list:
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
     int8sr, mxfp4, mxfp8 = int(Kind.INT8SR), int(Kind.MXFP4), int(Kind.MXFP8)
+    mx8, mx8sr = int(Kind.MX8), int(Kind.MX8SR)
     # modelopt:int8-hadamard: INT8 blocks of 32 along head_dim, rotated by H_32 along head_dim (FP64 butterflies)
     modelopt = dict(KIND=int(Kind.INT8), GROUP=tile, MAX=127.0, ROWS=1, COLS=32, AXIS=1, ROT=32)
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
@@ -69,6 +70,8 @@ def cases() -> list:
         (formats._encode_kernel, dict(KIND=int(Kind.FP16SR_SOFT), GROUP=none, MAX=1.0, ORDER=div, WORDS=pair, **encode),
          {"data_ptr": "*fp16"}),
         (formats._quantize_kernel, dict(KIND=fp16sr, GROUP=none, MAX=1.0, ORDER=div, WORDS=octet, BITS=2, BLOCK_R=16,
+                                        BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
+        (formats._quantize_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, WORDS=element, BITS=2, BLOCK_R=16,
                                         BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
         (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048), {"take_ptr": "*i8"}),
         (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
@@ -93,6 +96,9 @@ def cases() -> list:
         # rotated along d_state (K) and along head_dim (V, the whole head) with MX blocks along V
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "BV": 128, "HI_ROT": 16, "LO_KIND": mxfp8, "LO_GROUP": none,
                                             "LO_AXIS": 1, "LO_ROT": 64}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        # Pimba's MX8: mx8sr along K / mx8 along V in blocks of 16 (programs of 32 v columns)
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": mx8sr, "HI_WORDS": element, "LO_KIND": mx8,
+                                            "LO_GROUP": none, "LO_AXIS": 1}, GDN_FLAGS),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64,
                                        TILES=4)),
@@ -132,6 +138,9 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.FP8SR), "RECUR_GROUP": row,
                                                   "RECUR_MAX": 448.0, "RECUR_WORDS": element, "RECUR_AXIS": 1,
                                                   "RECUR_ROT": 16, "READ_ROT": 8, "BLOCK_P": 64}),
+        # mx8sr along d_state / mx8 along head_dim (blocks of 16 in programs of 16 rows)
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": mx8sr, "RECUR_WORDS": element, "READ": mx8,
+                                                  "READ_GROUP": none, "READ_AXIS": 1}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
         # the two launches of a step where some rows fold

@@ -2,8 +2,8 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: FP8 and integer formats with rowcol scales, ef=, non-default SR rounds= / bits=, Pimba's
-mx8 / mx8sr, and rot= over any of those) is rounded by torch.
+A format without one (None: FP8 and integer formats with rowcol scales, ef=, non-default SR rounds= / bits=, and rot=
+over any of those) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
@@ -12,7 +12,8 @@ A new format that rounds like one of the kinds below is its class plus its codec
     max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise)
     rows    group tile: the tile's rows of the oriented head [R, C] (0: all R; 1 for block:N)
     cols    group tile: the tile's columns along the blocked axis (0: all C; N for block:N)
-    block   elements per E4M3 / E8M0 block scale along the blocked axis (16 NVFP4, 32 MX; 1 without)
+    block   elements per E4M3 / E8M0 block scale or shared exponent along the blocked axis (16 NVFP4 and MX8, 32 MX;
+            1 without)
     axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
     rot     Hadamard size of `rot=hadamard:N` (1: none): runs of rot elements along the blocked axis are rotated by
             H_rot in FP64 and rounded to FP32 before the rounding above, and rotated back after it (`rotation`)
@@ -34,7 +35,8 @@ class Kind(enum.IntEnum):
     FP32, BF16, FP16 (RNE); FP16SR (stochastic, PTX cvt.rs.f16x2.f32); FP8 (E4M3fn, RNE), FP8SR, FP8E5M2;
     NVFP4 (E2M1 in blocks of 16, E4M3 block scales); MXFP8, MXFP4 (E4M3 / E2M1 in blocks of 32, E8M0 scales);
     INT8, INT16 (RNE, saturating, two's-complement codes), INT8SR, INT16SR (stochastic, 16 random bits);
-    FP16SR_SOFT (FP16 codes, stochastic by FlashInfer's integer port of cvt.rs, fp16sr's `cvt=soft`).
+    FP16SR_SOFT (FP16 codes, stochastic by FlashInfer's integer port of cvt.rs, fp16sr's `cvt=soft`);
+    MX8, MX8SR (Pimba's shared-microexponent blocks of 16, RNA / stochastic with 8 random bits: `MicroexponentFormat`).
     """
 
     FP32 = 0
@@ -52,6 +54,8 @@ class Kind(enum.IntEnum):
     INT8SR = 12
     INT16SR = 13
     FP16SR_SOFT = 14
+    MX8 = 15
+    MX8SR = 16
 
 
 class Group(enum.IntEnum):
@@ -109,6 +113,10 @@ _DATA_DTYPES = {Kind.FP32: torch.float32, Kind.BF16: torch.bfloat16, Kind.FP16: 
                 Kind.INT8SR: torch.int8, Kind.INT16: torch.int16, Kind.INT16SR: torch.int16}
 
 
+# kinds whose blocks share an exponent, which the kernels round in a tile but do not encode or decode packed
+_BLOCK_EXPONENT_KINDS = (Kind.MXFP8, Kind.MXFP4, Kind.MX8, Kind.MX8SR)
+
+
 @dataclass(frozen=True)
 class KernelCodec:
     """One format as the Triton kernels see it (module docstring)."""
@@ -126,7 +134,7 @@ class KernelCodec:
 
     @property
     def stochastic(self) -> bool:
-        return self.kind in (Kind.FP16SR, Kind.FP16SR_SOFT, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR)
+        return self.kind in (Kind.FP16SR, Kind.FP16SR_SOFT, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR, Kind.MX8SR)
 
     @property
     def natural(self) -> bool:
@@ -137,8 +145,8 @@ class KernelCodec:
     @property
     def packed(self) -> bool:
         """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
-        the kernel decoders read (not MX) with one scale per row, head or tensor (no tiles)."""
-        return self.natural and self.kind not in (Kind.MXFP8, Kind.MXFP4) and self.group != Group.TILE
+        the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles)."""
+        return self.natural and self.kind not in _BLOCK_EXPONENT_KINDS and self.group != Group.TILE
 
     @property
     def head_span(self) -> int:

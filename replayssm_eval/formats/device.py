@@ -8,6 +8,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
+    mx8_tile(x, bits, SR, BLOCK_R, BLOCK_C)                        Pimba's MX8 (`MicroexponentFormat`) of a tile
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax
@@ -30,7 +31,7 @@ cvt per element, same values as the decoders above):
                                                                    multiplies nibble J of each of BW words
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
-numbering, constexprs FP32 ... FP16SR_SOFT here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
+numbering, constexprs FP32 ... MX8SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
 GROUP_TENSOR, GROUP_TILE), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS, COLS (`codec.tile`)
 and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to orient its tile); a stochastic
 kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
@@ -43,12 +44,12 @@ import math
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats import rounding
+from replayssm_eval.formats import microexponent, rounding
 from replayssm_eval.formats.codec import Group, Kind, Order, Words
 
 # the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
-FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT = (
-    tl.constexpr(int(k)) for k in Kind)
+(FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT, MX8,
+ MX8SR) = (tl.constexpr(int(k)) for k in Kind)
 GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
@@ -62,6 +63,9 @@ _CONSTANTS = ("E4M3_MAX", "E5M2_MAX", "E2M1_MAX", "FP16_MAX", "FP16_OVERFLOW", "
  _FLT_MAX, _NVFP4_BLOCK, _MX_BLOCK, _INT_SR_BITS) = (tl.constexpr(getattr(rounding, name)) for name in _CONSTANTS)
 _INT8_MAX, _INT16_MAX = tl.constexpr(float(rounding.INT8_MAX)), tl.constexpr(float(rounding.INT16_MAX))
 _INV_SQRT2 = tl.constexpr(1 / math.sqrt(2))  # the FP64 constant 1 / sqrt(2) of `rotation.hadamard_runs`
+_MX8_BLOCK, _MX8_MANTISSA, _MX8_QMAX = (tl.constexpr(v) for v in (microexponent.BLOCK, microexponent.MANTISSA_BITS,
+                                                                      microexponent.MicroexponentFormat.QMAX))
+_MX8_SR_BITS = tl.constexpr(microexponent.MicroexponentFormat.SR_BITS["mx8sr"][0])  # K of mx8sr's default bits=
 _ROT_STAGES = tl.constexpr(16)  # butterfly stages `hadamard_tile` unrolls at most (ROT up to 2^16)
 
 
@@ -486,12 +490,50 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
             q = round_e4m3(v)
         q = q * scale[:, :, None]
         y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
+    elif (KIND == MX8) or (KIND == MX8SR):
+        y = mx8_tile(x, bits, KIND == MX8SR, BLOCK_R, BLOCK_C)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         y = round_kind(v, bits, KIND)
         if GROUP != GROUP_NONE:
             y = y * s
     return y
+
+
+@triton.jit
+def mx8_tile(x, bits, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Pimba's MX8 of x [BLOCK_R, BLOCK_C] (`MicroexponentFormat`: blocks of 16 along C share the exponent E, pairs
+    the microexponent mu; padding zero; a block longer than BLOCK_C is the whole padded row), bit for bit, in integers:
+    |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) (SR: + r / 2^8, r = bits [7:0]) is
+    (mant + 2^(d - 1)) >> d (SR: (mant + r << (d - 8)) >> d) with d = 23 - e + E - mu - 5 >= 17, and the value
+    m * 2^(E - mu - 5) is built from its FP32 bits (subnormal below 2^-126). Zeros and subnormals read e = -127 in the
+    maxima, below every E >= -126, as the torch form's."""
+    MB: tl.constexpr = _MX8_BLOCK if _MX8_BLOCK < BLOCK_C else BLOCK_C
+    u = tl.reshape(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
+    field = u >> 23
+    e = field - 127  # floor(log2 |x|) of a normal x; -127 for zeros and subnormals
+    big = tl.max(tl.max(e, axis=3), axis=2)  # [BLOCK_R, BLOCK_C // MB]
+    big = tl.where(big < -126, -126, big)[:, :, None, None]
+    bad = tl.max(tl.max((field == 255).to(tl.int32), axis=3), axis=2)[:, :, None, None]  # the block holds Inf or NaN
+    mu = (tl.max(e, axis=3)[:, :, :, None] < big).to(tl.int32)  # [BLOCK_R, BLOCK_C // MB, MB // 2, 1]
+    mant = tl.where(field == 0, u & 0x7FFFFF, (u & 0x7FFFFF) | 0x800000).to(tl.int64)
+    d = 23 - tl.where(field == 0, -126, e) + big - mu - _MX8_MANTISSA + 1
+    d = tl.where(d < _MX8_SR_BITS, _MX8_SR_BITS, tl.where(d > 60, 60, d)).to(tl.int64)  # bounds only bad blocks reach
+    if SR:
+        r = tl.reshape(bits.to(tl.int64) & (2**_MX8_SR_BITS - 1), (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
+        m = (mant + (r << (d - _MX8_SR_BITS))) >> d
+    else:
+        m = (mant + (tl.full(d.shape, 1, tl.int64) << (d - 1))) >> d
+    m = tl.where(m > _MX8_QMAX, _MX8_QMAX, m).to(tl.int32)
+    a = big - mu - _MX8_MANTISSA + 1  # log2 of the step, >= -132
+    mf = m.to(tl.float32).to(tl.int32, bitcast=True)
+    normal = (mf >> 23) + a >= 1
+    sub = m << tl.where(a + 149 > 31, 31, a + 149)  # m * 2^a = sub * 2^-149 where it is below 2^-126
+    q = tl.where(m == 0, 0, tl.where(normal, mf + (a << 23), sub))
+    neg = tl.reshape(x < 0.0, (BLOCK_R, BLOCK_C // MB, MB // 2, 2)) & (m > 0)
+    q = q.to(tl.float32, bitcast=True)
+    q = tl.where(neg, -q, q)
+    return tl.reshape(tl.where(bad != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
 
 
 @triton.jit
@@ -557,7 +599,8 @@ def state_bits(key, counter, col, KIND: tl.constexpr, WORDS: tl.constexpr):
     replay.keys.state_random_bits(...))` reads them: `tl.randint(key, counter)`, the element 2j+1 of a pair bits
     [28:16] of 2j's word under WORDS_PAIR and WORDS_OCTET (`pair_odd`); zeros for the other kinds. key: a loaded int64;
     counter: (checkpoint << 32) + element index; col: the element's index along the last dim (broadcast to counter)."""
-    if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
+    if ((KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR)
+            | (KIND == MX8SR)):
         odd = pair_odd(col, WORDS)
         bits = tl.randint(key, counter - odd).to(tl.int64) >> (odd * 16)
     else:

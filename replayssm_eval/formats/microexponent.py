@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from replayssm_eval.formats import layout, philox
+from replayssm_eval.formats.codec import KernelCodec, Kind
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
 
@@ -57,6 +58,14 @@ class MicroexponentFormat(StateFormat):
     @property
     def bits_per_element(self) -> float:
         return 8.0
+
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        """Covered: either axis, with the default rounds= and bits= (the chunked kernels round it in their tiles; it has
+        no packed kernel encoding)."""
+        if not self.default_random:
+            return None
+        return KernelCodec(Kind[self.base.upper()], block=BLOCK, axis=self.axis)
 
     def storage_bytes(self, shape) -> int:
         *lead, h, r, c = layout.oriented_shape(shape, self.axis)

@@ -120,6 +120,41 @@ def test_codec_rounds_as_torch(spec, device, bits_equal):
     _check_codec(fmt, device, bits_equal)
 
 
+def _mx8_states(shape) -> torch.Tensor:
+    """[B, H, P, N] states (N = 40: blocks of 16 padded) holding MX8's awkward cases along d_state in head 0."""
+    x = _states(shape)
+    step = 2.0 ** -5  # the step of a pair reaching the block's exponent E = 0
+    x[0, 0, 0, :16] = torch.tensor([1.5, 21.5 * step, -1.0, -7.5 * step, 40.5 * step / 2, 0.0, 63.75 * step, -0.0,
+                                    2.0 ** -130, 1.0, 0.5 * step, 1.0, -0.5 * step, -1.0, 2.0 ** -7, 1.25 * 2 ** -7])
+    x[0, 0, 1, :16] = torch.randn(16) * 2.0 ** -130  # a block of subnormals (E = -126, mu = 1: steps of 2^-132)
+    x[0, 0, 1, 16:32] = torch.tensor([2.0 ** -126, 3 * 2.0 ** -133, 2.0 ** -149, -(2.0 ** -127)] * 4)
+    x[0, 0, 2, 16:32] = torch.randn(16) * 2.0 ** 126  # huge, up to the largest FP32
+    x[0, 0, 2, 20] = torch.finfo(torch.float32).max
+    x[0, 0, 3, 5] = float("inf")
+    x[0, 0, 3, 33] = -float("inf")  # in the padded last block
+    x[0, 0, 4, 20] = float("nan")
+    x[0, 0, 2, :16] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("spec", ["mx8", "mx8sr", "mx8sr:axis=headdim"])
+def test_mx8_codec_awkward_values(spec, device, bits_equal):
+    """MX8's device codec (`device.mx8_tile`) == the torch format on zeros, -0, subnormals (E floor -126), huge values,
+    ties at m + 1/2 (away from zero), the clamp at 63, pairs with one zero, blocks with Inf / NaN and a blocked axis
+    of 40, through quantize_triton and the in-tile rounding, bit for bit."""
+    fmt = get_format(spec)
+    x = _mx8_states((3, 2, 5, 40))
+    if fmt.axis == "headdim":
+        x = _mx8_states((3, 2, 24, 40)).transpose(-1, -2).contiguous()  # [3, 2, 40, 24]: the cases along head_dim
+    _check_codec(fmt, device, bits_equal, x)
+    if not fmt.is_stochastic:  # the torch reference's own hand-computed values: a tie, the clamp, a subnormal block
+        y = fmt.quantize(x)[0, 0]
+        assert y[0, 1] == 22 * 2.0 ** -5 and y[0, 3] == -8 * 2.0 ** -5 and y[0, 6] == 63 * 2.0 ** -5
+        assert y[0, 4] == 41 * 2.0 ** -6 and y[0, 10] == 2.0 ** -5 and y[0, 12] == -(2.0 ** -5)
+        assert y[0, 14] == 2.0 ** -6 and y[0, 8] == 0.0 and y[0, 7] == 0.0 and not y[0, 7].signbit()
+        assert torch.isnan(y[3, :16]).all() and not torch.isnan(y[3, 16:32]).any() and torch.isnan(y[4, 16:32]).all()
+
+
 def test_capabilities():
     """What the kernels do with each format is read from its codec alone."""
     codec = get_format("nvfp4:scale=head").kernel_codec
@@ -132,7 +167,7 @@ def test_capabilities():
     assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
     for spec in ("int16sr:bits=8", "int8:scale=rowcol,rot=hadamard:8", "nvfp4:scale=rowcol", "fp16sr:rounds=7",
-                 "mx8sr"):
+                 "mx8sr:bits=6", "mx8sr:rounds=7"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
     # scale tiles and MX blocks: rounded in a chunked program's loop, their packed layout written by torch
     block = get_format("int8sr:scale=block:32").kernel_codec
@@ -150,6 +185,10 @@ def test_capabilities():
     assert mx_cols.head_span == 32 and mx_cols.in_tile(whole_head=True) and not mx_cols.in_tile(whole_head=False)
     assert get_format("fp8:axis=headdim").kernel_codec.head_span == 0 and not get_format("fp8:axis=headdim").kernel_codec.packed
     assert get_format("int8:axis=headdim,scale=none").kernel_codec.in_tile(whole_head=False)
+    # MX8: blocks of 16 rounded in the loop, never packed
+    mx8 = get_format("mx8sr").kernel_codec
+    assert mx8 == KernelCodec(Kind.MX8SR, block=16) and mx8.stochastic and mx8.in_tile(whole_head=False)
+    assert not mx8.packed and get_format("mx8:axis=headdim").kernel_codec.head_span == 16
 
 
 def test_rotation_capabilities():

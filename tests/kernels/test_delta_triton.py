@@ -63,7 +63,8 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
                                   # along head_dim (V), rotated: the whole 24 v columns in the program
                                   "int8sr:axis=headdim,scale=block:16", "fp8:axis=headdim,scale=tile:8x8,order=mul",
                                   "int16:axis=headdim", "mxfp4:axis=headdim", "int8:rot=hadamard:8",
-                                  "nvfp4:scale=row,rot=hadamard:8", "int8:axis=headdim,scale=block:8,rot=hadamard:8"])
+                                  "nvfp4:scale=row,rot=hadamard:8", "int8:axis=headdim,scale=block:8,rot=hadamard:8",
+                                  "mx8", "mx8sr", "mx8sr:axis=headdim"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
@@ -178,13 +179,13 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
     "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
             "int16sr:scale=head/int8@4", "int16sr@1"],
     "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6",
-            "int8sr/int16:order=mul@3", "vllm:int8"],
+            "int8sr/int16:order=mul@3", "vllm:int8", "pimba:mx8sr"],
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
     == the torch chunked form, up to the roundings FP32 noise flips (`one_column_share` of the outputs); awkward
     sizes (V = 40: two v-blocks, or the whole head for head scales) with one segment per launch; window 1 (`int16sr`,
-    `vllm:int8`: a rounding after every token) in one-row windows."""
+    `vllm:int8`, `pimba:mx8sr`: a rounding after every token) in one-row windows."""
     mod = FAMILIES[fam]
     inputs = delta_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
     o_ref, st_ref = mod.chunked(*inputs, text)
@@ -207,6 +208,7 @@ def test_chunked_triton_quantized(fam, text, device):
     ("int8sr:axis=headdim,scale=block:16/fp8:axis=headdim,rot=hadamard:8@4", True),
     pytest.param("nvfp4:axis=headdim,scale=row,rot=hadamard:4/bf16:rot=hadamard:8@4", True, marks=pytest.mark.slow),
     pytest.param("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True, marks=pytest.mark.slow),
+    ("mx8sr/mx8sr:axis=headdim@4", True),  # MX8 blocks of 16 along K = 40 and V = 40, the last ones short
 ])
 def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
     """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores

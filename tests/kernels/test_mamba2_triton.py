@@ -144,6 +144,8 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     # blocks and runs of 8 and 16 along head_dim 32 held by programs of 16 rows (two per head)
     ("int8:axis=headdim,scale=block:8,rot=hadamard:8/fp8sr:axis=headdim,scale=block:16,rot=hadamard:16@3",
      "read/recur", {"head_dim": 32}),
+    # MX8 blocks of 16 along d_state 40 and head_dim 40 (programs of 16 rows; the last block short)
+    ("mx8sr/mx8sr:axis=headdim@3", "read/recur", _WIDE),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
@@ -153,6 +155,7 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     inputs = tuple(t.to(device) for t in _small(tokens=12, **sizes))
     state = _phased(inputs, config, [0, 1], device)
     main = sliced(inputs, 1, 12)[:6]
+    assert None not in triton_chunk._codecs(config, state.hi.shape[2:]), "both copies must be rounded in the loop"
     y_in, st_in = chunked(*main, state, config, backend="triton")
     forced = [getattr(config, f"{copy}_format") for copy in by_torch.split("/")]
     monkeypatch.setattr(triton_chunk, "tile_codec",

@@ -111,8 +111,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
     a row scale along V, or a scale tile, block or rotation run of more than one v column with V > 128; scale tiles,
     blocks or rotation runs of other than power-of-two sizes; rotation runs that do not tile K or V; formats without a
-    kernel codec) is rounded by torch between one-segment launches. A program holds all of K and 32 v columns, or the
-    whole head where a copy's scale groups, blocks along V or rotation runs along V span more.
+    kernel codec, such as SR formats with non-default rounds= or bits=) is rounded by torch between one-segment
+    launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale groups, blocks along V
+    or rotation runs along V span more.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
