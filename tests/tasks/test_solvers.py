@@ -10,7 +10,7 @@ from replayssm_eval import cli
 from replayssm_eval.accuracy.synthetic import SYNTHETIC_TASKS, generate, prompt_and_target, write_split
 from replayssm_eval.models.fixtures import SCORING_MODELS
 
-QUESTIONS = 6  # per task: the shortest test questions, so the CPU run stays short
+QUESTIONS = 4  # per task: the shortest test questions, so the CPU run stays short
 # FP32 accuracy these questions reach at least: tiny-qwen3.5-solver names the right option of synth_swap only
 # about as often as chance; the other solvers answer both tasks (reports/accuracy-solvers/README.md)
 LEAST_ACCURACY = {"synth_sum": 0.5, "synth_swap": 1 / QUESTIONS}
