@@ -8,6 +8,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
+    round_state_tile                                               round_tile of a [head_dim, d_state] tile, oriented
     mx8_tile(x, bits, SR, BLOCK_R, BLOCK_C)                        Pimba's MX8 (`MicroexponentFormat`) of a tile
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
@@ -15,9 +16,10 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     state_bits(key, counter, col, KIND, WORDS)                     the Philox words of a stored copy
     seeded_bits(seed, counter, col, WORDS)                         the Philox words of `quantize(x, seed=...)`
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
-They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division; the rotation FP64 adds
-and products by constants in `rotation.hadamard_runs`' order), so the interpreter and any GPU give the same bits as the
-torch reference. Constants come from `rounding`.
+They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the interpreter and any
+GPU give the same bits as the torch reference; the exception is `hadamard_tile` (FP64 adds and products by constants
+in `rotation.hadamard_runs`' order), bit for bit torch's in the interpreter but not on an H200, so the chunked kernels
+leave rotated formats to torch on a GPU (`codec.tile_codec`). Constants come from `rounding`.
 
 Fast decoders for kernels that stream a packed copy (integer shifts and masks and one exact FP16 -> FP32
 cvt per element, same values as the decoders above):
@@ -579,6 +581,20 @@ def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constex
     y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
     if ROT > 1:
         y = hadamard_tile(y, ROT, BLOCK_R, BLOCK_C)
+    return y
+
+
+@triton.jit
+def round_state_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
+                     ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`round_tile` of a state tile x [BLOCK_P, BLOCK_N] (rows head_dim, columns d_state; bits alike) in the format's
+    orientation: as it lies (AXIS_DSTATE) or transposed to [BLOCK_N, BLOCK_P] (AXIS_HEADDIM)."""
+    if AXIS == AXIS_HEADDIM:
+        xt, bt = tl.trans(x), tl.trans(bits)  # [BLOCK_N, BLOCK_P]: format rows are d_state indices
+        y = tl.trans(round_tile(xt, bt, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_N, BLOCK_P))
+    else:
+        y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_P, BLOCK_N)
     return y
 
 

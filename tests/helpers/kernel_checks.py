@@ -48,16 +48,12 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, 
     elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
     x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
     bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
-    if AXIS == device.AXIS_HEADDIM:  # the oriented [N, P] view
-        y = tl.trans(device.round_tile(tl.trans(x), tl.trans(bits), KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_C,
-                                       BLOCK_R))
-    else:
-        y = device.round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_R, BLOCK_C)
+    y = device.round_state_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + b * R * C + elem, y, mask=mask)
 
 
 def round_tile_in_kernel(x: torch.Tensor, codec: KernelCodec, keys: torch.Tensor, checkpoint: torch.Tensor):
-    """`device.round_tile` of states x [B, 1, P, N] (one head each) in a kernel program that holds a whole state,
+    """`device.round_state_tile` of states x [B, 1, P, N] (one head each) in a kernel program that holds a whole state,
     oriented as the codec's axis, its Philox words from `device.state_bits` with keys and checkpoint ([B] int64,
     `replay.keys`); the result is on x's device."""
     b, _, p, n = x.shape

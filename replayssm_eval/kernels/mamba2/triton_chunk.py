@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
-from replayssm_eval.formats.device import AXIS_HEADDIM, quantize_tile, round_tile, state_bits, tile_amax
+from replayssm_eval.formats.device import quantize_tile, round_state_tile, state_bits, tile_amax
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.tile_dot import dot, window_rows
@@ -53,20 +53,6 @@ _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (25
 # `_chunk_scan_kernel`'s PASS: everything in one pass; or, for a read copy with a head scale held by programs of a head
 # tile each, the folds alone with each tile's amax per fold, then everything with the head's amax
 PASS_ONE, PASS_AMAX, PASS_OUTPUT = (tl.constexpr(p) for p in range(3))
-
-
-@triton.jit
-def _round_state(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr,
-                 ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BLOCK_P: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """`round_tile` of a state tile x [BLOCK_P, BLOCK_N] (rows head_dim, columns d_state; bits alike) in the format's
-    orientation: as it lies (blocks along d_state) or transposed to [BLOCK_N, BLOCK_P] (AXIS_HEADDIM)."""
-    if AXIS == AXIS_HEADDIM:
-        xt, bt = tl.trans(x), tl.trans(bits)  # [BLOCK_N, BLOCK_P]: format rows are d_state indices
-        y = tl.trans(round_tile(xt, bt, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_N, BLOCK_P))
-    else:
-        y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BLOCK_P, BLOCK_N)
-    return y
 
 
 @triton.jit
@@ -145,7 +131,7 @@ def _chunk_scan_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 folded = g_seg * hi + dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = _round_state(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
+            hi = round_state_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
                               RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                               BLOCK_P, BLOCK_N)
             at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
@@ -162,7 +148,7 @@ def _chunk_scan_kernel(
                 bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS)
                 lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             else:
-                lo = _round_state(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
+                lo = round_state_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
                                   READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
                                   BLOCK_P, BLOCK_N)
             pre = folded
