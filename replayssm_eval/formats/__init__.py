@@ -29,8 +29,9 @@ tensor of uint32 values, x's shape) replaces Philox; a format uses bits [K-1:0] 
 another assignment of words to elements (`formats.ElementwiseFormat`).
 
 Kernels. `fmt.kernel_codec` (`codec.KernelCodec`, None where torch rounds the format) is all a Triton
-kernel reads of a format: element kind, scale group, scale max, block, axis, rotation, random-word layout, and what
-the kernels can do with it. `device` holds the Triton device codecs (roundings, encoders, decoders) every kernel calls;
+kernel reads of a format: element kind, scale group (`rowcol` included: column factors, then row scales), scale max,
+block, axis, rotation, random-word layout, and what the kernels can do with it.
+`device` holds the Triton device codecs (roundings, encoders, decoders) every kernel calls;
 `triton` the one-launch encoders `encode_triton` and `quantize_triton`.
 """
 

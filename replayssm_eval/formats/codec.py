@@ -2,13 +2,13 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: FP8 and integer formats with rowcol scales, ef=, non-default SR rounds= / bits=, and rot=
-over any of those) is rounded by torch.
+A format without one (None: ef=, non-default SR rounds= / bits=, and rot= over any of those) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
     group   the group of the FP32 global scale (`Group`): none, per row of the blocked axis, per head,
-            per leading index (tensor), per tile of rows x cols of the oriented head (block:N, tile:RxC)
+            per leading index (tensor), per tile of rows x cols of the oriented head (block:N, tile:RxC), or per row
+            of the head divided by its column factors (rowcol: c_j = max_i |x_ij| over the head's rows, 1 where 0)
     max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise)
     rows    group tile: the tile's rows of the oriented head [R, C] (0: all R; 1 for block:N)
     cols    group tile: the tile's columns along the blocked axis (0: all C; N for block:N)
@@ -66,10 +66,11 @@ class Group(enum.IntEnum):
     HEAD = 2
     TENSOR = 3
     TILE = 4
+    ROWCOL = 5
 
     @property
     def scale(self) -> str:
-        """The group's name in the format options and `layout` (`row`, `head`, `tensor`, `none`)."""
+        """The group's name in the format options and `layout` (`row`, `head`, `tensor`, `none`; `tile`, `rowcol`)."""
         return self.name.lower()
 
 
@@ -145,17 +146,19 @@ class KernelCodec:
     @property
     def packed(self) -> bool:
         """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
-        the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles)."""
-        return self.natural and self.kind not in _BLOCK_EXPONENT_KINDS and self.group != Group.TILE
+        the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles or column
+        factors)."""
+        return self.natural and self.kind not in _BLOCK_EXPONENT_KINDS and self.group not in (Group.TILE, Group.ROWCOL)
 
     @property
     def head_span(self) -> int:
         """Consecutive head_dim indices one scale group, block or rotation run spans (0: all of them). The chunked
         kernels' programs hold all of d_state and a slab of head_dim: along d_state (axis=dstate) a format row is one
         head_dim index, a head all of them, a scale tile `rows` of them; along head_dim (axis=headdim) a row or head
-        scale spans them all, a scale tile or block `cols`, an MX / NVFP4 block and a rotation run their size."""
+        scale spans them all, a scale tile or block `cols`, an MX / NVFP4 block and a rotation run their size. Column
+        factors (rowcol) span the whole head along either axis."""
         if self.axis == "dstate":
-            return {Group.HEAD: 0, Group.TILE: self.rows}.get(self.group, 1)
+            return {Group.HEAD: 0, Group.ROWCOL: 0, Group.TILE: self.rows}.get(self.group, 1)
         group = {Group.NONE: 1, Group.TILE: self.cols}.get(self.group, 0)
         return 0 if group == 0 else max(group, self.block, self.rot)
 

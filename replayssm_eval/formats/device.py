@@ -12,7 +12,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     mx8_tile(x, bits, SR, BLOCK_R, BLOCK_C)                        Pimba's MX8 (`MicroexponentFormat`) of a tile
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
-    scale_tile_amax
+    scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
     state_bits(key, counter, col, KIND, WORDS)                     the Philox words of a stored copy
     seeded_bits(seed, counter, col, WORDS)                         the Philox words of `quantize(x, seed=...)`
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
@@ -34,9 +34,9 @@ cvt per element, same values as the decoders above):
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
 numbering, constexprs FP32 ... MX8SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
-GROUP_TENSOR, GROUP_TILE), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS, COLS (`codec.tile`)
-and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to orient its tile); a stochastic
-kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
+GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS, COLS
+(`codec.tile`) and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to orient its tile);
+a stochastic kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from replayssm_eval.formats.codec import Group, Kind, Order, Words
 # the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
 (FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT, MX8,
  MX8SR) = (tl.constexpr(int(k)) for k in Kind)
-GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE = (tl.constexpr(int(g)) for g in Group)
+GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
 AXIS_DSTATE, AXIS_HEADDIM = tl.constexpr(0), tl.constexpr(1)  # `KernelCodec.basis`'s AXIS
@@ -409,6 +409,16 @@ def row_amax(x, mask, ORDER: tl.constexpr):
 
 
 @triton.jit
+def column_factors(x):
+    """[1, C] column factors of scale=rowcol (`formats.column_factors`) of x [R, C] holding the whole oriented head
+    (padding zero): max |x| over the rows, NaN propagating (comparisons, as `row_amax`), 1 where 0."""
+    a = tl.abs(x)
+    nan = tl.max((a != a).to(tl.int32), axis=0)[None, :]
+    col = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=0)[None, :])
+    return tl.where(col == 0.0, 1.0, col)
+
+
+@triton.jit
 def nvfp4_tile(x, amax, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """NVFP4 of x [BLOCK_R, BLOCK_C] in TransformerEngine's order of operations (amax [BLOCK_R, 1]).
 
@@ -466,8 +476,9 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
 
     bits: [BLOCK_R, BLOCK_C] uint32 words (SR kinds); amax: [BLOCK_R, 1] amax of each row's global-scale
     group (NVFP4's S_enc; the scale amax / MAX of an elementwise kind with a group), [BLOCK_R, BLOCK_C] each
-    element's for GROUP_TILE. Padding must be zero (it never raises a block max); an MX block longer than BLOCK_C
-    is the whole padded row.
+    element's for GROUP_TILE. GROUP_ROWCOL rounds as GROUP_ROW: x is already divided by its column factors, which the
+    caller multiplies back (`round_tile`). Padding must be zero (it never raises a block max); an MX block longer than
+    BLOCK_C is the whole padded row.
     """
     if KIND == NVFP4:
         q, s_b, s_dec = nvfp4_tile(x, amax, BLOCK_R, BLOCK_C)
@@ -570,15 +581,21 @@ def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constex
     """`quantize_tile` of a tile x [BLOCK_R, BLOCK_C] of the oriented state (blocks along C) holding whole format rows
     (padding zero) whose scale groups lie inside it (`KernelCodec.in_tile`): a row's amax over C, a head's over the
     whole tile (GROUP_HEAD), a scale tile's over its ROWS x COLS (GROUP_TILE, `codec.tile`: the program holds whole
-    tiles, or the whole head where a tile is taller than BLOCK_R). ROT > 1: rotated by H_ROT along C before and rotated
-    back after (`hadamard_tile`; the program holds whole runs, padding whole runs of zeros)."""
+    tiles, or the whole head where a tile is taller than BLOCK_R), a row's of x / c over C (GROUP_ROWCOL, the tile
+    holding the whole head: y = x / c by the column factors c, its row scale, then (q * s) * c, in `ScaledFormat`'s
+    and `NVFP4Format`'s order). ROT > 1: rotated by H_ROT along C before and rotated back after (`hadamard_tile`; the
+    program holds whole runs, padding whole runs of zeros)."""
     if ROT > 1:
         x = hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)
     if GROUP == GROUP_TILE:
-        amax = scale_tile_amax(x, ROWS, COLS, ORDER, BLOCK_R, BLOCK_C)
+        y = quantize_tile(x, bits, scale_tile_amax(x, ROWS, COLS, ORDER, BLOCK_R, BLOCK_C), KIND, GROUP, MAX, ORDER,
+                          BLOCK_R, BLOCK_C)
+    elif GROUP == GROUP_ROWCOL:
+        col = column_factors(x)  # [1, BLOCK_C]
+        xc = tl.math.div_rn(x, col + tl.zeros_like(x))  # x / c
+        y = quantize_tile(xc, bits, tile_amax(xc, False, ORDER), KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C) * col
     else:
-        amax = tile_amax(x, GROUP == GROUP_HEAD, ORDER)
-    y = quantize_tile(x, bits, amax, KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
+        y = quantize_tile(x, bits, tile_amax(x, GROUP == GROUP_HEAD, ORDER), KIND, GROUP, MAX, ORDER, BLOCK_R, BLOCK_C)
     if ROT > 1:
         y = hadamard_tile(y, ROT, BLOCK_R, BLOCK_C)
     return y

@@ -337,10 +337,10 @@ class ScaledFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: either axis with scale row, head, tensor, none, block:N or tile:RxC (group tile), either order,
-        default SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr, fp8e5m2, int8,
-        int8sr, int16, int16sr)."""
-        if self.scale == "rowcol" or not self.default_random:
+        """Covered: either axis with every scale (tile:RxC and block:N as a group tile, rowcol as `Group.ROWCOL`),
+        either order, default SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr,
+        fp8e5m2, int8, int8sr, int16, int16sr)."""
+        if not self.default_random:
             return None
         kind, order = Kind[self.base.upper()], Order[self.order.upper()]
         if self.tile:
@@ -565,10 +565,8 @@ class NVFP4Format(StateFormat):
         return "row" if self.scale == "rowcol" else self.scale
 
     @property
-    def kernel_codec(self) -> KernelCodec | None:
-        """Covered: every scale but rowcol."""
-        if self.scale == "rowcol":
-            return None
+    def kernel_codec(self) -> KernelCodec:
+        """Covered: every scale (rowcol as `Group.ROWCOL`: S_dec per row of x / c)."""
         return KernelCodec(Kind.NVFP4, Group[self.scale.upper()], block=self.BLOCK, axis=self.axis)
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:

@@ -5,7 +5,8 @@ flush writes; Philox keyed per state as `replay.keys`), in one launch after any 
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
 `kernel_codec` only (fp16sr's word layouts and conversions included). Group amax reductions over more than a
 row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before the launch, in torch
-(`encode_triton`'s head scales in one amax launch of their own, `head_amax`); row maxima, block maxima, scales,
+(`encode_triton`'s head scales in one amax launch of their own, `head_amax`), as do scale=rowcol's column factors
+(`quantize_triton` rounds x / c by rows in the kernel and multiplies c back); row maxima, block maxima, scales,
 rounding and Philox (`tl.randint(seed, offset + flat index)`, or the word layout's `tl.randint4x` calls:
 `device.seeded_bits`) run in the kernel; a rotation (`rot=`) runs in torch around it (`rotation.rotate_runs`).
 """
@@ -23,7 +24,7 @@ from replayssm_eval.formats.device import (
     INT16SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile,
     round_kind, row_amax, scale_elements, seeded_bits, state_bits,
 )
-from replayssm_eval.formats.formats import StateFormat
+from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
 from replayssm_eval.formats.rotation import rotate_runs
 
@@ -60,9 +61,10 @@ def _quantize_kernel(
 
 
 def _group_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor:
-    """amax `[B, H|1, R|1, 1]` of each global scale group of the oriented xo `[B, H, R, C]`, NaN read as codec.order
-    reads it."""
-    return layout.group_amax(xo, codec.group.scale, skip_nan=codec.order == Order.MUL)
+    """amax `[B, H|1, R|1, 1]` of each global scale group of the oriented xo `[B, H, R, C]` (scale=rowcol: of x / c,
+    by rows), NaN read as codec.order reads it."""
+    scale = "row" if codec.group == Group.ROWCOL else codec.group.scale
+    return layout.group_amax(xo, scale, skip_nan=codec.order == Order.MUL)
 
 
 def _row_amax(xo: torch.Tensor, codec: KernelCodec) -> torch.Tensor | None:
@@ -87,6 +89,9 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     xo = layout.orient(layout.as_bhpn(x), codec.axis).contiguous()  # [B, H, R, C]
     if codec.rot > 1:
         xo = rotate_runs(xo, codec.rot, codec.axis)
+    col = column_factors(xo) if codec.group == Group.ROWCOL else None  # [B, H, 1, C]
+    if col is not None:
+        xo = xo / col
     n_cols = xo.shape[-1]
     n_rows = xo.numel() // max(n_cols, 1)
     mode = _NO_BITS
@@ -110,6 +115,8 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
             xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
             *codec.args, WORDS=int(codec.words), BITS=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
         )
+    if col is not None:
+        y = y * col
     if codec.rot > 1:
         y = rotate_runs(y, codec.rot, codec.axis)
     return layout.unorient(y, codec.axis).reshape(x.shape).to(x.dtype)

@@ -8,6 +8,7 @@ registered with only its class and its codec, and runs through the references an
 conformance check of the Triton decode steps.
 """
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,7 +22,7 @@ from replayssm_eval.formats.rotation import hadamard_runs
 from replayssm_eval.formats.triton import encode_triton, quantize_triton
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import state_random_bits
-from replayssm_eval.regress import conformance
+from replayssm_eval.regress import conformance, golden
 
 from tests.helpers.kernel_checks import round_tile_in_kernel
 
@@ -155,6 +156,51 @@ def test_mx8_codec_awkward_values(spec, device, bits_equal):
         assert torch.isnan(y[3, :16]).all() and not torch.isnan(y[3, 16:32]).any() and torch.isnan(y[4, 16:32]).all()
 
 
+def _rowcol_states(codec, shape=(3, 2, 24, 40)) -> torch.Tensor:
+    """[B, H, P, N] states for scale=rowcol, built in the codec's oriented view [B, H, R, C] (transposed along
+    head_dim): `_states` plus, in head 0 of state 0, a zero column, a column of subnormals (a subnormal column
+    factor), -0.0 and subnormals beside normal values; in head 1 of state 1, column factors that are powers of two
+    (the head's first row) and rows that divide to midpoints of the element grid (`golden`'s ties; none for NVFP4's
+    blocks) times 2^-e, with amax codec.max * 2^-e < 1 (an exact power-of-two row scale)."""
+    xo = _states(shape)
+    xo[0, 0, :, 3] = 0.0
+    xo[0, 0, :, 5] = torch.randn(shape[2]) * 1e-40
+    xo[0, 0, 2, 7], xo[0, 0, 4, 8], xo[0, 0, 6, 9] = -0.0, 1e-42, -(2.0 ** -130)
+    if codec.kind != Kind.NVFP4:
+        ties = golden.INT_TIES if "INT" in codec.kind.name else golden.FP_TIES
+        step = 2.0 ** -math.ceil(math.log2(codec.max + 1))  # 2^-e: the row scale
+        y = torch.tensor(ties)[torch.arange((shape[2] - 1) * shape[3]) % len(ties)].view(shape[2] - 1, shape[3])
+        y[:, ::2] *= -1.0
+        y[:, 0] = codec.max
+        col = 2.0 ** (torch.arange(shape[3]) % 7 - 3.0)  # [C] the column factors
+        xo[1, 1, 0] = col
+        xo[1, 1, 1:] = y * step * col
+    return xo.transpose(-1, -2).contiguous() if codec.axis == "headdim" else xo
+
+
+@pytest.mark.parametrize("spec", ["fp8:scale=rowcol", "fp8sr:scale=rowcol", "fp8e5m2:scale=rowcol,order=mul",
+                                  "fp8:axis=headdim,scale=rowcol,max=240", "int8:scale=rowcol",
+                                  "int8sr:axis=headdim,scale=rowcol", "int16:scale=rowcol,order=mul",
+                                  "int16sr:scale=rowcol,order=mul", "nvfp4:scale=rowcol",
+                                  "nvfp4:axis=headdim,scale=rowcol"])
+def test_rowcol_codec_awkward_values(spec, device, bits_equal):
+    """scale=rowcol's codec (`Group.ROWCOL`: column factors, x / c, row scales, (q * s) * c in the kernel) == the torch
+    format on zero columns, subnormal column factors and elements, -0.0 and ties of the element grid, along either
+    axis, through quantize_triton and the in-tile rounding, bit for bit; never packed."""
+    fmt = get_format(spec)
+    codec = fmt.kernel_codec
+    assert codec.group == Group.ROWCOL and not codec.packed and packed_codec(fmt) is None
+    x = _rowcol_states(codec)
+    _check_codec(fmt, device, bits_equal, x)
+    if codec.kind in (Kind.FP8, Kind.INT8):  # the ties head: v = y / 2^-e exactly, rounded to even, times 2^-e, times c
+        orient = (lambda t: t.transpose(-1, -2)) if codec.axis == "headdim" else (lambda t: t)
+        xo, got = orient(x[1, 1]), orient(fmt.quantize(x)[1, 1])  # [R, C]
+        step = 2.0 ** -math.ceil(math.log2(codec.max + 1))
+        v = (xo[1:] / xo[0]) / step
+        q = torch.round(v) if codec.kind == Kind.INT8 else rounding.round_e4m3(v)
+        assert not torch.equal(q, v) and torch.equal(got[1:], (q * step) * xo[0])
+
+
 def test_capabilities():
     """What the kernels do with each format is read from its codec alone."""
     codec = get_format("nvfp4:scale=head").kernel_codec
@@ -166,9 +212,15 @@ def test_capabilities():
     assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
     assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
-    for spec in ("int16sr:bits=8", "int8:scale=rowcol,rot=hadamard:8", "nvfp4:scale=rowcol", "fp16sr:rounds=7",
-                 "mx8sr:bits=6", "mx8sr:rounds=7"):
+    for spec in ("int16sr:bits=8", "fp16sr:rounds=7", "mx8sr:bits=6", "mx8sr:rounds=7"):
         assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
+    # two-axis scales: rounded where a program holds the whole head (column factors span it on either axis), not packed
+    for spec in ("int8:scale=rowcol,rot=hadamard:8", "nvfp4:scale=rowcol", "fp8sr:axis=headdim,scale=rowcol"):
+        rowcol = get_format(spec).kernel_codec
+        assert rowcol.group == Group.ROWCOL and rowcol.head_span == 0 and packed_codec(get_format(spec)) is None
+        assert rowcol.in_tile(whole_head=True) and not rowcol.in_tile(whole_head=False) and rowcol.spans(128)
+    assert get_format("int16:scale=rowcol,order=mul").kernel_codec == KernelCodec(Kind.INT16, Group.ROWCOL, 32767.0,
+                                                                                   order=Order.MUL)
     # scale tiles and MX blocks: rounded in a chunked program's loop, their packed layout written by torch
     block = get_format("int8sr:scale=block:32").kernel_codec
     assert block == KernelCodec(Kind.INT8SR, Group.TILE, 127.0, rows=1, cols=32) and block.tile == (1, 32)

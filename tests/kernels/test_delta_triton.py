@@ -64,7 +64,9 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
                                   "int8sr:axis=headdim,scale=block:16", "fp8:axis=headdim,scale=tile:8x8,order=mul",
                                   "int16:axis=headdim", "mxfp4:axis=headdim", "int8:rot=hadamard:8",
                                   "nvfp4:scale=row,rot=hadamard:8", "int8:axis=headdim,scale=block:8,rot=hadamard:8",
-                                  "mx8", "mx8sr", "mx8sr:axis=headdim"])
+                                  "mx8", "mx8sr", "mx8sr:axis=headdim",
+                                  # two-axis scales: column factors over the 24 v columns or the 40 k rows
+                                  "int8:scale=rowcol,order=mul", "fp8sr:axis=headdim,scale=rowcol"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
@@ -209,6 +211,8 @@ def test_chunked_triton_quantized(fam, text, device):
     pytest.param("nvfp4:axis=headdim,scale=row,rot=hadamard:4/bf16:rot=hadamard:8@4", True, marks=pytest.mark.slow),
     pytest.param("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True, marks=pytest.mark.slow),
     ("mx8sr/mx8sr:axis=headdim@4", True),  # MX8 blocks of 16 along K = 40 and V = 40, the last ones short
+    # two-axis scales: column factors over V = 40 (the whole head in the program) or over K = 40 (axis=headdim)
+    ("nvfp4:scale=rowcol/int8sr:axis=headdim,scale=rowcol@4", True),
 ])
 def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
     """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores

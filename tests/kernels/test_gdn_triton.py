@@ -107,7 +107,7 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
     pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     "int8:axis=headdim,scale=tile:3x8,rot=hadamard:8/fp32@4",
-    pytest.param("nvfp4:scale=rowcol,rot=hadamard:8/fp32@4#closed", marks=SLOW),
+    pytest.param("nvfp4:scale=tensor,rot=hadamard:8/fp32@4#closed", marks=SLOW),
     "shared:int16sr:bits=8@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4", "shared:fp8:scale=tile:4x12,max=240@4",
     "int8:scale=tile:8x6/fp32@4"])
 def test_chunked_triton_torch_rounded_copies(text, device):

@@ -57,6 +57,8 @@ def _phased(inputs, config, pre, device):
     ("shared:fp16sr:words=octet@3#buf=bf16", 1, 23),
     # along head_dim (P = 20: the whole head, blocks of 8 the last one short) and rotated along P or d_state
     ("nvfp4:axis=headdim/int8sr:axis=headdim,scale=block:8,rot=hadamard:4@4", 3, 24),
+    # two-axis scales (column factors over the whole head) along d_state and head_dim
+    ("nvfp4:scale=rowcol/int16sr:axis=headdim,scale=rowcol,order=mul@4", 3, 24),
     ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
     pytest.param("int8:rot=hadamard:8/mxfp4:axis=headdim@4", 1, 24, marks=pytest.mark.slow),
 ])
@@ -91,7 +93,6 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
     ("fp16/int8:scale=tile:4x6@4", 1, 24),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
-    ("nvfp4:scale=rowcol/int16sr:scale=block:8@4", 3, 24),
     ("shared:fp8sr:axis=headdim,scale=tile:2x6,max=240@4", 1, 24),
     ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
@@ -146,6 +147,8 @@ _WIDE = {"head_dim": 40, "d_state": 40}
      "read/recur", {"head_dim": 32}),
     # MX8 blocks of 16 along d_state 40 and head_dim 40 (programs of 16 rows; the last block short)
     ("mx8sr/mx8sr:axis=headdim@3", "read/recur", _WIDE),
+    # two-axis scales: column factors over head_dim 40 or d_state 40 (programs holding the whole head)
+    ("fp8sr:scale=rowcol/nvfp4:axis=headdim,scale=rowcol@3", "read/recur", _WIDE),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy

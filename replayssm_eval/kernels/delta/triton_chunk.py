@@ -42,7 +42,8 @@ def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexp
 
     Blocks along d_state (AXIS_DSTATE): a format row is one v column (amax over K), a scale tile ROWS v columns x
     COLS k rows, rotation runs along K; along head_dim (AXIS_HEADDIM): a format row is one k row (amax over V), a
-    scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head is the whole tile.
+    scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head, and the rows a rowcol
+    column factor spans, are the whole tile.
     elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in
     the word layout WORDS, whose pairs run along K (`device.state_bits`).
     """
@@ -109,11 +110,11 @@ def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.con
 def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
     """backend="triton" of `chunked` (FP32 only) through the family's `chunked(p, hi_codec, lo_codec, launch)`; a copy
     whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
-    a row scale along V, or a scale tile, block or rotation run of more than one v column with V > 128; scale tiles,
-    blocks or rotation runs of other than power-of-two sizes; rotation runs that do not tile K or V; formats without a
-    kernel codec, such as SR formats with non-default rounds= or bits=) is rounded by torch between one-segment
-    launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale groups, blocks along V
-    or rotation runs along V span more.
+    a two-axis (rowcol) scale, a row scale along V, or a scale tile, block or rotation run of more than one v column
+    with V > 128; scale tiles, blocks or rotation runs of other than power-of-two sizes; rotation runs that do not tile
+    K or V; formats without a kernel codec, such as SR formats with non-default rounds= or bits=) is rounded by torch
+    between one-segment launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale
+    groups (column factors included), blocks along V or rotation runs along V span more.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with

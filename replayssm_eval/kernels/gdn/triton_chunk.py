@@ -17,11 +17,11 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    copies in-kernel (Philox bits `tl.randint(key, (checkpoint << 32) + element)`, as
    `replay.keys`), using the formats' device codecs (`formats.device`, by each format's kernel
    codec). In-kernel formats: fp32, bf16, fp16, fp16sr, fp8 / fp8sr / fp8e5m2 and int8 / int8sr /
-   int16 / int16sr with scale=row|none|block:N (|head|tile:RxC), N, R, C powers of two or 0, along K
-   or (axis=headdim) along V; nvfp4 with scale=row (|head); mxfp8, mxfp4 and Pimba's mx8 / mx8sr (default
+   int16 / int16sr with scale=row|none|block:N (|head|tile:RxC|rowcol), N, R, C powers of two or 0, along K
+   or (axis=headdim) along V; nvfp4 with scale=row (|head|rowcol); mxfp8, mxfp4 and Pimba's mx8 / mx8sr (default
    bits= and rounds=) along K or V; and any of these with
    rot=hadamard:N (runs of N along K or V, N a power of two dividing that dim; `modelopt:int8-hadamard`).
-   `head`, tiles of more than 32 v rows and anything spanning more than one v column along V (row
+   `head`, `rowcol`, tiles of more than 32 v rows and anything spanning more than one v column along V (row
    scales, blocks, rotation runs with axis=headdim) need the whole head in one program (used when V <= 128).
    A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
    fp8 and int scale=tensor, spans across v columns with V > 128, tiles of other sizes) or without a

@@ -8,12 +8,13 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
   bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with
-  scale=row|head|none and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
-  `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head), mxfp8, mxfp4 and Pimba's mx8 / mx8sr (default
-  bits= and rounds=) on either axis; and any of
+  scale=row|head|none|rowcol and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
+  `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head|rowcol), mxfp8, mxfp4 and Pimba's mx8 / mx8sr
+  (default bits= and rounds=) on either axis; and any of
   these with rot=hadamard:N (runs of N along the format's axis, N a power of two dividing that dim). A program holds
-  16 rows of the head, or the whole head for a recurrence copy's head scale, for tiles of more than 16 rows and for
-  anything spanning more than one head_dim row along head_dim (row scales, blocks, rotation runs). A head-scaled
+  16 rows of the head, or the whole head for a recurrence copy's head scale, for tiles of more than 16 rows, for
+  two-axis scales (rowcol: column factors over the head) and for anything spanning more than one head_dim row along
+  head_dim (row scales, blocks, rotation runs). A head-scaled
   read copy along d_state without rotation, which never feeds the fold, keeps the programs of 16 rows and takes two
   launches: the folds alone with each program's amax (`PASS_AMAX`), then everything with the head's amax
   (`PASS_OUTPUT`); the two launches fold the same tiles in the same order, so the same bits. The other formats
