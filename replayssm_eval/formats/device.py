@@ -368,11 +368,23 @@ def magnitudes(x, ORDER: tl.constexpr):
 
 
 @triton.jit
+def _nan_max(a, AXIS: tl.constexpr):
+    """max of the 2-D a along AXIS, kept as a dim of size 1, NaN propagating (comparisons, as tl.max's own NaN rule
+    differs by backend)."""
+    nan = tl.max((a != a).to(tl.int32), axis=AXIS, keep_dims=True)
+    return tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=AXIS, keep_dims=True))
+
+
+@triton.jit
 def tile_amax(x, WHOLE: tl.constexpr, ORDER: tl.constexpr):
-    """[R, 1] amax of each row of x [R, C], or of the whole tile broadcast to every row; ORDER_MUL skips NaN."""
-    amax = tl.max(magnitudes(x, ORDER), axis=1)[:, None]
+    """[R, 1] amax of each row of x [R, C], or of the whole tile broadcast to every row, as torch's
+    `layout.group_amax`: NaN propagates (ORDER_DIV) or is skipped (ORDER_MUL)."""
+    if ORDER == ORDER_MUL:  # its magnitudes read NaN as -FLT_MAX
+        amax = tl.max(magnitudes(x, ORDER), axis=1, keep_dims=True)
+    else:
+        amax = _nan_max(tl.abs(x), 1)
     if WHOLE:
-        amax = tl.max(amax, axis=0)[None, :] + tl.zeros_like(amax)
+        amax = _nan_max(amax, 0) + tl.zeros_like(amax)
     return amax
 
 
@@ -403,18 +415,15 @@ def row_amax(x, mask, ORDER: tl.constexpr):
     if ORDER == ORDER_MUL:
         amax = tl.max(tl.where(mask, a, -_FLT_MAX), axis=1)[:, None]
     else:
-        nan = tl.max((a != a).to(tl.int32), axis=1)[:, None]
-        amax = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=1)[:, None])
+        amax = _nan_max(a, 1)
     return amax
 
 
 @triton.jit
 def column_factors(x):
     """[1, C] column factors of scale=rowcol (`formats.column_factors`) of x [R, C] holding the whole oriented head
-    (padding zero): max |x| over the rows, NaN propagating (comparisons, as `row_amax`), 1 where 0."""
-    a = tl.abs(x)
-    nan = tl.max((a != a).to(tl.int32), axis=0)[None, :]
-    col = tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=0)[None, :])
+    (padding zero): max |x| over the rows, NaN propagating, 1 where 0."""
+    col = _nan_max(tl.abs(x), 0)
     return tl.where(col == 0.0, 1.0, col)
 
 

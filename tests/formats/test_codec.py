@@ -161,11 +161,13 @@ def _rowcol_states(codec, shape=(3, 2, 24, 40)) -> torch.Tensor:
     head_dim): `_states` plus, in head 0 of state 0, a zero column, a column of subnormals (a subnormal column
     factor), -0.0 and subnormals beside normal values; in head 1 of state 1, column factors that are powers of two
     (the head's first row) and rows that divide to midpoints of the element grid (`golden`'s ties; none for NVFP4's
-    blocks) times 2^-e, with amax codec.max * 2^-e < 1 (an exact power-of-two row scale)."""
+    blocks) times 2^-e, with amax codec.max * 2^-e < 1 (an exact power-of-two row scale); a NaN in head 0 and an Inf
+    in head 1 of state 2."""
     xo = _states(shape)
     xo[0, 0, :, 3] = 0.0
     xo[0, 0, :, 5] = torch.randn(shape[2]) * 1e-40
     xo[0, 0, 2, 7], xo[0, 0, 4, 8], xo[0, 0, 6, 9] = -0.0, 1e-42, -(2.0 ** -130)
+    xo[2, 0, 3, 11], xo[2, 1, 5, 13] = float("nan"), float("inf")  # a NaN column factor; an Inf one (Inf / Inf = NaN)
     if codec.kind != Kind.NVFP4:
         ties = golden.INT_TIES if "INT" in codec.kind.name else golden.FP_TIES
         step = 2.0 ** -math.ceil(math.log2(codec.max + 1))  # 2^-e: the row scale
@@ -185,8 +187,8 @@ def _rowcol_states(codec, shape=(3, 2, 24, 40)) -> torch.Tensor:
                                   "nvfp4:axis=headdim,scale=rowcol"])
 def test_rowcol_codec_awkward_values(spec, device, bits_equal):
     """scale=rowcol's codec (`Group.ROWCOL`: column factors, x / c, row scales, (q * s) * c in the kernel) == the torch
-    format on zero columns, subnormal column factors and elements, -0.0 and ties of the element grid, along either
-    axis, through quantize_triton and the in-tile rounding, bit for bit; never packed."""
+    format on zero columns, subnormal column factors and elements, -0.0, NaN and Inf, and ties of the element grid,
+    along either axis, through quantize_triton and the in-tile rounding, bit for bit; never packed."""
     fmt = get_format(spec)
     codec = fmt.kernel_codec
     assert codec.group == Group.ROWCOL and not codec.packed and packed_codec(fmt) is None
@@ -199,6 +201,23 @@ def test_rowcol_codec_awkward_values(spec, device, bits_equal):
         v = (xo[1:] / xo[0]) / step
         q = torch.round(v) if codec.kind == Kind.INT8 else rounding.round_e4m3(v)
         assert not torch.equal(q, v) and torch.equal(got[1:], (q * step) * xo[0])
+
+
+@pytest.mark.parametrize("spec", ["int8", "fp8:scale=head", "nvfp4", "nvfp4:scale=row", "int16sr:axis=headdim",
+                                  "fp8:scale=head,order=mul"])
+def test_in_tile_rounding_of_non_finite_groups(spec, device, bits_equal):
+    """The in-tile rounding of a row or head scale holding NaN or Inf == the torch format (a NaN amax makes the group
+    NaN under order=div, which skips it under order=mul): `device.tile_amax` propagates NaN by comparisons."""
+    fmt = get_format(spec)
+    x = _states((3, 2, 6, 20))  # [B, H, P, N]
+    x[0, 0, 2, 5], x[1, 1, 3, 7], x[2, 0, 4, 1] = float("nan"), float("inf"), -float("inf")
+    keys, checkpoint = torch.tensor([11, 2**40 + 3, 7]), torch.tensor([0, 5, 2**20])
+    words = state_random_bits(keys, checkpoint, (1, 6, 20))  # [B, 1, P, N]
+    for head in (0, 1):
+        xs = x[:, head:head + 1].contiguous()  # [B, 1, P, N]: one program per state of one head
+        bits = {"random_bits": words} if fmt.is_stochastic else {}
+        want = fmt.quantize(xs, **bits)
+        bits_equal(round_tile_in_kernel(xs.to(device), fmt.kernel_codec, keys, checkpoint).cpu(), want)
 
 
 def test_capabilities():
