@@ -241,7 +241,7 @@ def test_encode_triton_rejects(device):
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
     for spec in ("int8sr:bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
-                 "nvfp4:scale=rowcol", "fp16sr:rounds=7", "fp8sr:bits=8", "fp16:rot=hadamard:32",
+                 "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp16sr:rounds=7", "fp8sr:bits=8", "fp16:rot=hadamard:32",
                  "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
         assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):
