@@ -38,13 +38,15 @@ def cases() -> list:
     none, row, head, tensor, tile = (int(g) for g in (Group.NONE, Group.ROW, Group.HEAD, Group.TENSOR, Group.TILE))
     div, mul = int(Order.DIV), int(Order.MUL)
     element, pair, octet = int(Words.ELEMENT), int(Words.PAIR), int(Words.OCTET)
+    # `KernelCodec.random` (words, Philox rounds, bits): a deterministic kind's; non-default rounds= and bits=
+    plain, paired, sr8, sr32 = (element, 10, 0), (pair, 10, 13), (element, 7, 8), (element, 10, 32)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
-                     HI_ORDER=div, HI_WORDS=pair, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, LO_KIND=nvfp4,
-                     LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_WORDS=element, LO_ROWS=1, LO_COLS=0, LO_AXIS=0, LO_ROT=1,
+                     HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, LO_KIND=nvfp4,
+                     LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0, LO_AXIS=0, LO_ROT=1,
                      DOT="ieee")
-    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_WORDS=octet, RECUR_ROWS=1,
-                        RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
-                        READ_ORDER=div, READ_WORDS=element, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
+    mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
+                        RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
+                        READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
                         SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0, BLOCK_L=16, BLOCK_P=16,
                         BLOCK_N=128)
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
@@ -58,21 +60,21 @@ def cases() -> list:
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
     return [
-        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, WORDS=element, **encode)),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, RANDOM=plain, **encode)),
         # a flush of some states (take=): programs loop over the taken ones
-        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=head, MAX=1.0, ORDER=div, WORDS=element, **{**encode, "TAKE": True})),
-        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, WORDS=element, **encode)),
-        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, WORDS=element, **encode),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=head, MAX=1.0, ORDER=div, RANDOM=plain, **{**encode, "TAKE": True})),
+        (formats._encode_kernel, dict(KIND=int(Kind.FP8SR), GROUP=head, MAX=448.0, ORDER=div, RANDOM=sr8, **encode)),
+        (formats._encode_kernel, dict(KIND=int(Kind.INT16), GROUP=row, MAX=32767.0, ORDER=mul, RANDOM=plain, **encode),
          {"data_ptr": "*i16"}),
-        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div, WORDS=element,
+        (formats._encode_kernel, dict(KIND=int(Kind.INT8SR), GROUP=head, MAX=127.0, ORDER=div, RANDOM=sr32,
                                       **{**encode, "TAKE": True, "DECODED": True}),
          {"data_ptr": "*i8"}),
-        (formats._encode_kernel, dict(KIND=int(Kind.FP16SR_SOFT), GROUP=none, MAX=1.0, ORDER=div, WORDS=pair, **encode),
+        (formats._encode_kernel, dict(KIND=int(Kind.FP16SR_SOFT), GROUP=none, MAX=1.0, ORDER=div, RANDOM=paired, **encode),
          {"data_ptr": "*fp16"}),
-        (formats._quantize_kernel, dict(KIND=fp16sr, GROUP=none, MAX=1.0, ORDER=div, WORDS=octet, BITS=2, BLOCK_R=16,
-                                        BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
-        (formats._quantize_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, WORDS=element, BITS=2, BLOCK_R=16,
-                                        BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
+        (formats._quantize_kernel, dict(KIND=fp16sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=(octet, 7, 8), SOURCE=2,
+                                        BLOCK_R=16, BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
+        (formats._quantize_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=sr32, SOURCE=2,
+                                        BLOCK_R=16, BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
         (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048), {"take_ptr": "*i8"}),
         (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_GROUP": head, "DOT": "tf32x3"}, GDN_FLAGS),
@@ -97,7 +99,7 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "BV": 128, "HI_ROT": 16, "LO_KIND": mxfp8, "LO_GROUP": none,
                                             "LO_AXIS": 1, "LO_ROT": 64}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         # Pimba's MX8: mx8sr along K / mx8 along V in blocks of 16 (programs of 32 v columns)
-        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": mx8sr, "HI_WORDS": element, "LO_KIND": mx8,
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": mx8sr, "HI_RANDOM": sr32, "LO_KIND": mx8,
                                             "LO_GROUP": none, "LO_AXIS": 1}, GDN_FLAGS),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64,
@@ -136,10 +138,10 @@ def cases() -> list:
                                                      for k, v in modelopt.items()}}),
         # fp8sr:axis=headdim,rot=hadamard:16 (the whole head) / nvfp4:scale=row,rot=hadamard:8 (along d_state)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.FP8SR), "RECUR_GROUP": row,
-                                                  "RECUR_MAX": 448.0, "RECUR_WORDS": element, "RECUR_AXIS": 1,
+                                                  "RECUR_MAX": 448.0, "RECUR_RANDOM": sr8, "RECUR_AXIS": 1,
                                                   "RECUR_ROT": 16, "READ_ROT": 8, "BLOCK_P": 64}),
         # mx8sr along d_state / mx8 along head_dim (blocks of 16 in programs of 16 rows)
-        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": mx8sr, "RECUR_WORDS": element, "READ": mx8,
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": mx8sr, "RECUR_RANDOM": sr8, "READ": mx8,
                                                   "READ_GROUP": none, "READ_AXIS": 1}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)

@@ -2,7 +2,7 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: ef=, non-default SR rounds= / bits=, and rot= over any of those) is rounded by torch.
+A format without one (None: error feedback, ef=, and rot= over it) is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
@@ -19,6 +19,10 @@ A new format that rounds like one of the kinds below is its class plus its codec
             H_rot in FP64 and rounded to FP32 before the rounding above, and rotated back after it (`rotation`)
     order   scaled elementwise kinds: the operand order of the scale (`Order`, the formats' `order=`)
     words   stochastic kinds: which random word and bit field each element reads (`Words`, fp16sr's `words=`)
+    rounds  stochastic kinds: the Philox rounds of words drawn from a seed (`quantize(x, seed=...)`, the formats'
+            `rounds=`; a stored copy's keyed words are Philox4x32-10 whatever it is, `replay.keys`)
+    bits    stochastic kinds: K, the random bits of each word the rounding adds below the kept LSB (the formats'
+            `bits=`; 0 given: the kind's default, `SR_BITS`); 0 for the other kinds
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import enum
 from dataclasses import dataclass
 
 import torch
+
+from replayssm_eval.formats import philox, rounding
 
 
 class Kind(enum.IntEnum):
@@ -114,6 +120,12 @@ _DATA_DTYPES = {Kind.FP32: torch.float32, Kind.BF16: torch.bfloat16, Kind.FP16: 
                 Kind.INT8SR: torch.int8, Kind.INT16: torch.int16, Kind.INT16SR: torch.int16}
 
 
+# each stochastic kind's default random bits K (its format's default `bits=`)
+SR_BITS = {Kind.FP16SR: rounding.FP16_SR_BITS, Kind.FP16SR_SOFT: rounding.FP16_SR_BITS,
+           Kind.FP8SR: rounding.E4M3_SR_BITS, Kind.INT8SR: rounding.INT_SR_BITS, Kind.INT16SR: rounding.INT_SR_BITS,
+           Kind.MX8SR: rounding.MX8_SR_BITS}
+
+
 # kinds whose blocks share an exponent, which the kernels round in a tile but do not encode or decode packed
 _BLOCK_EXPONENT_KINDS = (Kind.MXFP8, Kind.MXFP4, Kind.MX8, Kind.MX8SR)
 
@@ -132,10 +144,19 @@ class KernelCodec:
     rows: int = 1
     cols: int = 0
     rot: int = 1
+    rounds: int = philox.N_ROUNDS
+    bits: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.stochastic and (self.rounds != philox.N_ROUNDS or self.bits):
+            raise ValueError(f"rounds={self.rounds} and bits={self.bits} given to the deterministic kind "
+                             f"{self.kind.name}; accepted: rounds={philox.N_ROUNDS} and bits=0")
+        if self.stochastic and not self.bits:
+            object.__setattr__(self, "bits", SR_BITS[self.kind])
 
     @property
     def stochastic(self) -> bool:
-        return self.kind in (Kind.FP16SR, Kind.FP16SR_SOFT, Kind.FP8SR, Kind.INT8SR, Kind.INT16SR, Kind.MX8SR)
+        return self.kind in SR_BITS
 
     @property
     def natural(self) -> bool:
@@ -197,6 +218,12 @@ class KernelCodec:
     def args(self) -> tuple[int, int, float, int]:
         """(KIND, GROUP, MAX, ORDER): the constexprs of a kernel's in-tile rounding (`device.round_tile`)."""
         return int(self.kind), int(self.group), float(self.max), int(self.order)
+
+    @property
+    def random(self) -> tuple[int, int, int]:
+        """(WORDS, ROUNDS, BITS): the one tuple constexpr RANDOM of a kernel's random words (`device.state_bits`,
+        `device.seeded_bits`, `device.sr_field`)."""
+        return int(self.words), self.rounds, self.bits
 
     @property
     def tile(self) -> tuple[int, int]:

@@ -2,19 +2,20 @@
 
 Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted):
     round_bf16, round_fp16, round_e4m3, round_e5m2, round_e2m1   RNE (fp8/fp4 saturating), as `rounding`
-    sr_fp16(x, bits), sr_e4m3(x, bits)                            stochastic, bits = uint32 words
+    sr_fp16(x, bits), sr_e4m3(x, bits[, K])                       stochastic, bits = uint32 words (K random bits)
     sr_fp16_soft(x, bits)                                          FlashInfer's integer port of sr_fp16
-    round_int(v, QMAX), sr_int(v, bits, QMAX)                      integer codes as FP32, as `rounding`
+    round_int(v, QMAX), sr_int(v, bits, QMAX[, K])                 integer codes as FP32, as `rounding`
     e4m3_decode(byte), e5m2_decode(byte), e2m1_decode(nibble)      codes -> FP32
     e4m3_encode(v), e5m2_encode(v), e2m1_encode(v)                 on-grid FP32 -> codes (int32)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
     round_state_tile                                               round_tile of a [head_dim, d_state] tile, oriented
-    mx8_tile(x, bits, SR, BLOCK_R, BLOCK_C)                        Pimba's MX8 (`MicroexponentFormat`) of a tile
+    mx8_tile(x, fields, SR, BLOCK_R, BLOCK_C)                      Pimba's MX8 (`MicroexponentFormat`) of a tile
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
-    state_bits(key, counter, col, KIND, WORDS)                     the Philox words of a stored copy
-    seeded_bits(seed, counter, col, WORDS)                         the Philox words of `quantize(x, seed=...)`
+    state_bits(key, counter, col, KIND, RANDOM)                    the random fields of a stored copy
+    seeded_bits(seed, counter, col, KIND, RANDOM)                  the random fields of `quantize(x, seed=...)`
+    sr_field(word, KIND, BITS)                                     an element's random field from its word
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the interpreter and any
 GPU give the same bits as the torch reference; the exception is `hadamard_tile` (FP64 adds and products by constants
@@ -36,7 +37,13 @@ A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): K
 numbering, constexprs FP32 ... MX8SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
 GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS, COLS
 (`codec.tile`) and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to orient its tile);
-a stochastic kind's random words also WORDS (`codec.words`, `Words`: WORDS_ELEMENT ... WORDS_OCTET).
+a stochastic kind's random words also RANDOM, one tuple constexpr (`codec.random`: WORDS, `Words`: WORDS_ELEMENT ...
+WORDS_OCTET; ROUNDS, the Philox rounds of `seeded_bits`; BITS, the format's `bits=`).
+
+Random fields: the roundings of `round_kind` and `mx8_tile` read each element's random bits as a field of the most bits
+its kind's format accepts (13 FP16 SR, 20 E4M3 SR, 32 integer and MX8 SR), where `sr_field` places the K = BITS bits
+[K-1:0] of its word at the top: r 2^(F-K) / 2^F = r / 2^K, so the rounding adds r / 2^K below the kept LSB, exactly as
+`rounding` and `MicroexponentFormat` do with `bits=K`. `state_bits` and `seeded_bits` return fields.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import triton.language as tl
 
 from replayssm_eval.formats import microexponent, rounding
 from replayssm_eval.formats.codec import Group, Kind, Order, Words
+from replayssm_eval.formats.formats import FP8Format, IntFormat
 
 # the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
 (FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT, MX8,
@@ -67,7 +75,9 @@ _INT8_MAX, _INT16_MAX = tl.constexpr(float(rounding.INT8_MAX)), tl.constexpr(flo
 _INV_SQRT2 = tl.constexpr(1 / math.sqrt(2))  # the FP64 constant 1 / sqrt(2) of `rotation.hadamard_runs`
 _MX8_BLOCK, _MX8_MANTISSA, _MX8_QMAX = (tl.constexpr(v) for v in (microexponent.BLOCK, microexponent.MANTISSA_BITS,
                                                                       microexponent.MicroexponentFormat.QMAX))
-_MX8_SR_BITS = tl.constexpr(microexponent.MicroexponentFormat.SR_BITS["mx8sr"][0])  # K of mx8sr's default bits=
+# the random field of each stochastic kind (FP16 SR: _FP16_SR_BITS): the most `bits=` its format accepts (`sr_field`)
+_E4M3_SR_FIELD, _INT_SR_FIELD, _MX8_SR_FIELD = (tl.constexpr(fmt.SR_BITS[base][1]) for fmt, base in (
+    (FP8Format, "fp8sr"), (IntFormat, "int8sr"), (microexponent.MicroexponentFormat, "mx8sr")))
 _ROT_STAGES = tl.constexpr(16)  # butterfly stages `hadamard_tile` unrolls at most (ROT up to 2^16)
 
 
@@ -173,9 +183,9 @@ def sr_fp16_soft(x, bits):
 
 
 @triton.jit
-def sr_e4m3(x, bits):
-    """E4M3 stochastic rounding with bits [15:0] (PTX cvt.rs.satfinite.e4m3x4.f32), saturating."""
-    return _clamp(_sr_grid(x, bits, _E4M3_SR_BITS, 3, -6), _E4M3_MAX)
+def sr_e4m3(x, bits, K: tl.constexpr = _E4M3_SR_BITS):
+    """E4M3 stochastic rounding with bits [K-1:0] (K = 16: PTX cvt.rs.satfinite.e4m3x4.f32), saturating."""
+    return _clamp(_sr_grid(x, bits, K, 3, -6), _E4M3_MAX)
 
 
 @triton.jit
@@ -188,13 +198,13 @@ def round_int(v, QMAX: tl.constexpr):
 
 
 @triton.jit
-def sr_int(v, bits, QMAX: tl.constexpr):
-    """Integer code (FP32) of v: sign(v) * floor(|v| + r / 2^K), r = bits [K-1:0] (K = INT_SR_BITS), saturating to
-    +-QMAX, NaN -> 0, a zero code +0 (`rounding.sr_int`), exactly: floor(|v| 2^K) + r in int64, shifted down."""
+def sr_int(v, bits, QMAX: tl.constexpr, K: tl.constexpr = _INT_SR_BITS):
+    """Integer code (FP32) of v: sign(v) * floor(|v| + r / 2^K), r = bits [K-1:0] (K <= 32), saturating to +-QMAX,
+    NaN -> 0, a zero code +0 (`rounding.sr_int`), exactly: floor(|v| 2^K) + r in int64, shifted down."""
     a = tl.abs(_clamp(v, QMAX))  # clamping first changes no code: |v| >= QMAX saturates either way
     a = tl.where(a != a, 0.0, a)
-    fixed = (a * (2**_INT_SR_BITS)).to(tl.int64)  # floor(|v| 2^K), exact: |v| 2^K < 2^(15 + K) is an FP32 value
-    mag = (fixed + (bits.to(tl.int64) & (2**_INT_SR_BITS - 1))) >> _INT_SR_BITS
+    fixed = (a * (2.0**K)).to(tl.int64)  # floor(|v| 2^K), exact: |v| 2^K < 2^(15 + K) is an FP32 value
+    mag = (fixed + (bits.to(tl.int64) & (2**K - 1))) >> K
     return tl.where(v < 0, -mag, mag).to(tl.float32)
 
 
@@ -329,8 +339,8 @@ def e2m1_encode(v):
 
 @triton.jit
 def round_kind(v, bits, KIND: tl.constexpr):
-    """Element rounding of the unscaled kinds (bits: uint32 words as int64, used by the SR kinds); the integer kinds
-    return their codes as FP32."""
+    """Element rounding of the unscaled kinds (bits: the SR kinds' random fields, `sr_field`); the integer kinds return
+    their codes as FP32."""
     if KIND == BF16:
         q = round_bf16(v)
     elif KIND == FP16:
@@ -340,7 +350,7 @@ def round_kind(v, bits, KIND: tl.constexpr):
     elif KIND == FP16SR_SOFT:
         q = sr_fp16_soft(v, bits)
     elif KIND == FP8SR:
-        q = sr_e4m3(v, bits)
+        q = sr_e4m3(v, bits, _E4M3_SR_FIELD)
     elif KIND == FP8E5M2:
         q = round_e5m2(v)
     elif KIND == FP8:
@@ -350,9 +360,9 @@ def round_kind(v, bits, KIND: tl.constexpr):
     elif KIND == INT16:
         q = round_int(v, _INT16_MAX)
     elif KIND == INT8SR:
-        q = sr_int(v, bits, _INT8_MAX)
+        q = sr_int(v, bits, _INT8_MAX, _INT_SR_FIELD)
     elif KIND == INT16SR:
-        q = sr_int(v, bits, _INT16_MAX)
+        q = sr_int(v, bits, _INT16_MAX, _INT_SR_FIELD)
     else:
         q = v
     return q
@@ -483,7 +493,7 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
     """`fmt.quantize` of a tile x [BLOCK_R, BLOCK_C] of format rows, blocks running along C (a `KernelCodec`'s
     kind, group, max and order).
 
-    bits: [BLOCK_R, BLOCK_C] uint32 words (SR kinds); amax: [BLOCK_R, 1] amax of each row's global-scale
+    bits: [BLOCK_R, BLOCK_C] random fields (SR kinds, `sr_field`); amax: [BLOCK_R, 1] amax of each row's global-scale
     group (NVFP4's S_enc; the scale amax / MAX of an elementwise kind with a group), [BLOCK_R, BLOCK_C] each
     element's for GROUP_TILE. GROUP_ROWCOL rounds as GROUP_ROW: x is already divided by its column factors, which the
     caller multiplies back (`round_tile`). Padding must be zero (it never raises a block max); an MX block longer than
@@ -523,13 +533,14 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
 
 
 @triton.jit
-def mx8_tile(x, bits, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def mx8_tile(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Pimba's MX8 of x [BLOCK_R, BLOCK_C] (`MicroexponentFormat`: blocks of 16 along C share the exponent E, pairs
     the microexponent mu; padding zero; a block longer than BLOCK_C is the whole padded row), bit for bit, in integers:
-    |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) (SR: + r / 2^8, r = bits [7:0]) is
-    (mant + 2^(d - 1)) >> d (SR: (mant + r << (d - 8)) >> d) with d = 23 - e + E - mu - 5 >= 17, and the value
-    m * 2^(E - mu - 5) is built from its FP32 bits (subnormal below 2^-126). Zeros and subnormals read e = -127 in the
-    maxima, below every E >= -126, as the torch form's."""
+    |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) (SR: + f / 2^F, f the random field of F = 32 bits,
+    `sr_field`) is (mant + 2^(d - 1)) >> d (SR: (mant + f << (d - F)) >> d, or ((mant << (F - d)) + f) >> F where
+    d < F) with d = 23 - e + E - mu - 5 >= 18, and the value m * 2^(E - mu - 5) is built from its FP32 bits
+    (subnormal below 2^-126). Zeros and subnormals read e = -127 in the maxima, below every E >= -126, as the torch
+    form's."""
     MB: tl.constexpr = _MX8_BLOCK if _MX8_BLOCK < BLOCK_C else BLOCK_C
     u = tl.reshape(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
     field = u >> 23
@@ -540,10 +551,12 @@ def mx8_tile(x, bits, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.const
     mu = (tl.max(e, axis=3)[:, :, :, None] < big).to(tl.int32)  # [BLOCK_R, BLOCK_C // MB, MB // 2, 1]
     mant = tl.where(field == 0, u & 0x7FFFFF, (u & 0x7FFFFF) | 0x800000).to(tl.int64)
     d = 23 - tl.where(field == 0, -126, e) + big - mu - _MX8_MANTISSA + 1
-    d = tl.where(d < _MX8_SR_BITS, _MX8_SR_BITS, tl.where(d > 60, 60, d)).to(tl.int64)  # bounds only bad blocks reach
+    d = tl.where(d < 1, 1, tl.where(d > 60, 60, d)).to(tl.int64)  # bounds only bad blocks reach
     if SR:
-        r = tl.reshape(bits.to(tl.int64) & (2**_MX8_SR_BITS - 1), (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
-        m = (mant + (r << (d - _MX8_SR_BITS))) >> d
+        f = tl.reshape(fields.to(tl.int64), (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
+        up = tl.where(d > _MX8_SR_FIELD, d - _MX8_SR_FIELD, 0)  # exact integer shifts whichever of d, F is larger
+        down = tl.where(d < _MX8_SR_FIELD, _MX8_SR_FIELD - d, 0)
+        m = ((mant << down) + (f << up)) >> (d + down)
     else:
         m = (mant + (tl.full(d.shape, 1, tl.int64) << (d - 1))) >> d
     m = tl.where(m > _MX8_QMAX, _MX8_QMAX, m).to(tl.int32)
@@ -636,29 +649,41 @@ def pair_odd(col, WORDS: tl.constexpr):
 
 
 @triton.jit
-def state_bits(key, counter, col, KIND: tl.constexpr, WORDS: tl.constexpr):
-    """Philox words (int64) of a stored copy's elements for the stochastic kinds, as `fmt.encode(x, random_bits=
-    replay.keys.state_random_bits(...))` reads them: `tl.randint(key, counter)`, the element 2j+1 of a pair bits
-    [28:16] of 2j's word under WORDS_PAIR and WORDS_OCTET (`pair_odd`); zeros for the other kinds. key: a loaded int64;
-    counter: (checkpoint << 32) + element index; col: the element's index along the last dim (broadcast to counter)."""
+def sr_field(word, KIND: tl.constexpr, BITS: tl.constexpr):
+    """The random field (int64) the roundings of the stochastic kind KIND read from an element's uint32 word (int64):
+    its bits [BITS-1:0] shifted to the top of the kind's field (module docstring)."""
+    FIELD: tl.constexpr = _FP16_SR_BITS if (KIND == FP16SR) | (KIND == FP16SR_SOFT) else (
+        _E4M3_SR_FIELD if KIND == FP8SR else (_MX8_SR_FIELD if KIND == MX8SR else _INT_SR_FIELD))
+    return (word & (2**BITS - 1)) << (FIELD - BITS)
+
+
+@triton.jit
+def state_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
+    """Random fields (int64, `sr_field`) of a stored copy's elements for the stochastic kinds, from the words that
+    `fmt.encode(x, random_bits=replay.keys.state_random_bits(...))` reads: `tl.randint(key, counter)` (Philox4x32-10
+    whatever RANDOM's ROUNDS, as `replay.keys`), the element 2j+1 of a pair bits [28:16] of 2j's word under
+    WORDS_PAIR and WORDS_OCTET (`pair_odd`); zeros for the other kinds. key: a loaded int64; counter:
+    (checkpoint << 32) + element index; col: the element's index along the last dim (broadcast to counter)."""
     if ((KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR)
             | (KIND == MX8SR)):
-        odd = pair_odd(col, WORDS)
-        bits = tl.randint(key, counter - odd).to(tl.int64) >> (odd * 16)
+        odd = pair_odd(col, RANDOM[0])
+        bits = sr_field(tl.randint(key, counter - odd).to(tl.int64) >> (odd * 16), KIND, RANDOM[2])
     else:
         bits = tl.zeros(counter.shape, dtype=tl.int64)
     return bits
 
 
 @triton.jit
-def seeded_bits(seed, counter, col, WORDS: tl.constexpr):
-    """Philox words (int64) that `fmt.quantize(x, seed=seed, offset=...)` draws (counter: offset + flat index; col: the
-    element's index along the last dim): `tl.randint(seed, counter)` (WORDS_ELEMENT, and WORDS_PAIR with `pair_odd`),
-    or one `tl.randint4x` per G = 2, 4, 8 elements of a row at the first one's counter, element n reading its output
-    word n % G (WORDS_DUO, WORDS_QUAD) or (0, 0, 2, 2, 1, 1, 3, 3)[n % 8] split as a pair (WORDS_OCTET)."""
+def seeded_bits(seed, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
+    """Random fields (int64, `sr_field`) from the Philox words that `fmt.quantize(x, seed=seed, offset=...)` draws with
+    RANDOM's ROUNDS (counter: offset + flat index; col: the element's index along the last dim): `tl.randint(seed,
+    counter)` (WORDS_ELEMENT, and WORDS_PAIR with `pair_odd`), or one `tl.randint4x` per G = 2, 4, 8 elements of a row
+    at the first one's counter, element n reading its output word n % G (WORDS_DUO, WORDS_QUAD) or
+    (0, 0, 2, 2, 1, 1, 3, 3)[n % 8] split as a pair (WORDS_OCTET)."""
+    WORDS: tl.constexpr = RANDOM[0]
     if (WORDS == WORDS_ELEMENT) | (WORDS == WORDS_PAIR):
         odd = pair_odd(col, WORDS)
-        bits = tl.randint(seed, counter - odd).to(tl.int64) >> (odd * 16)
+        bits = tl.randint(seed, counter - odd, RANDOM[1]).to(tl.int64) >> (odd * 16)
     else:
         if WORDS == WORDS_DUO:
             pos = col % 2
@@ -669,10 +694,10 @@ def seeded_bits(seed, counter, col, WORDS: tl.constexpr):
         else:
             pos = col % 8
             lane = ((pos >> 1) & 1) * 2 + ((pos >> 2) & 1)  # (0, 0, 2, 2, 1, 1, 3, 3)[pos]
-        r0, r1, r2, r3 = tl.randint4x(seed, counter - pos)
+        r0, r1, r2, r3 = tl.randint4x(seed, counter - pos, RANDOM[1])
         word = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
         bits = word.to(tl.int64) >> (pair_odd(col, WORDS) * 16)
-    return bits
+    return sr_field(bits, KIND, RANDOM[2])
 
 
 @triton.jit

@@ -71,10 +71,9 @@ class StateFormat:
         return int(self.bits)
 
     @property
-    def default_random(self) -> bool:
-        """Deterministic, or stochastic with the default Philox rounds and random bits (those the kernels draw)."""
-        return not self.is_stochastic or (
-            self.rounds == str(philox.N_ROUNDS) and self.bits == self.options_for(self.base)["bits"][0])
+    def random_codec(self) -> dict[str, int]:
+        """The `KernelCodec` fields of a stochastic format's `rounds=` and `bits=` (none for a deterministic one)."""
+        return {"rounds": int(self.rounds), "bits": int(self.bits)} if self.is_stochastic else {}
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
@@ -216,13 +215,12 @@ class ElementwiseFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: every word layout and conversion with the default rounds= and bits= (fp16sr's `words=` as the
-        codec's `Words`, `cvt=soft` as the kind FP16SR_SOFT)."""
-        if not self.default_random:
-            return None
+        """Covered: every word layout, conversion, rounds= and bits= (fp16sr's `words=` as the codec's `Words`,
+        `cvt=soft` as the kind FP16SR_SOFT)."""
         if not self.is_stochastic:
             return KernelCodec(Kind[self.base.upper()])
-        return KernelCodec(Kind.FP16SR_SOFT if self.cvt == "soft" else Kind.FP16SR, words=Words[self.words.upper()])
+        return KernelCodec(Kind.FP16SR_SOFT if self.cvt == "soft" else Kind.FP16SR, words=Words[self.words.upper()],
+                           **self.random_codec)
 
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
@@ -338,15 +336,15 @@ class ScaledFormat(StateFormat):
     @property
     def kernel_codec(self) -> KernelCodec | None:
         """Covered: either axis with every scale (tile:RxC and block:N as a group tile, rowcol as `Group.ROWCOL`),
-        either order, default SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr,
+        either order, any SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr,
         fp8e5m2, int8, int8sr, int16, int16sr)."""
-        if not self.default_random:
-            return None
         kind, order = Kind[self.base.upper()], Order[self.order.upper()]
         if self.tile:
             rows, cols = self.tile
-            return KernelCodec(kind, Group.TILE, self.max_value, axis=self.axis, order=order, rows=rows, cols=cols)
-        return KernelCodec(kind, Group[self.scale.upper()], self.max_value, axis=self.axis, order=order)
+            return KernelCodec(kind, Group.TILE, self.max_value, axis=self.axis, order=order, rows=rows, cols=cols,
+                               **self.random_codec)
+        return KernelCodec(kind, Group[self.scale.upper()], self.max_value, axis=self.axis, order=order,
+                           **self.random_codec)
 
     def _round(self, v: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
         """On-grid values (FP32) of the scaled elements v."""

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import torch
 
-from replayssm_eval.formats import layout, philox
+from replayssm_eval.formats import layout, philox, rounding
 from replayssm_eval.formats.codec import KernelCodec, Kind
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
@@ -49,10 +49,10 @@ class MicroexponentFormat(StateFormat):
     base: str
     axis: str = "dstate"
     rounds: str = str(philox.N_ROUNDS)
-    bits: str = "8"
+    bits: str = str(rounding.MX8_SR_BITS)
     OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES}
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("mx8sr",)
-    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"mx8sr": (8, 32)}
+    SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"mx8sr": (rounding.MX8_SR_BITS, 32)}
     QMAX: ClassVar[int] = (1 << MANTISSA_BITS) - 1
 
     @property
@@ -61,11 +61,9 @@ class MicroexponentFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: either axis, with the default rounds= and bits= (the chunked kernels round it in their tiles; it has
-        no packed kernel encoding)."""
-        if not self.default_random:
-            return None
-        return KernelCodec(Kind[self.base.upper()], block=BLOCK, axis=self.axis)
+        """Covered: either axis, any rounds= and bits= (the chunked kernels round it in their tiles; it has no packed
+        kernel encoding)."""
+        return KernelCodec(Kind[self.base.upper()], block=BLOCK, axis=self.axis, **self.random_codec)
 
     def storage_bytes(self, shape) -> int:
         *lead, h, r, c = layout.oriented_shape(shape, self.axis)

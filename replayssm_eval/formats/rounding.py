@@ -60,6 +60,7 @@ MX_BLOCK = 32  # elements per MX block scale
 INT8_MAX = 127  # qmax of the symmetric integer codes
 INT16_MAX = 32767
 INT_SR_BITS = 16  # default random bits of integer SR
+MX8_SR_BITS = 8  # default random bits of Pimba's MX8 SR (`microexponent`)
 
 # value of E2M1 code c (bit 3 = sign, bits 2:0 = magnitude index)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -3,12 +3,12 @@
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
 flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
-`kernel_codec` only (fp16sr's word layouts and conversions included). Group amax reductions over more than a
-row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before the launch, in torch
-(`encode_triton`'s head scales in one amax launch of their own, `head_amax`), as do scale=rowcol's column factors
-(`quantize_triton` rounds x / c by rows in the kernel and multiplies c back); row maxima, block maxima, scales,
-rounding and Philox (`tl.randint(seed, offset + flat index)`, or the word layout's `tl.randint4x` calls:
-`device.seeded_bits`) run in the kernel; a rotation (`rot=`) runs in torch around it (`rotation.rotate_runs`).
+`kernel_codec` only (fp16sr's word layouts and conversions, and the SR formats' `rounds=` and `bits=`, included).
+Group amax reductions over more than a row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before
+the launch, in torch (`encode_triton`'s head scales in one amax launch of their own, `head_amax`), as do scale=rowcol's
+column factors (`quantize_triton` rounds x / c by rows in the kernel and multiplies c back); row maxima, block maxima,
+scales, rounding and Philox (`tl.randint(seed, offset + flat index, rounds)`, or the word layout's `tl.randint4x`
+calls: `device.seeded_bits`) run in the kernel; a rotation (`rot=`) runs in torch around it (`rotation.rotate_runs`).
 """
 
 from __future__ import annotations
@@ -22,36 +22,36 @@ from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
     INT16SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile,
-    round_kind, row_amax, scale_elements, seeded_bits, state_bits,
+    round_kind, row_amax, scale_elements, seeded_bits, sr_field, state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
 from replayssm_eval.formats.rotation import rotate_runs
 
-_NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # where quantize_triton's random words come from
+_NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # SOURCE: where quantize_triton's words come from
 TAKE_SLOTS = 16  # `encode_triton(take=)`: programs per row block; program s takes taken states s, s + 16, ...
 
 
 @triton.jit
 def _quantize_kernel(
     x_ptr, y_ptr, amax_ptr, bits_ptr, seed, offset, n_rows, n_cols,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
-    BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
+    SOURCE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     # x, y: [n_rows, n_cols] FP32 (oriented rows); amax: [n_rows] group amax of each row's scale group, or
-    # [n_rows, n_cols] each element's (GROUP_TILE); bits: [n_rows, n_cols] one word per element (BITS_GIVEN), read
-    # through the word layout WORDS
+    # [n_rows, n_cols] each element's (GROUP_TILE); bits: [n_rows, n_cols] one word per element (SOURCE _BITS_GIVEN),
+    # read through RANDOM's word layout and bits
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     idx = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
     x = tl.load(x_ptr + idx, mask=mask, other=0.0)  # [BLOCK_R, BLOCK_C]
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
-    if BITS == _BITS_GIVEN:
-        odd = pair_odd(cols[None, :], WORDS)  # the element 2j+1 of a pair reads 2j's word
-        bits = tl.load(bits_ptr + idx - odd, mask=mask, other=0) >> (odd * 16)
-    elif BITS == _BITS_PHILOX:
-        bits = seeded_bits(seed, offset.to(tl.int64) + idx, cols[None, :], WORDS)
+    if SOURCE == _BITS_GIVEN:
+        odd = pair_odd(cols[None, :], RANDOM[0])  # the element 2j+1 of a pair reads 2j's word
+        bits = sr_field(tl.load(bits_ptr + idx - odd, mask=mask, other=0) >> (odd * 16), KIND, RANDOM[2])
+    elif SOURCE == _BITS_PHILOX:
+        bits = seeded_bits(seed, offset.to(tl.int64) + idx, cols[None, :], KIND, RANDOM)
     if GROUP == GROUP_TILE:
         amax = tl.load(amax_ptr + idx, mask=mask, other=1.0)  # [BLOCK_R, BLOCK_C]
     else:
@@ -98,7 +98,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     bits = xo
     if fmt.is_stochastic:
         if random_bits is not None or codec.axis == "headdim":  # Philox counters run over x's own layout
-            words = layout.random_words(x, seed, offset, random_bits)  # raises the missing-seed error
+            words = layout.random_words(x, seed, offset, random_bits, codec.rounds)  # raises the missing-seed error
             bits = layout.orient(words.reshape(layout.as_bhpn(x).shape), codec.axis).contiguous()
             mode = _BITS_GIVEN
         elif seed is None:
@@ -113,7 +113,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
         grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
         _quantize_kernel[grid](
             xo, y, xo if amax is None else amax, bits, int(seed or 0), int(offset), n_rows, n_cols,
-            *codec.args, WORDS=int(codec.words), BITS=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
+            *codec.args, RANDOM=codec.random, SOURCE=mode.value, BLOCK_R=block_r, BLOCK_C=block_c,
         )
     if col is not None:
         y = y * col
@@ -126,7 +126,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 def _encode_kernel(
     x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_seq, n_rows, n_cols,
     group_rows,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TAKE: tl.constexpr, BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
 ):
     # x: [B, n_rows, n_cols] FP32 (n_rows = H * P); program (s, t) encodes row block t (BLOCK_R whole rows) of
@@ -141,22 +141,22 @@ def _encode_kernel(
         while k < n_taken:  # a while loop: the interpreter cannot take range() of a runtime scalar
             b = tl.sum(tl.where((taken != 0) & (rank == k), seqs, 0), axis=0)
             _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols,
-                         group_rows, KIND, GROUP, MAX, ORDER, WORDS, BLOCK_R, BLOCK_C, DECODED)
+                         group_rows, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C, DECODED)
             k += tl.num_programs(0)
     else:
         _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, tl.program_id(0), n_rows,
-                     n_cols, group_rows, KIND, GROUP, MAX, ORDER, WORDS, BLOCK_R, BLOCK_C, DECODED)
+                     n_cols, group_rows, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C, DECODED)
 
 
 @triton.jit
 def _encode_rows(
     x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols, group_rows,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr,
+    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
 ):
     """Encode row block program_id(1) of sequence b. amax: [B * n_rows // group_rows] (head and tensor groups,
-    reduced by torch); key, ck: [B] Philox key and checkpoint (SR kinds, their words read through the word layout
-    WORDS); dec: [B, n_rows, n_cols] FP32, DECODED: the decoded value is stored there too."""
+    reduced by torch); key, ck: [B] Philox key and checkpoint (SR kinds, their words read through RANDOM's word
+    layout and bits); dec: [B, n_rows, n_cols] FP32, DECODED: the decoded value is stored there too."""
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
@@ -167,7 +167,7 @@ def _encode_rows(
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
     if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
         # key and checkpoint: SR kinds only
-        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
+        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, RANDOM)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
     if GROUP == GROUP_ROW:
@@ -277,8 +277,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
                                   "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
                                   "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
-                                  "tensor or none; nvfp4 with axis=dstate and scale head, tensor or row; default "
-                                  "rounds= and bits=)")
+                                  "tensor or none; nvfp4 with axis=dstate and scale head, tensor or row)")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -323,7 +322,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
             x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
             x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
             x4 if decoded is None else decoded, n_seq, h * p, n, {Group.HEAD: p, Group.TENSOR: h * p}.get(group, 1),
-            *codec.args, WORDS=int(codec.words), BLOCK_R=block_r, BLOCK_C=block_c,
+            *codec.args, RANDOM=codec.random, BLOCK_R=block_r, BLOCK_C=block_c,
             TAKE=take is not None, BLOCK_B=1 if take is None else triton.next_power_of_2(n_seq),
             DECODED=decoded is not None,
         )

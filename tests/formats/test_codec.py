@@ -1,10 +1,10 @@
 """Each format's kernel codec against the torch rounding, and a new format added as its class plus its codec.
 
-Every format with a `kernel_codec` is rounded by the Triton device codecs exactly as its torch
-`quantize` / `encode` (interpreter on CPU): through `quantize_triton`, `encode_triton` and the
-in-tile rounding of the chunked kernels (`device.round_tile` with the Philox words of
-`replay.keys`). A toy format (BF16 codes times an FP32 scale per row, `scale = amax / 256`) is
-registered with only its class and its codec, and runs through the references and the
+Every format with a `kernel_codec` is rounded by the Triton device codecs exactly as its torch `quantize` / `encode`
+(interpreter on CPU): through `quantize_triton` (given words, and Philox from a seed with the format's `rounds=`),
+`encode_triton` and the in-tile rounding of the chunked kernels (`device.round_tile` with the Philox words of
+`replay.keys`), SR `bits=` from 3 to 32 included. A toy format (BF16 codes times an FP32 scale per row,
+`scale = amax / 256`) is registered with only its class and its codec, and runs through the references and the
 conformance check of the Triton decode steps.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from replayssm_eval.formats import get_format, list_formats, registry, rounding
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec, tile_codec
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, Words, packed_codec, tile_codec
 from replayssm_eval.formats.formats import ScaledFormat
 from replayssm_eval.formats.rotation import hadamard_runs
 from replayssm_eval.formats.triton import encode_triton, quantize_triton
@@ -39,7 +39,12 @@ SPECS = list_formats() + ["fp8:scale=head", "fp8sr:scale=tensor,max=240", "fp8e5
                           "int8sr:axis=headdim,scale=block:4", "fp8:axis=headdim,scale=head,order=mul",
                           "int16:axis=headdim,scale=tile:8x2", "int8:rot=hadamard:8", "nvfp4:scale=row,rot=hadamard:4",
                           "fp16sr:words=pair,rot=hadamard:2", "int8:scale=rowcol,rot=hadamard:8",
-                          "int8sr:scale=head,rot=hadamard:1"]
+                          "int8sr:scale=head,rot=hadamard:1",
+                          # SR with non-default rounds= and bits= (down to 3, up to the most each format accepts)
+                          "fp16sr:rounds=7,bits=8", "fp16sr:words=octet,cvt=soft,rounds=7,bits=5",
+                          "fp16sr:words=pair,bits=3", "fp8sr:bits=20", "fp8sr:scale=head,rounds=7,bits=3",
+                          "int8sr:bits=32", "int16sr:scale=block:8,rounds=7,bits=24", "mx8sr:rounds=7,bits=32",
+                          "mx8sr:axis=headdim,bits=3"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,9 @@ def _check_codec(fmt, device_name, bits_equal, states=None):
     bits = {"random_bits": words} if fmt.is_stochastic else {}
     want = fmt.quantize(x, **bits)
     bits_equal(quantize_triton(x.to(device_name), fmt, **bits).cpu(), want)
+    if fmt.is_stochastic:  # Philox-`rounds=` words from a seed, counters past 2^32
+        seeded = {"seed": 2**35 + 17, "offset": 2**32 - 77}
+        bits_equal(quantize_triton(x.to(device_name), fmt, **seeded).cpu(), fmt.quantize(x, **seeded))
     if codec.packed:
         got = encode_triton(x.to(device_name), fmt, keys.to(device_name), checkpoint.to(device_name))
         ref = fmt.encode(x, **bits)
@@ -231,15 +239,25 @@ def test_capabilities():
     assert get_format("int16sr:scale=head").kernel_codec == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0)
     assert get_format("int16:order=mul").kernel_codec.args == (int(Kind.INT16), int(Group.ROW), 32767.0, int(Order.MUL))
     assert get_format("int8").kernel_codec.data_dtype == torch.int8 and get_format("int8sr").kernel_codec.stochastic
-    for spec in ("int16sr:bits=8", "fp16sr:rounds=7", "mx8sr:bits=6", "mx8sr:rounds=7"):
-        assert get_format(spec).kernel_codec is None and packed_codec(get_format(spec)) is None
     # two-axis scales: rounded where a program holds the whole head (column factors span it on either axis), not packed
-    for spec in ("int8:scale=rowcol,rot=hadamard:8", "nvfp4:scale=rowcol", "fp8sr:axis=headdim,scale=rowcol"):
+    for spec in ("int8:scale=rowcol,rot=hadamard:8", "nvfp4:scale=rowcol", "fp8sr:axis=headdim,scale=rowcol,bits=8"):
         rowcol = get_format(spec).kernel_codec
         assert rowcol.group == Group.ROWCOL and rowcol.head_span == 0 and packed_codec(get_format(spec)) is None
         assert rowcol.in_tile(whole_head=True) and not rowcol.in_tile(whole_head=False) and rowcol.spans(128)
     assert get_format("int16:scale=rowcol,order=mul").kernel_codec == KernelCodec(Kind.INT16, Group.ROWCOL, 32767.0,
                                                                                    order=Order.MUL)
+    # SR rounds= and bits=: the codec's, the kinds' defaults filled in (so default formats compare as before)
+    assert get_format("fp16sr:rounds=7,bits=8").kernel_codec == KernelCodec(Kind.FP16SR, rounds=7, bits=8)
+    assert get_format("fp16sr:rounds=7,bits=8").kernel_codec.random == (int(Words.ELEMENT), 7, 8)
+    int16sr = get_format("int16sr:scale=head,bits=8").kernel_codec
+    assert int16sr == KernelCodec(Kind.INT16SR, Group.HEAD, 32767.0, bits=8) and int16sr.packed
+    assert packed_codec(get_format("fp16sr:rounds=7")).rounds == 7
+    assert get_format("mx8sr:bits=6").kernel_codec == KernelCodec(Kind.MX8SR, block=16, bits=6)
+    for kind, k in ((Kind.FP16SR, 13), (Kind.FP16SR_SOFT, 13), (Kind.FP8SR, 16), (Kind.INT8SR, 16), (Kind.MX8SR, 8)):
+        assert KernelCodec(kind).bits == k and KernelCodec(kind) == KernelCodec(kind, bits=k)
+    assert get_format("fp8").kernel_codec.random == (int(Words.ELEMENT), 10, 0)
+    with pytest.raises(ValueError, match="bits=4 given to the deterministic kind FP8; accepted: rounds=10 and bits=0"):
+        KernelCodec(Kind.FP8, bits=4)
     # scale tiles and MX blocks: rounded in a chunked program's loop, their packed layout written by torch
     block = get_format("int8sr:scale=block:32").kernel_codec
     assert block == KernelCodec(Kind.INT8SR, Group.TILE, 127.0, rows=1, cols=32) and block.tile == (1, 32)

@@ -13,11 +13,11 @@ from replayssm_eval.replay.keys import READ_COPY, sr_keys, state_random_bits
 
 from tests.helpers.nvfp4 import tie_rows
 
-ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr"]
+ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr", "fp16sr:words=pair,bits=7"]
 FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")] + [
-    "fp8:scale=head,max=240", "fp8sr:max=240"]
+    "fp8:scale=head,max=240", "fp8sr:max=240", "fp8sr:scale=head,bits=20"]
 NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")]
-INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none"]
+INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none", "int16sr:rounds=7,bits=32"]
 MUL = ["int16:order=mul", "int8sr:scale=head,order=mul", "fp8:scale=tensor,order=mul", "int16:scale=none,order=mul"]
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
 
@@ -240,8 +240,8 @@ def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
-    for spec in ("int8sr:bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
-                 "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp16sr:rounds=7", "fp8sr:bits=8", "fp16:rot=hadamard:32",
+    for spec in ("int8sr:axis=headdim,bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
+                 "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8", "fp16:rot=hadamard:32",
                  "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
         assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning") 
 
 VARIANTS = ["fp16sr:words=pair", "fp16sr:words=duo", "fp16sr:words=quad", "fp16sr:words=octet", "fp16sr:cvt=soft",
             "fp16sr:words=pair,cvt=soft", "fp16sr:words=duo,cvt=soft", "fp16sr:words=quad,cvt=soft",
-            "fp16sr:words=octet,cvt=soft"]
+            "fp16sr:words=octet,cvt=soft", "fp16sr:words=quad,rounds=7,bits=9"]
 SPECIAL = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, -65519.0, 65520.0, 1e30, 2.0**-14,
            -(2.0**-14) * (1 - 2.0**-11), 2.0**-24, 3 * 2.0**-25, -(2.0**-20) * 1.37, 1e-40, -1e-39, 1.0 + 2.0**-11,
            -(1.0 + 3 * 2.0**-11), 2049.0, 2.0**15 * (1 + 2.0**-10)]
@@ -40,13 +40,13 @@ def awkward_states(shape, seed=0) -> torch.Tensor:
 
 
 def test_codecs_cover_every_variant():
-    """Every words= and cvt= with the default rounds= and bits= has a codec; cvt=soft is its own element kind."""
+    """Every words= and cvt= has a codec, with any rounds= and bits=; cvt=soft is its own element kind."""
     for spec in VARIANTS:
         codec = get_format(spec).kernel_codec
         assert codec.kind == (Kind.FP16SR_SOFT if "soft" in spec else Kind.FP16SR) and codec.stochastic
         assert codec.words == Words[(spec.partition("words=")[2].partition(",")[0] or "element").upper()]
         assert codec.packed and codec.data_dtype == torch.float16
-    assert get_format("fp16sr:words=pair,rounds=7").kernel_codec is None
+    assert get_format("fp16sr:words=pair,rounds=7").kernel_codec.random == (int(Words.PAIR), 7, 13)
 
 
 @pytest.mark.parametrize("spec", VARIANTS)

@@ -38,7 +38,7 @@ def triton_no_fallback(chunked, *args):
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                       MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr,
                        COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_C: tl.constexpr):
     # x, y: [B, R, C], one program = one state b held whole (a head: R = P rows of C = N), as a chunked kernel's tile
@@ -47,7 +47,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, ck_ptr, R, C, KIND: tl.constexpr, 
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     elem = rows[:, None].to(tl.int64) * C + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [R, C]
     x = tl.load(x_ptr + b * R * C + elem, mask=mask, other=0.0)
-    bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, WORDS)
+    bits = device.state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, RANDOM)
     y = device.round_state_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_R, BLOCK_C)
     tl.store(y_ptr + b * R * C + elem, y, mask=mask)
 
@@ -65,6 +65,6 @@ def round_tile_in_kernel(x: torch.Tensor, codec: KernelCodec, keys: torch.Tensor
     else:
         block_n = max(block_n, codec.block)
     _round_tile_kernel[(b,)](x, y, keys.to(x.device), checkpoint.to(x.device), p, n, *codec.args,
-                             WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, AXIS=axis, ROT=rot,
+                             RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols, AXIS=axis, ROT=rot,
                              BLOCK_R=block_p, BLOCK_C=block_n)
     return y

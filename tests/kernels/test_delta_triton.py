@@ -42,7 +42,7 @@ def cases(per_family):
 
 @triton.jit
 def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                       MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr,
                        COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(0)
     ks = tl.arange(0, BK)
@@ -50,7 +50,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, WORDS, ROWS,
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, RANDOM, ROWS,
                            COLS, AXIS, ROT, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
@@ -66,7 +66,10 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl
                                   "nvfp4:scale=row,rot=hadamard:8", "int8:axis=headdim,scale=block:8,rot=hadamard:8",
                                   "mx8", "mx8sr", "mx8sr:axis=headdim",
                                   # two-axis scales: column factors over the 24 v columns or the 40 k rows
-                                  "int8:scale=rowcol,order=mul", "fp8sr:axis=headdim,scale=rowcol"])
+                                  "int8:scale=rowcol,order=mul", "fp8sr:axis=headdim,scale=rowcol",
+                                  # SR with non-default rounds= and bits=
+                                  "fp16sr:rounds=7,bits=8", "int8sr:scale=block:16,bits=5", "fp8sr:bits=20",
+                                  "mx8sr:bits=32"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
@@ -76,7 +79,7 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
     y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
     _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, *codec.args,
-                               WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols, AXIS=codec.basis[0],
+                               RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols, AXIS=codec.basis[0],
                                ROT=codec.rot, BK=64, BV=32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     y = y.cpu()
@@ -100,7 +103,7 @@ def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     y = torch.empty_like(x, device=device)
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
     _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128,
-                                       *codec.args, WORDS=int(codec.words), ROWS=codec.rows, COLS=codec.cols,
+                                       *codec.args, RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols,
                                        AXIS=codec.basis[0], ROT=codec.rot, BK=128, BV=bv)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
     y = y.cpu()
@@ -213,6 +216,9 @@ def test_chunked_triton_quantized(fam, text, device):
     ("mx8sr/mx8sr:axis=headdim@4", True),  # MX8 blocks of 16 along K = 40 and V = 40, the last ones short
     # two-axis scales: column factors over V = 40 (the whole head in the program) or over K = 40 (axis=headdim)
     ("nvfp4:scale=rowcol/int8sr:axis=headdim,scale=rowcol@4", True),
+    # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
+    ("fp16sr:rounds=7,bits=8/int8sr:scale=block:16,bits=5@4", True),
+    ("fp8sr:bits=20/mx8sr:axis=headdim,bits=3@4", False),
 ])
 def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
     """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores

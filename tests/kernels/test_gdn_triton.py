@@ -108,7 +108,8 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
     "int8:axis=headdim,scale=tile:3x8,rot=hadamard:8/fp32@4",
     pytest.param("nvfp4:scale=tensor,rot=hadamard:8/fp32@4#closed", marks=SLOW),
-    "shared:int16sr:bits=8@4", "fp8:scale=block:16,max=240/fp16sr:bits=8@4", "shared:fp8:scale=tile:4x12,max=240@4",
+    "shared:int16sr:scale=tensor,bits=8@4", "fp8:scale=block:16,max=240/fp8sr:scale=tensor,rounds=7,bits=8@4",
+    "shared:fp8:scale=tile:4x12,max=240@4",
     "int8:scale=tile:8x6/fp32@4"])
 def test_chunked_triton_torch_rounded_copies(text, device):
     """Copies in formats no program can round run on Triton, one segment per launch with that copy rounded by torch.

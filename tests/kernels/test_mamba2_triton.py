@@ -92,7 +92,7 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
     ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
     ("fp16/int8:scale=tile:4x6@4", 1, 24),
     # formats without a kernel codec (`StateFormat.kernel_codec` None)
-    ("int8:rot=hadamard:8/fp16sr:rounds=7,bits=8@4", 1, 24),
+    ("int8:rot=hadamard:8/int16sr:scale=tensor,rounds=7,bits=8@4", 1, 24),
     ("shared:fp8sr:axis=headdim,scale=tile:2x6,max=240@4", 1, 24),
     ("int8:scale=tile:3x5/fp16sr@4", 3, 24),
 ])
@@ -149,6 +149,9 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     ("mx8sr/mx8sr:axis=headdim@3", "read/recur", _WIDE),
     # two-axis scales: column factors over head_dim 40 or d_state 40 (programs holding the whole head)
     ("fp8sr:scale=rowcol/nvfp4:axis=headdim,scale=rowcol@3", "read/recur", _WIDE),
+    # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
+    ("fp16sr:words=octet,rounds=7,bits=8/int8sr:scale=block:8,bits=5@3", "read/recur", {"d_state": 23}),
+    ("fp8sr:bits=20/mx8sr:axis=headdim,bits=32@3", "read/recur", _WIDE),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy

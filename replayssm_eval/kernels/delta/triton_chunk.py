@@ -12,7 +12,7 @@ are the same, so are
   the launch configuration, and the loop over segment blocks with the torch rounding between
   one-segment launches of a copy no program can round (`run_segments`).
 A kernel takes a format as its codec's constexprs (`KernelCodec.args`: KIND, GROUP, MAX, ORDER; `KernelCodec.tile`:
-ROWS, COLS; `KernelCodec.basis`: AXIS, ROT; and its `words`).
+ROWS, COLS; `KernelCodec.basis`: AXIS, ROT; `KernelCodec.random`: RANDOM).
 The step kernels' shared pieces are `triton_step`.
 """
 
@@ -36,7 +36,7 @@ _BV = 32  # v columns per program where no scale group spans more (fewer where V
 
 @triton.jit
 def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
-                ORDER: tl.constexpr, WORDS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
+                ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
                 ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
 
@@ -45,10 +45,10 @@ def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexp
     scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head, and the rows a rowcol
     column factor spans, are the whole tile.
     elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in
-    the word layout WORDS, whose pairs run along K (`device.state_bits`).
+    RANDOM's word layout, whose pairs run along K, and bits (`device.state_bits`).
     """
     ks = tl.arange(0, BK)[:, None]  # [BK, 1] the element's index along the state's last dim (K)
-    bits = state_bits(key, (checkpoint << 32) + elem, ks, KIND, WORDS)
+    bits = state_bits(key, (checkpoint << 32) + elem, ks, KIND, RANDOM)
     if AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
         y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BK, BV)
     else:  # [BV, BK]: format rows are v columns, blocks run along K
@@ -89,19 +89,19 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 @triton.jit
 def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
                  HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
-                 HI_WORDS: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr,
+                 HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr,
                  HI_ROT: tl.constexpr,
                  LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
-                 LO_WORDS: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr,
+                 LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr,
                  LO_ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
-    s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_WORDS, HI_ROWS,
+    s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS,
                        HI_COLS, HI_AXIS, HI_ROT, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
     if SHARED:
         s_lo = s_hi
     else:
-        s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_WORDS, LO_ROWS,
+        s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS,
                            LO_COLS, LO_AXIS, LO_ROT, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
     return s_hi, s_lo
@@ -112,9 +112,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
     a two-axis (rowcol) scale, a row scale along V, or a scale tile, block or rotation run of more than one v column
     with V > 128; scale tiles, blocks or rotation runs of other than power-of-two sizes; rotation runs that do not tile
-    K or V; formats without a kernel codec, such as SR formats with non-default rounds= or bits=) is rounded by torch
-    between one-segment launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale
-    groups (column factors included), blocks along V or rotation runs along V span more.
+    K or V; formats without a kernel codec, such as error feedback, ef=) is rounded by torch between one-segment
+    launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale groups (column factors
+    included), blocks along V or rotation runs along V span more.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -191,9 +191,9 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
             *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
-            HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_WORDS=int(hi_codec.words),
+            HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_RANDOM=hi_codec.random,
             HI_ROWS=hi_rows, HI_COLS=hi_cols, HI_AXIS=hi_axis, HI_ROT=hi_rot,
-            LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_WORDS=int(lo_codec.words),
+            LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_RANDOM=lo_codec.random,
             LO_ROWS=lo_rows, LO_COLS=lo_cols, LO_AXIS=lo_axis, LO_ROT=lo_rot,
             DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )

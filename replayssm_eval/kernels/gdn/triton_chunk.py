@@ -18,8 +18,8 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    `replay.keys`), using the formats' device codecs (`formats.device`, by each format's kernel
    codec). In-kernel formats: fp32, bf16, fp16, fp16sr, fp8 / fp8sr / fp8e5m2 and int8 / int8sr /
    int16 / int16sr with scale=row|none|block:N (|head|tile:RxC|rowcol), N, R, C powers of two or 0, along K
-   or (axis=headdim) along V; nvfp4 with scale=row (|head|rowcol); mxfp8, mxfp4 and Pimba's mx8 / mx8sr (default
-   bits= and rounds=) along K or V; and any of these with
+   or (axis=headdim) along V; nvfp4 with scale=row (|head|rowcol); mxfp8, mxfp4 and Pimba's mx8 / mx8sr along K or V
+   (SR with any bits= and rounds=); and any of these with
    rot=hadamard:N (runs of N along K or V, N a power of two dividing that dim; `modelopt:int8-hadamard`).
    `head`, `rowcol`, tiles of more than 32 v rows and anything spanning more than one v column along V (row
    scales, blocks, rotation runs with axis=headdim) need the whole head in one program (used when V <= 128).
@@ -52,10 +52,10 @@ def _chunked_kernel(
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
-    HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr, HI_WORDS: tl.constexpr,
-    HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr, HI_ROT: tl.constexpr,
-    LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr, LO_WORDS: tl.constexpr,
-    LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
+    HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
+    HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr, HI_ROT: tl.constexpr,
+    LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
+    LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
     DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
@@ -117,8 +117,8 @@ def _chunked_kernel(
                     folded = d_end * s_hi + dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
                 s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
-                                          HI_MAX, HI_ORDER, HI_WORDS, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND,
-                                          LO_GROUP, LO_MAX, LO_ORDER, LO_WORDS, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT,
+                                          HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND,
+                                          LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT,
                                           BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])

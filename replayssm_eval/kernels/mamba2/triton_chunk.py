@@ -7,10 +7,10 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
-  bf16, fp16, fp16sr (every words= and cvt=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with
+  bf16, fp16, fp16sr (every words=, cvt=, rounds= and bits=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with
   scale=row|head|none|rowcol and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
-  `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head|rowcol), mxfp8, mxfp4 and Pimba's mx8 / mx8sr
-  (default bits= and rounds=) on either axis; and any of
+  `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head|rowcol), mxfp8, mxfp4 and Pimba's mx8 / mx8sr on
+  either axis (SR with any bits= and rounds=); and any of
   these with rot=hadamard:N (runs of N along the format's axis, N a power of two dividing that dim). A program holds
   16 rows of the head, or the whole head for a recurrence copy's head scale, for tiles of more than 16 rows, for
   two-axis scales (rowcol: column factors over the head) and for anything spanning more than one head_dim row along
@@ -64,10 +64,10 @@ def _chunk_scan_kernel(
     amax_ptr,  # PASS_AMAX: [B, S, H, P tiles] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
-    RECUR_WORDS: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
+    RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
     RECUR_ROT: tl.constexpr,
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
-    READ_WORDS: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
+    READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
     READ_ROT: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
     PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -132,7 +132,7 @@ def _chunk_scan_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 folded = g_seg * hi + dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_state_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_WORDS), RECUR,
+            hi = round_state_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                               RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                               BLOCK_P, BLOCK_N)
             at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
@@ -146,10 +146,10 @@ def _chunk_scan_kernel(
                 lo = hi
             elif PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
                 amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
-                bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS)
+                bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM)
                 lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
             else:
-                lo = round_state_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_WORDS), READ,
+                lo = round_state_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
                                   READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
                                   BLOCK_P, BLOCK_N)
             pre = folded
@@ -190,10 +190,10 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
             px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, amax,
             S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-            RECUR_WORDS=int(recur.words), RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
+            RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
             RECUR_ROT=recur_rot,
             READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-            READ_WORDS=int(read.words), READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis,
+            READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis,
             READ_ROT=read_rot,
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
             SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
