@@ -240,18 +240,12 @@ class KernelCodec:
 FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds the copy: the FP32 value itself
 
 
-def tile_codec(fmt, whole_head: bool = True, dims: tuple[int, int] | None = None,
-               device: torch.device | str | None = None) -> KernelCodec | None:
+def tile_codec(fmt, whole_head: bool = True, dims: tuple[int, int] | None = None) -> KernelCodec | None:
     """fmt's codec when a kernel program rounds it in-loop (`KernelCodec.in_tile`), else None: torch rounds it. dims:
     the state's (head_dim, d_state), where rotation runs that do not tile their axis leave it to torch, whose encode
-    names the mismatch (`KernelCodec.fits`); None for a codec alone. device: where the kernel runs; on a GPU a rotated
-    format is left to torch, because the in-kernel FP64 rotation (`device.hadamard_tile`), bit for bit torch's in the
-    Triton interpreter, was not on an H200 (tests/kernels/test_delta_triton.py, `modelopt_hadamard` and the rotated
-    `unrounded_folds` cases)."""
+    names the mismatch (`KernelCodec.fits`); None for a codec alone."""
     codec = fmt.kernel_codec
     if codec is None or not codec.in_tile(whole_head) or (dims is not None and not codec.fits(*dims)):
-        return None
-    if codec.rot > 1 and torch.device(device or "cpu").type == "cuda":
         return None
     return codec
 

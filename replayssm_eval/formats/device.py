@@ -18,9 +18,9 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     sr_field(word, KIND, BITS)                                     an element's random field from its word
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the interpreter and any
-GPU give the same bits as the torch reference; the exception is `hadamard_tile` (FP64 adds and products by constants
-in `rotation.hadamard_runs`' order), bit for bit torch's in the interpreter but not on an H200, so the chunked kernels
-leave rotated formats to torch on a GPU (`codec.tile_codec`). Constants come from `rounding`.
+GPU give the same bits as the torch reference; `hadamard_tile` adds in FP64 and multiplies by powers of two and
+fp64(1 / sqrt(2)) in `rotation.hadamard_runs`' order, the same bits too (benchmarks/gpu_check_rotation.py). Constants
+come from `rounding`.
 
 Fast decoders for kernels that stream a packed copy (integer shifts and masks and one exact FP16 -> FP32
 cvt per element, same values as the decoders above):

@@ -5,8 +5,8 @@ of N consecutive elements along the format's block axis (d_state, or head_dim wi
 N a power of two dividing that dim), the inner format encodes the rotated state, and decode rotates
 back, so the decoded copy is in the original basis. Both directions are computed in FP64 and rounded
 to FP32 once, in one defined order (`hadamard_runs`: log2(N) butterfly stages, then the scale), the
-order the Triton kernels compute too (`device.hadamard_tile`: the same bits in the interpreter, not yet
-on a GPU, where torch rotates). It is not exact in FP32: the round trip of an unquantized state is x up to one FP32
+order the Triton kernels compute too (`device.hadamard_tile`: the same bits in the interpreter and on a
+GPU). It is not exact in FP32: the round trip of an unquantized state is x up to one FP32
 rounding per direction (relative error within a few 2^-24 of the block's norm), never bit for bit,
 for every N > 1 (even N = 4^k, where 1/sqrt(N) = 2^-k is exact, each output is a rounded sum of N terms).
 """

@@ -26,6 +26,15 @@ def rounds_to(fold, rounded, cfg) -> bool:
     return torch.equal(hi, rounded.hi.cpu()) and torch.equal(lo, rounded.lo.cpu())
 
 
+def rounds_own_fold(rounded, cfg) -> bool:
+    """cfg's read copy is FP32, i.e. the launch's own fold: its recurrence copy in `rounded` is exactly write_checkpoint
+    of it. On a GPU, unlike `rounds_to`, this holds where the recurrence copy is rotated: such a kernel variant sums
+    its FP32 fold in another order than the rounded=False launch (the H200 run of benchmarks/gpu_check_rotation.py's
+    cases in the chunked kernels)."""
+    hi, _ = write_checkpoint(rounded.lo.cpu(), cfg, 0, rounded.seq_ids.cpu(), rounded.checkpoint.cpu())
+    return torch.equal(hi, rounded.hi.cpu())
+
+
 def triton_no_fallback(chunked, *args):
     """chunked(*args, backend="triton"), failing on any UserWarning (such as a torch fallback's): the kernel ran."""
     with warnings.catch_warnings(record=True) as caught:

@@ -27,7 +27,7 @@ from replayssm_eval.replay.state import write_checkpoint
 from tests.helpers.compare import assert_close, mostly_equal
 from tests.helpers.delta import (FAMILIES, cut, delta_inputs, one_column_share, phased_start, plain_recurrence,
                                  square_kda_inputs)
-from tests.helpers.kernel_checks import one_segment_launches, rounds_to, triton_no_fallback
+from tests.helpers.kernel_checks import one_segment_launches, rounds_own_fold, rounds_to, triton_no_fallback
 
 SMALL = {"gdn": dict(batch=2, heads=2, value_heads=4, dk=20, dv=24), "kda": dict(batch=2, heads=1, value_heads=2, dk=20, dv=12)}
 # grouped heads (HV = 2H), K and V not powers of two
@@ -210,8 +210,8 @@ def test_chunked_triton_quantized(fam, text, device):
     pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", True, marks=pytest.mark.slow),
     ("mxfp4/int16:scale=tile:4x8,order=mul@4", True),
     # along V (the whole head: row scales, blocks of 16 in V = 40) and rotated along K = 40 and V
-    ("int8sr:axis=headdim,scale=block:16/fp8:axis=headdim,rot=hadamard:8@4", True),
-    pytest.param("nvfp4:axis=headdim,scale=row,rot=hadamard:4/bf16:rot=hadamard:8@4", True, marks=pytest.mark.slow),
+    ("fp8:axis=headdim,rot=hadamard:8/int8sr:axis=headdim,scale=block:16@4", True),
+    pytest.param("nvfp4:axis=headdim,scale=row,rot=hadamard:4/bf16@4", True, marks=pytest.mark.slow),
     pytest.param("fp8sr:scale=tile:32x0,max=240/fp8:scale=tile:64x16@4", True, marks=pytest.mark.slow),
     ("mx8sr/mx8sr:axis=headdim@4", True),  # MX8 blocks of 16 along K = 40 and V = 40, the last ones short
     # two-axis scales: column factors over V = 40 (the whole head in the program) or over K = 40 (axis=headdim)
@@ -234,10 +234,25 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, devi
 
 
 @FAM
+@pytest.mark.parametrize("recur", ["fp8:axis=headdim,rot=hadamard:8", "bf16:rot=hadamard:8",
+                                   "int8sr:scale=block:8,rot=hadamard:8"])
+def test_rotated_recurrence_copy_rounds_its_own_fold(fam, recur, device):
+    """A rotated recurrence copy (runs of 8 along V = 40 or K = 40) is write_checkpoint of the launch's own FP32 fold,
+    held by an FP32 read copy beside it, bit for bit. (Rotated read copies: `unrounded_folds` above; a rotated
+    recurrence copy's kernel variant folds in another FP32 order than the rounded=False launch on a GPU.)"""
+    cfg = ReplayConfig.parse(f"fp32/{recur}@4")
+    assert tile_codec(cfg.recur_format) is not None
+    inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **{**AWKWARD[fam], "dk": 40})
+    rule = FAMILIES[fam].RULE
+    _, rounded = rule.chunk.chunked_triton(rule.prepare(*inputs, cfg))
+    assert rounds_own_fold(rounded, cfg) and not torch.equal(rounded.hi, rounded.lo)
+
+
+@FAM
 def test_chunked_triton_modelopt_hadamard(fam, device):
     """`modelopt:int8-hadamard` (shared INT8, blocks of 32 along V rotated by H_32 along V) rounded in the kernel at
-    V = 64 (two programs of 32 v columns) and K = 24: the stored copies are write_checkpoint of the kernel's FP32 folds
-    bit for bit, and the outputs and copies those of the torch chunked form up to FP32 flips."""
+    V = 64 (two programs of 32 v columns) and K = 24: the outputs and copies are those of the torch chunked form up to
+    FP32 flips, and the copy is write_checkpoint of the launch's own FP32 fold bit for bit (`rounds_own_fold`)."""
     mod = FAMILIES[fam]
     cfg = ReplayConfig.parse("modelopt:int8-hadamard")
     assert tile_codec(cfg.recur_format, True, (64, 24)) == cfg.recur_format.kernel_codec
@@ -249,10 +264,9 @@ def test_chunked_triton_modelopt_hadamard(fam, device):
     assert_close("o", o_ref, o, 1e-5, flips=one_column_share(inputs))
     mostly_equal("S_hi", st_ref.hi, st.hi)
     assert torch.equal(st_ref.checkpoint, st.checkpoint) and int(st.checkpoint.min()) == 2 and st.lo is st.hi
-    first = (*cut(inputs, 0, 8), *inputs[5:])  # one fold: the unrounded launch's fold is the rounded launch's
-    _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*first, cfg))
-    _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*first, cfg), rounded=False)
-    assert rounds_to(fold, rounded, cfg)
+    own = ReplayConfig.parse(f"fp32/{cfg.recur_format.name}@8")  # one fold, the FP32 read copy holding it
+    _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*cut(inputs, 0, 8), *inputs[5:], own))
+    assert rounds_own_fold(rounded, own)
 
 
 @pytest.mark.parametrize("fam", [name if name == "gdn" else pytest.param(name, marks=pytest.mark.slow) for name in FAMILIES])

@@ -165,8 +165,8 @@ def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     with one_segment_launches():
         o_in, st_in = chunked(*x, start, cfg, backend="triton")
     forced = [getattr(cfg, f"{copy}_format") for copy in by_torch.split("/")]
-    monkeypatch.setattr(shared, "tile_codec", lambda fmt, whole_head, dims, device=None:
-                        None if fmt in forced else tile_codec(fmt, whole_head, dims, device))
+    monkeypatch.setattr(shared, "tile_codec", lambda fmt, whole_head, dims:
+                        None if fmt in forced else tile_codec(fmt, whole_head, dims))
     assert shared.tile_codec(cfg.recur_format if by_torch == "recur" else cfg.read_format, True, None) is None
     o_out, st_out = triton_no_fallback(chunked, *x, start, cfg)
     assert torch.equal(o_out, o_in)

@@ -165,8 +165,7 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     y_in, st_in = chunked(*main, state, config, backend="triton")
     forced = [getattr(config, f"{copy}_format") for copy in by_torch.split("/")]
     monkeypatch.setattr(triton_chunk, "tile_codec",
-                        lambda fmt, dims, device=None: None if fmt in forced else tile_codec(fmt, dims=dims,
-                                                                                             device=device))
+                        lambda fmt, dims: None if fmt in forced else tile_codec(fmt, dims=dims))
     heads, head_dim, d_state = state.hi.shape[1:]
     by_copy = [config.recur_format in forced, config.read_format in forced]
     assert [k is None for k in triton_chunk._codecs(config, (head_dim, d_state))] == by_copy

@@ -128,7 +128,7 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     dv = p.v.shape[-1]
     whole_head = dv <= _MAX_HEAD_V
     dims = (dv, p.k.shape[-1])  # (head_dim, d_state) of the [V, K] head
-    codecs = [tile_codec(fmt, whole_head, dims, p.q.device) for fmt in (cfg.recur_format, cfg.read_format)]
+    codecs = [tile_codec(fmt, whole_head, dims) for fmt in (cfg.recur_format, cfg.read_format)]
     launch = chunked_launch_config(p.k.shape[-1], dv, any(c is not None and c.spans(_BV) for c in codecs))
     if not rounded:
         codecs = [FP32_CODEC] * 2

@@ -218,12 +218,10 @@ def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict
     return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee"}
 
 
-def _codecs(config, dims: tuple[int, int], device=None) -> tuple:
+def _codecs(config, dims: tuple[int, int]) -> tuple:
     """The codecs of (S_hi, S_lo) the loop rounds (`tile_codec`: a program holds the whole head where a scale needs it;
-    dims: the state's (head_dim, d_state); device: the kernel's), None for a copy torch rounds; a shared checkpoint's
-    S_lo is S_hi."""
-    return (tile_codec(config.recur_format, dims=dims, device=device),
-            tile_codec(config.read_format, dims=dims, device=device))
+    dims: the state's (head_dim, d_state)), None for a copy torch rounds; a shared checkpoint's S_lo is S_hi."""
+    return tile_codec(config.recur_format, dims=dims), tile_codec(config.read_format, dims=dims)
 
 
 def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside=None) -> None:
@@ -295,7 +293,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     hi = state.hi.clone().contiguous()
     pre = torch.zeros_like(hi)
     y_grid = torch.empty(*grid[0].shape, dtype=torch.float32, device=hi.device)  # [B, S, L, H, P]
-    recur, read = _codecs(config, (head_dim, d_state), inp.x.device)
+    recur, read = _codecs(config, (head_dim, d_state))
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
     if read_outside:
