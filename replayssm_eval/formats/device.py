@@ -378,15 +378,12 @@ def magnitudes(x, ORDER: tl.constexpr):
 
 
 @triton.jit
-def _maximum_nan(a, b):
-    """max(a, b), NaN if either is (max.NaN on a GPU, numpy's maximum in the interpreter; tl.max skips NaN)."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _nan_max(a, AXIS: tl.constexpr):
-    """max of the 2-D a along AXIS, kept as a dim of size 1, NaN propagating: one reduction."""
-    return tl.reduce(a, AXIS, _maximum_nan, keep_dims=True)
+    """max of the 2-D a along AXIS, kept as a dim of size 1, NaN propagating (comparisons, as tl.max's own NaN rule
+    differs by backend; a `tl.reduce` with a NaN-propagating combine would run element by element in the
+    interpreter)."""
+    nan = tl.max((a != a).to(tl.int32), axis=AXIS, keep_dims=True)
+    return tl.where(nan != 0, float("nan"), tl.max(tl.where(a != a, 0.0, a), axis=AXIS, keep_dims=True))
 
 
 @triton.jit
