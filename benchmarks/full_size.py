@@ -23,6 +23,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from replayssm_eval.generate import split_configs
 from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.presets import full_size_config
 
@@ -138,7 +139,7 @@ def main() -> None:
                 row["error"] = f"OutOfMemoryError: {str(err).splitlines()[0]}"
             emit(row)
             rm = ReplayModel(rm.model, rm.tokenizer)  # routed again
-        for config in args.configs.split(","):
+        for config in split_configs(args.configs):
             try:
                 row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device)
             except Exception as err:  # one failing row must not lose the others
@@ -150,7 +151,7 @@ def main() -> None:
             if args.profile_tokens and "error" not in row:
                 profile_config(rm, ids[:, :args.prompt_len + args.profile_tokens], args.prompt_len, args.segment,
                                config, args.backend, args.device)
-        config = args.configs.split(",")[0]
+        config = split_configs(args.configs)[0]
         for segment in (16, 1) if args.small_segments else ():
             short = ids[:, :args.prompt_len + args.small_segments]
             row = run_config(rm, short, args.prompt_len, segment, config, args.backend, args.device)

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from replayssm_eval.generate import split_configs
 from replayssm_eval.generate.engine import Engine
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import ReplayModel, load_model
@@ -258,7 +259,7 @@ def main(argv=None) -> None:
         args.batches, args.prompt_len, args.new_tokens = "4", 16, 8
         args.prefill_rows, args.prefill_len, args.prefill_segment, args.prefill_tokens = 4, 32, 16, 32
         args.gpqa_prompts, args.gpqa_batch, args.scale, args.profile_steps = 6, 3, max(args.scale, 1024.0), 2
-    args.configs = args.configs.split(",")
+    args.configs = split_configs(args.configs)
     args.batches = [int(b) for b in str(args.batches).split(",")]
     models = args.models.split(",") if args.models else list(TINY if args.tiny else FULL_SIZE)
     parts = args.parts.split(",")

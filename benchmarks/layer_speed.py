@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment, relerr  # noqa: E402
 
 from replayssm_eval.formats.codec import tile_codec  # noqa: E402
+from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
 from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
@@ -171,13 +172,13 @@ def main(argv=None):
         step, s0 = hf_runner(fam, inputs)
         record(family=family, path="hf torch scan", config="fp32", tokens=args.tokens,
                seconds=time_segments(step, s0, args.tokens, args.segment, timer)[0])
-        for config in args.configs.split(","):
+        for config in split_configs(args.configs):
             step, s0 = ours_runner(fam, inputs, config, "triton")
             seconds, base, note = time_segments(step, s0, args.tokens, args.segment, timer)
             record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note, seconds=seconds)
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
-            if config in args.sweep.split(",") and not note:
+            if config in split_configs(args.sweep) and not note:
                 for launch in WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]:
                     with with_launch(family, launch):
                         try:

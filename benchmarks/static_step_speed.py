@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernel_speed import BENCHES, Rand, driver_geometry  # noqa: E402
+from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.static_step import StaticState  # noqa: E402
 from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 
@@ -98,7 +99,7 @@ def main(argv=None) -> None:
           f"{'engine/token':>12} {'engine/fixed':>12}", flush=True)
     for name in args.families.split(","):
         fam = BENCHES[name](driver_geometry(name, args.tiny), Rand(args.device))
-        for config in args.configs.split(","):
+        for config in split_configs(args.configs):
             window = ReplayConfig.parse(config).window
             ms, last = {}, None
             for variant in ("none", "some", "all") if window > 1 else ("all",):
