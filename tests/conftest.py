@@ -5,6 +5,10 @@ any module defining a `@triton.jit` function is imported, so it is set here, fir
 computes every lane with numpy, masked-out lanes and deliberate inf / NaN inputs included, and numpy
 warns on the overflows and zero divisions that IEEE arithmetic on a GPU performs silently: those
 RuntimeWarnings of the interpreter's module are ignored.
+
+Each pytest-xdist worker computes on one thread (torch's intra-op pool and numpy's BLAS, which the
+interpreter's `tl.dot` uses): with one worker per core, more threads per worker oversubscribe the
+cores, and a quick-tier file then ran 6x slower. Set before torch or numpy is imported.
 """
 
 import os
@@ -13,6 +17,9 @@ from tests.helpers.device import TEST_DEVICE
 
 if TEST_DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
