@@ -43,7 +43,8 @@ def cases() -> list:
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
                      HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, LO_KIND=nvfp4,
                      LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0, LO_AXIS=0, LO_ROT=1,
-                     DOT="ieee")
+                     PROGRAMS=1, DOT="ieee")
+    exchange = {"fold_ptr": "*i32", "rhi_ptr": "*i32", "exch_ptr": "*i32", "count_ptr": "*i32"}  # `shared_head_amax`
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
@@ -95,6 +96,11 @@ def cases() -> list:
          {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "SHARED": True, **{f"HI_{k}": v for k, v in modelopt.items()}},
          GDN_FLAGS),
+        # head scales across the four 32-column programs of a head: the read copy's, both copies'
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LO_GROUP": head, "PROGRAMS": 4, "DOT": "tf32x3"},
+         {**GDN_FLAGS, **exchange}),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int(Kind.INT8), "HI_GROUP": head, "HI_MAX": 127.0,
+                                            "LO_GROUP": head, "PROGRAMS": 4}, exchange),
         # rotated along d_state (K) and along head_dim (V, the whole head) with MX blocks along V
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "BV": 128, "HI_ROT": 16, "LO_KIND": mxfp8, "LO_GROUP": none,
                                             "LO_AXIS": 1, "LO_ROT": 64}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),

@@ -9,6 +9,8 @@ int64, as the kernels do: a Python-int kernel argument gave different bits in th
 GDN's own kernel paths are tested further in test_gdn_triton.py.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import triton
@@ -24,7 +26,8 @@ from replayssm_eval.kernels.delta.reference import verify_drafts
 from replayssm_eval.replay.keys import sr_keys
 from replayssm_eval.replay.state import write_checkpoint
 
-from tests.helpers.compare import assert_close, mostly_equal
+from tests.helpers.compare import assert_bits_equal, assert_close, mostly_equal
+from tests.helpers.device import TEST_DEVICE
 from tests.helpers.delta import (FAMILIES, cut, delta_inputs, one_column_share, phased_start, plain_recurrence,
                                  square_kda_inputs)
 from tests.helpers.kernel_checks import one_segment_launches, rounds_own_fold, rounds_to, triton_no_fallback
@@ -41,18 +44,33 @@ def cases(per_family):
 
 
 @triton.jit
-def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, HV, K, V, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr,
-                       COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    hv = tl.program_id(0)
+def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, exch_ptr, count_ptr, HV, K, V, KIND: tl.constexpr,
+                       GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
+                       ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr,
+                       PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    hv = tl.program_id(1)
     ks = tl.arange(0, BK)
-    vs = tl.program_id(1) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
+    vs = tl.program_id(2) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, KIND, GROUP, MAX, ORDER, RANDOM, ROWS,
-                           COLS, AXIS, ROT, BK, BV)
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, exch_ptr, count_ptr, hv, 1, KIND, GROUP,
+                           MAX, ORDER, RANDOM, ROWS, COLS, AXIS, ROT, PROGRAMS, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
+
+
+def round_in_kernel(x, codec, key, checkpoint, bk, bv, programs=1):
+    """`store_round` of the states x [1, HV, V, K] in `_round_tile_kernel`, programs of bv value columns (PROGRAMS of
+    them exchanging a head scale's amax)."""
+    _, hv, v, k = x.shape
+    y = torch.empty_like(x)
+    exch = torch.empty(hv * 2 * programs, dtype=torch.int32, device=x.device)
+    count = torch.zeros(hv, dtype=torch.int32, device=x.device)
+    _round_tile_kernel[(1, hv, triton.cdiv(v, bv))](x, y, key, checkpoint, exch, count, hv, k, v, *codec.args,
+                                                     RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols,
+                                                     AXIS=codec.basis[0], ROT=codec.rot, PROGRAMS=programs, BK=bk,
+                                                     BV=bv)
+    return y.cpu()
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16sr", "bf16", "fp8", "fp8sr", "fp8:scale=head", "fp8e5m2:scale=none",
@@ -75,14 +93,9 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
     x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
     x[0, 1, 3] = 0.0
-    codec = tile_codec(cfg.recur_format)
-    y = torch.empty_like(x, device=device)
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
-    _round_tile_kernel[(3, 1)](x.to(device), y, key, torch.tensor([9], device=device), 3, 40, 24, *codec.args,
-                               RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols, AXIS=codec.basis[0],
-                               ROT=codec.rot, BK=64, BV=32)
+    y = round_in_kernel(x.to(device), tile_codec(cfg.recur_format), key, torch.tensor([9], device=device), 64, 32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
-    y = y.cpu()
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
 
 
@@ -91,23 +104,24 @@ def test_in_kernel_rounding_is_bit_exact(spec, device):
                                       ("int8sr:scale=block:32", 64), ("mxfp4", 64),
                                       ("int8:axis=headdim,scale=block:32,rot=hadamard:32", 32),  # modelopt:int8-hadamard
                                       ("fp8sr:axis=headdim,scale=head,rot=hadamard:64", 128),
-                                      ("int8sr:scale=block:32,rot=hadamard:16", 64)])
+                                      ("int8sr:scale=block:32,rot=hadamard:16", 64)]
+                         # a head scale over four programs of 32 columns exchanging its amax (compiled code: a GPU)
+                         + [pytest.param(spec, -32, marks=pytest.mark.skipif(TEST_DEVICE != "cuda", reason="a GPU"))
+                            for spec in ("nvfp4:scale=head", "int16sr:scale=head,order=mul", "fp8:scale=head")])
 def test_in_kernel_rounding_bit_exact_k128(spec, bv, device):
     """`store_round` at K = V = 128 with the chunked kernels' tiles (BK = 128 in 8 NVFP4 blocks; 64-wide v-blocks for
-    row scales, the whole head for head scales, 32-wide v-blocks for SGLang's 32-row tiles and for blocks and
-    rotation runs of 32 along V) == write_checkpoint, bit for bit."""
+    row scales, the whole head for head scales or four 32-wide ones exchanging its amax (bv -32), 32-wide v-blocks
+    for SGLang's 32-row tiles and for blocks and rotation runs of 32 along V) == write_checkpoint, bit for bit; a
+    NaN and an infinity in the last head's programs."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=3)
-    x = torch.randn(1, 2, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
+    x = torch.randn(1, 3, 128, 128) * torch.logspace(-2, 1, 128)  # [B, HV, V, K]
     x[0, 1, 70] = 0.0  # a zero row in the second v-block
-    codec = tile_codec(cfg.recur_format)
-    y = torch.empty_like(x, device=device)
+    x[0, 2, 100, 5], x[0, 2, 40, 9] = float("nan"), float("inf")
     key = sr_keys(3, 1, torch.tensor([2], device=device), 0)
-    _round_tile_kernel[(2, 128 // bv)](x.to(device), y, key, torch.tensor([5], device=device), 2, 128, 128,
-                                       *codec.args, RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols,
-                                       AXIS=codec.basis[0], ROT=codec.rot, BK=128, BV=bv)
+    y = round_in_kernel(x.to(device), tile_codec(cfg.recur_format), key, torch.tensor([5], device=device), 128, abs(bv),
+                        programs=4 if bv < 0 else 1)
     want, _ = write_checkpoint(x, cfg, 1, torch.tensor([2]), torch.tensor([5]))  # the torch rounding, on CPU
-    y = y.cpu()
-    assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
+    assert_bits_equal(y, want)
 
 
 @FAM
@@ -267,6 +281,57 @@ def test_chunked_triton_modelopt_hadamard(fam, device):
     own = ReplayConfig.parse(f"fp32/{cfg.recur_format.name}@8")  # one fold, the FP32 read copy holding it
     _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*cut(inputs, 0, 8), *inputs[5:], own))
     assert rounds_own_fold(rounded, own)
+
+
+def test_head_programs_exchange_only_where_all_programs_run_at_once(monkeypatch):
+    """A head scale spans the head's 32-column programs (which exchange its amax) in compiled code on a GPU with a
+    multiprocessor per program, for natural-basis formats and a power of two of tiles; otherwise one program holds the
+    head (the interpreter runs programs one after another: an exchange would wait forever)."""
+    def codecs(text):
+        cfg = ReplayConfig.parse(text)
+        return [tile_codec(f, True, (128, 128)) for f in (cfg.recur_format, cfg.read_format)]
+
+    gpu = torch.device("cuda")
+    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 32, 4, torch.device("cpu")) == 1
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 32, 4, gpu) == 1
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 32, 4, gpu) == 4
+    assert shared.head_programs(codecs("int8:scale=head/int8sr:scale=head@16"), 66, 2, gpu) == 2
+    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 34, 4, gpu) == 1  # 136 programs on 132 multiprocessors
+    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 1, 3, gpu) == 1
+    assert shared.head_programs(codecs("int8:axis=headdim,scale=head/fp16sr@16"), 1, 4, gpu) == 1
+    assert shared.head_programs(codecs("nvfp4:scale=row/fp16sr@16"), 1, 4, gpu) == 1  # nothing to exchange
+
+
+@FAM
+@pytest.mark.skipif(TEST_DEVICE != "cuda", reason="programs exchange a head's amax only when they run at once (a GPU)")
+@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "int8:scale=head,order=mul/int8sr:scale=head@4", "shared:nvfp4@4"])
+def test_head_scale_across_programs(fam, text, device, monkeypatch):
+    """A head-scaled copy of a 128-column head held by four programs that exchange its amax: one fold is exactly
+    write_checkpoint of the launch's FP32 fold (both copies exchanging in the second case); over many folds, and one
+    segment per launch, the outputs and copies are those of one program per head up to FP32 flips."""
+    rule = FAMILIES[fam].RULE
+    cfg = ReplayConfig.parse(text)
+    sizes = dict(batch=3, heads=1, value_heads=2, dk=40, dv=128)
+    codecs = [tile_codec(f, True, (128, 40)) for f in (cfg.recur_format, cfg.read_format)]
+    assert shared.head_programs(codecs, 6, 4, torch.device(device)) == 4
+    one = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **sizes)
+    _, rounded = rule.chunk.chunked_triton(rule.prepare(*one, cfg))
+    _, fold = rule.chunk.chunked_triton(rule.prepare(*one, cfg), rounded=False)
+    assert rounds_to(fold, rounded, cfg)
+    many = delta_inputs(fam, seqlen=37, dtype=torch.float32, device=device, **sizes)
+    o, st = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
+    with one_segment_launches():
+        o_seg, st_seg = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
+    monkeypatch.setattr(shared, "head_programs", lambda *args: 1)
+    o_head, st_head = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
+    for out, state in ((o, st), (o_seg, st_seg)):
+        assert_close("o", o_head, out, 1e-5, flips=one_column_share(many))
+        mostly_equal("S_hi", st_head.hi, state.hi)
+        mostly_equal("S_lo", st_head.lo, state.lo)
+        assert torch.equal(st_head.checkpoint, state.checkpoint)
 
 
 @pytest.mark.parametrize("fam", [name if name == "gdn" else pytest.param(name, marks=pytest.mark.slow) for name in FAMILIES])

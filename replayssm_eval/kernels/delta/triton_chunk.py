@@ -18,12 +18,14 @@ The step kernels' shared pieces are `triton_step`.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats.codec import FP32_CODEC, KernelCodec, tile_codec
-from replayssm_eval.formats.device import AXIS_HEADDIM, round_tile, state_bits
+from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
+from replayssm_eval.formats.device import AXIS_HEADDIM, GROUP_HEAD, quantize_tile, round_tile, state_bits, tile_amax
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
@@ -35,21 +37,47 @@ _BV = 32  # v columns per program where no scale group spans more (fewer where V
 
 
 @triton.jit
-def store_round(x, key, checkpoint, elem, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
-                ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
-                ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, ORDER: tl.constexpr, PROGRAMS: tl.constexpr):
+    """The amax of a head that PROGRAMS programs hold in v-column tiles, as `device.tile_amax` of the whole head: this
+    program's tile x [R, C] (padding zero) gives its amax, which it publishes in slot rnd % 2 of the head's
+    exch [B * HV, 2, PROGRAMS] (int32 bits); it counts itself in count[bh] and waits until every program of the head
+    has counted rnd times (rnd: the exchange's number in the launch, from 1; the counts are zero at the launch). Two
+    slots suffice: a program cannot publish round rnd + 2 before every program has counted rnd + 1, after reading rnd.
+    Compiled code only (the programs of a head must run at once; the interpreter runs programs one after another).
+    Returns the head's amax (a scalar): NaN if any tile's is NaN (ORDER_DIV), else the largest."""
+    first = tl.arange(0, x.shape[0])[:, None] == 0
+    part = tl.sum(tl.where(first, tile_amax(x, True, ORDER), 0.0))  # the tile's amax (every row holds it)
+    slots = exch_ptr + (bh * 2 + rnd % 2) * PROGRAMS
+    tl.atomic_xchg(slots + tl.program_id(2), part.to(tl.int32, bitcast=True), sem="release")
+    tl.atomic_add(count_ptr + bh, 1, sem="release")
+    while tl.atomic_add(count_ptr + bh, 0, sem="acquire") < rnd * PROGRAMS:
+        pass
+    parts = tl.atomic_or(slots + tl.arange(0, PROGRAMS), 0, sem="acquire").to(tl.float32, bitcast=True)
+    nan = tl.max((parts != parts).to(tl.int32), axis=0)
+    return tl.where(nan != 0, float("nan"), tl.max(tl.where(parts != parts, 0.0, parts), axis=0))
+
+
+@triton.jit
+def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, KIND: tl.constexpr, GROUP: tl.constexpr,
+                MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                AXIS: tl.constexpr, ROT: tl.constexpr, PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
 
     Blocks along d_state (AXIS_DSTATE): a format row is one v column (amax over K), a scale tile ROWS v columns x
     COLS k rows, rotation runs along K; along head_dim (AXIS_HEADDIM): a format row is one k row (amax over V), a
     scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head, and the rows a rowcol
-    column factor spans, are the whole tile.
+    column factor spans, are the whole tile; or, for a head scale of a format in its natural basis (`codec.natural`)
+    with PROGRAMS > 1, the tiles of the head's PROGRAMS programs, which exchange their amax (`shared_head_amax`, at
+    exchange rnd of exch_ptr, count_ptr).
     elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in
     RANDOM's word layout, whose pairs run along K, and bits (`device.state_bits`).
     """
     ks = tl.arange(0, BK)[:, None]  # [BK, 1] the element's index along the state's last dim (K)
     bits = state_bits(key, (checkpoint << 32) + elem, ks, KIND, RANDOM)
-    if AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
+    if (GROUP == GROUP_HEAD) and (PROGRAMS > 1):
+        amax = shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, ORDER, PROGRAMS) + tl.zeros((BV, 1), tl.float32)
+        y = tl.trans(quantize_tile(tl.trans(x), tl.trans(bits), amax, KIND, GROUP, MAX, ORDER, BV, BK))
+    elif AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
         y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BK, BV)
     else:  # [BV, BK]: format rows are v columns, blocks run along K
         y = tl.trans(round_tile(tl.trans(x), tl.trans(bits), KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BV, BK))
@@ -87,22 +115,28 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 
 
 @triton.jit
-def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED: tl.constexpr,
+def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, fold_no,
+                 SHARED: tl.constexpr,
                  HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
                  HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr,
                  HI_ROT: tl.constexpr,
                  LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
                  LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr,
-                 LO_ROT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero."""
-    s_hi = store_round(folded, key_hi, checkpoint, elem, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS,
-                       HI_COLS, HI_AXIS, HI_ROT, BK, BV)
+                 LO_ROT: tl.constexpr, PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero. fold_no: the fold's number in
+    the launch (from 1); with PROGRAMS > 1 each head-scaled copy exchanges its amax (`store_round`), the recurrence
+    copy's first."""
+    HI_X: tl.constexpr = (HI_GROUP == GROUP_HEAD) and (PROGRAMS > 1)  # exchanges per fold, each copy's
+    LO_X: tl.constexpr = (LO_GROUP == GROUP_HEAD) and (PROGRAMS > 1) and (not SHARED)
+    rnd = (fold_no - 1) * (HI_X + LO_X) + 1  # this fold's first exchange
+    s_hi = store_round(folded, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, HI_KIND, HI_GROUP, HI_MAX,
+                       HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, PROGRAMS, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
     if SHARED:
         s_lo = s_hi
     else:
-        s_lo = store_round(folded, key_lo, checkpoint, elem, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS,
-                           LO_COLS, LO_AXIS, LO_ROT, BK, BV)
+        s_lo = store_round(folded, key_lo, checkpoint, elem, exch_ptr, count_ptr, bh, rnd + HI_X, LO_KIND, LO_GROUP,
+                           LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
     return s_hi, s_lo
 
@@ -114,7 +148,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     with V > 128; scale tiles, blocks or rotation runs of other than power-of-two sizes; rotation runs that do not tile
     K or V; formats without a kernel codec, such as error feedback, ef=) is rounded by torch between one-segment
     launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale groups (column factors
-    included), blocks along V or rotation runs along V span more.
+    included), blocks along V or rotation runs along V span more; a head scale of a natural-basis format spans the
+    head's programs where they can exchange its amax (`head_programs`: on a GPU holding them all at once), else it
+    takes the whole head too.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -129,16 +165,36 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     whole_head = dv <= _MAX_HEAD_V
     dims = (dv, p.k.shape[-1])  # (head_dim, d_state) of the [V, K] head
     codecs = [tile_codec(fmt, whole_head, dims) for fmt in (cfg.recur_format, cfg.read_format)]
-    launch = chunked_launch_config(p.k.shape[-1], dv, any(c is not None and c.spans(_BV) for c in codecs))
+    head_scaled = any(c is not None and c.group == Group.HEAD for c in codecs)
+    spans = any(c is not None and c.spans(_BV) and c.group != Group.HEAD for c in codecs)
+    launch = chunked_launch_config(p.k.shape[-1], dv, spans)
+    programs = 1 if spans else head_programs(codecs, p.q.shape[0] * p.q.shape[2], triton.cdiv(dv, launch["BV"]),
+                                             p.q.device)
+    if head_scaled and not spans and programs == 1:  # no exchange: one program holds the head
+        launch = chunked_launch_config(p.k.shape[-1], dv, True)
+    launch["PROGRAMS"] = programs
     if not rounded:
         codecs = [FP32_CODEC] * 2
     return chunked(p, codecs[0], codecs[1], launch)
 
 
+def head_programs(codecs: list[KernelCodec | None], heads: int, tiles: int, device: torch.device) -> int:
+    """The `tiles` programs of a head that exchange the amax of a head-scaled copy (`shared_head_amax`), or 1: a head
+    scale then takes a program holding the whole head, whose 128 x 128 FP32 copies spill its registers (about 4x
+    slower). Exchanging needs every program of the launch resident at once: compiled code on a GPU with a
+    multiprocessor per program (heads = batch x value heads), head-scaled formats in their natural basis, a power of
+    two of tiles."""
+    head_scaled = [c for c in codecs if c is not None and c.group == Group.HEAD]
+    if (not head_scaled or not all(c.natural for c in head_scaled) or tiles == 1 or tiles & (tiles - 1)
+            or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        return 1
+    return tiles if heads * tiles <= torch.cuda.get_device_properties(device).multi_processor_count else 1
+
+
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
     """BV (v columns per program: up to _BV, or the whole head for scale groups, blocks or rotation runs spanning more
-    columns: head scales, tall scale tiles, blocks and runs along V), num_warps and DOT of `_chunked_kernel`, the H200
-    sweep's best (benchmarks/layer_speed.py).
+    columns: head scales without an exchange, tall scale tiles, blocks and runs along V), num_warps and DOT of
+    `_chunked_kernel`, the H200 sweep's best (benchmarks/layer_speed.py).
 
     DOT "tf32x3" (three TF32 products per FP32 product, about FP32 accuracy): 1.87x the "ieee" FMAs on the H200 at
     K = V = 128, and it flips stored-copy roundings about as often as another FP32 summation order does (0.16% vs
@@ -171,8 +227,10 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=p.q.device)
     u_pad = torch.empty_like(o_pad)
     bk = max(16, triton.next_power_of_2(dk))
-    bv = launch["BV"]
+    bv, programs = launch["BV"], launch["PROGRAMS"]
     grid = (bsz, nv, triton.cdiv(dv, bv))
+    exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)  # `shared_head_amax`'s slots
+    count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
     fold = seg.folds.to(torch.int32).contiguous()
     last = seg.last.to(torch.int32).contiguous()
     # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
@@ -187,15 +245,17 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     (hi_rows, hi_cols), (lo_rows, lo_cols) = hi_codec.tile, lo_codec.tile
     (hi_axis, hi_rot), (lo_axis, lo_rot) = hi_codec.basis, lo_codec.basis
     for start in range(0, seg.num, block):
+        if programs > 1 and start:
+            count.zero_()
         kernel[grid](
-            *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad,
+            *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad, exch, count,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
             HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_RANDOM=hi_codec.random,
             HI_ROWS=hi_rows, HI_COLS=hi_cols, HI_AXIS=hi_axis, HI_ROT=hi_rot,
             LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_RANDOM=lo_codec.random,
             LO_ROWS=lo_rows, LO_COLS=lo_cols, LO_AXIS=lo_axis, LO_ROT=lo_rot,
-            DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
+            PROGRAMS=programs, DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:
             round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])

@@ -49,18 +49,19 @@ from replayssm_eval.replay.buffer_round import BUF_FP32
 @triton.jit
 def _chunked_kernel(
     k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr, exch_ptr, count_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
     HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr, HI_ROT: tl.constexpr,
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
     LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
-    DOT: tl.constexpr, BUF: tl.constexpr,
+    PROGRAMS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
-    # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at the end
+    # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at the end;
+    # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`delta.triton_chunk.shared_head_amax`)
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -71,6 +72,7 @@ def _chunked_kernel(
     bh = b * HV + hv
     state_idx, smask, elem, s_hi, s_lo = load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
+    first = checkpoint
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
     causal = ts[:, None] >= ts[None, :]
@@ -116,10 +118,10 @@ def _chunked_kernel(
                 else:
                     folded = d_end * s_hi + dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
-                                          HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND,
-                                          LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT,
-                                          BK, BV)
+                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh,
+                                          checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER,
+                                          HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND, LO_GROUP, LO_MAX,
+                                          LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
             tl.store(u_ptr + out, u, mask=vmask[None, :])

@@ -37,19 +37,20 @@ from replayssm_eval.replay.buffer_round import BUF_FP32
 @triton.jit
 def _chunked_kernel(
     u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr, a_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr, exch_ptr, count_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
     HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr, HI_ROT: tl.constexpr,
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
     LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
-    DOT: tl.constexpr, BUF: tl.constexpr,
+    PROGRAMS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
     # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
     # hi, lo [B, HV, V, K] read at the start and written at the end. With a buffer dtype (BUF) u0, whi, wlo hold the
-    # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `forward_substitution` (else unused)
+    # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `forward_substitution` (else unused);
+    # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`delta.triton_chunk.shared_head_amax`)
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -60,6 +61,7 @@ def _chunked_kernel(
     bh = b * HV + hv
     state_idx, smask, elem, s_hi, s_lo = load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
     checkpoint = tl.load(ckpt_ptr + b)
+    first = checkpoint
     key_hi = tl.load(key_hi_ptr + b)
     key_lo = tl.load(key_lo_ptr + b)
     # a constexpr trip count (segments past NS are skipped): the interpreter cannot loop to a runtime bound
@@ -98,10 +100,10 @@ def _chunked_kernel(
                 else:
                     folded = d_end[:, None] * s_hi + dot(tl.trans(k_end), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, SHARED, HI_KIND, HI_GROUP,
-                                          HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND,
-                                          LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT,
-                                          BK, BV)
+                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh,
+                                          checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER,
+                                          HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND, LO_GROUP, LO_MAX,
+                                          LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
             tl.store(o_ptr + rv, o, mask=vmask[None, :])
             tl.store(u_ptr + rv, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
