@@ -50,7 +50,7 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, exch_ptr, count_pt
                        PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     hv = tl.program_id(1)
     ks = tl.arange(0, BK)
-    vs = tl.program_id(2) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
+    vs = tl.program_id(0) * BV + tl.arange(0, BV)  # one block of BV value columns, as the chunked kernels' grid
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
@@ -66,7 +66,7 @@ def round_in_kernel(x, codec, key, checkpoint, bk, bv, programs=1):
     y = torch.empty_like(x)
     exch = torch.empty(hv * 2 * programs, dtype=torch.int32, device=x.device)
     count = torch.zeros(hv, dtype=torch.int32, device=x.device)
-    _round_tile_kernel[(1, hv, triton.cdiv(v, bv))](x, y, key, checkpoint, exch, count, hv, k, v, *codec.args,
+    _round_tile_kernel[(triton.cdiv(v, bv), hv, 1)](x, y, key, checkpoint, exch, count, hv, k, v, *codec.args,
                                                      RANDOM=codec.random, ROWS=codec.rows, COLS=codec.cols,
                                                      AXIS=codec.basis[0], ROT=codec.rot, PROGRAMS=programs, BK=bk,
                                                      BV=bv)

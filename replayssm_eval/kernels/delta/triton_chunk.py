@@ -44,11 +44,12 @@ def shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, ORDER: tl.constexpr, PROGR
     has counted rnd times (rnd: the exchange's number in the launch, from 1; the counts are zero at the launch). Two
     slots suffice: a program cannot publish round rnd + 2 before every program has counted rnd + 1, after reading rnd.
     Compiled code only (the programs of a head must run at once; the interpreter runs programs one after another).
+    The program's tile is program_id(0): the grid's fastest axis, so that a GPU starts a head's programs together.
     Returns the head's amax (a scalar): NaN if any tile's is NaN (ORDER_DIV), else the largest."""
     first = tl.arange(0, x.shape[0])[:, None] == 0
     part = tl.sum(tl.where(first, tile_amax(x, True, ORDER), 0.0))  # the tile's amax (every row holds it)
     slots = exch_ptr + (bh * 2 + rnd % 2) * PROGRAMS
-    tl.atomic_xchg(slots + tl.program_id(2), part.to(tl.int32, bitcast=True), sem="release")
+    tl.atomic_xchg(slots + tl.program_id(0), part.to(tl.int32, bitcast=True), sem="release")
     tl.atomic_add(count_ptr + bh, 1, sem="release")
     while tl.atomic_add(count_ptr + bh, 0, sem="acquire") < rnd * PROGRAMS:
         pass
@@ -228,7 +229,7 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     u_pad = torch.empty_like(o_pad)
     bk = max(16, triton.next_power_of_2(dk))
     bv, programs = launch["BV"], launch["PROGRAMS"]
-    grid = (bsz, nv, triton.cdiv(dv, bv))
+    grid = (triton.cdiv(dv, bv), nv, bsz)
     exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)  # `shared_head_amax`'s slots
     count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
     fold = seg.folds.to(torch.int32).contiguous()

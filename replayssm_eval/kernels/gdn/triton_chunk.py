@@ -64,9 +64,9 @@ def _chunked_kernel(
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
     # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at the end;
     # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`delta.triton_chunk.shared_head_amax`)
-    b = tl.program_id(0)
+    b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
     hv = tl.program_id(1)
-    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    vs = tl.program_id(0) * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
     ts = tl.arange(0, LP)
     vmask = vs < V

@@ -51,9 +51,9 @@ def _chunked_kernel(
     # hi, lo [B, HV, V, K] read at the start and written at the end. With a buffer dtype (BUF) u0, whi, wlo hold the
     # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `forward_substitution` (else unused);
     # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`delta.triton_chunk.shared_head_amax`)
-    b = tl.program_id(0)
+    b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
     hv = tl.program_id(1)
-    vs = tl.program_id(2) * BV + tl.arange(0, BV)
+    vs = tl.program_id(0) * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
     ts = tl.arange(0, LP)
     vmask = vs < V
