@@ -25,7 +25,7 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    blocks, rotation runs with axis=headdim) need the whole head in one program (used when V <= 128); so does `head`,
    unless the head's 32-column programs exchange its amax at each fold (`delta.triton_chunk.head_programs`: on a GPU
    that holds every program of the launch at once).
-   A copy in a format whose scale group no single program sees (nvfp4's default scale=tensor,
+   A copy in a format whose scale group no single program sees (nvfp4:scale=tensor,
    fp8 and int scale=tensor, spans across v columns with V > 128, tiles of other sizes) or without a
    kernel codec is stored as the FP32 fold and rounded by torch
    (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
