@@ -178,3 +178,17 @@ def test_kda_strong_decay_stays_finite():
     assert torch.isfinite(o).all()
     assert_close("o", o_ref, o, 1e-5)
     assert_same_state(st_ref, st, rtol=1e-5, buffer_rtol=1e-5, whole_buffer=True)
+
+
+def test_gather_segments_pads_as_pad_segments():
+    """The one-gather padding (GDN's Triton chunked inputs) == the scatter padding, entry for entry, with carried
+    buffer entries of different counts per sequence (a phased batch) and windows that start mid-call."""
+    inputs = delta_inputs("gdn", batch=3, seqlen=13, heads=1, value_heads=2, dk=8, dv=6)
+    start = phased_start("gdn", inputs, "nvfp4/fp16sr@5", warmup=(0, 3, 7))
+    p = FAMILIES["gdn"].RULE.prepare(*cut(inputs, 0), start, ReplayConfig.parse("nvfp4/fp16sr@5"))
+    seg = chunked_module.segment_layout(p)
+    buf = p.state.buffer
+    assert int(p.state.schedule.count.max()) > 0 and seg.num > 1
+    for tok, carried in ((p.v, buf["u"]), (p.g, buf["g"]), (torch.randn_like(p.v), buf["u"].float())):
+        want = chunked_module.pad_segments(seg, tok, carried)
+        assert torch.equal(chunked_module.gather_segments(seg, tok, carried), want)

@@ -100,6 +100,23 @@ def pad_segments(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor | None)
     return out[:size].view(bsz, seg.num, seg.length, *x_tok.shape[2:])
 
 
+def gather_segments(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor) -> torch.Tensor:
+    """`pad_segments` of inputs whose carried entries are all given: tokens [B, T, ...] and buffer entries
+    [B, cap, ...] -> zero-padded [B, NS, L, ...] in one gather (the caller concatenates several inputs along the last
+    dim to pad them at once)."""
+    bsz, seqlen = x_tok.shape[:2]
+    cap = seg.pre_index.shape[1]
+    size = bsz * seg.num * seg.length
+    device = x_tok.device
+    zero_row = bsz * (seqlen + cap)
+    source = torch.full((size + 1,), zero_row, dtype=torch.int64, device=device)  # [B * NS * L + dump]
+    source[seg.tok_index.flatten()] = torch.arange(bsz * seqlen, device=device)
+    source[seg.pre_index.flatten()] = bsz * seqlen + torch.arange(bsz * cap, device=device)
+    rows = torch.cat([x_tok.flatten(0, 1), x_buf[:, :cap].flatten(0, 1).to(x_tok.dtype),
+                      x_tok.new_zeros(1, *x_tok.shape[2:])])
+    return rows[source[:size]].view(bsz, seg.num, seg.length, *x_tok.shape[2:])
+
+
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
     """[B, NS, L, HV, ...] -> [B, NS, HV, L, ...]."""
     return x.transpose(2, 3)

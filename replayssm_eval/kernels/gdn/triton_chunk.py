@@ -40,7 +40,7 @@ import triton.language as tl
 
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
-from replayssm_eval.kernels.delta.chunked import pad_segments, segment_layout
+from replayssm_eval.kernels.delta.chunked import Segments, gather_segments, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
     forward_substitution, load_copies, round_copies,
 )
@@ -137,32 +137,41 @@ def chunked_triton(p: Prepared, *, rounded: bool = True):
     return shared.chunked_triton(p, _chunked, rounded=rounded)
 
 
+def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:
+    """The kernel's inputs on the segment grid, each [B, HV, NS, LP, ...] contiguous, padding zero: k, q [.., K];
+    v, the carried u's [.., V]; g, beta; rhi (the token reads S_hi) and pre (a carried entry, its u known) as int32.
+    One gather pads all of them (`gather_segments` of the inputs concatenated along their last dim)."""
+    bsz, seqlen, nv, dk = p.q.shape
+    dv = p.v.shape[-1]
+    buf = p.state.buffer
+    cap = buf["g"].shape[1]
+    kb = buf["k"].repeat_interleave(p.groups, dim=2) if p.groups > 1 else buf["k"]  # [B, cap, HV, K]
+    zeros = lambda *shape: torch.zeros(*shape, dtype=p.q.dtype, device=p.q.device)  # noqa: E731
+    flag = lambda x: x.to(p.q.dtype)[..., None]  # noqa: E731
+    read_hi = p.plan.read_hi[..., None].expand(bsz, seqlen, nv)
+    tokens = torch.cat([p.k, p.q, p.v, zeros(bsz, seqlen, nv, dv), p.g[..., None], p.beta[..., None], flag(read_hi),
+                        zeros(bsz, seqlen, nv, 1)], dim=-1)  # [B, T, HV, F]
+    carried = [kb, zeros(bsz, cap, nv, dk), buf.get("v", zeros(bsz, cap, nv, dv)), buf["u"], buf["g"][..., None],
+               buf["beta"][..., None] if "beta" in buf else zeros(bsz, cap, nv, 1), zeros(bsz, cap, nv, 1),
+               torch.ones(bsz, cap, nv, 1, dtype=p.q.dtype, device=p.q.device)]
+    x = gather_segments(seg, tokens, torch.cat([c.to(p.q.dtype) for c in carried], dim=-1))  # [B, NS, L, HV, F]
+    x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0, 0, lp - seg.length))  # [B, HV, NS, LP, F]
+    bounds = [0, dk, 2 * dk, 2 * dk + dv, 2 * dk + 2 * dv] + [2 * dk + 2 * dv + i for i in range(1, 5)]
+    parts = [x[..., a:b] for a, b in zip(bounds, bounds[1:])]
+    k, q, v, u, g, beta, rhi, pre = [t.contiguous() for t in parts[:4]] + [t[..., 0].contiguous() for t in parts[4:]]
+    return [k, q, v, u, g, beta, rhi.to(torch.int32), pre.to(torch.int32)]
+
+
 def _chunked(p: Prepared, hi_codec, lo_codec, launch: dict):
     """One `_chunked_kernel` launch per block of segments, on T = (I + A)^-1 (and the closed fold's) solved in torch.
 
     The segment loop and the rounding of copies no program can round: `delta.triton_chunk.run_segments`."""
-    cfg, st = p.config, p.state
-    bsz, seqlen, nv, _ = p.q.shape
+    cfg = p.config
     device = p.q.device
     closed = cfg.gdn_fold == "closed"
     seg = segment_layout(p)
     lp = window_rows(seg.length)
-    buf = st.buffer
-    expand = lambda t: t.repeat_interleave(p.groups, dim=2) if p.groups > 1 else t  # noqa: E731
-
-    def padded(x_tok, x_buf):  # -> [B, HV, NS, LP, ...] contiguous
-        x = pad_segments(seg, x_tok, x_buf)  # [B, NS, L, HV, ...]
-        x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0) * (x.dim() - 4) + (0, lp - seg.length))
-        return x.contiguous()
-
-    k_pad = padded(p.k, expand(buf["k"]))
-    q_pad = padded(p.q, None)
-    v_pad = padded(p.v, buf.get("v"))
-    uk_pad = padded(torch.zeros_like(p.v), buf["u"])
-    g_pad = padded(p.g, buf["g"])  # [B, HV, NS, LP]
-    beta_pad = padded(p.beta, buf.get("beta"))
-    rhi = padded(p.plan.read_hi[..., None].expand(bsz, seqlen, nv).to(torch.int32), None)
-    pre = padded(torch.zeros(bsz, seqlen, nv, dtype=torch.int32, device=device), torch.ones_like(buf["g"], dtype=torch.int32))
+    k_pad, q_pad, v_pad, uk_pad, g_pad, beta_pad, rhi, pre = _padded_inputs(p, seg, lp)
     gc = g_pad.cumsum(-1)
     eps = cfg.skip_read_below
     d = keep_checkpoint(gc, eps, False) * torch.exp(gc)
