@@ -151,7 +151,7 @@ def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:
     read_hi = p.plan.read_hi[..., None].expand(bsz, seqlen, nv)
     tokens = torch.cat([p.k, p.q, p.v, zeros(bsz, seqlen, nv, dv), p.g[..., None], p.beta[..., None], flag(read_hi),
                         zeros(bsz, seqlen, nv, 1)], dim=-1)  # [B, T, HV, F]
-    carried = [kb, zeros(bsz, cap, nv, dk), buf.get("v", zeros(bsz, cap, nv, dv)), buf["u"], buf["g"][..., None],
+    carried = [kb, zeros(bsz, cap, nv, dk), buf["v"] if "v" in buf else zeros(bsz, cap, nv, dv), buf["u"], buf["g"][..., None],
                buf["beta"][..., None] if "beta" in buf else zeros(bsz, cap, nv, 1), zeros(bsz, cap, nv, 1),
                torch.ones(bsz, cap, nv, 1, dtype=p.q.dtype, device=p.q.device)]
     x = gather_segments(seg, tokens, torch.cat([c.to(p.q.dtype) for c in carried], dim=-1))  # [B, NS, L, HV, F]
