@@ -182,9 +182,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
 def head_programs(codecs: list[KernelCodec | None], heads: int, tiles: int, device: torch.device) -> int:
     """The `tiles` programs of a head that exchange the amax of a head-scaled copy (`shared_head_amax`), or 1: a head
     scale then takes a program holding the whole head, whose 128 x 128 FP32 copies spill its registers (1.5-1.9x
-    slower per layer on an H200). Exchanging needs every program of the launch resident at once: compiled code on a GPU with a
-    multiprocessor per program (heads = batch x value heads), head-scaled formats in their natural basis, a power of
-    two of tiles."""
+    slower per layer on an H200). Exchanging needs every program of the launch resident at once: compiled code on a
+    GPU with a multiprocessor per program (heads = batch x value heads), head-scaled formats in their natural basis,
+    a power of two of tiles."""
     head_scaled = [c for c in codecs if c is not None and c.group == Group.HEAD]
     if (not head_scaled or not all(c.natural for c in head_scaled) or tiles == 1 or tiles & (tiles - 1)
             or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):

@@ -62,8 +62,8 @@ def _chunked_kernel(
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
-    # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at the end;
-    # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`delta.triton_chunk.shared_head_amax`)
+    # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at
+    # the end; exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`triton_chunk.shared_head_amax`)
     b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
     hv = tl.program_id(1)
     vs = tl.program_id(0) * BV + tl.arange(0, BV)
@@ -151,9 +151,9 @@ def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:
     read_hi = p.plan.read_hi[..., None].expand(bsz, seqlen, nv)
     tokens = torch.cat([p.k, p.q, p.v, zeros(bsz, seqlen, nv, dv), p.g[..., None], p.beta[..., None], flag(read_hi),
                         zeros(bsz, seqlen, nv, 1)], dim=-1)  # [B, T, HV, F]
-    carried = [kb, zeros(bsz, cap, nv, dk), buf["v"] if "v" in buf else zeros(bsz, cap, nv, dv), buf["u"], buf["g"][..., None],
-               buf["beta"][..., None] if "beta" in buf else zeros(bsz, cap, nv, 1), zeros(bsz, cap, nv, 1),
-               torch.ones(bsz, cap, nv, 1, dtype=p.q.dtype, device=p.q.device)]
+    carried = [kb, zeros(bsz, cap, nv, dk), buf["v"] if "v" in buf else zeros(bsz, cap, nv, dv), buf["u"],
+               buf["g"][..., None], buf["beta"][..., None] if "beta" in buf else zeros(bsz, cap, nv, 1),
+               zeros(bsz, cap, nv, 1), torch.ones(bsz, cap, nv, 1, dtype=p.q.dtype, device=p.q.device)]
     x = gather_segments(seg, tokens, torch.cat([c.to(p.q.dtype) for c in carried], dim=-1))  # [B, NS, L, HV, F]
     x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0, 0, lp - seg.length))  # [B, HV, NS, LP, F]
     bounds = [0, dk, 2 * dk, 2 * dk + dv, 2 * dk + 2 * dv] + [2 * dk + 2 * dv + i for i in range(1, 5)]
