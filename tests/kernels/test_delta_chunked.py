@@ -180,15 +180,21 @@ def test_kda_strong_decay_stays_finite():
     assert_same_state(st_ref, st, rtol=1e-5, buffer_rtol=1e-5, whole_buffer=True)
 
 
-def test_gather_segments_pads_as_pad_segments():
-    """The one-gather padding (GDN's Triton chunked inputs) == the scatter padding, entry for entry, with carried
-    buffer entries of different counts per sequence (a phased batch) and windows that start mid-call."""
+def test_pad_segments_places_tokens_and_carried_entries():
+    """`pad_segments` (one gather) == scattering the tokens to `tok_index` and the carried entries to `pre_index` of
+    a zero grid, entry for entry, with carried entries of different counts per sequence (a phased batch), windows
+    that start mid-call, and no carried entries given (zeros)."""
     inputs = delta_inputs("gdn", batch=3, seqlen=13, heads=1, value_heads=2, dk=8, dv=6)
     start = phased_start("gdn", inputs, "nvfp4/fp16sr@5", warmup=(0, 3, 7))
     p = FAMILIES["gdn"].RULE.prepare(*cut(inputs, 0), start, ReplayConfig.parse("nvfp4/fp16sr@5"))
     seg = chunked_module.segment_layout(p)
     buf = p.state.buffer
     assert int(p.state.schedule.count.max()) > 0 and seg.num > 1
-    for tok, carried in ((p.v, buf["u"]), (p.g, buf["g"]), (torch.randn_like(p.v), buf["u"].float())):
-        want = chunked_module.pad_segments(seg, tok, carried)
-        assert torch.equal(chunked_module.gather_segments(seg, tok, carried), want)
+    for tok, carried in ((p.v, buf["u"]), (p.g, buf["g"]), (torch.randn_like(p.v), buf["u"].float()), (p.v, None)):
+        size = tok.shape[0] * seg.num * seg.length
+        want = tok.new_zeros(size + 1, *tok.shape[2:])  # the last row takes the slots past each sequence's count
+        want[seg.tok_index.flatten()] = tok.flatten(0, 1)
+        if carried is not None:
+            want[seg.pre_index.flatten()] = carried[:, :seg.pre_index.shape[1]].flatten(0, 1).to(tok.dtype)
+        got = chunked_module.pad_segments(seg, tok, carried)
+        assert torch.equal(got, want[:size].view(got.shape))

@@ -90,30 +90,17 @@ def segment_layout(p: Prepared) -> Segments:
 
 
 def pad_segments(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor | None) -> torch.Tensor:
-    """Tokens [B, T, ...] (and carried entries [B, cap, ...]) -> zero-padded [B, NS, L, ...]."""
-    bsz = x_tok.shape[0]
-    size = bsz * seg.num * seg.length
-    out = x_tok.new_zeros(size + 1, *x_tok.shape[2:])  # the last row takes the slots past each sequence's count
-    out[seg.tok_index.flatten()] = x_tok.flatten(0, 1)
-    if x_buf is not None:
-        out[seg.pre_index.flatten()] = x_buf[:, :seg.pre_index.shape[1]].flatten(0, 1).to(out.dtype)
-    return out[:size].view(bsz, seg.num, seg.length, *x_tok.shape[2:])
-
-
-def gather_segments(seg: Segments, x_tok: torch.Tensor, x_buf: torch.Tensor) -> torch.Tensor:
-    """`pad_segments` of inputs whose carried entries are all given: tokens [B, T, ...] and buffer entries
-    [B, cap, ...] -> zero-padded [B, NS, L, ...] in one gather (the caller concatenates several inputs along the last
-    dim to pad them at once)."""
+    """Tokens [B, T, ...] (and carried entries [B, cap, ...], zeros where None) -> zero-padded [B, NS, L, ...], by one
+    gather (GDN's Triton chunked form pads its inputs at once, concatenated along their last dim)."""
     bsz, seqlen = x_tok.shape[:2]
     cap = seg.pre_index.shape[1]
     size = bsz * seg.num * seg.length
     device = x_tok.device
-    zero_row = bsz * (seqlen + cap)
-    source = torch.full((size + 1,), zero_row, dtype=torch.int64, device=device)  # [B * NS * L + dump]
+    source = torch.full((size + 1,), bsz * (seqlen + cap), device=device)  # [B * NS * L + dump]: the zero row
     source[seg.tok_index.flatten()] = torch.arange(bsz * seqlen, device=device)
     source[seg.pre_index.flatten()] = bsz * seqlen + torch.arange(bsz * cap, device=device)
-    rows = torch.cat([x_tok.flatten(0, 1), x_buf[:, :cap].flatten(0, 1).to(x_tok.dtype),
-                      x_tok.new_zeros(1, *x_tok.shape[2:])])
+    carried = x_tok.new_zeros(bsz * cap, *x_tok.shape[2:]) if x_buf is None else x_buf[:, :cap].flatten(0, 1)
+    rows = torch.cat([x_tok.flatten(0, 1), carried.to(x_tok.dtype), x_tok.new_zeros(1, *x_tok.shape[2:])])
     return rows[source[:size]].view(bsz, seg.num, seg.length, *x_tok.shape[2:])
 
 

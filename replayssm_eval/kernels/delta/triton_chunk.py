@@ -230,9 +230,11 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     bk = max(16, triton.next_power_of_2(dk))
     bv, programs = launch["BV"], launch["PROGRAMS"]
     grid = (triton.cdiv(dv, bv), nv, bsz)
-    exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)  # `shared_head_amax`'s slots
-    count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
     fold = seg.folds.to(torch.int32).contiguous()
+    exch, count = fold, fold  # `shared_head_amax`'s slots and counters, unread by a launch without an exchange
+    if programs > 1:
+        exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)
+        count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
     last = seg.last.to(torch.int32).contiguous()
     # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
     per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)

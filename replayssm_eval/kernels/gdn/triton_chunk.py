@@ -40,7 +40,7 @@ import triton.language as tl
 
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
-from replayssm_eval.kernels.delta.chunked import Segments, gather_segments, segment_layout
+from replayssm_eval.kernels.delta.chunked import Segments, pad_segments, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
     forward_substitution, load_copies, round_copies,
 )
@@ -140,7 +140,7 @@ def chunked_triton(p: Prepared, *, rounded: bool = True):
 def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:
     """The kernel's inputs on the segment grid, each [B, HV, NS, LP, ...] contiguous, padding zero: k, q [.., K];
     v, the carried u's [.., V]; g, beta; rhi (the token reads S_hi) and pre (a carried entry, its u known) as int32.
-    One gather pads all of them (`gather_segments` of the inputs concatenated along their last dim)."""
+    One gather pads all of them (`pad_segments` of the inputs concatenated along their last dim)."""
     bsz, seqlen, nv, dk = p.q.shape
     dv = p.v.shape[-1]
     buf = p.state.buffer
@@ -154,7 +154,7 @@ def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:
     carried = [kb, zeros(bsz, cap, nv, dk), buf["v"] if "v" in buf else zeros(bsz, cap, nv, dv), buf["u"],
                buf["g"][..., None], buf["beta"][..., None] if "beta" in buf else zeros(bsz, cap, nv, 1),
                zeros(bsz, cap, nv, 1), torch.ones(bsz, cap, nv, 1, dtype=p.q.dtype, device=p.q.device)]
-    x = gather_segments(seg, tokens, torch.cat([c.to(p.q.dtype) for c in carried], dim=-1))  # [B, NS, L, HV, F]
+    x = pad_segments(seg, tokens, torch.cat([c.to(p.q.dtype) for c in carried], dim=-1))  # [B, NS, L, HV, F]
     x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0, 0, lp - seg.length))  # [B, HV, NS, LP, F]
     bounds = [0, dk, 2 * dk, 2 * dk + dv, 2 * dk + 2 * dv] + [2 * dk + 2 * dv + i for i in range(1, 5)]
     parts = [x[..., a:b] for a, b in zip(bounds, bounds[1:])]
