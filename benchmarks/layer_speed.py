@@ -4,6 +4,8 @@
     python benchmarks/layer_speed.py --families kda --out out/layer_speed_kda.json   # KDA, about 1-2 minutes
     python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
     TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
+    python benchmarks/layer_speed.py --save-outputs a.pt; (cd OTHER && python $OLDPWD/benchmarks/layer_speed.py \
+        --compare-outputs $OLDPWD/a.pt)    # a kernel change: the same bits? (inputs are seeded)
 
 The KL driver feeds every SSM layer segments of `--segment` tokens and carries the state between
 them; this times exactly that per layer (batch 1, inputs prepared once, one warm-up segment first
@@ -13,6 +15,8 @@ so that Triton compiles are not timed). Rows:
                   runs exactly this
   chunked         `chunked(..., backend)` per config; triton configs fall back to torch where a format's
                   rounding needs a reduction the kernel cannot do (the note says so)
+  compare         --compare-outputs: the first segment's output and stored copies against those saved by
+                  --save-outputs from another checkout (same seeded inputs)
   sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
                   the first segment's output error and the share of stored checkpoint elements that differ
                   from the default launch (tf32x3 products are not bit-identical to FP32 FMAs)
@@ -45,12 +49,14 @@ CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nv
            "shared:fp8@16", "nvfp4/fp16sr@16")
 PRECISIONS = ("ieee", "tf32x3")
 SWEEP = {  # launch configs tried per family (the whole-head ones only where a scale group needs them: `whole_head`)
-    "mamba2": [dict(BLOCK_P=p, num_warps=w, DOT=d) for p, w, d in itertools.product((16, 32), (2, 4), PRECISIONS)],
+    "mamba2": [dict(BLOCK_P=16, num_warps=w, DOT="ieee", READ_DOT=d, maxnreg=r)
+               for w, d, r in itertools.product((2, 4), PRECISIONS, (None, 128))],
     "gdn": [dict(BV=v, num_warps=w, DOT="tf32x3")  # "ieee" measured 1.9x slower (BENCHMARKS.md, Chunked form)
             for v, w in itertools.product((16, 32, 64), (4, 8))],
     "kda": [dict(BV=v, num_warps=w, DOT="tf32x3") for v, w in itertools.product((16, 32, 64), (4, 8))],
 }
-WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT=d) for w, d in itertools.product((8, 16), PRECISIONS)],
+WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT="ieee", READ_DOT=d, maxnreg=None)
+                         for w, d in itertools.product((8, 16), PRECISIONS)],
               "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)],
               "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
 # where each family's chunked launch reads `chunked_launch_config` (GDN and KDA share the delta rule's)
@@ -153,12 +159,15 @@ def main(argv=None):
     ap.add_argument("--segment", type=int, default=2048)
     ap.add_argument("--sweep", default="", help="comma-separated configs whose launch configs are swept")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--save-outputs", help="save each config's first segment (output, S_hi, S_lo) to this file")
+    ap.add_argument("--compare-outputs", help="compare each config's first segment with this --save-outputs file")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     timer = Timer(args.device, quick=True)
     rows = []
+    saved, earlier = {}, torch.load(args.compare_outputs) if args.compare_outputs else {}
 
     def record(**row):
         row["tokens_per_s"] = row["tokens"] / row["seconds"] if row.get("seconds") else None
@@ -176,6 +185,13 @@ def main(argv=None):
             step, s0 = ours_runner(fam, inputs, config, "triton")
             seconds, base, note = time_segments(step, s0, args.tokens, args.segment, timer)
             record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note, seconds=seconds)
+            first = {"y": base[0].cpu(), "hi": base[1].hi.cpu(), "lo": base[1].lo.cpu()}
+            saved[f"{family} {config}"] = first
+            if f"{family} {config}" in earlier:
+                before = earlier[f"{family} {config}"]
+                record(family=family, path="compare", config=config, tokens=args.segment,
+                       **{f"{name}_differs": float((first[name] != before[name]).float().mean()) for name in first},
+                       y_max_rel_err=relerr(before["y"], first["y"]))
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in split_configs(args.sweep) and not note:
@@ -190,6 +206,8 @@ def main(argv=None):
                             continue
                     record(family=family, path="sweep", config=config, launch=launch, tokens=2 * args.segment,
                            seconds=seconds, **diff)
+    if args.save_outputs:
+        torch.save(saved, args.save_outputs)
     if args.out:
         Path(args.out).write_text(json.dumps({"environment": environment(args.device), "args": vars(args), "rows": rows},
                                              indent=2))

@@ -3,7 +3,7 @@
 tl.dot needs every dim of at least 16, so a kernel that walks one-token windows (window 1: conventional decoding,
 the state rounded after every token) would pad each window to 16 rows and do 16 times the work. With one row per
 window every product of the kernels is an outer product, a row times a matrix or a matrix times a column, which
-`dot` computes as 2D broadcasts instead.
+`dot` computes as 2D broadcasts instead. `dot_acc` is the same product added into an accumulator.
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ def dot(a, b, DOT: tl.constexpr):
         c = tl.sum(a * tl.trans(b), axis=1)[:, None]
     else:
         c = tl.dot(a, b, input_precision=DOT)
+    return c
+
+
+@triton.jit
+def dot_acc(a, b, acc, DOT: tl.constexpr):
+    """acc + a @ b as `dot`. tl.dot accumulates into acc (under "ieee", FMAs onward from acc: a product over C taken
+    in chunks in order gave the bits of one product over the whole of C on the H200); the 2D broadcasts (one-row
+    products) add each chunk's sum."""
+    if tl.constexpr((a.shape[0] == 1) | (a.shape[1] == 1) | (b.shape[1] == 1)):
+        c = acc + dot(a, b, DOT)
+    else:
+        c = tl.dot(a, b, acc, input_precision=DOT)
     return c
 
 

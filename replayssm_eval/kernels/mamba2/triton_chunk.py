@@ -27,8 +27,11 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
   folded before the next launch (`_scan`). FP64 compute falls back to the torch backend, with a
   warning.
-The kernel computes in FP32 (`tile_dot.dot`: tl.dot with input_precision="ieee", no TF32; one-token windows
-take one row, not 16).
+The kernel computes in FP32 (`tile_dot.dot`; one-token windows take one row, not 16): the fold in FP32 FMAs
+(input_precision "ieee"), so the stored copies' bits do not depend on the launch; a segment's products over d_state
+(B . C and the checkpoint terms) as three TF32 tensor-core products ("tf32x3", FP32-level error), read from memory
+in chunks of _CHUNK_N columns. No state stays in registers between segments: each fold is stored (pre-image, S_hi,
+S_lo) and read back, from L2 (BENCHMARKS.md, Chunked form: what each change bought).
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
 from replayssm_eval.formats.device import quantize_tile, round_state_tile, state_bits, tile_amax
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
-from replayssm_eval.kernels.tile_dot import dot, window_rows
+from replayssm_eval.kernels.tile_dot import dot, dot_acc, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
 
 _BLOCK_P = 16  # head_dim rows per program where no scale group spans more rows
+_CHUNK_N = 32  # d_state columns per product of a segment's reads
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 # `_chunk_scan_kernel`'s PASS: everything in one pass; or, for a read copy with a head scale held by programs of a head
 # tile each, the folds alone with each tile's amax per fold, then everything with the head's amax
@@ -69,8 +73,10 @@ def _chunk_scan_kernel(
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
     READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
     READ_ROT: tl.constexpr,
-    SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
+    SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, READ_DOT: tl.constexpr,
+    BUF: tl.constexpr,
     PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -82,43 +88,53 @@ def _chunk_scan_kernel(
     mask_s = mask_p[:, None] & mask_n[None, :]
     elem = (h * P + offs_p[:, None]).to(tl.int64) * N + offs_n[None, :]  # [BLOCK_P, BLOCK_N] index in [H, P, N]
     state_off = b.to(tl.int64) * H * P * N + elem
-    hi = tl.load(hi_ptr + state_off, mask=mask_s, other=0.0)
-    lo = hi
-    if not SHARED:
-        if not LO_OUTSIDE:
-            lo = tl.load(lo_ptr + state_off, mask=mask_s, other=0.0)
-    pre = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # kept when this launch's segments do not fold
+    # no state in registers across segments: each fold goes to the pre-image in chunks of CHUNK_N columns and is read
+    # back whole for the rounding, S_hi and S_lo are stored at each fold, and a segment reads its checkpoint terms from
+    # memory in chunks (a head's copies stay in L2), so that the products over d_state take small tiles
     A = tl.load(A_ptr + h)
     ck = tl.load(ck_ptr + b)
     key_hi = tl.load(key_ptr + 2 * b)
     key_lo = tl.load(key_ptr + 2 * b + 1)
     causal = offs_l[:, None] >= offs_l[None, :]
+    head_off = (b.to(tl.int64) * H + h) * P * N
     s = S0
     while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
         row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
         dt = tl.load(dt_ptr + row * H + h, mask=mask_l, other=0.0)
         cs = tl.cumsum(dt * A, axis=0)  # log G_{0..j}
         x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=mask_l[:, None] & mask_p[None, :], other=0.0)
-        bm = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :], other=0.0)
         if PASS != PASS_AMAX:  # the amax pass computes the folds only
-            cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=mask_l[:, None] & mask_n[None, :],
-                         other=0.0)
+            # over d_state in chunks: (B_i . C_j) and the checkpoint terms S_hi C_j, S_lo C_j
+            bc = tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32)
+            y_hi = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)
+            y_lo = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)
+            for c in tl.static_range(0, BLOCK_N, CHUNK_N):
+                offs_c = c + tl.arange(0, CHUNK_N)
+                m_lc = mask_l[:, None] & (offs_c < N)[None, :]
+                m_cp = (offs_c < N)[:, None] & mask_p[None, :]
+                chunk = head_off + offs_p[None, :] * N + offs_c[:, None]  # [CHUNK_N, BLOCK_P] of the head's S^T
+                cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_c[None, :], mask=m_lc, other=0.0)
+                b_c = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_c[None, :], mask=m_lc, other=0.0)
+                bc = dot_acc(cm, tl.trans(b_c), bc, READ_DOT)
+                y_hi = dot_acc(cm, tl.load(hi_ptr + chunk, mask=m_cp, other=0.0), y_hi, READ_DOT)
+                if not SHARED:
+                    if not LO_OUTSIDE:
+                        y_lo = dot_acc(cm, tl.load(lo_ptr + chunk, mask=m_cp, other=0.0), y_lo, READ_DOT)
             # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
             decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-            scores = dot(cm, tl.trans(bm), DOT) * decay * dt[None, :]
-            y = dot(scores, x, DOT)
+            y = dot(bc * decay * dt[None, :], x, DOT)
             # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
             g_read = tl.exp(cs)
             if SKIP:
                 g_read = tl.where(g_read < skip, 0.0, g_read)
-            y_src = dot(cm, tl.trans(hi), DOT)
+            y_src = y_hi
             if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
                 rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
                 tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
                 g_read = tl.where(rh != 0, g_read, 0.0)
             elif not SHARED:
                 rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-                y_src = tl.where(rh[:, None] != 0, y_src, dot(cm, tl.trans(lo), DOT))
+                y_src = tl.where(rh[:, None] != 0, y_hi, y_lo)
             y += g_read[:, None] * y_src
             tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
         if tl.load(fold_ptr + b * S + s) != 0:
@@ -127,10 +143,19 @@ def _chunk_scan_kernel(
             if SKIP:
                 g_seg = tl.where(g_seg < skip, 0.0, g_seg)
             w = tl.exp(cs_last - cs) * dt
-            if BUF == BUF_FP32:
-                folded = g_seg * hi + dot(tl.trans(x * w[:, None]), bm, DOT)
-            else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
-                folded = g_seg * hi + dot(tl.trans(x), round_buffered(bm * w[:, None], BUF), DOT)
+            for c in tl.static_range(0, BLOCK_N, CHUNK_N):
+                offs_c = c + tl.arange(0, CHUNK_N)
+                m_pc = mask_p[:, None] & (offs_c < N)[None, :]
+                part = head_off + offs_p[:, None] * N + offs_c[None, :]  # [BLOCK_P, CHUNK_N] of the head's state
+                b_c = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_c[None, :],
+                              mask=mask_l[:, None] & (offs_c < N)[None, :], other=0.0)
+                if BUF == BUF_FP32:
+                    step = dot(tl.trans(x * w[:, None]), b_c, DOT)
+                else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
+                    step = dot(tl.trans(x), round_buffered(b_c * w[:, None], BUF), DOT)
+                tl.store(pre_ptr + part, g_seg * tl.load(hi_ptr + part, mask=m_pc, other=0.0) + step, mask=m_pc)
+            tl.debug_barrier()  # the fold's chunks come back through other threads
+            folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
             counter = ((ck + s + 1) << 32) + elem
             hi = round_state_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                               RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
@@ -142,24 +167,19 @@ def _chunk_scan_kernel(
             elif LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
-            elif SHARED:
-                lo = hi
-            elif PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
-                amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
-                bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM)
-                lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
-            else:
-                lo = round_state_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
-                                  READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
-                                  BLOCK_P, BLOCK_N)
-            pre = folded
-        s += 1
-    if PASS != PASS_AMAX:  # the amax pass leaves the state to the output pass, which folds the same again
-        tl.store(hi_ptr + state_off, hi, mask=mask_s)
-        if not SHARED:
-            if not LO_OUTSIDE:
+            elif not SHARED:
+                if PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
+                    amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
+                    bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM)
+                    lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
+                else:
+                    lo = round_state_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
+                                          READ, READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS,
+                                          READ_ROT, BLOCK_P, BLOCK_N)
                 tl.store(lo_ptr + state_off, lo, mask=mask_s)
-        tl.store(pre_ptr + state_off, pre, mask=mask_s)
+            tl.store(hi_ptr + state_off, hi, mask=mask_s)
+            tl.debug_barrier()  # the next segment reads the copies back through other threads
+        s += 1
 
 
 def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, outside=None):
@@ -182,12 +202,13 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     launch = chunked_launch_config(P, N, recur.spans(_BLOCK_P) or (read.spans(_BLOCK_P) and not two_pass))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
+    block_n = max(16, triton.next_power_of_2(N))
     grid_size = (batch, H, triton.cdiv(P, block_p))
     (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
 
-    def launch_pass(kind, amax):
+    def launch_pass(kind, state, amax):
         _chunk_scan_kernel[grid_size](
-            px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, amax,
+            px, pB, pC, pdt, read_hi, folds, A, state, lo, pre, y, checkpoint, keys, out, g_lo, amax,
             S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
             RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
@@ -197,25 +218,29 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
             READ_ROT=read_rot,
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
             SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
-            BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
-            DOT=launch["DOT"], num_warps=launch["num_warps"],
+            BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n, CHUNK_N=min(_CHUNK_N, block_n),
+            DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],
         )
 
     if two_pass:
         tiles = torch.empty(batch, S, H, grid_size[2], dtype=torch.float32, device=hi.device)  # [B, S, H, P tiles]
-        launch_pass(PASS_AMAX, tiles)
-        launch_pass(PASS_OUTPUT, tiles.amax(-1))  # [B, S, H]: read at folds only
+        launch_pass(PASS_AMAX, hi.clone(), tiles)  # folds a copy of S_hi (and the pre-image, which the output pass redoes)
+        launch_pass(PASS_OUTPUT, hi, tiles.amax(-1))  # [B, S, H]: read at folds only
     else:
-        launch_pass(PASS_ONE, hi)
+        launch_pass(PASS_ONE, hi, hi)
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
     """BLOCK_P (head_dim rows per program: _BLOCK_P, or the whole head for scale groups spanning more rows: head
-    scales, tall scale tiles, groups, blocks and rotation runs along head_dim), num_warps and DOT (the tl.dot
-    input_precision) of `_chunk_scan_kernel` (benchmarks/layer_speed.py sweeps them)."""
+    scales, tall scale tiles, groups, blocks and rotation runs along head_dim), num_warps, DOT (the fold's tl.dot
+    input_precision), READ_DOT (the segment's reads over d_state) and maxnreg of `_chunk_scan_kernel`
+    (benchmarks/layer_speed.py sweeps them). The fold stays in FP32 FMAs ("ieee"), so the stored copies keep their
+    bits; the reads' "tf32x3" products (three TF32 tensor-core products, FP32-level error: the outputs moved by at
+    most 6e-7 of their largest) ran 1.4x faster per layer on the H200 (BENCHMARKS.md, Chunked form)."""
     if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
-        return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee"}
-    return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee"}
+        return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee",
+                "READ_DOT": "tf32x3", "maxnreg": None}
+    return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee", "READ_DOT": "tf32x3", "maxnreg": None}
 
 
 def _codecs(config, dims: tuple[int, int]) -> tuple:
