@@ -48,8 +48,8 @@ def cases() -> list:
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
-                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", PASS=0, BLOCK_L=16, BLOCK_P=16,
-                        BLOCK_N=128)
+                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PASS=0, BLOCK_L=16,
+                        BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240

@@ -224,7 +224,7 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
 
     if two_pass:
         tiles = torch.empty(batch, S, H, grid_size[2], dtype=torch.float32, device=hi.device)  # [B, S, H, P tiles]
-        launch_pass(PASS_AMAX, hi.clone(), tiles)  # folds a copy of S_hi (and the pre-image, which the output pass redoes)
+        launch_pass(PASS_AMAX, hi.clone(), tiles)  # folds a copy of S_hi (its pre-images: the output pass redoes them)
         launch_pass(PASS_OUTPUT, hi, tiles.amax(-1))  # [B, S, H]: read at folds only
     else:
         launch_pass(PASS_ONE, hi, hi)
