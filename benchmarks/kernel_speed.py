@@ -338,9 +338,9 @@ class Mamba2:
 
     packing = staticmethod(flush_packing)
 
-    def sequence(self, tokens: int):
-        x, dt, B, C = self.token(1, tokens)
-        return (x, dt, self.A, B, C, self.D, self.fp32_state(1))
+    def sequence(self, tokens: int, batch: int = 1):
+        x, dt, B, C = self.token(batch, tokens)
+        return (x, dt, self.A, B, C, self.D, self.fp32_state(batch))
 
     def chunked(self, inputs, config: str, backend: str):
         return self.kernels.chunked(*inputs, config, backend=backend)
@@ -443,9 +443,9 @@ class GDN:
 
     packing = staticmethod(flush_packing)
 
-    def sequence(self, tokens: int):
-        q, k, v, g, beta = self.token(1, tokens)
-        return (q, k, v, g, beta, from_format_layout(self.fp32_state(1)).contiguous())
+    def sequence(self, tokens: int, batch: int = 1):
+        q, k, v, g, beta = self.token(batch, tokens)
+        return (q, k, v, g, beta, from_format_layout(self.fp32_state(batch)).contiguous())
 
     def chunked(self, inputs, config: str, backend: str):
         return self.kernels.chunked(*inputs, config, backend=backend)

@@ -4,8 +4,8 @@
     python benchmarks/layer_speed.py --families kda --out out/layer_speed_kda.json   # KDA, about 1-2 minutes
     python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
     TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
-    python benchmarks/layer_speed.py --save-outputs a.pt; (cd OTHER && python $OLDPWD/benchmarks/layer_speed.py \
-        --compare-outputs $OLDPWD/a.pt)    # a kernel change: the same bits? (inputs are seeded)
+    python benchmarks/layer_speed.py --save-outputs a.pt; (cd OTHER && PYTHONPATH=$PWD \
+        python $OLDPWD/benchmarks/layer_speed.py --compare-outputs $OLDPWD/a.pt)   # a kernel change: the same bits?
 
 The KL driver feeds every SSM layer segments of `--segment` tokens and carries the state between
 them; this times exactly that per layer (batch 1, inputs prepared once, one warm-up segment first
@@ -185,13 +185,13 @@ def main(argv=None):
             step, s0 = ours_runner(fam, inputs, config, "triton")
             seconds, base, note = time_segments(step, s0, args.tokens, args.segment, timer)
             record(family=family, path="chunked triton", config=config, tokens=args.tokens, note=note, seconds=seconds)
-            first = {"y": base[0].cpu(), "hi": base[1].hi.cpu(), "lo": base[1].lo.cpu()}
-            saved[f"{family} {config}"] = first
+            outputs = {"y": base[0].cpu(), "hi": base[1].hi.cpu(), "lo": base[1].lo.cpu()}  # seeded inputs
+            saved[f"{family} {config}"] = outputs
             if f"{family} {config}" in earlier:
                 before = earlier[f"{family} {config}"]
                 record(family=family, path="compare", config=config, tokens=args.segment,
-                       **{f"{name}_differs": float((first[name] != before[name]).float().mean()) for name in first},
-                       y_max_rel_err=relerr(before["y"], first["y"]))
+                       **{f"{name}_differs": float((outputs[name] != before[name]).float().mean()) for name in outputs},
+                       y_max_rel_err=relerr(before["y"], outputs["y"]))
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in split_configs(args.sweep) and not note:
