@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from kernel_speed import BENCHES, Rand, driver_geometry, environment  # noqa: E402
+from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from replayssm_eval.generate import split_configs  # noqa: E402
@@ -32,24 +31,13 @@ from replayssm_eval.generate import split_configs  # noqa: E402
 CONFIGS = "fp32/fp32@16,nvfp4:scale=row/fp16sr@16,nvfp4/fp16sr@16,fp32/fp32@4,fp32/fp32@64"
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def measure(fam, inputs, config: str, device: str) -> dict:
+def measure(fam, inputs, config: str, timer: Timer) -> dict:
     """Wall ms of one call (mean of three after a warm-up) and the GPU ms of its chunked kernel and of all its ops."""
     call = lambda: fam.chunked(inputs, config, "triton")  # noqa: E731
     call()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(3):
-        call()
-    sync(device)
-    wall_ms = (time.perf_counter() - start) / 3 * 1e3
+    wall_ms = timer.wall_s(lambda: [call() for _ in range(3)]) / 3 * 1e3
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        sync(device)
+        timer.wall_s(call)
     events = prof.key_averages()
     return dict(wall_ms=wall_ms, kernel_ms=sum(e.self_device_time_total for e in events if e.key.startswith("_chunk")) / 1e3,
                 gpu_ms=sum(e.self_device_time_total for e in events) / 1e3)
@@ -67,18 +55,17 @@ def main(argv=None):
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     fam = BENCHES[args.family](driver_geometry(args.family, args.tiny), Rand(args.device, seed=0))
+    timer = Timer(args.device, quick=True)
     if args.once:
         inputs = fam.sequence(args.tokens)
-        for _ in range(3):
-            fam.chunked(inputs, args.once, "triton")
-        sync(args.device)
+        timer.wall_s(lambda: [fam.chunked(inputs, args.once, "triton") for _ in range(3)])
         return
     rows = []
     for batch in map(int, args.batches.split(",")):
         inputs = fam.sequence(args.tokens, batch)
         for config in split_configs(args.configs):
             row = dict(family=args.family, batch=batch, tokens=args.tokens, config=config,
-                       **measure(fam, inputs, config, args.device))
+                       **measure(fam, inputs, config, timer))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:

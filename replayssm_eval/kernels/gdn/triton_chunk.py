@@ -156,9 +156,9 @@ def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:
                zeros(bsz, cap, nv, 1), torch.ones(bsz, cap, nv, 1, dtype=p.q.dtype, device=p.q.device)]
     x = pad_segments(seg, tokens, torch.cat([c.to(p.q.dtype) for c in carried], dim=-1))  # [B, NS, L, HV, F]
     x = torch.nn.functional.pad(x.movedim(3, 1), (0, 0, 0, lp - seg.length))  # [B, HV, NS, LP, F]
-    bounds = [0, dk, 2 * dk, 2 * dk + dv, 2 * dk + 2 * dv] + [2 * dk + 2 * dv + i for i in range(1, 5)]
-    parts = [x[..., a:b] for a, b in zip(bounds, bounds[1:])]
-    k, q, v, u, g, beta, rhi, pre = [t.contiguous() for t in parts[:4]] + [t[..., 0].contiguous() for t in parts[4:]]
+    k, q, v, u, *scalars = x.split([dk, dk, dv, dv, 1, 1, 1, 1], dim=-1)
+    k, q, v, u = (t.contiguous() for t in (k, q, v, u))
+    g, beta, rhi, pre = (t[..., 0].contiguous() for t in scalars)
     return [k, q, v, u, g, beta, rhi.to(torch.int32), pre.to(torch.int32)]
 
 

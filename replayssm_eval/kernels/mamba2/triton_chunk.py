@@ -143,17 +143,20 @@ def _chunk_scan_kernel(
             if SKIP:
                 g_seg = tl.where(g_seg < skip, 0.0, g_seg)
             w = tl.exp(cs_last - cs) * dt
+            if BUF == BUF_FP32:
+                xt = tl.trans(x * w[:, None])  # [BLOCK_P, BLOCK_L]
+            else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
+                xt = tl.trans(x)
             for c in tl.static_range(0, BLOCK_N, CHUNK_N):
                 offs_c = c + tl.arange(0, CHUNK_N)
                 m_pc = mask_p[:, None] & (offs_c < N)[None, :]
                 part = head_off + offs_p[:, None] * N + offs_c[None, :]  # [BLOCK_P, CHUNK_N] of the head's state
                 b_c = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_c[None, :],
                               mask=mask_l[:, None] & (offs_c < N)[None, :], other=0.0)
-                if BUF == BUF_FP32:
-                    step = dot(tl.trans(x * w[:, None]), b_c, DOT)
-                else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
-                    step = dot(tl.trans(x), round_buffered(b_c * w[:, None], BUF), DOT)
-                tl.store(pre_ptr + part, g_seg * tl.load(hi_ptr + part, mask=m_pc, other=0.0) + step, mask=m_pc)
+                if BUF != BUF_FP32:
+                    b_c = round_buffered(b_c * w[:, None], BUF)
+                tl.store(pre_ptr + part, g_seg * tl.load(hi_ptr + part, mask=m_pc, other=0.0) + dot(xt, b_c, DOT),
+                         mask=m_pc)
             tl.debug_barrier()  # the fold's chunks come back through other threads
             folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
             counter = ((ck + s + 1) << 32) + elem
