@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# Mamba-2's chunked kernel (`_chunk_scan_kernel`) before and after a change, on one GPU: its CUDA tests and
-# benchmarks/gpu_check_mamba2.py, then benchmarks/layer_speed.py at Nemotron-3-Nano-4B's geometry from this checkout
-# (saving the first segment's output and stored copies) and from each previous checkout in PREVS (space-separated
-# folders holding a checkout's replayssm_eval/ and benchmarks/), each compared bit for bit with this one's; with
-# SWEEP (a comma-separated list of configs) also this checkout's launch sweep of them. Logs and JSON go to
-# $OUT/chunk-scan/.
+# The chunked kernels before and after a change, on one GPU: the CUDA tests in TESTS (default: Mamba-2's) and
+# benchmarks/gpu_check_mamba2.py, then benchmarks/layer_speed.py for FAMILIES (default mamba2: Nemotron-3-Nano-4B's
+# geometry) from this checkout (saving the first segment's output and stored copies) and from each previous checkout
+# in PREVS (space-separated folders holding a checkout's replayssm_eval/ and benchmarks/), each compared bit for bit
+# with this one's; with SWEEP (a comma-separated list of configs) also this checkout's launch sweep of them. TESTS=""
+# skips the tests and the check. Logs and JSON go to $OUT/chunk-scan/.
 #
 #   PREVS=.prev OUT=out scripts/gpu_chunk_scan.sh      # H200: about 5 minutes
+#   FAMILIES=mamba2,gdn TESTS="tests/kernels/test_mamba2_triton.py tests/kernels/test_delta_triton.py" PREVS=.prev \
+#     OUT=out scripts/gpu_chunk_scan.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_steps.sh chunk-scan
 PREVS=${PREVS:-}
 TOKENS=${TOKENS:-8192}
 CONFIGS=${CONFIGS:-nvfp4/fp16sr@16,nvfp4:scale=row/fp16sr@16,fp32/fp32@16,shared:nvfp4:scale=head@16,vllm:int16sr}
-step tests 300 . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider \
-  tests/kernels/test_mamba2_triton.py
-step gpu_check_mamba2 150 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
-speed=(python "$PWD/benchmarks/layer_speed.py" --families mamba2 --tokens "$TOKENS" --configs "$CONFIGS")
+TESTS=${TESTS-tests/kernels/test_mamba2_triton.py}
+FAMILIES=${FAMILIES:-mamba2}
+if [[ -n $TESTS ]]; then
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  step tests 300 . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider $TESTS
+  step gpu_check_mamba2 150 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
+fi
+speed=(python "$PWD/benchmarks/layer_speed.py" --families "$FAMILIES" --tokens "$TOKENS" --configs "$CONFIGS")
 step speed_after 200 . "${speed[@]}" --save-outputs "$dir/outputs.pt" --out "$dir/speed_after.json" \
   ${SWEEP:+--sweep "$SWEEP"}
 for prev in $PREVS; do

@@ -19,6 +19,7 @@ GDN_FLAGS = {"pre_ptr": "*i32", "fold_ptr": "*i32", "rhi_ptr": "*i32"}  # GDN ch
 ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
     "fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "take_ptr": "*i8", "count_ptr": "*i64", "ck_ptr": "*i64",
     "key_ptr": "*i64", "ckpt_ptr": "*i64", "key_hi_ptr": "*i64", "key_lo_ptr": "*i64", "last_ptr": "*i32",
+    "exch_ptr": "*i32", "ticket_ptr": "*i32",
     "data_ptr": "*u8", "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32",
 }
 
@@ -44,12 +45,12 @@ def cases() -> list:
                      HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, LO_KIND=nvfp4,
                      LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0, LO_AXIS=0, LO_ROT=1,
                      PROGRAMS=1, DOT="ieee")
-    exchange = {"fold_ptr": "*i32", "rhi_ptr": "*i32", "exch_ptr": "*i32", "count_ptr": "*i32"}  # `shared_head_amax`
+    exchange = {"fold_ptr": "*i32", "rhi_ptr": "*i32", "count_ptr": "*i32"}  # `shared_head_amax`
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
-                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PASS=0, BLOCK_L=16,
-                        BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
+                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PASS=0, PROGRAMS=1,
+                        BLOCK_L=16, BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
@@ -132,6 +133,15 @@ def cases() -> list:
         # a head-scaled read copy over head_dim tiles: the amax pass, then the output pass
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 1}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 2}),
+        # head scales over the head's five 16-row programs exchanging the amax: both copies', a shared checkpoint's
+        # (window 1 too)
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head,
+                                                  "READ_GROUP": head, "PROGRAMS": 5}, {"count_ptr": "*i32"}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head, "SHARED": True,
+                                                  "PROGRAMS": 5}, {"count_ptr": "*i32"}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_L": 1, "RECUR": int(Kind.INT8),
+                                                  "RECUR_GROUP": head, "RECUR_MAX": 127.0, "READ_GROUP": head,
+                                                  "PROGRAMS": 5}, {"count_ptr": "*i32"}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.INT16), "RECUR_GROUP": row,
                                                   "RECUR_MAX": 32767.0, "RECUR_ORDER": mul, "READ": int(Kind.INT8SR),
                                                   "READ_MAX": 127.0}),

@@ -9,8 +9,6 @@ int64, as the kernels do: a Python-int kernel argument gave different bits in th
 GDN's own kernel paths are tested further in test_gdn_triton.py.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import triton
@@ -18,6 +16,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import tile_codec
 from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.kernels import head_exchange
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta import triton_step as shared_step
 from replayssm_eval.kernels.delta._common import to_format_layout
@@ -54,8 +53,8 @@ def _round_tile_kernel(x_ptr, y_ptr, key_ptr, checkpoint_ptr, exch_ptr, count_pt
     mask = (ks[:, None] < K) & (vs[None, :] < V)
     elem = (hv * V + vs[None, :]).to(tl.int64) * K + ks[:, None]
     x = tl.load(x_ptr + elem, mask=mask, other=0.0)
-    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, exch_ptr, count_ptr, hv, 1, KIND, GROUP,
-                           MAX, ORDER, RANDOM, ROWS, COLS, AXIS, ROT, PROGRAMS, BK, BV)
+    y = shared.store_round(x, tl.load(key_ptr), tl.load(checkpoint_ptr), elem, exch_ptr, count_ptr, hv, 1,
+                           tl.program_id(0), KIND, GROUP, MAX, ORDER, RANDOM, ROWS, COLS, AXIS, ROT, PROGRAMS, BK, BV)
     tl.store(y_ptr + elem, y, mask=mask)
 
 
@@ -283,28 +282,6 @@ def test_chunked_triton_modelopt_hadamard(fam, device):
     assert rounds_own_fold(rounded, own)
 
 
-def test_head_programs_exchange_only_where_all_programs_run_at_once(monkeypatch):
-    """A head scale spans the head's 32-column programs (which exchange its amax) in compiled code on a GPU with a
-    multiprocessor per program, for natural-basis formats and a power of two of tiles; otherwise one program holds the
-    head (the interpreter runs programs one after another: an exchange would wait forever)."""
-    def codecs(text):
-        cfg = ReplayConfig.parse(text)
-        return [tile_codec(f, True, (128, 128)) for f in (cfg.recur_format, cfg.read_format)]
-
-    gpu = torch.device("cuda")
-    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 32, 4, torch.device("cpu")) == 1
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 32, 4, gpu) == 1
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
-    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 32, 4, gpu) == 4
-    assert shared.head_programs(codecs("int8:scale=head/int8sr:scale=head@16"), 66, 2, gpu) == 2
-    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 34, 4, gpu) == 1  # 136 programs on 132 multiprocessors
-    assert shared.head_programs(codecs("nvfp4/fp16sr@16"), 1, 3, gpu) == 1
-    assert shared.head_programs(codecs("int8:axis=headdim,scale=head/fp16sr@16"), 1, 4, gpu) == 1
-    assert shared.head_programs(codecs("nvfp4:scale=row/fp16sr@16"), 1, 4, gpu) == 1  # nothing to exchange
-
-
 @FAM
 @pytest.mark.skipif(TEST_DEVICE != "cuda", reason="programs exchange a head's amax only when they run at once (a GPU)")
 @pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "int8:scale=head,order=mul/int8sr:scale=head@4", "shared:nvfp4@4"])
@@ -316,7 +293,7 @@ def test_head_scale_across_programs(fam, text, device, monkeypatch):
     cfg = ReplayConfig.parse(text)
     sizes = dict(batch=3, heads=1, value_heads=2, dk=40, dv=128)
     codecs = [tile_codec(f, True, (128, 40)) for f in (cfg.recur_format, cfg.read_format)]
-    assert shared.head_programs(codecs, 6, 4, torch.device(device)) == 4
+    assert head_exchange.exchange_programs(codecs, 4, 24, torch.device(device)) == 4
     one = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **sizes)
     _, rounded = rule.chunk.chunked_triton(rule.prepare(*one, cfg))
     _, fold = rule.chunk.chunked_triton(rule.prepare(*one, cfg), rounded=False)
@@ -325,7 +302,7 @@ def test_head_scale_across_programs(fam, text, device, monkeypatch):
     o, st = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
     with one_segment_launches():
         o_seg, st_seg = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
-    monkeypatch.setattr(shared, "head_programs", lambda *args: 1)
+    monkeypatch.setattr(shared, "exchange_programs", lambda *args: 1)
     o_head, st_head = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
     for out, state in ((o, st), (o_seg, st_seg)):
         assert_close("o", o_head, out, 1e-5, flips=one_column_share(many))

@@ -22,7 +22,8 @@ from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 
-from tests.helpers.compare import assert_close
+from tests.helpers.compare import assert_close, mostly_equal
+from tests.helpers.device import TEST_DEVICE
 from tests.helpers.kernel_checks import triton_no_fallback
 from tests.helpers.mamba2 import mamba2_inputs, phased_state, sliced
 from tests.helpers.replay import state_to
@@ -117,6 +118,33 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
         if config.shared:
             assert torch.equal(tri.hi, tri.lo)
     assert tri.checkpoint.min() >= 2
+
+
+@pytest.mark.skipif(TEST_DEVICE != "cuda", reason="programs exchange a head's amax only when they run at once (a GPU)")
+@pytest.mark.parametrize("text", [
+    "shared:nvfp4@4", "int8:scale=head,order=mul/fp16sr@3",
+    "int8:scale=head/fp8sr:scale=head@4",  # both copies exchange at each fold
+])
+def test_head_scale_across_programs(text, device, monkeypatch):
+    """A head-scaled recurrence copy held by the head's three 16-row programs (head_dim 40, the last tile short),
+    which exchange its amax at each fold: the outputs and copies of programs holding the whole head up to FP32 flips,
+    and the packed read copy the formats library's rounding of the kernel's fold."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(head_dim=40, tokens=15))
+    state = _phased(inputs, config, [0, 2], device)
+    main = sliced(inputs, 2, 15)[:6]
+    chosen = []
+    exchange = triton_chunk.exchange_programs
+    monkeypatch.setattr(triton_chunk, "exchange_programs", lambda *args: chosen.append(exchange(*args)) or chosen[-1])
+    y, st = triton_no_fallback(chunked, *main, state, config)
+    assert chosen == [3]
+    assert torch.equal(config.read_format.decode(st.lo_packed), st.lo) and st.checkpoint.min() >= 2
+    monkeypatch.setattr(triton_chunk, "exchange_programs", lambda *args: 1)
+    y_one, st_one = triton_no_fallback(chunked, *main, state, config)
+    assert_close("y", y_one, y, 1e-5, flips=0.02)
+    mostly_equal("S_hi", st_one.hi, st.hi)
+    mostly_equal("S_lo", st_one.lo, st.lo)
+    assert torch.equal(st.checkpoint, st_one.checkpoint)
 
 
 # head_dim 40: two 32-row tiles (the second short) in a program holding the whole head; d_state 40: MX blocks of 32

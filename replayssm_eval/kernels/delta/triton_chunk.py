@@ -18,16 +18,15 @@ The step kernels' shared pieces are `triton_step`.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
-from replayssm_eval.formats.device import AXIS_HEADDIM, GROUP_HEAD, quantize_tile, round_tile, state_bits, tile_amax
+from replayssm_eval.formats.device import AXIS_HEADDIM, GROUP_HEAD, quantize_tile, round_tile, state_bits
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
+from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.state import ReplayState, round_folded
@@ -37,31 +36,10 @@ _BV = 32  # v columns per program where no scale group spans more (fewer where V
 
 
 @triton.jit
-def shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, ORDER: tl.constexpr, PROGRAMS: tl.constexpr):
-    """The amax of a head that PROGRAMS programs hold in v-column tiles, as `device.tile_amax` of the whole head: this
-    program's tile x [R, C] (padding zero) gives its amax, which it publishes in slot rnd % 2 of the head's
-    exch [B * HV, 2, PROGRAMS] (int32 bits); it counts itself in count[bh] and waits until every program of the head
-    has counted rnd times (rnd: the exchange's number in the launch, from 1; the counts are zero at the launch). Two
-    slots suffice: a program cannot publish round rnd + 2 before every program has counted rnd + 1, after reading rnd.
-    Compiled code only (the programs of a head must run at once; the interpreter runs programs one after another).
-    The program's tile is program_id(0): the grid's fastest axis, so that a GPU starts a head's programs together.
-    Returns the head's amax (a scalar): NaN if any tile's is NaN (ORDER_DIV), else the largest."""
-    first = tl.arange(0, x.shape[0])[:, None] == 0
-    part = tl.sum(tl.where(first, tile_amax(x, True, ORDER), 0.0))  # the tile's amax (every row holds it)
-    slots = exch_ptr + (bh * 2 + rnd % 2) * PROGRAMS
-    tl.atomic_xchg(slots + tl.program_id(0), part.to(tl.int32, bitcast=True), sem="release")
-    tl.atomic_add(count_ptr + bh, 1, sem="release")
-    while tl.atomic_add(count_ptr + bh, 0, sem="acquire") < rnd * PROGRAMS:
-        pass
-    parts = tl.atomic_or(slots + tl.arange(0, PROGRAMS), 0, sem="acquire").to(tl.float32, bitcast=True)
-    nan = tl.max((parts != parts).to(tl.int32), axis=0)
-    return tl.where(nan != 0, float("nan"), tl.max(tl.where(parts != parts, 0.0, parts), axis=0))
-
-
-@triton.jit
-def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, KIND: tl.constexpr, GROUP: tl.constexpr,
-                MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-                AXIS: tl.constexpr, ROT: tl.constexpr, PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.constexpr,
+                GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr, ROWS: tl.constexpr,
+                COLS: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, PROGRAMS: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
     """One stored copy of the state tile x [BK, BV] (rows k, columns v; padding zero), as `fmt.quantize`.
 
     Blocks along d_state (AXIS_DSTATE): a format row is one v column (amax over K), a scale tile ROWS v columns x
@@ -69,14 +47,15 @@ def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, KIND: tl
     scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head, and the rows a rowcol
     column factor spans, are the whole tile; or, for a head scale of a format in its natural basis (`codec.natural`)
     with PROGRAMS > 1, the tiles of the head's PROGRAMS programs, which exchange their amax (`shared_head_amax`, at
-    exchange rnd of exch_ptr, count_ptr).
+    exchange rnd of exch_ptr, count_ptr; this program's tile: `tile`).
     elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in
     RANDOM's word layout, whose pairs run along K, and bits (`device.state_bits`).
     """
     ks = tl.arange(0, BK)[:, None]  # [BK, 1] the element's index along the state's last dim (K)
     bits = state_bits(key, (checkpoint << 32) + elem, ks, KIND, RANDOM)
     if (GROUP == GROUP_HEAD) and (PROGRAMS > 1):
-        amax = shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, ORDER, PROGRAMS) + tl.zeros((BV, 1), tl.float32)
+        amax = shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, tile, ORDER, PROGRAMS)
+        amax = amax + tl.zeros((BV, 1), tl.float32)
         y = tl.trans(quantize_tile(tl.trans(x), tl.trans(bits), amax, KIND, GROUP, MAX, ORDER, BV, BK))
     elif AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
         y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BK, BV)
@@ -116,7 +95,7 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 
 
 @triton.jit
-def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, fold_no,
+def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, tile, fold_no,
                  SHARED: tl.constexpr,
                  HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
                  HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr,
@@ -130,14 +109,14 @@ def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, coun
     HI_X: tl.constexpr = (HI_GROUP == GROUP_HEAD) and (PROGRAMS > 1)  # exchanges per fold, each copy's
     LO_X: tl.constexpr = (LO_GROUP == GROUP_HEAD) and (PROGRAMS > 1) and (not SHARED)
     rnd = (fold_no - 1) * (HI_X + LO_X) + 1  # this fold's first exchange
-    s_hi = store_round(folded, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, HI_KIND, HI_GROUP, HI_MAX,
-                       HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, PROGRAMS, BK, BV)
+    s_hi = store_round(folded, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, HI_KIND, HI_GROUP,
+                       HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, PROGRAMS, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
     if SHARED:
         s_lo = s_hi
     else:
-        s_lo = store_round(folded, key_lo, checkpoint, elem, exch_ptr, count_ptr, bh, rnd + HI_X, LO_KIND, LO_GROUP,
-                           LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
+        s_lo = store_round(folded, key_lo, checkpoint, elem, exch_ptr, count_ptr, bh, rnd + HI_X, tile, LO_KIND,
+                           LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
     return s_hi, s_lo
 
@@ -150,8 +129,8 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     K or V; formats without a kernel codec, such as error feedback, ef=) is rounded by torch between one-segment
     launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale groups (column factors
     included), blocks along V or rotation runs along V span more; a head scale of a natural-basis format spans the
-    head's programs where they can exchange its amax (`head_programs`: on a GPU holding them all at once), else it
-    takes the whole head too.
+    head's programs where they can exchange its amax (`exchange_programs`: compiled code on a GPU holding every program
+    of the launch at once), else it takes the whole head too.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -169,27 +148,15 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     head_scaled = any(c is not None and c.group == Group.HEAD for c in codecs)
     spans = any(c is not None and c.spans(_BV) and c.group != Group.HEAD for c in codecs)
     launch = chunked_launch_config(p.k.shape[-1], dv, spans)
-    programs = 1 if spans else head_programs(codecs, p.q.shape[0] * p.q.shape[2], triton.cdiv(dv, launch["BV"]),
-                                             p.q.device)
+    tiles = triton.cdiv(dv, launch["BV"])
+    # programs in grid order: a head's programs wait on programs the GPU may not have started, so all must run at once
+    programs = 1 if spans else exchange_programs(codecs, tiles, p.q.shape[0] * p.q.shape[2] * tiles, p.q.device)
     if head_scaled and not spans and programs == 1:  # no exchange: one program holds the head
         launch = chunked_launch_config(p.k.shape[-1], dv, True)
     launch["PROGRAMS"] = programs
     if not rounded:
         codecs = [FP32_CODEC] * 2
     return chunked(p, codecs[0], codecs[1], launch)
-
-
-def head_programs(codecs: list[KernelCodec | None], heads: int, tiles: int, device: torch.device) -> int:
-    """The `tiles` programs of a head that exchange the amax of a head-scaled copy (`shared_head_amax`), or 1: a head
-    scale then takes a program holding the whole head, whose 128 x 128 FP32 copies spill its registers (1.5-1.9x
-    slower per layer on an H200). Exchanging needs every program of the launch resident at once: compiled code on a
-    GPU with a multiprocessor per program (heads = batch x value heads), head-scaled formats in their natural basis,
-    a power of two of tiles."""
-    head_scaled = [c for c in codecs if c is not None and c.group == Group.HEAD]
-    if (not head_scaled or not all(c.natural for c in head_scaled) or tiles == 1 or tiles & (tiles - 1)
-            or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
-        return 1
-    return tiles if heads * tiles <= torch.cuda.get_device_properties(device).multi_processor_count else 1
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
@@ -210,7 +177,8 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     """Walk the segments in launches of `kernel` (the family's `_chunked_kernel`) over blocks of segments.
 
     inputs: the family's leading kernel arguments; the kernel then takes fold, last, the checkpoint index at the
-    block start, keys_hi, keys_lo, hi, lo, o, u, NS, the block start, HV, K, V and the shared constexprs. A copy
+    block start, keys_hi, keys_lo, hi, lo, o, u, the exchange's slots and counters, NS, the block start, HV, K, V and
+    the shared constexprs; grid (v-blocks, value heads, sequences). A copy
     without an in-kernel store (codec None) makes every launch one segment: the kernel keeps that copy's FP32 fold and
     `round_folded` rounds it for the sequences that folded before the next launch (the next segment's u's and outputs
     read S_lo, its fold S_hi). Returns o [B, T, HV, V] and the ReplayState after the call.
@@ -229,7 +197,7 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     u_pad = torch.empty_like(o_pad)
     bk = max(16, triton.next_power_of_2(dk))
     bv, programs = launch["BV"], launch["PROGRAMS"]
-    grid = (triton.cdiv(dv, bv), nv, bsz)
+    grid = (triton.cdiv(dv, bv), nv, bsz)  # v-blocks fastest: a GPU starts a head's programs one after another
     fold = seg.folds.to(torch.int32).contiguous()
     exch, count = fold, fold  # `shared_head_amax`'s slots and counters, unread by a launch without an exchange
     if programs > 1:

@@ -63,10 +63,11 @@ def _chunked_kernel(
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
     # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at
-    # the end; exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`triton_chunk.shared_head_amax`)
+    # the end; exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`head_exchange.shared_head_amax`)
     b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
     hv = tl.program_id(1)
-    vs = tl.program_id(0) * BV + tl.arange(0, BV)
+    tile = tl.program_id(0)
+    vs = tile * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
     ts = tl.arange(0, LP)
     vmask = vs < V
@@ -121,7 +122,7 @@ def _chunked_kernel(
                     folded = d_end * s_hi + dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
                 s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh,
-                                          checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER,
+                                          tile, checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER,
                                           HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND, LO_GROUP, LO_MAX,
                                           LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
             out = row[:, None] * V + vs[None, :]

@@ -3,7 +3,7 @@
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
 - `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch (two, below), one program per
-  (sequence, head, head_dim tile), loops over the segments of the plan: intra-segment outputs,
+  (head_dim tile, head, sequence), loops over the segments of the plan: intra-segment outputs,
   checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
   `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
   whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
@@ -12,12 +12,14 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head|rowcol), mxfp8, mxfp4 and Pimba's mx8 / mx8sr on
   either axis (SR with any bits= and rounds=); and any of
   these with rot=hadamard:N (runs of N along the format's axis, N a power of two dividing that dim). A program holds
-  16 rows of the head, or the whole head for a recurrence copy's head scale, for tiles of more than 16 rows, for
-  two-axis scales (rowcol: column factors over the head) and for anything spanning more than one head_dim row along
-  head_dim (row scales, blocks, rotation runs). A head-scaled
-  read copy along d_state without rotation, which never feeds the fold, keeps the programs of 16 rows and takes two
-  launches: the folds alone with each program's amax (`PASS_AMAX`), then everything with the head's amax
-  (`PASS_OUTPUT`); the two launches fold the same tiles in the same order, so the same bits. The other formats
+  16 rows of the head, or the whole head for tiles of more than 16 rows, for two-axis scales (rowcol: column
+  factors over the head) and for anything spanning more than one head_dim row along head_dim (row scales, blocks,
+  rotation runs). A head scale along d_state without rotation keeps the programs of 16 rows: a recurrence copy's
+  (and a read copy's beside it) on a GPU by exchanging the head's amax between the head's programs at each fold
+  (`head_exchange`; programs are numbered in start order), else (the interpreter) in a program holding the whole
+  head; a read copy's alone, which never feeds the fold, in two launches: the folds alone with each program's amax
+  (`PASS_AMAX`), then everything with the head's amax (`PASS_OUTPUT`), the same tiles folded in the same order, so
+  the same bits. The other formats
   (tensor-wide scales, tiles of other sizes, rotation runs that do not tile their dim, formats without a kernel
   codec) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
@@ -43,7 +45,8 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
-from replayssm_eval.formats.device import quantize_tile, round_state_tile, state_bits, tile_amax
+from replayssm_eval.formats.device import GROUP_HEAD, quantize_tile, round_state_tile, state_bits, tile_amax
+from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.tile_dot import dot, dot_acc, window_rows
@@ -61,12 +64,30 @@ PASS_ONE, PASS_AMAX, PASS_OUTPUT = (tl.constexpr(p) for p in range(3))
 
 
 @triton.jit
+def _round_copy(folded, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.constexpr, GROUP: tl.constexpr,
+                MAX: tl.constexpr, ORDER: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
+                ROT: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One stored copy of the fold tile [BLOCK_P, BLOCK_N] (padding zero) with its random bits, as `round_state_tile`;
+    a head scale held by the head's PROGRAMS > 1 programs exchanges its amax (`shared_head_amax` of head bh, this
+    program's tile). rnd: the head's exchanges so far in the launch. Returns the copy and rnd after it."""
+    if (GROUP == GROUP_HEAD) and (PROGRAMS > 1):
+        rnd += 1
+        amax = shared_head_amax(folded, exch_ptr, count_ptr, bh, rnd, tile, ORDER, PROGRAMS)
+        y = quantize_tile(folded, bits, amax + tl.zeros([BLOCK_P, 1], dtype=tl.float32), KIND, GROUP, MAX, ORDER,
+                          BLOCK_P, BLOCK_N)
+    else:
+        y = round_state_tile(folded, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_P, BLOCK_N)
+    return y, rnd
+
+
+@triton.jit
 def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
-    amax_ptr,  # PASS_AMAX: [B, S, H, P tiles] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
-    S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, skip,  # this launch runs segments [S0, S1) of the S in the grid
+    amax_ptr,  # PASS_AMAX: [B, S, H, TILES] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
+    exch_ptr, count_ptr, ticket_ptr,  # PROGRAMS > 1: [B * H, 2, PROGRAMS], [B * H] (`shared_head_amax`); [1]
+    S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, TILES, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
     RECUR_ROT: tl.constexpr,
@@ -75,14 +96,13 @@ def _chunk_scan_kernel(
     READ_ROT: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, READ_DOT: tl.constexpr,
     BUF: tl.constexpr,
-    PASS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    PASS: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     CHUNK_N: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+    tile, h, b = ticket_ids(ticket_ptr, TILES, H)  # a head's TILES programs start one after another
     g = h // HPG
     offs_l = tl.arange(0, BLOCK_L)
-    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_l, mask_p, mask_n = offs_l < L, offs_p < P, offs_n < N
     mask_s = mask_p[:, None] & mask_n[None, :]
@@ -97,6 +117,7 @@ def _chunk_scan_kernel(
     key_lo = tl.load(key_ptr + 2 * b + 1)
     causal = offs_l[:, None] >= offs_l[None, :]
     head_off = (b.to(tl.int64) * H + h) * P * N
+    rnd = 0  # the head's exchanges so far (`shared_head_amax`)
     s = S0
     while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
         row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
@@ -160,25 +181,26 @@ def _chunk_scan_kernel(
             tl.debug_barrier()  # the fold's chunks come back through other threads
             folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_state_tile(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
-                              RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
-                              BLOCK_P, BLOCK_N)
+            bh = b * H + h
+            hi, rnd = _round_copy(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
+                                  exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
+                                  RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
             at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
             if PASS == PASS_AMAX:
                 tile_max = tl.max(tile_amax(folded, True, READ_ORDER), axis=0)  # [1]: the tile's amax
-                tl.store(amax_ptr + at * tl.num_programs(2) + tl.program_id(2) + tl.arange(0, 1), tile_max)
+                tl.store(amax_ptr + at * TILES + tile + tl.arange(0, 1), tile_max)
             elif LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif not SHARED:
+                bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM)
                 if PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
                     amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
-                    bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM)
                     lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
                 else:
-                    lo = round_state_tile(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
-                                          READ, READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS,
-                                          READ_ROT, BLOCK_P, BLOCK_N)
+                    lo, rnd = _round_copy(folded, bits, exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP,
+                                          READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS,
+                                          BLOCK_P, BLOCK_N)
                 tl.store(lo_ptr + state_off, lo, mask=mask_s)
             tl.store(hi_ptr + state_off, hi, mask=mask_s)
             tl.debug_barrier()  # the next segment reads the copies back through other threads
@@ -198,21 +220,32 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     G, N = pB.shape[3], pB.shape[4]
     recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
-    # a head-scaled read copy never feeds the fold: an amax pass over programs of _BLOCK_P rows beats one per head (the
-    # amax of the fold itself: codes along d_state, no rotation)
-    two_pass = (read.group == Group.HEAD and read.natural and not recur.spans(_BLOCK_P) and not config.shared
-                and outside is None)
-    launch = chunked_launch_config(P, N, recur.spans(_BLOCK_P) or (read.spans(_BLOCK_P) and not two_pass))
+    copies = (recur,) if config.shared else (recur, read)  # the copies the loop rounds (LO_OUTSIDE: read is FP32)
+    # a natural-basis head scale of the recurrence copy spans the head's programs of _BLOCK_P rows, which exchange its
+    # amax (a head-scaled read copy then too); a read copy's alone (it never feeds the fold) takes an amax pass first,
+    # which ran the KL path faster than the exchange (BENCHMARKS.md, Chunked form); any other copy whose groups span
+    # more rows takes programs holding the whole head
+    head_split = lambda c: c.group == Group.HEAD and c.natural  # noqa: E731
+    programs = 1
+    if head_split(recur) and not any(c.spans(_BLOCK_P) and not head_split(c) for c in copies):
+        slabs = triton.cdiv(P, _BLOCK_P)
+        programs = exchange_programs(list(copies), slabs, slabs, hi.device)  # programs numbered in start order
+    two_pass = programs == 1 and len(copies) == 2 and head_split(read) and not recur.spans(_BLOCK_P)
+    launch = chunked_launch_config(P, N, programs == 1 and not two_pass and any(c.spans(_BLOCK_P) for c in copies))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     block_n = max(16, triton.next_power_of_2(N))
-    grid_size = (batch, H, triton.cdiv(P, block_p))
+    tiles = triton.cdiv(P, block_p)
+    exch = folds  # `shared_head_amax`'s slots, unread by a launch without an exchange
+    if programs > 1:
+        exch = torch.empty(batch * H * 2 * programs, dtype=torch.int32, device=hi.device)
     (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
 
     def launch_pass(kind, state, amax):
-        _chunk_scan_kernel[grid_size](
-            px, pB, pC, pdt, read_hi, folds, A, state, lo, pre, y, checkpoint, keys, out, g_lo, amax,
-            S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, float(skip or 0.0),
+        count = torch.zeros(batch * H + 1, dtype=torch.int32, device=hi.device)  # the exchange's counters, the ticket
+        _chunk_scan_kernel[(batch * H * tiles,)](
+            px, pB, pC, pdt, read_hi, folds, A, state, lo, pre, y, checkpoint, keys, out, g_lo, amax, exch, count,
+            count[-1:], S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, tiles, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
             RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
             RECUR_ROT=recur_rot,
@@ -220,15 +253,15 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
             READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis,
             READ_ROT=read_rot,
             SHARED=config.shared, LO_OUTSIDE=outside is not None,
-            SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value,
+            SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value, PROGRAMS=programs,
             BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n, CHUNK_N=min(_CHUNK_N, block_n),
             DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],
         )
 
     if two_pass:
-        tiles = torch.empty(batch, S, H, grid_size[2], dtype=torch.float32, device=hi.device)  # [B, S, H, P tiles]
-        launch_pass(PASS_AMAX, hi.clone(), tiles)  # folds a copy of S_hi (its pre-images: the output pass redoes them)
-        launch_pass(PASS_OUTPUT, hi, tiles.amax(-1))  # [B, S, H]: read at folds only
+        amax = torch.empty(batch, S, H, tiles, dtype=torch.float32, device=hi.device)  # [B, S, H, TILES]
+        launch_pass(PASS_AMAX, hi.clone(), amax)  # folds a copy of S_hi (its pre-images: the output pass redoes them)
+        launch_pass(PASS_OUTPUT, hi, amax.amax(-1))  # [B, S, H]: read at folds only
     else:
         launch_pass(PASS_ONE, hi, hi)
 

@@ -1,0 +1,68 @@
+"""A head scale over several programs: the chunked kernels' programs each hold a tile of a head and exchange the
+tiles' amax at every fold, so that a head-scaled copy (the default `nvfp4`'s per-head scale) does not need one
+program holding the whole head (which spills its registers, or takes a second pass over the segments).
+
+- `ticket_ids` (jit): a program's (tile, head, sequence) in the order programs start, from an atomic counter, so that
+  a head's programs start one after another whatever order the GPU dispatches the grid in (Mamba-2);
+- `shared_head_amax` (jit): the exchange itself, through global atomics;
+- `exchange_programs`: where a launch may exchange (compiled code on a GPU holding at once the programs a program
+  may wait on: its head's with tickets, the launch's in grid order, as GDN and KDA).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_eval.formats.codec import Group, KernelCodec
+from replayssm_eval.formats.device import tile_amax
+
+
+@triton.jit
+def ticket_ids(ticket_ptr, TILES, HEADS):
+    """(tile, head, sequence) of this program, numbered in the order the programs start: the ticket counter
+    (int32, zero at the launch) gives consecutive tickets, tiles fastest, then heads (HEADS per sequence)."""
+    ticket = tl.atomic_add(ticket_ptr, 1)
+    return ticket % TILES, (ticket // TILES) % HEADS, ticket // (TILES * HEADS)
+
+
+@triton.jit
+def shared_head_amax(x, exch_ptr, count_ptr, head, rnd, tile, ORDER: tl.constexpr, PROGRAMS: tl.constexpr):
+    """The amax of a head that PROGRAMS programs hold in tiles, as `device.tile_amax` of the whole head: this
+    program's tile x [R, C] (padding zero) gives its amax, which it publishes at its tile's place in slot rnd % 2 of
+    the head's exch [heads, 2, PROGRAMS] (int32 bits); it counts itself in count[head] and waits until every
+    program of the head has counted rnd times (rnd: the exchange's number in the launch, from 1; the counts are zero
+    at the launch). Two slots suffice: a program cannot publish round rnd + 2 before every program has counted
+    rnd + 1, after reading rnd. The head's programs must run at once (`exchange_programs`).
+    Returns the head's amax (a scalar): NaN if any tile's is NaN (ORDER_DIV), else the largest."""
+    first = tl.arange(0, x.shape[0])[:, None] == 0
+    part = tl.sum(tl.where(first, tile_amax(x, True, ORDER), 0.0))  # the tile's amax (every row holds it)
+    slots = exch_ptr + (head * 2 + rnd % 2) * PROGRAMS
+    tl.atomic_xchg(slots + tile, part.to(tl.int32, bitcast=True), sem="release")
+    tl.atomic_add(count_ptr + head, 1, sem="release")
+    while tl.atomic_add(count_ptr + head, 0, sem="acquire") < rnd * PROGRAMS:
+        pass
+    places = tl.arange(0, triton.next_power_of_2(PROGRAMS))  # padding places read 0, which no amax exceeds
+    parts = tl.atomic_or(slots + places, 0, mask=places < PROGRAMS, sem="acquire").to(tl.float32, bitcast=True)
+    parts = tl.where(places < PROGRAMS, parts, 0.0)
+    nan = tl.max((parts != parts).to(tl.int32), axis=0)
+    return tl.where(nan != 0, float("nan"), tl.max(tl.where(parts != parts, 0.0, parts), axis=0))
+
+
+def exchange_programs(codecs: list[KernelCodec | None], tiles: int, at_once: int, device: torch.device) -> int:
+    """The `tiles` programs of a head that exchange the amax of its head-scaled copies (`shared_head_amax`), or 1:
+    one program then holds the head. A program waits on the other programs of its head, so `at_once` programs must
+    be resident together: the head's `tiles` where programs take their place in start order (`ticket_ids`: a program
+    waits only on programs of its head that run or start as soon as any program ends), every program of the launch
+    where they take it from the grid (the GPU may start them in any order). A GPU with at least `at_once`
+    multiprocessors holds them (each holds at least one program). Compiled code on a GPU only (the interpreter runs
+    programs one after another: an exchange would wait forever), and head-scaled formats in their natural basis
+    (`KernelCodec.natural`)."""
+    head_scaled = [c for c in codecs if c is not None and c.group == Group.HEAD]
+    if (not head_scaled or not all(c.natural for c in head_scaled) or tiles == 1 or device.type != "cuda"
+            or os.environ.get("TRITON_INTERPRET") == "1"):
+        return 1
+    return tiles if at_once <= torch.cuda.get_device_properties(device).multi_processor_count else 1
