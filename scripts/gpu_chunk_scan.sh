@@ -4,7 +4,8 @@
 # geometry) from this checkout (saving the first segment's output and stored copies) and from each previous checkout
 # in PREVS (space-separated folders holding a checkout's replayssm_eval/ and benchmarks/), each compared bit for bit
 # with this one's; with SWEEP (a comma-separated list of configs) also this checkout's launch sweep of them. TESTS=""
-# skips the tests and the check. Logs and JSON go to $OUT/chunk-scan/.
+# skips the tests and the check; TEST_SECONDS (300) limits the tests (138 of the 211 quick tests of the three
+# chunked test files ran in 320 s on an H200, most of it compiling). Logs and JSON go to $OUT/chunk-scan/.
 #
 #   PREVS=.prev OUT=out scripts/gpu_chunk_scan.sh      # H200: about 5 minutes
 #   FAMILIES=mamba2,gdn TESTS="tests/kernels/test_mamba2_triton.py tests/kernels/test_delta_triton.py" PREVS=.prev \
@@ -19,7 +20,7 @@ TESTS=${TESTS-tests/kernels/test_mamba2_triton.py}
 FAMILIES=${FAMILIES:-mamba2}
 if [[ -n $TESTS ]]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  step tests 300 . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider $TESTS
+  step tests "${TEST_SECONDS:-300}" . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider $TESTS
   step gpu_check_mamba2 150 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
 fi
 speed=(python "$PWD/benchmarks/layer_speed.py" --families "$FAMILIES" --tokens "$TOKENS" --configs "$CONFIGS")
