@@ -116,7 +116,8 @@ def _chunk_scan_kernel(
     key_hi = tl.load(key_ptr + 2 * b)
     key_lo = tl.load(key_ptr + 2 * b + 1)
     causal = offs_l[:, None] >= offs_l[None, :]
-    head_off = (b.to(tl.int64) * H + h) * P * N
+    bh = b * H + h
+    head_off = bh.to(tl.int64) * P * N
     rnd = 0  # the head's exchanges so far (`shared_head_amax`)
     s = S0
     while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
@@ -181,7 +182,6 @@ def _chunk_scan_kernel(
             tl.debug_barrier()  # the fold's chunks come back through other threads
             folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
             counter = ((ck + s + 1) << 32) + elem
-            bh = b * H + h
             hi, rnd = _round_copy(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
                                   exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
                                   RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
