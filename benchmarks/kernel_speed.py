@@ -17,8 +17,10 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
    non-flush fp32 read     shared:fp32@16, mid-window (8 buffered entries, the window's mean): checkpoint + buffer
    non-flush nvfp4 read    nvfp4/fp32@16, the same with the packed NVFP4 read copy (codes + scales)
                            (both: the single-token kernel `_replay_step_kernel`; the tune rows sweep its launch config
-                           at the largest batch and the rows use the best one where batch x heads >= 4096)
-   flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config)
+                           at the largest batch, the default first, and the rows use the best one where
+                           batch x heads >= 4096; KDA's step launches its per-head terms kernel first, timed with it)
+   flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config; KDA's
+                           `_replay_fold_kernel` swept as the non-flush kernel)
    flush packing (torch)   write_checkpoint_packed of the fold (host-side torch pass of decode_step_triton)
    amortised L=16          (15 x non-flush + flush) / 16, and the speedup of conventional over it
 3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4/fp16sr@16, per-head scales) and the
@@ -109,27 +111,31 @@ class Timer:
 
 
 class _Recorder:
-    """Stands in for a `@triton.jit` kernel: records each launch (grid, args, kwargs) and runs it."""
+    """Stands in for a `@triton.jit` kernel: records each launch (name, grid, args, kwargs) into `calls` and runs it."""
 
-    def __init__(self, kernel):
-        self.kernel, self.calls = kernel, []
+    def __init__(self, kernel, name: str, calls: list):
+        self.kernel, self.name, self.calls = kernel, name, calls
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.calls.append((grid, args, kwargs))
+            self.calls.append((self.name, grid, args, kwargs))
             return self.kernel[grid](*args, **kwargs)
         return launch
 
 
-def captured_launch(module, kernel_name, call):
-    """Run `call()` with module.<kernel_name> recorded; return a function that replays its single launch, and call()'s result.
+def captured_launch(module, kernel_name, call, prepare=()):
+    """Run `call()` with module.<kernel_name> (and the kernels named in `prepare`) recorded; return a function that
+    replays its launches, and call()'s result.
 
-    kernel_name: one name or a tuple of names (the public function launches exactly one of them). The replay launches the
-    very kernel, grid and arguments the public function launched, without its host work; the returned function carries
-    `.kernel` (the name launched) and `.launch` (grid, args, kwargs) for launch-config sweeps.
+    kernel_name: one name or a tuple of names (the public function launches exactly one of them, after any launches of
+    `prepare`, which the replay repeats first: KDA's per-head terms). The replay launches the very kernels, grids and
+    arguments the public function launched, without its host work; the returned function carries `.kernel` (the name
+    launched) and `.launch` (grid, args, kwargs) for launch-config sweeps, which `.relaunch(grid, kwargs)` replays
+    with another grid and launch config.
     """
     names = (kernel_name,) if isinstance(kernel_name, str) else tuple(kernel_name)
-    recs = {n: _Recorder(getattr(module, n)) for n in names}
+    calls = []
+    recs = {n: _Recorder(getattr(module, n), n, calls) for n in names + tuple(prepare)}
     for n, rec in recs.items():
         setattr(module, n, rec)
     try:
@@ -137,15 +143,20 @@ def captured_launch(module, kernel_name, call):
     finally:
         for n, rec in recs.items():
             setattr(module, n, rec.kernel)
-    calls = [(n, c) for n, rec in recs.items() for c in rec.calls]
-    if len(calls) != 1:
-        raise RuntimeError(f"expected one launch of {' or '.join(names)}, saw {len(calls)}")
-    n, (grid, args, kwargs) = calls[0]
-    real = getattr(module, n)
+    steps = [c for c in calls if c[0] in names]
+    if len(steps) != 1 or calls[-1] is not steps[0]:
+        raise RuntimeError(f"expected one launch of {' or '.join(names)}, last, saw {[c[0] for c in calls]}")
+    n, grid, args, kwargs = steps[0]
+    before = [(getattr(module, m), g, a, kw) for m, g, a, kw in calls[:-1]]
+
+    def relaunch(new_grid, new_kwargs):
+        for kernel, g, a, kw in before:
+            kernel[g](*a, **kw)
+        return getattr(module, n)[new_grid](*args, **new_kwargs)
 
     def replay():
-        return real[grid](*args, **kwargs)
-    replay.kernel, replay.launch = n, (grid, args, kwargs)
+        return relaunch(grid, kwargs)
+    replay.kernel, replay.launch, replay.relaunch = n, (grid, args, kwargs), relaunch
     return replay, result
 
 
@@ -462,7 +473,7 @@ class KDA(GDN):
     """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its own step kernel launch."""
 
     name = "kda"
-    step_keys = ("BLOCK_V", "BLOCK_K", "num_warps")
+    step_keys = ("BLOCK_V", "BLOCK_K", "WORDS", "num_warps")
     dims = staticmethod(GDN.dims)
 
     def token_bytes(self, entries: int) -> int:
@@ -492,21 +503,38 @@ class KDA(GDN):
         flushes, else `_replay_step_kernel`."""
         q, k, v, g, beta = self.token(state.batch, 1)
         return captured_launch(kda_triton, ("_replay_step_kernel", "_replay_fold_kernel"),
-                               lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
+                               lambda: self.kernels.decode_step(q, k, v, g, beta, state, config),
+                               prepare=("_head_terms_kernel",))
 
     def step_variants(self) -> list[dict]:
-        """Launch configs of `_replay_step_kernel` the non-flush tune rows sweep (a fold runs `_replay_fold_kernel`)."""
-        v = max(16, triton.next_power_of_2(self.V))
-        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps)
-                for block_v in sorted({16, 32, 64, v}) for block_k in (16, 32, 64) for warps in (2, 4, 8)
-                if block_v * block_k >= 512 * warps // 2 and block_v * block_k <= 4096]
+        """Launch configs of `_replay_step_kernel` the non-flush tune rows sweep (a fold runs `_replay_fold_kernel`):
+        state rows per program, columns per pass, NVFP4 codes as words or bytes, warps."""
+        k = max(16, triton.next_power_of_2(self.K))
+        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, WORDS=words, num_warps=warps)
+                for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (False, True)
+                for warps in (2, 4) if block_v * block_k <= 8192]
 
     def step_variant(self, launch, cfg: dict):
-        if getattr(launch, "kernel", None) != "_replay_step_kernel":
-            raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
-        grid, args, kwargs = launch.launch
+        return self._variant(launch, cfg, "_replay_step_kernel")
+
+    fold_keys = ("BLOCK_V", "BLOCK_K", "num_warps")
+
+    def fold_variants(self) -> list[dict]:
+        """Launch configs of `_replay_fold_kernel` the flush tune rows sweep: state rows per program (each the whole
+        of K), the packed read copy's columns per pass, warps."""
+        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps)
+                for block_v in (16, 32, 64) for block_k in (32, 64) for warps in (4, 8)]
+
+    def fold_variant(self, launch, cfg: dict):
+        return self._variant(launch, cfg, "_replay_fold_kernel")
+
+    def _variant(self, launch, cfg: dict, kernel: str):
+        """The captured launch of `kernel` with another launch config (grid recomputed), after the per-head terms."""
+        if getattr(launch, "kernel", None) != kernel:
+            raise RuntimeError(f"not a {kernel} launch: {getattr(launch, 'kernel', None)}")
+        grid, _, kwargs = launch.launch
         new_grid = kda_triton.step_grid(grid[0], self.state_heads, self.V, cfg["BLOCK_V"])
-        return lambda: kda_triton._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
+        return lambda: launch.relaunch(new_grid, {**kwargs, **cfg})
 
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
@@ -539,9 +567,9 @@ def step_variant(module, launch, cfg: dict, heads: int, rows: int, block: int):
     rows: the state rows a program's tiles split (Mamba-2 head_dim P, GDN V); block: rows per tile."""
     if getattr(launch, "kernel", None) != "_replay_step_kernel":
         raise RuntimeError(f"not a _replay_step_kernel launch: {getattr(launch, 'kernel', None)}")
-    grid, args, kwargs = launch.launch
+    grid, _, kwargs = launch.launch
     new_grid = module.step_grid(grid[0], heads, rows, block, cfg["TILES"])
-    return lambda: module._replay_step_kernel[new_grid](*args, **{**kwargs, **cfg})
+    return lambda: launch.relaunch(new_grid, {**kwargs, **cfg})
 
 
 BENCHES = {bench.name: bench for bench in (Mamba2, GDN, KDA)}  # kernel family name -> its benchmark driver
@@ -623,11 +651,8 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
                 read = read_copy_bytes(fam, batch, config)
                 kernel = getattr(launch, "kernel", "")
                 if kernel == "_replay_step_kernel":
-                    cfg = {k: launch.launch[2][k] for k in fam.step_keys}
-                    if config in tuned and batch * fam.state_heads >= 4096 and tuned[config] != cfg:  # the launch tuned at the largest batch
-                        launch, cfg = fam.step_variant(launch, tuned[config]), tuned[config]
-                        kernel += " tuned"
-                    kernel += " " + " ".join(f"{k}={v}" for k, v in cfg.items())
+                    launch, kernel = _tuned(fam, launch, tuned.get(("non-flush", config)), batch, fam.step_variant,
+                                            fam.step_keys)
                 _bw(row, timer.kernel_ms(launch), read + batch * fam.token_bytes(MID + 1), copy_gbps, read)
                 if kernel:
                     row["note"] = f"{row['note']}; {kernel}"
@@ -636,9 +661,13 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
 
             def flush(row, batch=batch, config=config, label=label):
                 launch, out = fam.step_launch(fam.replay_state(s0, config, WINDOW - 1), config)
+                kernel = getattr(launch, "kernel", "")
+                if kernel == "_replay_fold_kernel" and hasattr(fam, "fold_variants"):
+                    launch, kernel = _tuned(fam, launch, tuned.get(("flush", config)), batch, fam.fold_variant,
+                                            fam.fold_keys)
                 _bw(row, timer.kernel_ms(launch), batch * (2 * S32 + fam.token_bytes(WINDOW)), copy_gbps, st_bytes)
-                if getattr(launch, "kernel", None):
-                    row["note"] = f"{row['note']}; {launch.kernel}"
+                if kernel:
+                    row["note"] = f"{row['note']}; {kernel}"
                 if label == "nvfp4":  # the torch pass that rounds the fold to both copies and packs the read copy
                     pack = fam.packing(out[1].hi.contiguous(), config)  # the fold as rounded (fp32 recurrence: exact)
                     ms = timer.kernel_ms(pack)
@@ -653,44 +682,66 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
         derive_amortised(res, name, batch, copy_gbps)
 
 
+def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
+    """(the launch with the config tuned at the largest batch where there is one and batch x heads >= 4096, and the
+    row's note)."""
+    kernel = launch.kernel
+    if cfg is not None and batch * fam.state_heads >= 4096:
+        launch, kernel = variant(launch, cfg), kernel + " tuned"
+    else:
+        cfg = {k: launch.launch[2][k] for k in keys}
+    return launch, kernel + " " + " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
 def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
-    """Tune rows: the non-flush step kernel (`_replay_step_kernel`) over launch configs at `batch`, per read copy.
-    Returns {config: best launch config}; the non-flush rows use it where the default heuristic has one program per
-    head (batch x heads >= 4096)."""
+    """Tune rows: the step kernels over launch configs at `batch`, per read copy: the non-flush `_replay_step_kernel`
+    (`step_variants`) and, where the family has `fold_variants`, the flush's `_replay_fold_kernel`. The default launch
+    is timed first, so a sweep the budget cuts short never picks a slower one. Returns {(phase, config): best launch
+    config} where it is not the default; the decode rows use it where batch x heads >= 4096."""
     best = {}
     s0 = fam.fp32_state(batch)
-    for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
-        holder = {}
+    s32 = fam.state_elems() * F32
+    phases = [("non-flush", MID, "_replay_step_kernel", fam.step_variants, fam.step_variant, fam.step_keys)]
+    if hasattr(fam, "fold_variants"):
+        phases.append(("flush", WINDOW - 1, "_replay_fold_kernel", fam.fold_variants, fam.fold_variant, fam.fold_keys))
+    for phase, count, kernel, variants, variant, keys in phases:
+        for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
+            holder = {}
 
-        def capture(row, config=config):
-            holder["launch"], _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
-            grid, _, kwargs = holder["launch"].launch
-            row["note"] = f"{holder['launch'].kernel} default: " + " ".join(
-                f"{k}={kwargs[k]}" for k in fam.step_keys if k in kwargs)
-        r = res.add(dict(section="tune", family=fam.name, name=f"non-flush {label} read launch", batch=batch), capture)
-        if r.get("error") or holder["launch"].kernel != "_replay_step_kernel":
-            continue
-        read = read_copy_bytes(fam, batch, config)
-        nbytes = read + batch * fam.token_bytes(MID + 1)
-        found = None
-        for cfg in fam.step_variants():
-            if res.left() < 30:
-                res.add(dict(section="tune", family=fam.name, name=f"non-flush {label} read sweep", batch=batch,
-                             error=f"skipped: {res.left():.0f} s left of the budget"))
-                break
+            def capture(row, config=config, count=count):
+                holder["launch"], _ = fam.step_launch(fam.replay_state(s0, config, count), config)
+                kwargs = holder["launch"].launch[2]
+                row["note"] = f"{holder['launch'].kernel} default: " + " ".join(
+                    f"{k}={kwargs[k]}" for k in keys if k in kwargs)
+            r = res.add(dict(section="tune", family=fam.name, name=f"{phase} {label} read launch", batch=batch),
+                        capture)
+            if r.get("error") or holder["launch"].kernel != kernel:
+                continue
+            read = read_copy_bytes(fam, batch, config)
+            nbytes = read + batch * fam.token_bytes(MID + 1) if phase == "non-flush" else \
+                batch * (2 * s32 + fam.token_bytes(WINDOW))
+            default = {k: holder["launch"].launch[2][k] for k in keys}
+            found = None
+            for cfg in [default] + [c for c in variants() if c != default]:
+                if res.left() < 30:
+                    res.add(dict(section="tune", family=fam.name, name=f"{phase} {label} read sweep", batch=batch,
+                                 error=f"skipped: {res.left():.0f} s left of the budget"))
+                    break
 
-            def run(row, cfg=cfg):
-                _bw(row, timer.kernel_ms(fam.step_variant(holder["launch"], cfg)), nbytes, copy_gbps, read)
-            r = res.add(dict(section="tune", family=fam.name, batch=batch, name=f"non-flush {label} {_short(cfg)}"), run)
-            if r.get("ms") is not None and (found is None or r["ms"] < found[1]):
-                found = (cfg, r["ms"])
-        if found is not None:
-            best[config] = found[0]
+                def run(row, cfg=cfg):
+                    _bw(row, timer.kernel_ms(variant(holder["launch"], cfg)), nbytes, copy_gbps,
+                        read if phase == "non-flush" else batch * 2 * s32)
+                name = f"{phase} {label} {_short(cfg)}{' (default)' if cfg is default else ''}"
+                r = res.add(dict(section="tune", family=fam.name, batch=batch, name=name), run)
+                if r.get("ms") is not None and (found is None or r["ms"] < found[1]):
+                    found = (cfg, r["ms"])
+            if found is not None and found[0] != default:
+                best[(phase, config)] = found[0]
     del s0
     return best
 
 
-_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "num_warps": "w"}
+_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "WORDS": "words", "num_warps": "w"}
 
 
 def _short(cfg: dict) -> str:

@@ -140,8 +140,9 @@ def test_chunked_triton_fp32(fam, text, device):
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
 
 
-_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "num_warps": 4},  # K in chunks of 16, the last one part padding
-                 {"BLOCK_V": 32, "BLOCK_K": 32, "num_warps": 1}]  # one chunk; the 2nd program's rows part padding
+# K in chunks of 16, the last one part padding, NVFP4 as words; one chunk, the 2nd program's rows part padding, bytes
+_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": True, "num_warps": 4},
+                 {"BLOCK_V": 32, "BLOCK_K": 32, "WORDS": False, "num_warps": 1}]
 
 
 @pytest.mark.parametrize("text, launch, dk, phased", [

@@ -122,7 +122,7 @@ def test_chunked_triton_torch_rounded_matches_torch(text, groups, d_state, devic
 
 @pytest.mark.skipif(TEST_DEVICE != "cuda", reason="programs exchange a head's amax only when they run at once (a GPU)")
 @pytest.mark.parametrize("text", [
-    "shared:nvfp4@4", "int8:scale=head,order=mul/fp16sr@3",
+    "shared:nvfp4@4", "fp16sr/int8:scale=head,order=mul@3",
     "int8:scale=head/fp8sr:scale=head@4",  # both copies exchange at each fold
 ])
 def test_head_scale_across_programs(text, device, monkeypatch):

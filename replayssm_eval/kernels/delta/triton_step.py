@@ -2,8 +2,9 @@
 
 - the packed read copy's tile in the step kernels (`load_packed`) and its launch arguments (`read_args`,
   from the read format's `packed_codec`; a kernel takes a format as its codec's KIND and GROUP constexprs);
-- the single-token kernels' NVFP4 row dots as whole int32 words of 8 codes (`nvfp4_partials`) and the read
-  copy's global scales (`scale_rows`);
+- the single-token kernels' row dots S_src^T k, S_src^T q of a block of state rows in one pass over K (`rowdots`:
+  S_hi, or the packed read copy through the fast decoders, NVFP4 as bytes split by nibble or as whole int32 words
+  of 8 codes, `nvfp4_partials`) and the read copy's global scales (`scale_rows`);
 - the single-token step and verification in the `KernelFamily` call convention (`decode_step`,
   `verify`), around each family's launcher, and the conventional step's launch (`conventional_launch`).
 The chunked kernels' shared pieces are `triton_chunk`.
@@ -17,8 +18,8 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, Kind, packed_codec
 from replayssm_eval.formats.device import (
-    E2M1_F16_SCALE, GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode, e2m1_f16_pair,
-    e4m3_decode, e4m3_fast, nibble_lanes,
+    E2M1_F16_SCALE, GROUP_HEAD, GROUP_ROW, GROUP_TENSOR, NVFP4, decode_elements, e2m1_decode, e2m1_f16, e2m1_f16_hi,
+    e2m1_f16_pair, e4m3_decode, e4m3_fast, nibble_lanes,
 )
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
 from replayssm_eval.kernels.step_variants import step_variant
@@ -83,6 +84,58 @@ def scale_rows(x, gs_ptr, b, bh, rows, mask_v, GROUP: tl.constexpr):
     return x
 
 
+@triton.jit
+def rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask_v, read_hi,
+             K: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
+             BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr):
+    """(S_src^T k, S_src^T q), [BLOCK_V] each, of the state rows `rows` ([BLOCK_V] in [B, HV, V]) in one pass over K:
+    S_src = S_hi (FP32) if read_hi else the packed read copy (times its global scale). k_ptr, q_ptr: the vectors [K]
+    (FP32; GDN: the token's k, q; KDA: the decayed d k, d q). WORDS: NVFP4 codes as whole int32 words
+    (`nvfp4_partials`), else as bytes split by nibble; each family's launch says which (BENCHMARKS.md, Decode step)."""
+    sk = tl.zeros([BLOCK_V], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_V], dtype=tl.float32)
+    if read_hi:
+        for c in tl.static_range(0, K, BLOCK_K):
+            ks = c + tl.arange(0, BLOCK_K)
+            s = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=mask_v[:, None] & (ks < K)[None, :], other=0.0)
+            sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+            sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+    else:
+        if KIND == NVFP4 and WORDS:  # whole int32 words of 8 codes (`delta.triton_step.nvfp4_partials`)
+            for c in tl.static_range(0, KP, BLOCK_K):
+                ks = c + tl.arange(0, BLOCK_K)
+                pk, pq = nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, tl.load(k_ptr + ks, mask=ks < K, other=0.0),
+                                        tl.load(q_ptr + ks, mask=ks < K, other=0.0), c, KP, BLOCK_K)
+                sk += tl.sum(pk, axis=1)
+                sq += tl.sum(pq, axis=1)
+        elif KIND == NVFP4:  # bytes as [BLOCK_V, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
+            for c in tl.static_range(0, KP, BLOCK_K):
+                blk = c // 16 + tl.arange(0, BLOCK_K // 16)  # [BLOCK_S] scale block
+                col = blk[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
+                m3 = mask_v[:, None, None] & (col < KP // 2)[None, :, :]
+                byte = tl.load(data_ptr + rows[:, None, None] * (KP // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
+                x_even, x_odd = e2m1_f16(byte), e2m1_f16_hi(byte)  # [BLOCK_V, BLOCK_S, 8] elements 2j, 2j+1 * 2^-14
+                k_even = tl.load(k_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
+                k_odd = tl.load(k_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
+                q_even = tl.load(q_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
+                q_odd = tl.load(q_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
+                m2 = mask_v[:, None] & (blk < KP // 16)[None, :]
+                sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blk[None, :], mask=m2, other=0))
+                sc = sc * E2M1_F16_SCALE  # [BLOCK_V, BLOCK_S]
+                sk += tl.sum(tl.sum(x_even * k_even + x_odd * k_odd, axis=2) * sc, axis=1)
+                sq += tl.sum(tl.sum(x_even * q_even + x_odd * q_odd, axis=2) * sc, axis=1)
+        else:
+            for c in tl.static_range(0, K, BLOCK_K):
+                ks = c + tl.arange(0, BLOCK_K)
+                m2 = mask_v[:, None] & (ks < K)[None, :]
+                s = decode_elements(tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0), KIND)
+                sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+                sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
+        sk = scale_rows(sk, gs_ptr, b, bh, rows, mask_v, GROUP)
+        sq = scale_rows(sq, gs_ptr, b, bh, rows, mask_v, GROUP)
+    return sk, sq
+
+
 def read_args(packed, fmt, hi):
     """(KIND, GROUP, data, scales, global scale, padded K) of the read copy for the step kernels: the packed encoding
     where they decode it (`packed_codec`: fp32/fp16/bf16, fp8 and int with axis=dstate and scale row, head, tensor
@@ -136,8 +189,8 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     folds = variant != "none"
     folded = torch.empty_like(hi) if folds else u  # [B, HV, V, K] the FP32 fold of the folding rows
     launch_step(hi, packed, fmt, st.buffer, count, new, read_hi.to(torch.int8), fold.to(torch.int8), u, o, folded,
-                folds=variant, closed=cfg.gdn_fold == "closed", groups=p.groups, eps=cfg.skip_read_below,
-                buf_kind=buffer_kind(cfg))
+                folds=variant, closed=cfg.gdn_fold == "closed", shared=cfg.shared, groups=p.groups,
+                eps=cfg.skip_read_below, buf_kind=buffer_kind(cfg))
     buf = {name: t.clone() for name, t in st.buffer.items()}
     rows = torch.arange(p.q.shape[0], device=p.q.device)
     entry = dict(new, u=cfg.round_buffered(u))

@@ -10,7 +10,7 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
    below). Non-flush rows read the packed read copy (NVFP4 nibbles + E4M3 block scales + FP32 global
    scale, FP8 codes + FP32 scales, or 16/32-bit elements) through the fast decoders of `formats.device`
    and the buffer, and write no state; flush rows read S_hi and the buffer and write the FP32 fold
-   (open: rank-1 updates; closed: the delta rule re-run over the buffered raw entries), which the host
+   (open: the decayed buffered rows added; closed: the delta rule re-run over the buffered raw entries), which the host
    rounds to both copies with `write_checkpoint_packed` (one rounding, the read copy also packed). One
    launch where no row or every row folds; where some rows fold, a reading launch (FOLD off) for the rows
    that do not and a folding launch for those that do, each skipping the other's rows
@@ -27,9 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats.device import E2M1_F16_SCALE, NVFP4, decode_elements, e2m1_f16, e2m1_f16_hi, e4m3_fast
 from replayssm_eval.kernels.delta.triton_step import (
-    conventional_launch, load_packed, nvfp4_partials, read_args, scale_rows,
+    conventional_launch, load_packed, read_args, rowdots,
 )
 from replayssm_eval.kernels.step_variants import other_launch_row, step_launches
 from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
@@ -127,60 +126,9 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
 # codes go through the fast decoders of `formats.device`; NVFP4 codes load as bytes split by nibble in a reading
 # launch and as whole int32 words of 8 in a folding one (`delta.triton_step.nvfp4_partials`; each the faster there on
 # an H200), and the block scale multiplies a 16-element or a word's partial sum.
-# A folding sequence loads its whole FP32 S_hi block once (row dots and fold) and folds it by rank-1 updates (open) or
-# by re-running the delta rule over the buffered raw entries (closed).
-
-
-@triton.jit
-def _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask_v, read_hi,
-             K: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
-             BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr):
-    """(S_src^T k, S_src^T q), [BLOCK_V] each, of the state rows `rows` ([BLOCK_V] in [B, HV, V]) in one pass over K:
-    S_src = S_hi (FP32) if read_hi else the packed read copy. k_ptr, q_ptr: the token's k, q [K] (FP32). WORDS: NVFP4
-    codes as whole int32 words (the folding launch's faster read on an H200), else as bytes split by nibble (the
-    reading launch's, BENCHMARKS.md, Decode step)."""
-    sk = tl.zeros([BLOCK_V], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_V], dtype=tl.float32)
-    if read_hi:
-        for c in tl.static_range(0, K, BLOCK_K):
-            ks = c + tl.arange(0, BLOCK_K)
-            s = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=mask_v[:, None] & (ks < K)[None, :], other=0.0)
-            sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
-            sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
-    else:
-        if KIND == NVFP4 and WORDS:  # whole int32 words of 8 codes (`delta.triton_step.nvfp4_partials`)
-            for c in tl.static_range(0, KP, BLOCK_K):
-                ks = c + tl.arange(0, BLOCK_K)
-                pk, pq = nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, tl.load(k_ptr + ks, mask=ks < K, other=0.0),
-                                        tl.load(q_ptr + ks, mask=ks < K, other=0.0), c, KP, BLOCK_K)
-                sk += tl.sum(pk, axis=1)
-                sq += tl.sum(pq, axis=1)
-        elif KIND == NVFP4:  # bytes as [BLOCK_V, scale block, 8]: element 2j low nibble, 2j + 1 high nibble
-            for c in tl.static_range(0, KP, BLOCK_K):
-                blk = c // 16 + tl.arange(0, BLOCK_K // 16)  # [BLOCK_S] scale block
-                col = blk[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_S, 8] byte column
-                m3 = mask_v[:, None, None] & (col < KP // 2)[None, :, :]
-                byte = tl.load(data_ptr + rows[:, None, None] * (KP // 2) + col[None, :, :], mask=m3, other=0).to(tl.int32)
-                x_even, x_odd = e2m1_f16(byte), e2m1_f16_hi(byte)  # [BLOCK_V, BLOCK_S, 8] elements 2j, 2j+1 * 2^-14
-                k_even = tl.load(k_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
-                k_odd = tl.load(k_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
-                q_even = tl.load(q_ptr + 2 * col, mask=2 * col < K, other=0.0)[None, :, :]
-                q_odd = tl.load(q_ptr + 2 * col + 1, mask=2 * col + 1 < K, other=0.0)[None, :, :]
-                m2 = mask_v[:, None] & (blk < KP // 16)[None, :]
-                sc = e4m3_fast(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blk[None, :], mask=m2, other=0))
-                sc = sc * E2M1_F16_SCALE  # [BLOCK_V, BLOCK_S]
-                sk += tl.sum(tl.sum(x_even * k_even + x_odd * k_odd, axis=2) * sc, axis=1)
-                sq += tl.sum(tl.sum(x_even * q_even + x_odd * q_odd, axis=2) * sc, axis=1)
-        else:
-            for c in tl.static_range(0, K, BLOCK_K):
-                ks = c + tl.arange(0, BLOCK_K)
-                m2 = mask_v[:, None] & (ks < K)[None, :]
-                s = decode_elements(tl.load(data_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0), KIND)
-                sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
-                sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
-        sk = scale_rows(sk, gs_ptr, b, bh, rows, mask_v, GROUP)
-        sq = scale_rows(sq, gs_ptr, b, bh, rows, mask_v, GROUP)
-    return sk, sq
+# A folding sequence loads its whole FP32 S_hi block once (row dots and fold) and folds it by adding the decayed
+# buffered u rows times their keys (open, `_fold_open`: one product from 16 entries, rank-1 updates below) or by
+# re-running the delta rule over the buffered raw entries (closed).
 
 
 @triton.jit
@@ -191,17 +139,22 @@ def _delta(s, k, v, g, beta):
 
 
 @triton.jit
-def _fold_open(s, a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask,
-               K: tl.constexpr, V: tl.constexpr):
-    """s + sum_{i < count} a_i k_i u_i^T as rank-1 updates of the state rows s [BLOCK_V, BK]; row0 = b * CAP."""
-    i = 0
-    while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
-        r = row0 + i
-        a_i = tl.sum(tl.where(offs_e == i, a, 0.0), axis=0)
-        u_i = tl.load(bu_ptr + (r * HV + hv) * V + offs_v, mask=mask_v, other=0.0)
-        k_i = tl.load(bk_ptr + (r * H + h) * K + ks, mask=kmask, other=0.0)
-        s += (a_i * u_i)[:, None] * k_i[None, :]
-        i += 1
+def _fold_open(s, bu, bk, a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask,
+               K: tl.constexpr, V: tl.constexpr, BLOCK_E: tl.constexpr):
+    """s + sum_{i < count} a_i u_i k_i^T of the state rows s [BLOCK_V, BK]: from 16 entries one product of the loaded
+    buffered rows bu [BLOCK_E, BLOCK_V] and keys bk [BLOCK_E, BK] (tl.dot in FP32 FMAs), below as rank-1 updates
+    (short windows: a padded product measured slower at window 1); row0 = b * CAP."""
+    if BLOCK_E >= 16:
+        s += dot(tl.trans(bu * a[:, None]), bk, "ieee")
+    else:
+        i = 0
+        while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
+            r = row0 + i
+            a_i = tl.sum(tl.where(offs_e == i, a, 0.0), axis=0)
+            u_i = tl.load(bu_ptr + (r * HV + hv) * V + offs_v, mask=mask_v, other=0.0)
+            k_i = tl.load(bk_ptr + (r * H + h) * K + ks, mask=kmask, other=0.0)
+            s += (a_i * u_i)[:, None] * k_i[None, :]
+            i += 1
     return s
 
 
@@ -230,7 +183,7 @@ def _replay_step_kernel(
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
-    CLOSED: tl.constexpr, BUF: tl.constexpr,
+    CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -282,12 +235,12 @@ def _replay_step_kernel(
         if folding:  # the whole FP32 S_hi block, read once for the row dots (where the token reads it) and the fold
             m2 = mask_v[:, None] & kmask[None, :]
             s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK]
-            if read_hi:
+            if read_hi | SHARED:  # shared: the read copy holds S_hi's values
                 sk = tl.sum(s_hi * kj[None, :], axis=1)
                 sq = tl.sum(s_hi * qj[None, :], axis=1)
             else:
-                sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
+                sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
+                                 read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
             if CLOSED:
@@ -298,15 +251,15 @@ def _replay_step_kernel(
                     o = tl.sum(s * qj[None, :], axis=1)
             else:
                 # the fold takes the token's u as buffered (rounded to the buffer dtype)
-                s = _fold_open(d * s_hi + round_buffered(u, BUF)[:, None] * kj[None, :], a, offs_e, row0, count, bk_ptr,
-                               bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask, K, V)
+                s = _fold_open(d * s_hi + round_buffered(u, BUF)[:, None] * kj[None, :], bu, bk, a, offs_e, row0, count,
+                               bk_ptr, bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask, K, V, BLOCK_E)
             tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
         else:
             sk = tl.zeros([BLOCK_V], dtype=tl.float32)
             sq = tl.zeros([BLOCK_V], dtype=tl.float32)
             if do_read:
-                sk, sq = _rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                  read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
+                sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
+                                 read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
         tl.store(u_ptr + rows, u, mask=mask_v)
@@ -317,10 +270,10 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
     """BLOCK_V, BLOCK_K (a multiple of 16), TILES (v blocks per program) and num_warps of `_replay_step_kernel`
     (tuned by benchmarks/kernel_speed.py)."""
     if batch * heads < 4096:
-        block_v = min(16, triton.next_power_of_2(dv))
+        block_v = 16  # at least 16: the open fold's buffer sum is a tl.dot (`_fold_open`)
         return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}
     # many sequences: the H200 sweep's best FP32-read launch at K = V = 128, batch 256 (BENCHMARKS.md)
-    block_v = min(32, triton.next_power_of_2(dv))
+    block_v = min(32, max(16, triton.next_power_of_2(dv)))
     block_k = min(64, max(16, triton.next_power_of_2(dk)))
     return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": min(4, triton.cdiv(dv, block_v)), "num_warps": 4}
 
@@ -329,8 +282,8 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tupl
     return batch, heads, triton.cdiv(triton.cdiv(dv, block_v), tiles)
 
 
-def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, groups,
-                       eps, buf_kind):
+def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, shared,
+                       groups, eps, buf_kind):
     """Launch `_replay_step_kernel`: one token per sequence after count[b] committed buffer entries, into the given
     tensors, with no allocation and no host sync (the launch of the eager step, `delta.triton_step.decode_step`, and of
     the static step, `kernels.static_step`). folds: the step variant, "none", "some" or "all" rows fold
@@ -344,6 +297,8 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
     the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
     them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
+    shared: one stored copy (the read copy holds S_hi's values), so a folding row takes its row dots from the S_hi
+    block it loads for the fold instead of reading the read copy too.
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
@@ -359,7 +314,8 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
             hi, data, scales, gs, u, o, out,
             nv, groups, cap, float(eps or 0.0),
             K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
-            FOLD=fold_path, SPLIT=split, CLOSED=closed, BUF=buf_kind, BLOCK_E=max(2, triton.next_power_of_2(cap)),
+            FOLD=fold_path, SPLIT=split, CLOSED=closed, SHARED=shared, BUF=buf_kind,
+            BLOCK_E=max(2, triton.next_power_of_2(cap)),
             **cfg,
         )
 
