@@ -372,6 +372,26 @@ def test_decode_step_triton(fam, text, exact, phased, device):
     assert torch.equal(fmt.decode(state.lo_packed), state.lo), "lo_packed must decode to the stored read copy"
 
 
+@pytest.mark.parametrize("fam, text", cases({"gdn": ["fp32/fp32@16", "shared:fp32@16#buf=bf16"],
+                                              "kda": ["fp32/fp32@16"]}))
+def test_decode_step_full_window(fam, text, device):
+    """A whole window of 16 entries through the single-token kernels (GDN's open fold then adds its buffered rows as
+    one product, below 16 as rank-1 updates; KDA's always as one product), from sequences at different phases so a
+    launch has folding and reading rows: == decode_reference to FP32 accuracy over 18 tokens (FP32 copies)."""
+    mod = FAMILIES[fam]
+    cfg = ReplayConfig.parse(text)
+    inputs = delta_inputs(fam, batch=2, seqlen=19, dtype=torch.float32, device=device, **AWKWARD[fam])
+    start = phased_start(fam, inputs, cfg, warmup=(0, 3), dtype=torch.float32)
+    o_ref, st_ref = mod.decode_reference(*cut(inputs, 0, 18), start, cfg)
+    state, outs = start, []
+    for n in range(18):
+        o, state = mod.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+        outs.append(o)
+    assert_close("o", o_ref, torch.cat(outs, 1), 1e-5)
+    assert_close("S_hi", st_ref.hi, state.hi, 1e-5)
+    assert torch.equal(st_ref.checkpoint, state.checkpoint) and int(state.checkpoint.min()) >= 1
+
+
 @FAM
 def test_verify_triton(fam, device):
     """Speculative verification kernel == the reference's output-only verification, per sequence."""
