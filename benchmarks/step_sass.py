@@ -1,8 +1,10 @@
 """Static profile of the decode step kernels for an H100/H200 (sm_90), without a GPU: registers, stack (spills),
-shared memory and the SASS instruction mix of each family's non-flush `_replay_step_kernel`.
+shared memory and the SASS instruction mix of each family's non-flush `_replay_step_kernel`, or with --fold of the
+delta-rule families' flush (KDA's `_replay_fold_kernel`, GDN's step kernel with FOLD; open fold).
 
     python benchmarks/step_sass.py                                   # every family, FP32 and NVFP4 reads
     python benchmarks/step_sass.py --families kda --launch BLOCK_V=64,BLOCK_K=32,num_warps=4
+    python benchmarks/step_sass.py --fold --families kda --launch BLOCK_V=32,num_warps=4 --launch BLOCK_V=64,num_warps=4
     python benchmarks/step_sass.py --root /path/to/other/checkout     # the kernels of another checkout
 
 Geometries as benchmarks/kernel_speed.py (Mamba-2 P = 80, N = 128; GDN and KDA K = V = 128), 16 buffer entries,
@@ -35,11 +37,13 @@ PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_p
 OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "HADD2", "MUFU", "LOP3", "SHF", "IMAD", "IADD3")
 
 
-def default_launch(module, family: str, kind: int) -> dict:
-    """The checkout's own launch config of the step kernel at batch 256 (its `step_launch_config`)."""
+def default_launch(module, family: str, kind: int, fold: bool) -> dict:
+    """The checkout's own launch config of the profiled kernel at batch 256 (its `step_launch_config`, or for KDA's
+    fold its `fold_launch_config`)."""
     values = dict(batch=256, heads=96 if family == "mamba2" else 32, head_dim=80, dk=128, dv=128, read=kind, kind=kind,
                   folds=False)
-    return module.step_launch_config(**{p: values[p] for p in inspect.signature(module.step_launch_config).parameters})
+    config = module.fold_launch_config if fold and hasattr(module, "fold_launch_config") else module.step_launch_config
+    return config(**{p: values[p] for p in inspect.signature(config).parameters})
 
 
 def profile(kernel, constexprs: dict, warps: int, tools: Path) -> tuple[dict, collections.Counter]:
@@ -76,7 +80,10 @@ def main(argv=None):
     ap.add_argument("--reads", default="fp32,nvfp4", help="read copies: fp32 (as shared:fp32), nvfp4 (per-head scales)")
     ap.add_argument("--launch", action="append", default=[],
                     help="a launch config NAME=VALUE,... (repeatable; default: the checkout's step_launch_config)")
+    ap.add_argument("--fold", action="store_true", help="the flush's kernel (GDN and KDA; the FP32 read as shared)")
     args = ap.parse_args(argv)
+    if args.fold and "mamba2" in args.families.split(","):
+        ap.error("--fold profiles the delta-rule families' flush: --families gdn,kda")
     sys.path.insert(0, args.root)
     import triton
     from replayssm_eval.formats.codec import Group, Kind
@@ -91,11 +98,14 @@ def main(argv=None):
         launches = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in text.split(",")) for text in args.launch]
         for read in args.reads.split(","):
             kind, group = reads[read]
-            for launch in launches or [default_launch(module, family, kind)]:
+            kernel = module._replay_fold_kernel if args.fold and hasattr(module, "_replay_fold_kernel") \
+                else module._replay_step_kernel
+            for launch in launches or [default_launch(module, family, kind, args.fold)]:
                 launch = dict(launch)
                 warps = launch.pop("num_warps", 4)
-                constexprs = {**SIZES, **launch, "KIND": kind, "READ": kind, "GROUP": group}
-                res, ops = profile(module._replay_step_kernel, constexprs, warps, tools)
+                constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, **launch, "KIND": kind, "READ": kind,
+                              "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32"}
+                res, ops = profile(kernel, constexprs, warps, tools)
                 block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
                 per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)
                 name = " ".join(f"{k}={v}" for k, v in launch.items())
