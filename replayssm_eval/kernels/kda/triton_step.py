@@ -13,8 +13,8 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
    `_replay_fold_kernel` (the S_hi rows, the same row dots, and the FP32 fold: open, d S_hi plus the buffered u rows
    times their decayed keys as one product; closed, the delta rule re-run over the buffered raw entries), which the
    host rounds to both copies. A head's terms computed once, not in each of its programs, leave the rows a stream
-   (BENCHMARKS.md, Decode step); `step_launch_config` and `fold_launch_config` give the block
-   sizes (benchmarks/kernel_speed.py sweeps them).
+   (BENCHMARKS.md, Decode step); `step_launch_config` and `fold_launch_config` give the block sizes
+   (benchmarks/kernel_speed.py sweeps them).
 2. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
    `kda.verify` is it in the `KernelFamily` call convention.
