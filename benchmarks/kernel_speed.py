@@ -608,6 +608,16 @@ def _bw(row, ms, nbytes, copy_gbps, state_bytes):
         row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
 
 
+def step_bytes(fam, batch: int, config: str, flush: bool) -> tuple[int, int]:
+    """(bytes a ReplaySSM step of `config` must move, the state copies' share of them): a non-flush step reads the
+    read copy and MID + 1 entries; the flush reads S_hi and WINDOW entries and writes the fold."""
+    if flush:
+        state = batch * 2 * fam.state_elems() * F32
+        return state + batch * fam.token_bytes(WINDOW), state
+    read = read_copy_bytes(fam, batch, config)
+    return read + batch * fam.token_bytes(MID + 1), read
+
+
 def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: bool):
     S32 = fam.state_elems() * F32
     name = fam.name
@@ -648,12 +658,12 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
         for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
             def nonflush(row, batch=batch, config=config):
                 launch, _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
-                read = read_copy_bytes(fam, batch, config)
                 kernel = getattr(launch, "kernel", "")
                 if kernel == "_replay_step_kernel":
                     launch, kernel = _tuned(fam, launch, tuned.get(("non-flush", config)), batch, fam.step_variant,
                                             fam.step_keys)
-                _bw(row, timer.kernel_ms(launch), read + batch * fam.token_bytes(MID + 1), copy_gbps, read)
+                nbytes, read = step_bytes(fam, batch, config, False)
+                _bw(row, timer.kernel_ms(launch), nbytes, copy_gbps, read)
                 if kernel:
                     row["note"] = f"{row['note']}; {kernel}"
             res.add(dict(section="decode", family=name, name=f"non-flush {label} read", batch=batch, config=config,
@@ -665,7 +675,8 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
                 if kernel == "_replay_fold_kernel" and hasattr(fam, "fold_variants"):
                     launch, kernel = _tuned(fam, launch, tuned.get(("flush", config)), batch, fam.fold_variant,
                                             fam.fold_keys)
-                _bw(row, timer.kernel_ms(launch), batch * (2 * S32 + fam.token_bytes(WINDOW)), copy_gbps, st_bytes)
+                nbytes, state = step_bytes(fam, batch, config, True)
+                _bw(row, timer.kernel_ms(launch), nbytes, copy_gbps, state)
                 if kernel:
                     row["note"] = f"{row['note']}; {kernel}"
                 if label == "nvfp4":  # the torch pass that rounds the fold to both copies and packs the read copy
@@ -700,7 +711,6 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
     config} where it is not the default; the decode rows use it where batch x heads >= 4096."""
     best = {}
     s0 = fam.fp32_state(batch)
-    s32 = fam.state_elems() * F32
     phases = [("non-flush", MID, "_replay_step_kernel", fam.step_variants, fam.step_variant, fam.step_keys)]
     if hasattr(fam, "fold_variants"):
         phases.append(("flush", WINDOW - 1, "_replay_fold_kernel", fam.fold_variants, fam.fold_variant, fam.fold_keys))
@@ -717,9 +727,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
                         capture)
             if r.get("error") or holder["launch"].kernel != kernel:
                 continue
-            read = read_copy_bytes(fam, batch, config)
-            nbytes = read + batch * fam.token_bytes(MID + 1) if phase == "non-flush" else \
-                batch * (2 * s32 + fam.token_bytes(WINDOW))
+            nbytes, state = step_bytes(fam, batch, config, phase == "flush")
             default = {k: holder["launch"].launch[2][k] for k in keys}
             found = None
             for cfg in [default] + [c for c in variants() if c != default]:
@@ -729,8 +737,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
                     break
 
                 def run(row, cfg=cfg):
-                    _bw(row, timer.kernel_ms(variant(holder["launch"], cfg)), nbytes, copy_gbps,
-                        read if phase == "non-flush" else batch * 2 * s32)
+                    _bw(row, timer.kernel_ms(variant(holder["launch"], cfg)), nbytes, copy_gbps, state)
                 name = f"{phase} {label} {_short(cfg)}{' (default)' if cfg is default else ''}"
                 r = res.add(dict(section="tune", family=fam.name, batch=batch, name=name), run)
                 if r.get("ms") is not None and (found is None or r["ms"] < found[1]):
