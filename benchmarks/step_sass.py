@@ -37,11 +37,11 @@ PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_p
 OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "HADD2", "MUFU", "LOP3", "SHF", "IMAD", "IADD3")
 
 
-def default_launch(module, family: str, kind: int, fold: bool) -> dict:
-    """The checkout's own launch config of the profiled kernel at batch 256 (its `step_launch_config`, or for KDA's
-    fold its `fold_launch_config`)."""
+def default_launch(module, family: str, kind: int, fold: bool, columns: bool) -> dict:
+    """The checkout's own launch config of the profiled kernel at batch 256 (its `step_launch_config`, for GDN's fold
+    of an FP32 read the folding launch's by columns, or for KDA's fold its `fold_launch_config`)."""
     values = dict(batch=256, heads=96 if family == "mamba2" else 32, head_dim=80, dk=128, dv=128, read=kind, kind=kind,
-                  folds=False)
+                  folds=False, columns=columns)
     config = module.fold_launch_config if fold and hasattr(module, "fold_launch_config") else module.step_launch_config
     return config(**{p: values[p] for p in inspect.signature(config).parameters})
 
@@ -100,11 +100,13 @@ def main(argv=None):
             kind, group = reads[read]
             kernel = module._replay_fold_kernel if args.fold and hasattr(module, "_replay_fold_kernel") \
                 else module._replay_step_kernel
-            for launch in launches or [default_launch(module, family, kind, args.fold)]:
+            columns = args.fold and read == "fp32"  # GDN's fold by columns (`gdn.triton_step.fold_columns`)
+            for launch in launches or [default_launch(module, family, kind, args.fold, columns)]:
                 launch = dict(launch)
                 warps = launch.pop("num_warps", 4)
                 constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, **launch, "KIND": kind, "READ": kind,
-                              "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32"}
+                              "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32",
+                              "COLUMNS": columns}
                 res, ops = profile(kernel, constexprs, warps, tools)
                 block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
                 per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)

@@ -110,15 +110,19 @@ def cases() -> list:
                                             "LO_GROUP": none, "LO_AXIS": 1}, GDN_FLAGS),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False)),
+        # an FP32 read's open fold by columns (`fold_columns`)
+        (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=fp32, GROUP=none, SKIP=False,
+                                       FOLD=True, SPLIT=False, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
+                                       BLOCK_K=32, TILES=1, COLUMNS=True)),
         # a short window's open fold: the buffer sum as a broadcast
         (gdn_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, BK=128, KIND=fp8, GROUP=row, SKIP=False,
                                        FOLD=True, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=4, BLOCK_V=16,
-                                       BLOCK_K=32, TILES=1)),
+                                       BLOCK_K=32, TILES=1, COLUMNS=False)),
         # a reading launch: NVFP4 as bytes (a folding one: as whole words)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=row, SKIP=False,
                                        FOLD=False, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False)),
         (kda_step_module._head_terms_kernel, dict(K=128, BK=128, BLOCK_E=16, SKIP=True, KEYS=True)),
         (kda_step_module._head_terms_kernel, dict(K=100, BK=128, BLOCK_E=16, SKIP=False, KEYS=False)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=head, SKIP=True,

@@ -20,6 +20,7 @@ from replayssm_eval.kernels import head_exchange
 from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta import triton_step as shared_step
 from replayssm_eval.kernels.delta._common import to_format_layout
+from replayssm_eval.kernels.gdn import triton_step as gdn_step
 from replayssm_eval.kernels.kda import triton_step as kda_step
 from replayssm_eval.kernels.delta.reference import verify_drafts
 from replayssm_eval.replay.keys import sr_keys
@@ -372,13 +373,18 @@ def test_decode_step_triton(fam, text, exact, phased, device):
     assert torch.equal(fmt.decode(state.lo_packed), state.lo), "lo_packed must decode to the stored read copy"
 
 
-@pytest.mark.parametrize("fam, text", cases({"gdn": ["fp32/fp32@16", "shared:fp32@16#buf=bf16"],
-                                              "kda": ["fp32/fp32@16"]}))
-def test_decode_step_full_window(fam, text, device):
+@pytest.mark.parametrize("fam, text, launch", cases({
+    "gdn": [("fp32/fp32@16", None), ("shared:fp32@16#buf=bf16", None),
+            ("shared:fp32@16", {"BLOCK_V": 16, "BLOCK_K": 16, "TILES": 2, "num_warps": 4})],
+    "kda": [("fp32/fp32@16", None)]}))
+def test_decode_step_full_window(fam, text, launch, device, monkeypatch):
     """A whole window of 16 entries through the single-token kernels (GDN's open fold then adds its buffered rows as
-    one product, below 16 as rank-1 updates; KDA's always as one product), from sequences at different phases so a
-    launch has folding and reading rows: == decode_reference to FP32 accuracy over 18 tokens (FP32 copies)."""
+    one product, below 16 as rank-1 updates, from an FP32 read copy column by column: `fold_columns`, in two passes
+    of 16 at launch; KDA's always as one product, by columns), from sequences at different phases so a launch has
+    folding and reading rows: == decode_reference to FP32 accuracy over 18 tokens (FP32 copies)."""
     mod = FAMILIES[fam]
+    if launch is not None:
+        monkeypatch.setattr(gdn_step, "step_launch_config", lambda *a: launch)
     cfg = ReplayConfig.parse(text)
     inputs = delta_inputs(fam, batch=2, seqlen=19, dtype=torch.float32, device=device, **AWKWARD[fam])
     start = phased_start(fam, inputs, cfg, warmup=(0, 3), dtype=torch.float32)

@@ -201,6 +201,14 @@ def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device)
     _run("kda", config, *_kda(config, device, **dims), phased)
 
 
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("config", ["nvfp4/fp16sr@4", "int8/int16sr:scale=head@3", "shared:nvfp4:scale=row@4"])
+def test_heads_of_several_programs_equal_decode_step_triton(family, config, device):
+    """Heads of 40 v rows, folded by three programs of 16 rows each: a head scale's amax spans the programs' folds."""
+    setup = {"gdn": _gdn, "kda": _kda}[family]
+    _run(family, config, *setup(config, device, b=3, h=1, hv=2, k=16, v=40))
+
+
 AWKWARD = {"mamba2": (_mamba2, dict(b=5, h=3, p=7, g=1, n=12)), "gdn": (_gdn, dict(b=5, h=1, hv=3, k=12, v=7)),
            "kda": (_kda, dict(b=5, h=1, hv=3, k=12, v=7))}
 

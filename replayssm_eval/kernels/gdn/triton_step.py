@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats.codec import Kind
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, read_args, rowdots,
 )
@@ -128,7 +129,9 @@ def _step(src_hi, packed, read_fmt, buffer, count, new, width, read_hi, groups, 
 # an H200), and the block scale multiplies a 16-element or a word's partial sum.
 # A folding sequence loads its whole FP32 S_hi block once (row dots and fold) and folds it by adding the decayed
 # buffered u rows times their keys (open, `_fold_open`: one product from 16 entries, rank-1 updates below) or by
-# re-running the delta rule over the buffered raw entries (closed).
+# re-running the delta rule over the buffered raw entries (closed). Where the whole block and an FP32 read's row dots
+# overflow the registers (`fold_columns`: an open fold of 16 entries or more from an FP32 read copy, S_hi's included),
+# it takes its row dots as a reading sequence does and folds BLOCK_K columns at a time instead (`_fold_open_columns`).
 
 
 @triton.jit
@@ -141,9 +144,9 @@ def _delta(s, k, v, g, beta):
 @triton.jit
 def _fold_open(s, bu, bk, a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask,
                K: tl.constexpr, V: tl.constexpr, BLOCK_E: tl.constexpr):
-    """s + sum_{i < count} a_i u_i k_i^T of the state rows s [BLOCK_V, BK]: from 16 entries one product of the loaded
-    buffered rows bu [BLOCK_E, BLOCK_V] and keys bk [BLOCK_E, BK] (tl.dot in FP32 FMAs), below as rank-1 updates
-    (short windows: a padded product measured slower at window 1); row0 = b * CAP."""
+    """s + sum_{i < count} a_i u_i k_i^T of the state rows s [BLOCK_V, columns ks]: from 16 entries one product of the
+    loaded buffered rows bu [BLOCK_E, BLOCK_V] and keys bk [BLOCK_E, columns ks] (tl.dot in FP32 FMAs), below as rank-1
+    updates (short windows: a padded product measured slower at window 1); row0 = b * CAP."""
     if BLOCK_E >= 16:
         s += dot(tl.trans(bu * a[:, None]), bk, "ieee")
     else:
@@ -156,6 +159,27 @@ def _fold_open(s, bu, bk, a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H, HV, 
             s += (a_i * u_i)[:, None] * k_i[None, :]
             i += 1
     return s
+
+
+@triton.jit
+def _fold_open_columns(hi_ptr, out_ptr, kj_ptr, d, ub, bu, a, offs_e, mask_e, row0, count, bk_ptr, bu_ptr, h, hv, H,
+                       HV, rows, offs_v, mask_v, K: tl.constexpr, V: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """Store the open fold d S_hi + ub k_j^T + sum_i a_i u_i k_i^T of the state rows `rows` [BLOCK_V] into out, BLOCK_K
+    columns at a time: a column's fold needs only that column of S_hi and of the keys, so no whole [BLOCK_V, K] block
+    (nor its product's operands) is live at once. ub: the token's u as buffered; bu [BLOCK_E, BLOCK_V]: the loaded
+    buffered rows; kj_ptr: the token's k."""
+    for c in tl.static_range(0, K, BLOCK_K):
+        ks = c + tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        m2 = mask_v[:, None] & kmask[None, :]
+        s = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BLOCK_K]
+        kj = tl.load(kj_ptr + ks, mask=kmask, other=0.0)
+        bk = tl.load(bk_ptr + ((row0 + offs_e)[:, None] * H + h) * K + ks[None, :],
+                     mask=mask_e[:, None] & kmask[None, :], other=0.0)  # [BLOCK_E, BLOCK_K]
+        s = _fold_open(d * s + ub[:, None] * kj[None, :], bu, bk, a, offs_e, row0, count, bk_ptr, bu_ptr, h, hv, H, HV,
+                       offs_v, mask_v, ks, kmask, K, V, BLOCK_E)
+        tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
 
 
 @triton.jit
@@ -184,7 +208,7 @@ def _replay_step_kernel(
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
     CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr, COLUMNS: tl.constexpr,
 ):
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, FOLD, SPLIT):  # some rows fold: the other launch takes this row
@@ -232,7 +256,7 @@ def _replay_step_kernel(
         vj = tl.load(v_ptr + bh * V + offs_v, mask=mask_v, other=0.0)
         pk = tl.sum(bu * wk[:, None], axis=0)  # [BLOCK_V] alpha_j P^T k_j
         pq = tl.sum(bu * wq[:, None], axis=0)  # [BLOCK_V] alpha_j P^T q_j
-        if folding:  # the whole FP32 S_hi block, read once for the row dots (where the token reads it) and the fold
+        if folding and not COLUMNS:  # the whole FP32 S_hi block, read once for the row dots (where read) and the fold
             m2 = mask_v[:, None] & kmask[None, :]
             s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK]
             if read_hi | SHARED:  # shared: the read copy holds S_hi's values
@@ -254,6 +278,14 @@ def _replay_step_kernel(
                 s = _fold_open(d * s_hi + round_buffered(u, BUF)[:, None] * kj[None, :], bu, bk, a, offs_e, row0, count,
                                bk_ptr, bu_ptr, h, hv, H, HV, offs_v, mask_v, ks, kmask, K, V, BLOCK_E)
             tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
+        elif folding:  # COLUMNS, an open fold: the row dots as a reading row takes them, then the fold by columns
+            sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
+                             read_hi | SHARED, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)  # shared: S_hi's values
+            u = beta * (vj - d * sk - pk)
+            o = d * sq + pq + qk * u
+            # the fold takes the token's u as buffered (rounded to the buffer dtype)
+            _fold_open_columns(hi_ptr, out_ptr, k_ptr + tok, d, round_buffered(u, BUF), bu, a, offs_e, mask_e, row0,
+                               count, bk_ptr, bu_ptr, h, hv, H, HV, rows, offs_v, mask_v, K, V, BLOCK_E, BLOCK_K)
         else:
             sk = tl.zeros([BLOCK_V], dtype=tl.float32)
             sq = tl.zeros([BLOCK_V], dtype=tl.float32)
@@ -266,14 +298,24 @@ def _replay_step_kernel(
         tl.store(o_ptr + rows, o, mask=mask_v)
 
 
-def step_launch_config(batch: int, heads: int, dk: int, dv: int) -> dict:
-    """BLOCK_V, BLOCK_K (a multiple of 16), TILES (v blocks per program) and num_warps of `_replay_step_kernel`
-    (tuned by benchmarks/kernel_speed.py)."""
+def fold_columns(kind: int, closed: bool, cap: int) -> bool:
+    """Whether a folding launch folds by columns (COLUMNS): an open fold of a window of 16 entries or more (its buffer
+    sum a product) from an FP32 read copy (or S_hi itself), whose whole-block fold spills on an H200 (255 registers and
+    96 bytes of stack at K = V = 128; by columns 138 registers: BENCHMARKS.md, Decode step)."""
+    return kind == int(Kind.FP32) and not closed and cap >= 16
+
+
+def step_launch_config(batch: int, heads: int, dk: int, dv: int, columns: bool = False) -> dict:
+    """BLOCK_V, BLOCK_K (a multiple of 16: the columns of a pass over K, the read's and a fold's by columns), TILES (v
+    blocks per program) and num_warps of `_replay_step_kernel`; columns: of a folding launch that folds by columns
+    (`fold_columns`). benchmarks/kernel_speed.py tunes the reading launch."""
     if batch * heads < 4096:
         block_v = 16  # at least 16: the open fold's buffer sum is a tl.dot (`_fold_open`)
         return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}
-    # many sequences: the H200 sweep's best FP32-read launch at K = V = 128, batch 256 (BENCHMARKS.md)
     block_v = min(32, max(16, triton.next_power_of_2(dv)))
+    if columns:  # one tile of 32-column passes: 138 registers at K = V = 128 (four tiles: 236)
+        return {"BLOCK_V": block_v, "BLOCK_K": min(32, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}
+    # many sequences: the H200 sweep's best FP32-read launch at K = V = 128, batch 256 (BENCHMARKS.md)
     block_k = min(64, max(16, triton.next_power_of_2(dk)))
     return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": min(4, triton.cdiv(dv, block_v)), "num_warps": 4}
 
@@ -304,18 +346,19 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     dk = new["k"].shape[-1]
     cap = buffer["k"].shape[1]
     kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
-    cfg = step_launch_config(bsz, nv, dk, dv)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
     read_hi, fold, count = read_hi.contiguous(), fold.contiguous(), count.contiguous()
     for fold_path, split in step_launches(folds):
+        columns = fold_path and fold_columns(kind, closed, cap)
+        cfg = step_launch_config(bsz, nv, dk, dv, columns)
         _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
             *token, *entries, count, read_hi, fold,
             hi, data, scales, gs, u, o, out,
             nv, groups, cap, float(eps or 0.0),
             K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
             FOLD=fold_path, SPLIT=split, CLOSED=closed, SHARED=shared, BUF=buf_kind,
-            BLOCK_E=max(2, triton.next_power_of_2(cap)),
+            BLOCK_E=max(2, triton.next_power_of_2(cap)), COLUMNS=columns,
             **cfg,
         )
 

@@ -10,8 +10,9 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
    a_i k_i (`head_terms`: a small workspace). Then per (sequence, value head, block of BLOCK_V stored rows) the rows
    only stream: for the sequences that do not fold `_replay_step_kernel` (the row dots S_src^T (d k_j), S_src^T (d q_j)
    of the read copy decoded in registers, `delta.triton_step.rowdots`, and the buffer's u rows), for those that fold
-   `_replay_fold_kernel` (the S_hi rows, the same row dots, and the FP32 fold: open, d S_hi plus the buffered u rows
-   times their decayed keys as one product; closed, the delta rule re-run over the buffered raw entries), which the
+   `_replay_fold_kernel` (the same row dots, S_hi's where the row reads it, and the FP32 fold: open, d S_hi plus the
+   buffered u rows times their decayed keys as one product, BLOCK_K columns at a time, since a column's fold needs
+   only that column; closed, the whole S_hi rows and the delta rule re-run over the buffered raw entries), which the
    host rounds to both copies. A head's terms computed once, not in each of its programs, leave the rows a stream
    (BENCHMARKS.md, Decode step); `step_launch_config` and `fold_launch_config` give the block sizes
    (benchmarks/kernel_speed.py sweeps them).
@@ -167,20 +168,24 @@ def _replay_fold_kernel(
     ks = tl.arange(0, BK)
     kmask = ks < K
     m2 = mask_v[:, None] & kmask[None, :]
-    s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK] rows of S_hi^T
     t = _head_row(terms_ptr, bh, K, BLOCK_E)
     read_hi = tl.load(rhi_ptr + b) != 0
-    if read_hi | SHARED:  # shared: the read copy holds S_hi's values
-        sk = tl.sum(s_hi * tl.load(t + ks, mask=kmask, other=0.0)[None, :], axis=1)
-        sq = tl.sum(s_hi * tl.load(t + K + ks, mask=kmask, other=0.0)[None, :], axis=1)
-    else:
-        sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, t, t + K, b, bh, rows, mask_v, read_hi,
+    if CLOSED:  # the whole FP32 S_hi block, read once for the row dots (where read) and the fold
+        s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK] rows of S_hi^T
+        if read_hi | SHARED:  # shared: the read copy holds S_hi's values
+            sk = tl.sum(s_hi * tl.load(t + ks, mask=kmask, other=0.0)[None, :], axis=1)
+            sq = tl.sum(s_hi * tl.load(t + K + ks, mask=kmask, other=0.0)[None, :], axis=1)
+        else:
+            sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, t, t + K, b, bh, rows, mask_v, read_hi,
+                             K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, True)
+    else:  # open: the row dots as a reading step takes them (shared: S_hi's values), the fold column by column
+        sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, t, t + K, b, bh, rows, mask_v, read_hi | SHARED,
                          K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, True)
     count = tl.load(count_ptr + b)
     u, o, bu = _buffer_terms(terms_ptr, bu_ptr, v_ptr, beta_ptr, count, b, bh, hv, offs_v, mask_v, sk, sq, CAP, HV,
                              K, V, BLOCK_E)
-    kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)  # [BK]
     if CLOSED:  # the delta rule re-run over the buffered raw entries
+        kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)  # [BK]
         s = tl.load(t + 3 * K + 2 * BLOCK_E + 1) * s_hi
         i = 0
         while i < count:  # a while loop: the interpreter cannot take range() of a runtime scalar
@@ -196,13 +201,21 @@ def _replay_fold_kernel(
         s += (tl.load(beta_ptr + bh) * (vj - tl.sum(s * kj[None, :], axis=1)))[:, None] * kj[None, :]
         if read_hi:  # the fold token's output comes from the closed-fold state
             o = tl.sum(s * tl.load(q_ptr + tok + ks, mask=kmask, other=0.0)[None, :], axis=1)
+        tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
     else:
-        # d S_hi + sum_i u_i (a_i k_i)^T + u_j k_j^T, the token's u as buffered (rounded to the buffer dtype)
-        keys = tl.load(keys_ptr + (bh * BLOCK_E + tl.arange(0, BLOCK_E)[:, None]) * K + ks[None, :],
-                       mask=kmask[None, :], other=0.0)  # [BLOCK_E, BK] (zero past count)
-        s = tl.load(t + 2 * K + ks, mask=kmask, other=0.0)[None, :] * s_hi \
-            + dot(tl.trans(bu), keys, "ieee") + round_buffered(u, BUF)[:, None] * kj[None, :]
-    tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
+        # d S_hi + sum_i u_i (a_i k_i)^T + u_j k_j^T, the token's u as buffered (rounded to the buffer dtype), BLOCK_K
+        # columns at a time: a column's fold needs only that column, so no whole [BLOCK_V, K] block is live at once
+        ub = round_buffered(u, BUF)
+        for c in tl.static_range(0, K, BLOCK_K):
+            kc = c + tl.arange(0, BLOCK_K)
+            mc = kc < K
+            m2 = mask_v[:, None] & mc[None, :]
+            s_hi = tl.load(hi_ptr + rows[:, None] * K + kc[None, :], mask=m2, other=0.0)  # [BLOCK_V, BLOCK_K]
+            keys = tl.load(keys_ptr + (bh * BLOCK_E + tl.arange(0, BLOCK_E)[:, None]) * K + kc[None, :],
+                           mask=mc[None, :], other=0.0)  # [BLOCK_E, BLOCK_K] (zero past count)
+            s = tl.load(t + 2 * K + kc, mask=mc, other=0.0)[None, :] * s_hi + dot(tl.trans(bu), keys, "ieee") \
+                + ub[:, None] * tl.load(k_ptr + tok + kc, mask=mc, other=0.0)[None, :]
+            tl.store(out_ptr + rows[:, None] * K + kc[None, :], s, mask=m2)
     tl.store(u_ptr + rows, u, mask=mask_v)
     tl.store(o_ptr + rows, o, mask=mask_v)
 
@@ -227,8 +240,8 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> d
 
 
 def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
-    """BLOCK_V (state rows per program, each the whole of K: at least 16, the rows of the buffer sum's tl.dot),
-    BLOCK_K (the packed read copy's columns per pass) and num_warps of `_replay_fold_kernel`."""
+    """BLOCK_V (state rows per program: at least 16, the rows of the buffer sum's tl.dot), BLOCK_K (the columns of a
+    pass over K: the read copy's row dots, the open fold's columns) and num_warps of `_replay_fold_kernel`."""
     return {"BLOCK_V": 32 if batch * heads >= 4096 else 16, "BLOCK_K": 32, "num_warps": 4}
 
 
