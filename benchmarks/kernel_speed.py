@@ -657,28 +657,12 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
 
         for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
             def nonflush(row, batch=batch, config=config):
-                launch, _ = fam.step_launch(fam.replay_state(s0, config, MID), config)
-                kernel = getattr(launch, "kernel", "")
-                if kernel == "_replay_step_kernel":
-                    launch, kernel = _tuned(fam, launch, tuned.get(("non-flush", config)), batch, fam.step_variant,
-                                            fam.step_keys)
-                nbytes, read = step_bytes(fam, batch, config, False)
-                _bw(row, timer.kernel_ms(launch), nbytes, copy_gbps, read)
-                if kernel:
-                    row["note"] = f"{row['note']}; {kernel}"
+                _time_step(row, timer, fam, s0, config, "non-flush", tuned, batch, copy_gbps)
             res.add(dict(section="decode", family=name, name=f"non-flush {label} read", batch=batch, config=config,
                          note=f"{MID + 1} entries"), nonflush)
 
             def flush(row, batch=batch, config=config, label=label):
-                launch, out = fam.step_launch(fam.replay_state(s0, config, WINDOW - 1), config)
-                kernel = getattr(launch, "kernel", "")
-                if kernel == "_replay_fold_kernel" and hasattr(fam, "fold_variants"):
-                    launch, kernel = _tuned(fam, launch, tuned.get(("flush", config)), batch, fam.fold_variant,
-                                            fam.fold_keys)
-                nbytes, state = step_bytes(fam, batch, config, True)
-                _bw(row, timer.kernel_ms(launch), nbytes, copy_gbps, state)
-                if kernel:
-                    row["note"] = f"{row['note']}; {kernel}"
+                out = _time_step(row, timer, fam, s0, config, "flush", tuned, batch, copy_gbps)
                 if label == "nvfp4":  # the torch pass that rounds the fold to both copies and packs the read copy
                     pack = fam.packing(out[1].hi.contiguous(), config)  # the fold as rounded (fp32 recurrence: exact)
                     ms = timer.kernel_ms(pack)
@@ -691,6 +675,25 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
             torch.cuda.empty_cache()
 
         derive_amortised(res, name, batch, copy_gbps)
+
+
+def _time_step(row, timer: Timer, fam, s0, config: str, phase: str, tuned: dict, batch: int, copy_gbps):
+    """Time the kernel launch of one decode token of `config` from the FP32 state s0 in `phase` ("non-flush": MID
+    committed entries; "flush": WINDOW - 1) into row, with the launch config tuned for it where the sweep has one
+    (`_replay_step_kernel` for a non-flush step, a family's `_replay_fold_kernel` for a flush); returns the step's
+    outputs."""
+    flush = phase == "flush"
+    launch, out = fam.step_launch(fam.replay_state(s0, config, WINDOW - 1 if flush else MID), config)
+    kernel = getattr(launch, "kernel", "")
+    if flush and kernel == "_replay_fold_kernel" and hasattr(fam, "fold_variants"):
+        launch, kernel = _tuned(fam, launch, tuned.get((phase, config)), batch, fam.fold_variant, fam.fold_keys)
+    elif not flush and kernel == "_replay_step_kernel":
+        launch, kernel = _tuned(fam, launch, tuned.get((phase, config)), batch, fam.step_variant, fam.step_keys)
+    nbytes, state = step_bytes(fam, batch, config, flush)
+    _bw(row, timer.kernel_ms(launch), nbytes, copy_gbps, state)
+    if kernel:
+        row["note"] = f"{row['note']}; {kernel}"
+    return out
 
 
 def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:

@@ -100,7 +100,8 @@ def main(argv=None):
             kind, group = reads[read]
             kernel = module._replay_fold_kernel if args.fold and hasattr(module, "_replay_fold_kernel") \
                 else module._replay_step_kernel
-            columns = args.fold and read == "fp32"  # GDN's fold by columns (`gdn.triton_step.fold_columns`)
+            # GDN's fold by columns (its rule at the profiled window of 16 entries, open fold)
+            columns = args.fold and hasattr(module, "fold_columns") and module.fold_columns(kind, False, 16)
             for launch in launches or [default_launch(module, family, kind, args.fold, columns)]:
                 launch = dict(launch)
                 warps = launch.pop("num_warps", 4)

@@ -339,8 +339,9 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
     the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
     them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
-    shared: one stored copy (the read copy holds S_hi's values), so a folding row takes its row dots from the S_hi
-    block it loads for the fold instead of reading the read copy too.
+    shared: one stored copy (the read copy holds S_hi's values), so a folding row takes its row dots from S_hi (the
+    block it loads for the fold, or in BLOCK_K columns where it folds by columns, `fold_columns`) instead of reading
+    the read copy too.
     """
     bsz, nv, dv = new["v"].shape
     dk = new["k"].shape[-1]
