@@ -17,7 +17,8 @@ so that Triton compiles are not timed). Rows:
                   rounding needs a reduction the kernel cannot do (the note says so)
   compare         --compare-outputs: the first segment's output and stored copies against those saved by
                   --save-outputs from another checkout (same seeded inputs)
-  sweep           the triton configs under other launch configs (`chunked_launch_config` of each family), with
+  sweep           the triton configs under other launch configs (`chunked_launch_config` of each family; Mamba-2's
+                  configs that run in phases `triton_phases.phase_launch_config`), with
                   the first segment's output error and the share of stored checkpoint elements that differ
                   from the default launch (tf32x3 products are not bit-identical to FP32 FMAs)
 Geometries as benchmarks/kernel_speed.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B, KDA of Kimi-Linear-48B-A3B.
@@ -43,6 +44,7 @@ from replayssm_eval.formats.codec import tile_codec  # noqa: E402
 from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
+from replayssm_eval.kernels.mamba2 import triton_phases as mamba2_phases  # noqa: E402
 from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 
 CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",
@@ -59,6 +61,8 @@ WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT="ieee", READ_DOT=d, 
                          for w, d in itertools.product((8, 16), PRECISIONS)],
               "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)],
               "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
+# Mamba-2 configs that run in phases (`triton_phases.phased`): warps of the fold programs and of the output programs
+PHASES = [dict(fold_warps=f, output_warps=o) for f, o in itertools.product((2, 4), (2, 4))]
 # where each family's chunked launch reads `chunked_launch_config` (GDN and KDA share the delta rule's)
 LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": delta_triton, "kda": delta_triton}
 
@@ -107,6 +111,20 @@ def whole_head(config: str) -> bool:
     return any(c is not None and c.spans(16) for c in map(tile_codec, (cfg.recur_format, cfg.read_format)))
 
 
+def phased(family: str, config: str) -> bool:
+    """Whether a config runs Mamba-2's phases (its launch: `triton_phases.phase_launch_config`)."""
+    cfg = ReplayConfig.parse(config)
+    codecs = tuple(tile_codec(f) for f in (cfg.recur_format, cfg.read_format))
+    return family == "mamba2" and None not in codecs and mamba2_phases.phased(codecs, cfg.shared)
+
+
+def launches(family: str, config: str) -> list[dict]:
+    """The launch configs the sweep tries for a config."""
+    if phased(family, config):
+        return PHASES
+    return WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]
+
+
 def ours_runner(fam, inputs, config: str, backend: str):
     *data, s0 = inputs
 
@@ -130,8 +148,11 @@ def time_segments(step, s0, tokens: int, segment: int, timer: Timer) -> tuple[fl
     return timer.wall_s(segments), first, note
 
 
-def with_launch(family: str, launch: dict):
-    """Context: the family's chunked kernel launched with `launch` instead of its default config."""
+def with_launch(family: str, config: str, launch: dict):
+    """Context: the family's chunked kernels launched with `launch` instead of their default config."""
+    if phased(family, config):
+        default = mamba2_phases.phase_launch_config
+        return mock.patch.object(mamba2_phases, "phase_launch_config", lambda *args: {**default(*args), **launch})
     return mock.patch.object(LAUNCH_MODULE[family], "chunked_launch_config", lambda *args: dict(launch))
 
 
@@ -195,8 +216,8 @@ def main(argv=None):
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in split_configs(args.sweep) and not note:
-                for launch in WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]:
-                    with with_launch(family, launch):
+                for launch in launches(family, config):
+                    with with_launch(family, config, launch):
                         try:
                             seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, timer)
                             diff = differences(base, first)

@@ -23,7 +23,8 @@ if [[ -n $TESTS ]]; then
   step tests "${TEST_SECONDS:-300}" . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider $TESTS
   step gpu_check_mamba2 150 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
 fi
-speed=(python "$PWD/benchmarks/layer_speed.py" --families "$FAMILIES" --tokens "$TOKENS" --configs "$CONFIGS")
+# each checkout runs its own benchmarks/layer_speed.py
+speed=(python benchmarks/layer_speed.py --families "$FAMILIES" --tokens "$TOKENS" --configs "$CONFIGS")
 step speed_after 200 . "${speed[@]}" --save-outputs "$dir/outputs.pt" --out "$dir/speed_after.json" \
   ${SWEEP:+--sweep "$SWEEP"}
 for prev in $PREVS; do

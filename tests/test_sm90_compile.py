@@ -19,7 +19,7 @@ GDN_FLAGS = {"pre_ptr": "*i32", "fold_ptr": "*i32", "rhi_ptr": "*i32"}  # GDN ch
 ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
     "fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "take_ptr": "*i8", "count_ptr": "*i64", "ck_ptr": "*i64",
     "key_ptr": "*i64", "ckpt_ptr": "*i64", "key_hi_ptr": "*i64", "key_lo_ptr": "*i64", "last_ptr": "*i32",
-    "exch_ptr": "*i32", "ticket_ptr": "*i32",
+    "exch_ptr": "*i32", "ticket_ptr": "*i32", "before_ptr": "*i32",
     "data_ptr": "*u8", "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32",
 }
 
@@ -33,6 +33,7 @@ def cases() -> list:
     from replayssm_eval.kernels.kda import triton_chunk as kda_chunk_module
     from replayssm_eval.kernels.kda import triton_step as kda_step_module
     from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_chunk_module
+    from replayssm_eval.kernels.mamba2 import triton_phases as mamba2_phases
     from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
 
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
@@ -49,8 +50,15 @@ def cases() -> list:
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
-                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PASS=0, PROGRAMS=1,
+                        SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PROGRAMS=1,
                         BLOCK_L=16, BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
+    fold_chain = {k: v for k, v in mamba2_chunk.items() if k.startswith("RECUR") or k in ("SKIP", "DOT", "BLOCK_L",
+                                                                                          "BLOCK_P")}
+    fold_chain.update(READ_ORDER=div, BUF=0, BLOCK_N=32)
+    round_slots = dict(READ=nvfp4, READ_GROUP=head, READ_MAX=1.0, READ_ORDER=div, READ_RANDOM=plain, BLOCK_P=16,
+                       BLOCK_N=128)
+    segment_outputs = {k: v for k, v in mamba2_chunk.items() if k in (
+        "SKIP", "DOT", "READ_DOT", "BLOCK_L", "BLOCK_P", "BLOCK_N", "CHUNK_N")}
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
@@ -142,9 +150,18 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_L": 1, "RECUR": int(Kind.INT16SR),
                                                   "RECUR_GROUP": row, "RECUR_MAX": 32767.0, "SHARED": True}),
-        # a head-scaled read copy over head_dim tiles: the amax pass, then the output pass
-        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 1}),
-        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "READ_GROUP": head, "PASS": 2}),
+        # the phases of a head-scaled read copy: the default (S_hi fp16sr in 32-column fold tiles, S_lo NVFP4 with
+        # the head's amax), an INT16 S_hi with row scales (fold programs holding whole rows) beside an SR read copy,
+        # one-token windows
+        (mamba2_phases._fold_chain_kernel, fold_chain),
+        (mamba2_phases._round_slots_kernel, round_slots),
+        (mamba2_phases._fold_chain_kernel, {**fold_chain, "RECUR": int(Kind.INT16), "RECUR_GROUP": row,
+                                            "RECUR_MAX": 32767.0, "RECUR_ORDER": mul, "BLOCK_N": 128}),
+        (mamba2_phases._round_slots_kernel, {**round_slots, "READ": int(Kind.INT8SR), "READ_MAX": 127.0,
+                                             "READ_RANDOM": sr8}),
+        (mamba2_phases._segment_outputs_kernel, segment_outputs),
+        (mamba2_phases._fold_chain_kernel, {**fold_chain, "BLOCK_L": 1, "BUF": 1}),
+        (mamba2_phases._segment_outputs_kernel, {**segment_outputs, "BLOCK_L": 1}),
         # head scales over the head's five 16-row programs exchanging the amax: both copies', a shared checkpoint's
         # (window 1 too)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head,

@@ -19,7 +19,7 @@ from replayssm_eval.formats.device import (
 )
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
-from replayssm_eval.kernels.mamba2 import triton_chunk, triton_step
+from replayssm_eval.kernels.mamba2 import triton_chunk, triton_phases, triton_step
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 
 from tests.helpers.compare import assert_close, mostly_equal
@@ -204,6 +204,40 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     assert torch.equal(st_out.checkpoint, st_in.checkpoint) and st_in.checkpoint.min() >= 2
     for f in ("data", "scales", "global_scale"):
         a, b = getattr(st_in.lo_packed, f), getattr(st_out.lo_packed, f)
+        assert (a is None and b is None) or torch.equal(a, b), f
+
+
+@pytest.mark.parametrize("text, sizes", [
+    ("nvfp4/fp16sr@4", {}),  # the default: S_hi in fold tiles of 32 columns (d_state 24: one, short)
+    ("nvfp4/fp16sr@3#skip=0.4", _WIDE),  # d_state 40: two fold tiles, the last short; head_dim 40: three row tiles
+    ("fp8sr:scale=head/int8:scale=row,order=mul@4", _WIDE),  # row-scaled S_hi: fold programs hold whole rows
+    ("int8:scale=head,order=mul/fp16sr:words=pair@3#buf=bf16", {"d_state": 23}),
+    ("nvfp4/fp16sr@1", {}),  # one-token windows
+    ("nvfp4/fp16sr@4#spec=3:0.6", {}),  # speculative plans: tokens that read S_hi
+    ("nvfp4/int16:scale=tensor@3", {}),  # S_hi by torch between one-segment launches
+    ("nvfp4/mx8sr:axis=headdim,bits=5@4", {"head_dim": 40}),  # MX8 blocks of 16 along head_dim 40
+])
+def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
+    """The phased scan of a head-scaled read copy (folds, read copies, then every segment's outputs at once) against
+    the one-loop kernel's (programs holding the whole head): both copies and the packed read copy bit for bit, outputs
+    to FP32 sums. Sequences at different phases; slots for two segments at a time, so that blocks start where a
+    sequence has stopped folding."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(tokens=14, **sizes))
+    state = _phased(inputs, config, [0, 3], device)
+    main = sliced(inputs, 3, 14)[:6]
+    assert triton_chunk.phased(triton_chunk._launched(triton_chunk._codecs(config, state.hi.shape[2:])), False)
+    heads, head_dim, d_state = state.hi.shape[1:]
+    monkeypatch.setattr(triton_phases, "_SLOT_ELEMENTS", 3 * 2 * heads * head_dim * d_state)
+    y, st = triton_no_fallback(chunked, *main, state, config)
+    monkeypatch.setattr(triton_chunk, "phased", lambda *args: False)
+    y_one, st_one = triton_no_fallback(chunked, *main, state, config)
+    assert_close("y", y_one, y, 2e-6)
+    assert torch.equal(st.hi, st_one.hi) and torch.equal(st.lo, st_one.lo)
+    assert torch.equal(st.checkpoint, st_one.checkpoint) and st.checkpoint.min() >= 1
+    assert st.checkpoint.max() > st.checkpoint.min(), "sequences at different phases"
+    for f in ("data", "scales", "global_scale"):
+        a, b = getattr(st.lo_packed, f), getattr(st_one.lo_packed, f)
         assert (a is None and b is None) or torch.equal(a, b), f
 
 

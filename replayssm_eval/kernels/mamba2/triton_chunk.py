@@ -2,25 +2,25 @@
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): one launch (two, below), one program per
-  (head_dim tile, head, sequence), loops over the segments of the plan: intra-segment outputs,
-  checkpoint reads, the fold, and both stored copies rounded in the kernel (SR bits from
-  `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding covers formats
-  whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
+- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): for a read copy with a head scale along d_state
+  beside a recurrence copy whose groups lie in 16 head_dim rows, the phases of `triton_phases` (the fold chain
+  alone, then the read copies, then every segment's outputs at once). Else one launch, one program per (head_dim
+  tile, head, sequence), loops over the segments of the plan: intra-segment outputs
+  (`triton_phases.segment_output`), checkpoint reads, the fold, and both stored copies rounded in the kernel (SR
+  bits from `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding
+  covers formats whose scale group lies inside one program's tile (the format's kernel codec, `tile_codec`): fp32,
   bf16, fp16, fp16sr (every words=, cvt=, rounds= and bits=); fp8, fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with
   scale=row|head|none|rowcol and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
   `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head|rowcol), mxfp8, mxfp4 and Pimba's mx8 / mx8sr on
-  either axis (SR with any bits= and rounds=); and any of
-  these with rot=hadamard:N (runs of N along the format's axis, N a power of two dividing that dim). A program holds
-  16 rows of the head, or the whole head for tiles of more than 16 rows, for two-axis scales (rowcol: column
-  factors over the head) and for anything spanning more than one head_dim row along head_dim (row scales, blocks,
-  rotation runs). A head scale along d_state without rotation keeps the programs of 16 rows: a recurrence copy's
-  (and a read copy's beside it) on a GPU by exchanging the head's amax between the head's programs at each fold
-  (`head_exchange`; programs are numbered in start order), else (the interpreter) in a program holding the whole
-  head; a read copy's alone, which never feeds the fold, in two launches: the folds alone with each program's amax
-  (`PASS_AMAX`), then everything with the head's amax (`PASS_OUTPUT`), the same tiles folded in the same order, so
-  the same bits. The other formats
-  (tensor-wide scales, tiles of other sizes, rotation runs that do not tile their dim, formats without a kernel
+  either axis (SR with any bits= and rounds=); and any of these with rot=hadamard:N (runs of N along the format's
+  axis, N a power of two dividing that dim). A program holds 16 rows of the head, or the whole head for tiles of
+  more than 16 rows, for two-axis scales (rowcol: column factors over the head) and for anything spanning more than
+  16 head_dim rows along head_dim (row scales, long blocks). A head scale along d_state without rotation keeps the
+  programs of 16 rows: a recurrence copy's (and a read copy's beside it) on a GPU by exchanging the head's amax
+  between the head's programs at each fold (`head_exchange`; programs are numbered in start order), else (the
+  interpreter) in a program holding the whole head; a read copy's alone, which never feeds the fold, from the amax
+  of the fold programs' tiles (`triton_phases`). The other formats (tensor-wide scales, tiles of other sizes,
+  rotation runs that do not tile their dim, formats without a kernel
   codec) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
   indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
@@ -44,12 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats.codec import FP32_CODEC, Group, tile_codec
-from replayssm_eval.formats.device import GROUP_HEAD, quantize_tile, round_state_tile, state_bits, tile_amax
+from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
+from replayssm_eval.formats.device import GROUP_HEAD, quantize_tile, round_state_tile, state_bits
 from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
-from replayssm_eval.kernels.tile_dot import dot, dot_acc, window_rows
+from replayssm_eval.kernels.mamba2.triton_phases import PhaseState, fold_weights, phased, scan_in_phases, segment_output
+from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
@@ -58,9 +59,6 @@ from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded,
 _BLOCK_P = 16  # head_dim rows per program where no scale group spans more rows
 _CHUNK_N = 32  # d_state columns per product of a segment's reads
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
-# `_chunk_scan_kernel`'s PASS: everything in one pass; or, for a read copy with a head scale held by programs of a head
-# tile each, the folds alone with each tile's amax per fold, then everything with the head's amax
-PASS_ONE, PASS_AMAX, PASS_OUTPUT = (tl.constexpr(p) for p in range(3))
 
 
 @triton.jit
@@ -85,7 +83,6 @@ def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
-    amax_ptr,  # PASS_AMAX: [B, S, H, TILES] each tile's amax of every fold; PASS_OUTPUT: [B, S, H] the head's
     exch_ptr, count_ptr, ticket_ptr,  # PROGRAMS > 1: [B * H, 2, PROGRAMS], [B * H] (`shared_head_amax`); [1]
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, TILES, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
@@ -95,8 +92,7 @@ def _chunk_scan_kernel(
     READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
     READ_ROT: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, READ_DOT: tl.constexpr,
-    BUF: tl.constexpr,
-    PASS: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BUF: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     CHUNK_N: tl.constexpr,
 ):
     tile, h, b = ticket_ids(ticket_ptr, TILES, H)  # a head's TILES programs start one after another
@@ -115,56 +111,17 @@ def _chunk_scan_kernel(
     ck = tl.load(ck_ptr + b)
     key_hi = tl.load(key_ptr + 2 * b)
     key_lo = tl.load(key_ptr + 2 * b + 1)
-    causal = offs_l[:, None] >= offs_l[None, :]
     bh = b * H + h
     head_off = bh.to(tl.int64) * P * N
     rnd = 0  # the head's exchanges so far (`shared_head_amax`)
     s = S0
     while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
-        row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
-        dt = tl.load(dt_ptr + row * H + h, mask=mask_l, other=0.0)
-        cs = tl.cumsum(dt * A, axis=0)  # log G_{0..j}
-        x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=mask_l[:, None] & mask_p[None, :], other=0.0)
-        if PASS != PASS_AMAX:  # the amax pass computes the folds only
-            # over d_state in chunks: (B_i . C_j) and the checkpoint terms S_hi C_j, S_lo C_j
-            bc = tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32)
-            y_hi = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)
-            y_lo = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)
-            for c in tl.static_range(0, BLOCK_N, CHUNK_N):
-                offs_c = c + tl.arange(0, CHUNK_N)
-                m_lc = mask_l[:, None] & (offs_c < N)[None, :]
-                m_cp = (offs_c < N)[:, None] & mask_p[None, :]
-                chunk = head_off + offs_p[None, :] * N + offs_c[:, None]  # [CHUNK_N, BLOCK_P] of the head's S^T
-                cm = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_c[None, :], mask=m_lc, other=0.0)
-                b_c = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_c[None, :], mask=m_lc, other=0.0)
-                bc = dot_acc(cm, tl.trans(b_c), bc, READ_DOT)
-                y_hi = dot_acc(cm, tl.load(hi_ptr + chunk, mask=m_cp, other=0.0), y_hi, READ_DOT)
-                if not SHARED:
-                    if not LO_OUTSIDE:
-                        y_lo = dot_acc(cm, tl.load(lo_ptr + chunk, mask=m_cp, other=0.0), y_lo, READ_DOT)
-            # intra-segment: sum_{i<=j} dt_i G_{i+1..j} (B_i . C_j) x_i
-            decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-            y = dot(bc * decay * dt[None, :], x, DOT)
-            # checkpoint term: G_{0..j} (S_src C_j), S_src = S_hi or S_lo per token
-            g_read = tl.exp(cs)
-            if SKIP:
-                g_read = tl.where(g_read < skip, 0.0, g_read)
-            y_src = y_hi
-            if LO_OUTSIDE:  # tokens that read S_lo get their checkpoint term from torch: hand over their g_read
-                rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-                tl.store(g_lo_ptr + row * H + h, tl.where(rh != 0, 0.0, g_read), mask=mask_l)  # same in every P tile
-                g_read = tl.where(rh != 0, g_read, 0.0)
-            elif not SHARED:
-                rh = tl.load(read_hi_ptr + row, mask=mask_l, other=0)
-                y_src = tl.where(rh[:, None] != 0, y_hi, y_lo)
-            y += g_read[:, None] * y_src
-            tl.store(y_ptr + (row[:, None] * H + h) * P + offs_p[None, :], y, mask=mask_l[:, None] & mask_p[None, :])
+        row, x, dt, cs = segment_output(
+            x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, y_ptr, g_lo_ptr, hi_ptr, lo_ptr, head_off, A, b, s, h, g, S, L, H,
+            P, N, G, offs_p, skip, SHARED, LO_OUTSIDE, SKIP, DOT, READ_DOT, BLOCK_L, BLOCK_P, BLOCK_N,
+            CHUNK_N)
         if tl.load(fold_ptr + b * S + s) != 0:
-            cs_last = tl.sum(tl.where(offs_l == BLOCK_L - 1, cs, 0.0), axis=0)  # padding has dt = 0
-            g_seg = tl.exp(cs_last)
-            if SKIP:
-                g_seg = tl.where(g_seg < skip, 0.0, g_seg)
-            w = tl.exp(cs_last - cs) * dt
+            g_seg, w = fold_weights(dt, cs, skip, SKIP, BLOCK_L)
             if BUF == BUF_FP32:
                 xt = tl.trans(x * w[:, None])  # [BLOCK_P, BLOCK_L]
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
@@ -185,36 +142,33 @@ def _chunk_scan_kernel(
             hi, rnd = _round_copy(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
                                   exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
                                   RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
-            at = (b * S + s).to(tl.int64) * H + h  # this fold's head in the [B, S, H] grid
-            if PASS == PASS_AMAX:
-                tile_max = tl.max(tile_amax(folded, True, READ_ORDER), axis=0)  # [1]: the tile's amax
-                tl.store(amax_ptr + at * TILES + tile + tl.arange(0, 1), tile_max)
-            elif LO_OUTSIDE:
+            if LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif not SHARED:
-                bits = state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM)
-                if PASS == PASS_OUTPUT:  # a head scale from the amax pass: the head spans several programs
-                    amax = tl.load(amax_ptr + at) + tl.zeros([BLOCK_P, 1], dtype=tl.float32)
-                    lo = quantize_tile(folded, bits, amax, READ, READ_GROUP, READ_MAX, READ_ORDER, BLOCK_P, BLOCK_N)
-                else:
-                    lo, rnd = _round_copy(folded, bits, exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP,
-                                          READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS,
-                                          BLOCK_P, BLOCK_N)
+                lo, rnd = _round_copy(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
+                                      exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
+                                      READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
                 tl.store(lo_ptr + state_off, lo, mask=mask_s)
             tl.store(hi_ptr + state_off, hi, mask=mask_s)
             tl.debug_barrier()  # the next segment reads the copies back through other threads
         s += 1
 
 
-def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, outside=None):
-    """Launch over the segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds); hi, lo ([B, H, P, N]
-    fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are updated in place.
+def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases, outside=None):
+    """The segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds): in phases for a head-scaled read
+    copy (`triton_phases.phased`; lo, the S_lo given, is then read only), else in one loop over the segments. hi, lo
+    ([B, H, P, N] fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are
+    updated in place.
 
-    outside: None (both copies rounded in the loop), or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read
-    copy rounded after the kernel: tokens that read S_lo get no checkpoint term, their g_read goes to g_lo (0
-    elsewhere), and the fold of segment s goes to out[:, s - first + 1].
+    phases: the call's `PhaseState` (None where it runs no phases). outside: None (both copies rounded in the loop),
+    or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read copy rounded after the kernel: tokens that read
+    S_lo get no checkpoint term, their g_read goes to g_lo (0 elsewhere), and the fold of segment s goes to
+    out[:, s - first + 1].
     """
+    if outside is None and phased(codecs, config.shared):
+        scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases)
+        return
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
@@ -222,16 +176,14 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
     copies = (recur,) if config.shared else (recur, read)  # the copies the loop rounds (LO_OUTSIDE: read is FP32)
     # a natural-basis head scale of the recurrence copy spans the head's programs of _BLOCK_P rows, which exchange its
-    # amax (a head-scaled read copy then too); a read copy's alone (it never feeds the fold) takes an amax pass first,
-    # which ran the KL path faster than the exchange (BENCHMARKS.md, Chunked form); any other copy whose groups span
-    # more rows takes programs holding the whole head
+    # amax (a head-scaled read copy then too); any other copy whose groups span more rows takes programs holding the
+    # whole head
     head_split = lambda c: c.group == Group.HEAD and c.natural  # noqa: E731
     programs = 1
     if head_split(recur) and not any(c.spans(_BLOCK_P) and not head_split(c) for c in copies):
         slabs = triton.cdiv(P, _BLOCK_P)
         programs = exchange_programs(list(copies), slabs, slabs, hi.device)  # programs numbered in start order
-    two_pass = programs == 1 and len(copies) == 2 and head_split(read) and not recur.spans(_BLOCK_P)
-    launch = chunked_launch_config(P, N, programs == 1 and not two_pass and any(c.spans(_BLOCK_P) for c in copies))
+    launch = chunked_launch_config(P, N, programs == 1 and any(c.spans(_BLOCK_P) for c in copies))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     block_n = max(16, triton.next_power_of_2(N))
@@ -240,30 +192,19 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     if programs > 1:
         exch = torch.empty(batch * H * 2 * programs, dtype=torch.int32, device=hi.device)
     (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
-
-    def launch_pass(kind, state, amax):
-        count = torch.zeros(batch * H + 1, dtype=torch.int32, device=hi.device)  # the exchange's counters, the ticket
-        _chunk_scan_kernel[(batch * H * tiles,)](
-            px, pB, pC, pdt, read_hi, folds, A, state, lo, pre, y, checkpoint, keys, out, g_lo, amax, exch, count,
-            count[-1:], S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, tiles, float(skip or 0.0),
-            RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-            RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
-            RECUR_ROT=recur_rot,
-            READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-            READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis,
-            READ_ROT=read_rot,
-            SHARED=config.shared, LO_OUTSIDE=outside is not None,
-            SKIP=skip is not None, BUF=buffer_kind(config), PASS=kind.value, PROGRAMS=programs,
-            BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n, CHUNK_N=min(_CHUNK_N, block_n),
-            DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],
-        )
-
-    if two_pass:
-        amax = torch.empty(batch, S, H, tiles, dtype=torch.float32, device=hi.device)  # [B, S, H, TILES]
-        launch_pass(PASS_AMAX, hi.clone(), amax)  # folds a copy of S_hi (its pre-images: the output pass redoes them)
-        launch_pass(PASS_OUTPUT, hi, amax.amax(-1))  # [B, S, H]: read at folds only
-    else:
-        launch_pass(PASS_ONE, hi, hi)
+    count = torch.zeros(batch * H + 1, dtype=torch.int32, device=hi.device)  # the exchange's counters, the ticket
+    _chunk_scan_kernel[(batch * H * tiles,)](
+        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, exch, count, count[-1:],
+        S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, tiles, float(skip or 0.0),
+        RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
+        RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
+        RECUR_ROT=recur_rot,
+        READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+        READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis, READ_ROT=read_rot,
+        SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None, BUF=buffer_kind(config),
+        PROGRAMS=programs, BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n, CHUNK_N=min(_CHUNK_N, block_n),
+        DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],
+    )
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
@@ -285,7 +226,13 @@ def _codecs(config, dims: tuple[int, int]) -> tuple:
     return tile_codec(config.recur_format, dims=dims), tile_codec(config.read_format, dims=dims)
 
 
-def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside=None) -> None:
+def _launched(codecs: tuple) -> tuple[KernelCodec, KernelCodec]:
+    """The codecs `_scan` launches with for the in-loop codecs (S_hi's, S_lo's; None where torch rounds the copy): an
+    FP32 fold for a copy torch rounds."""
+    return tuple(c or FP32_CODEC for c in codecs)
+
+
+def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, phases, outside=None) -> None:
     """`_chunk_scan` over span. A recurrence copy the loop cannot round (codecs[0] None) takes one launch per segment
     that keeps the FP32 fold in S_hi, which `round_folded` rounds for the sequences that folded before the next
     launch (exactly `write_checkpoint`'s rounding; a shared checkpoint's S_lo is the same tensor)."""
@@ -293,11 +240,10 @@ def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, outside
     checkpoint = state.checkpoint.contiguous()
     recur, read = codecs
     if recur is not None:
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, outside)
+        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases, outside)
         return
     for s in range(*span):
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, (FP32_CODEC, read or FP32_CODEC), (s, s + 1),
-                    outside)
+        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, _launched(codecs), (s, s + 1), phases, outside)
         round_folded(hi, config.recur_format, keys[:, 0], checkpoint + s + 1, seg.folds[:, s], seg.folds_host[s])
 
 
@@ -321,7 +267,7 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
     for s0 in range(0, S, block):
         s1 = min(S, s0 + block)
         k = s1 - s0
-        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, FP32_CODEC), (s0, s1), outside=(out, g_lo, s0))
+        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, FP32_CODEC), (s0, s1), None, outside=(out, g_lo, s0))
         fold = seg.folds[:, s0:s1]  # [B, k]
         if any(any(f) for f in seg.folds_host[s0:s1]):
             new = out[:, 1:k + 1]  # [B, k, H, P, N]
@@ -357,12 +303,14 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     recur, read = _codecs(config, (head_dim, d_state))
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
+    in_phases = not read_outside and phased(_launched((recur, read)), config.shared)
+    lo_by_torch = read_outside or in_phases  # the last S_lo from torch (the phases round it for the segments' reads)
+    lo = hi if config.shared else state.lo.clone().contiguous()  # updated in place where the loop rounds it
     if read_outside:
         _read_outside(grid, A, hi, pre, y_grid, inp, seg, keys, recur)
-        lo = state.lo.clone()
     else:
-        lo = hi if config.shared else state.lo.clone().contiguous()
-        _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments))
+        phases = PhaseState(seg.num_folds, seg.segments, heads) if in_phases else None
+        _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments), phases)
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
     y = y + inp.D[:, None] * inp.x_skip
     packed = state.lo_packed
@@ -370,14 +318,14 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     if len(rows) == batch:  # no selection: seq_ids stays the tensor whose keys `sr_keys` remembers
         _, new_lo, packed = write_checkpoint_packed(pre, config, state.layer, state.seq_ids,
                                                     state.checkpoint + seg.num_folds)
-        if read_outside:
+        if lo_by_torch:
             lo = new_lo
     elif rows:
         index = torch.tensor(rows).to(hi.device, non_blocking=True)
         _, new_lo, new_packed = write_checkpoint_packed(pre[index], config, state.layer, state.seq_ids[index],
                                                         (state.checkpoint + seg.num_folds)[index])
         packed = merge_packed(packed, new_packed, index, batch)
-        if read_outside:
+        if lo_by_torch:
             lo[index] = new_lo
     buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
               for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
