@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment, relerr  # noqa: E402
 
-from replayssm_eval.formats.codec import tile_codec  # noqa: E402
+from replayssm_eval.formats.codec import FP32_CODEC, tile_codec  # noqa: E402
 from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
@@ -112,10 +112,12 @@ def whole_head(config: str) -> bool:
 
 
 def phased(family: str, config: str) -> bool:
-    """Whether a config runs Mamba-2's phases (its launch: `triton_phases.phase_launch_config`)."""
+    """Whether a config runs Mamba-2's phases (its launch: `triton_phases.phase_launch_config`): as
+    `triton_chunk.chunked_triton_prepared` decides, a recurrence copy that torch rounds folding in FP32."""
     cfg = ReplayConfig.parse(config)
-    codecs = tuple(tile_codec(f) for f in (cfg.recur_format, cfg.read_format))
-    return family == "mamba2" and None not in codecs and mamba2_phases.phased(codecs, cfg.shared)
+    recur, read = (tile_codec(f) for f in (cfg.recur_format, cfg.read_format))
+    return (family == "mamba2" and read is not None
+            and mamba2_phases.phased((recur or FP32_CODEC, read), cfg.shared))
 
 
 def launches(family: str, config: str) -> list[dict]:

@@ -49,7 +49,9 @@ from replayssm_eval.formats.device import GROUP_HEAD, quantize_tile, round_state
 from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
-from replayssm_eval.kernels.mamba2.triton_phases import PhaseState, fold_weights, phased, scan_in_phases, segment_output
+from replayssm_eval.kernels.mamba2.triton_phases import (
+    PhaseState, fold_weights, phased, scan_in_phases, segment_output,
+)
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
@@ -156,17 +158,17 @@ def _chunk_scan_kernel(
 
 
 def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases, outside=None):
-    """The segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds): in phases for a head-scaled read
-    copy (`triton_phases.phased`; lo, the S_lo given, is then read only), else in one loop over the segments. hi, lo
-    ([B, H, P, N] fp32), pre (the FP32 pre-image of the newest fold) and y (the [B, S, L, H, P] output grid) are
-    updated in place.
+    """The segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds): in phases given the call's
+    `PhaseState` (a head-scaled read copy, `triton_phases.phased`; lo, the S_lo given, is then read only), else
+    (phases None) in one loop over the segments. hi, lo ([B, H, P, N] fp32), pre (the FP32 pre-image of the newest
+    fold) and y (the [B, S, L, H, P] output grid) are updated in place.
 
-    phases: the call's `PhaseState` (None where it runs no phases). outside: None (both copies rounded in the loop),
+    outside: None (both copies rounded in the loop),
     or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read copy rounded after the kernel: tokens that read
     S_lo get no checkpoint term, their g_read goes to g_lo (0 elsewhere), and the fold of segment s goes to
     out[:, s - first + 1].
     """
-    if outside is None and phased(codecs, config.shared):
+    if phases is not None:
         scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases)
         return
     px, pB, pC, pdt, read_hi, folds = grid

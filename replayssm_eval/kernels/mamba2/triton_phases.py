@@ -53,7 +53,7 @@ def fold_weights(dt, cs, skip, SKIP: tl.constexpr, BLOCK_L: tl.constexpr):
 def _fold_chain_kernel(
     x_ptr, b_ptr, dt_ptr, fold_ptr,  # the padded segment grid: [B, S, L, H, P], [B, S, L, G, N], [B, S, L, H], [B, S]
     A_ptr, hi_ptr, pre_ptr, ck_ptr, key_ptr,  # [H]; S_hi and the newest pre-image [B, H, P, N] (carried); [B]; [B, 2]
-    hi_slots_ptr, pre_slots_ptr, amax_ptr,  # [B, K + 1, H, P, N] x2; [B, S, H, TILES] each tile's amax of each fold
+    hi_slots_ptr, pre_slots_ptr, amax_ptr,  # [B, K + 1, H, P, N] x2; [B, K, H, TILES] each tile's amax of each fold
     S, S0, S1, L, H, P, N, G, HPG, TILES, skip,  # this launch folds segments [S0, S1) = K of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
@@ -102,7 +102,7 @@ def _fold_chain_kernel(
             slot = slot_off + (s - S0 + 1).to(tl.int64) * H * P * N
             tl.store(hi_slots_ptr + slot, hi, mask=mask_s)
             tl.store(pre_slots_ptr + slot, pre, mask=mask_s)
-            at = ((b * S + s).to(tl.int64) * H + h) * TILES + tile_p * tl.num_programs(0) + tile_n
+            at = ((b * (S1 - S0) + s - S0).to(tl.int64) * H + h) * TILES + tile_p * tl.num_programs(0) + tile_n
             tl.store(amax_ptr + at + tl.arange(0, 1), tl.max(tile_amax(pre, True, READ_ORDER), axis=0))
         s += 1
     tl.store(hi_ptr + state_off, hi, mask=mask_s)
@@ -118,9 +118,10 @@ def segment_output(
 ):
     """Segment s's outputs for head h, head_dim rows offs_p, stored in the y grid: G_{0..j} (S_src C_j) + sum_{i<=j}
     dt_i G_{i+1..j} (B_i . C_j) x_i, S_src = S_hi or S_lo per token (the head's [P, N] copies at the segment's start
-    at head_off in hi_ptr and lo_ptr, read in chunks of CHUNK_N columns, which stay in L2). LO_OUTSIDE: tokens that read S_lo get no
-    checkpoint term and their G_{0..j} goes to the g_lo grid (`triton_chunk._read_outside`). Returns the segment's
-    entry indices row [BLOCK_L], x [BLOCK_L, BLOCK_P], dt and log G_{0..j} (cs) [BLOCK_L], which the fold takes."""
+    at head_off in hi_ptr and lo_ptr, read in chunks of CHUNK_N columns, which stay in L2). LO_OUTSIDE: tokens that
+    read S_lo get no checkpoint term and their G_{0..j} goes to the g_lo grid (`triton_chunk._read_outside`).
+    Returns the segment's entry indices row [BLOCK_L], x [BLOCK_L, BLOCK_P], dt and log G_{0..j} (cs) [BLOCK_L],
+    which the fold takes."""
     offs_l = tl.arange(0, BLOCK_L)
     mask_l, mask_p = offs_l < L, offs_p < P
     row = (b * S + s).to(tl.int64) * L + offs_l  # [BLOCK_L] entry index in the grid
@@ -227,8 +228,8 @@ def phased(codecs: tuple[KernelCodec, KernelCodec], shared: bool) -> bool:
 
 def phase_launch_config(recur: KernelCodec, d_state: int) -> dict:
     """FOLD_N of the fold programs (_CHUNK_N columns where the recurrence copy rounds elementwise, else all of
-    d_state; the other programs hold all of it, BLOCK_N), num_warps of each kernel, DOT (the fold's and the intra-segment product's input_precision: FP32 FMAs,
-    so the stored copies keep their bits) and READ_DOT (the products over d_state: three TF32 products, FP32-level
+    d_state; the other programs hold all of it, BLOCK_N), num_warps of each kernel, DOT (the fold's and the
+    intra-segment product's input_precision: FP32 FMAs, so the stored copies keep their bits) and READ_DOT (the products over d_state: three TF32 products, FP32-level
     error, as `triton_chunk.chunked_launch_config`)."""
     block_n = max(16, triton.next_power_of_2(d_state))
     elementwise = recur.group == Group.NONE and recur.block == 1 and recur.rot == 1
@@ -264,16 +265,16 @@ def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, sp
         k = min(span[1], s0 + block) - s0
         hi_slots = torch.empty(batch, k + 1, H, P, N, dtype=torch.float32, device=hi.device)
         pre_slots = torch.empty_like(hi_slots)
-        tile_amax = torch.empty(batch, S, H, tiles_p * tiles_n, dtype=torch.float32, device=hi.device)
+        tile_maxima = torch.empty(batch, k, H, tiles_p * tiles_n, dtype=torch.float32, device=hi.device)
         _fold_chain_kernel[(tiles_n, tiles_p, batch * H)](
-            px, pB, pdt, folds, A, hi, pre, checkpoint, keys, hi_slots, pre_slots, tile_amax,
+            px, pB, pdt, folds, A, hi, pre, checkpoint, keys, hi_slots, pre_slots, tile_maxima,
             S, s0, s0 + k, L, H, P, N, G, H // G, tiles_p * tiles_n, float(skip or 0.0),
             RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
             RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
             RECUR_ROT=recur_rot, READ_ORDER=int(read.order), BUF=buffer_kind(config), BLOCK_N=launch["FOLD_N"],
             num_warps=launch["fold_warps"], **common,
         )
-        phases.head_amax[:, s0:s0 + k] = tile_amax[:, s0:s0 + k].amax(-1)
+        phases.head_amax[:, s0:s0 + k] = tile_maxima.amax(-1)
         _round_slots_kernel[(tiles_p, k + 1, batch * H)](  # the slots' pre-images become the read copies
             pre_slots, lo, folds, phases.before, phases.head_amax, checkpoint, keys, S, s0, k, H, P, N,
             READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
