@@ -2,7 +2,8 @@
 
     python benchmarks/find_syncs.py --model tiny-qwen3.5 --config nvfp4/fp16sr     # needs a GPU
 
-Runs a prompt, then one call of `--tokens` teacher-forced tokens through `ReplayModel.forward` with
+Runs a prompt, then two calls of `--tokens` teacher-forced tokens through `ReplayModel.forward`, the second (which
+continues every layer's ReplayState, as each segment of a KL run but the first does) with
 `torch.cuda.set_sync_debug_mode("warn")`, and counts the synchronizing operations (a read of a device
 value on the host, a blocking copy) by the innermost frame of this package that asked for them (or of
 transformers, where the model's own code did). A call without syncs lets the host queue the next layers'
@@ -41,15 +42,17 @@ def main() -> None:
     args = parser.parse_args()
     rm = load_model(args.model, dtype="fp32", device="cuda", backend="triton")
     vocab = rm.model.config.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (1, args.prompt_len + args.tokens), generator=torch.Generator().manual_seed(0)).cuda()
+    first, second = args.prompt_len, args.prompt_len + args.tokens
+    ids = torch.randint(0, vocab, (1, second + args.tokens), generator=torch.Generator().manual_seed(0)).cuda()
 
-    def prompted():
+    def first_call():
         session = rm.new_session(args.config, seq_ids=[0], backend="triton")
-        rm.forward(ids[:, :args.prompt_len], session, logits_to_keep=1)
+        rm.forward(ids[:, :first], session, logits_to_keep=1)
+        rm.forward(ids[:, first:second], session, logits_to_keep=1)
         return session
 
-    rm.forward(ids[:, args.prompt_len:], prompted(), logits_to_keep=1)  # compiles
-    session = prompted()
+    rm.forward(ids[:, second:], first_call(), logits_to_keep=1)  # compiles
+    session = first_call()
     torch.cuda.synchronize()
     counts = collections.Counter()
 
@@ -61,11 +64,11 @@ def main() -> None:
         warnings.showwarning = note  # restored by catch_warnings
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            rm.forward(ids[:, args.prompt_len:], session, logits_to_keep=1)
+            rm.forward(ids[:, second:], session, logits_to_keep=1)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     total = sum(counts.values())
-    print(f"{args.model} {args.config}: {total} host syncs in one call of {args.tokens} tokens")
+    print(f"{args.model} {args.config}: {total} host syncs in a second call of {args.tokens} tokens")
     for source, n in counts.most_common():
         print(f"{n:5d}  {source}")
 

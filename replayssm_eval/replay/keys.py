@@ -15,12 +15,11 @@ would wait for every queued kernel, once per layer and call.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from replayssm_eval.formats.philox import randint
 from replayssm_eval.replay.device_keys import sr_keys_device
+from replayssm_eval.replay.host_values import remembered
 
 _MASK64 = (1 << 64) - 1
 RECUR_COPY, READ_COPY, ROUND_TRIP_COPY = 0, 1, 2
@@ -41,21 +40,12 @@ def sr_key(seed: int, layer: int, sequence: int, copy: int) -> int:
     return z - (1 << 64) if z >= 1 << 63 else z
 
 
-# id(seq_ids) -> (a weak reference to it, its version counter, {(seed, layer, copy): [B] int64 keys on its device})
-_KEYS: dict[int, tuple[weakref.ref, int, dict]] = {}
-
-
 def sr_keys(seed: int, layer: int, seq_ids: torch.Tensor, copy: int) -> torch.Tensor:
     """[B] int64 keys for a batch of sequences, on seq_ids' device (read-only: shared between calls).
 
     Remembered per seq_ids tensor (by identity) while it lives and is not written in place; off the CPU they are
     computed on the device (`device_keys.sr_keys_device`, the same bits), so no call reads the device."""
-    ref, version, keys = _KEYS.get(id(seq_ids), (None, None, None))
-    if ref is None or ref() is not seq_ids or version != seq_ids._version:
-        for stale in [k for k, (r, _, _) in _KEYS.items() if r() is None]:
-            del _KEYS[stale]
-        keys = {}
-        _KEYS[id(seq_ids)] = (weakref.ref(seq_ids), seq_ids._version, keys)
+    keys = remembered(seq_ids)  # {(seed, layer, copy): [B] int64 keys on seq_ids' device}
     part = (seed, layer, copy)
     if part in keys:
         return keys[part]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.host_values import host_copy, remember_host
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,28 @@ class ScheduleState:
 
     @classmethod
     def start(cls, batch: int, device=None) -> "ScheduleState":
-        """The position right after a prefill wrote the first checkpoint."""
+        """The position right after a prefill wrote the first checkpoint (its counts known to the host)."""
         zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+        remember_host(zeros, [0] * batch)
         return cls(zeros, zeros.clone(), torch.zeros(batch, dtype=torch.bool, device=device), zeros.clone())
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    """A plan's segments as the host knows them, without reading the device: the entries buffered at the call's
+    start, the checkpoints each sequence writes, and the entries (buffered ones included) up to and including the
+    last token of the longest segment that holds a token (0 for a call without tokens)."""
+
+    counts: tuple[int, ...]  # [B]
+    num_folds: tuple[int, ...]  # [B]
+    longest: int
 
 
 @dataclass(frozen=True)
 class TokenPlan:
     fold_after: torch.Tensor  # [B, T] bool
     read_hi: torch.Tensor  # [B, T] bool
+    shape: PlanShape | None = None  # None where the schedule's counts are known only on the device
 
     @property
     def anchor(self) -> torch.Tensor:
@@ -96,7 +110,27 @@ def _plan_window(window: int, state: ScheduleState, num_tokens: int) -> tuple[To
     position = state.count[:, None] + torch.arange(num_tokens, device=device)  # [B, T]
     fold = position % window == window - 1
     after = ScheduleState((state.count + num_tokens) % window, state.step_left, state.step_read_hi, state.steps)
-    return TokenPlan(fold_after=fold, read_hi=fold.clone()), after
+    counts = host_copy(state.count)
+    shape = None
+    if counts is not None:
+        shape = _window_shape(window, counts, num_tokens)
+        remember_host(after.count, [(c + num_tokens) % window for c in counts])
+    return TokenPlan(fold_after=fold, read_hi=fold.clone(), shape=shape), after
+
+
+def _window_shape(window: int, counts: list[int], num_tokens: int) -> PlanShape:
+    """`PlanShape` of a fixed-window plan: token n of a sequence holding c entries folds where (c + n) % window is
+    window - 1."""
+    num_folds, longest = [], 0
+    for c in counts:
+        folds = (c + num_tokens) // window - c // window
+        if folds:  # the first segment ends at the first folding token; every later one holds at most a window
+            size = c + (window - 1 - c) % window + 1
+        else:
+            size = c + num_tokens if num_tokens else 0
+        num_folds.append(folds)
+        longest = max(longest, size)
+    return PlanShape(tuple(counts), tuple(num_folds), longest)
 
 
 def _plan_speculative(
@@ -107,6 +141,7 @@ def _plan_speculative(
     fold = torch.zeros(batch, num_tokens, dtype=torch.bool)
     read_hi = torch.zeros(batch, num_tokens, dtype=torch.bool)
     count, left, hi, steps = (t.tolist() for t in (state.count, state.step_left, state.step_read_hi, state.steps))
+    counts, longest = tuple(count), 0
     for b in range(batch):
         for n in range(num_tokens):
             if left[b] == 0:  # a new step starts at token n
@@ -114,6 +149,7 @@ def _plan_speculative(
                 steps[b] += 1
             read_hi[b, n] = hi[b]
             count[b] += 1
+            longest = max(longest, count[b])
             left[b] -= 1
             if left[b] == 0:  # the step ends: early flush if the next step might overflow the window
                 hi[b] = count[b] + spec.drafts > window
@@ -127,4 +163,6 @@ def _plan_speculative(
         step_read_hi=torch.tensor(hi, dtype=torch.bool, device=device),
         steps=torch.tensor(steps, dtype=torch.int64, device=device),
     )
-    return TokenPlan(fold_after=fold.to(device), read_hi=read_hi.to(device)), after
+    remember_host(after.count, count)
+    shape = PlanShape(counts, tuple(int(f) for f in fold.sum(1).tolist()), longest)
+    return TokenPlan(fold_after=fold.to(device), read_hi=read_hi.to(device), shape=shape), after

@@ -134,6 +134,19 @@ def write_checkpoint_packed(
     return hi, config.read_format.decode(lo_packed), lo_packed
 
 
+def write_read_copy_packed(
+    state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor,
+) -> tuple[torch.Tensor, object]:
+    """`write_checkpoint_packed`'s (S_lo, lo_packed) alone, the same bits, for a kernel that rounded S_hi itself (a
+    shared checkpoint's S_lo is S_hi, so then its copy); a format with error feedback is refused."""
+    fmt, copy = (config.recur_format, RECUR_COPY) if config.shared else (config.read_format, READ_COPY)
+    keys = sr_keys(config.seed, layer, seq_ids, copy) if fmt.is_stochastic else None
+    state = state.float()
+    decoded = torch.empty(state.shape, device=state.device) if _use_triton(state, fmt) else None
+    packed = encode_keyed(state, fmt, keys, checkpoint, decoded)
+    return (fmt.decode(packed) if decoded is None else decoded), packed
+
+
 def _use_triton(state: torch.Tensor, fmt) -> bool:
     """Encode with the one-launch Triton encoder: CUDA states in the formats it covers (CPU keeps torch)."""
     return state.is_cuda and packed_codec(fmt) is not None
@@ -151,20 +164,21 @@ def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy, residual):
     return packed
 
 
-def encode_keyed(state, fmt, keys, checkpoint):
+def encode_keyed(state, fmt, keys, checkpoint, decoded=None):
     """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats); a format
-    with error feedback is refused (the residual is `write_checkpoint`'s)."""
+    with error feedback is refused (the residual is `write_checkpoint`'s). decoded: an FP32 tensor of the state's
+    shape that the Triton encoder fills with `fmt.decode` of the result in the same launch (CUDA states only)."""
     if fmt.feedback:
         raise ValueError(f"state format '{fmt.name}' keeps an error-feedback residual that this path does not carry; "
                          "accepted: the torch kernels (backend='torch', the chunked or reference engine)")
-    return _encode_keyed(state, fmt, keys, checkpoint)
+    return _encode_keyed(state, fmt, keys, checkpoint, decoded)
 
 
-def _encode_keyed(state, fmt, keys, checkpoint):
+def _encode_keyed(state, fmt, keys, checkpoint, decoded=None):
     if _use_triton(state, fmt):
         from replayssm_eval.formats.triton import encode_triton
 
-        return encode_triton(state, fmt, keys, checkpoint)  # moves keys and checkpoint to the state's device
+        return encode_triton(state, fmt, keys, checkpoint, decoded=decoded)  # moves keys and checkpoint to its device
     if not fmt.is_stochastic:
         return fmt.encode(state)
     return fmt.encode(state, random_bits=state_random_bits(keys, checkpoint, tuple(state.shape[1:])))

@@ -253,20 +253,24 @@ def test_encode_triton_rejects(device):
         encode_triton(x, get_format("fp16sr"), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("recur, read", [("fp16sr", "nvfp4:scale=head"), ("fp32", "fp8sr"), ("bf16", "mxfp4"),
-                                         ("fp8sr:scale=tensor", "nvfp4:axis=headdim")])
-def test_write_checkpoint_packed_triton_path(recur, read, device, monkeypatch):
+@pytest.mark.parametrize("recur, read, shared", [("fp16sr", "nvfp4:scale=head", False), ("fp32", "fp8sr", False),
+                                                 ("bf16", "mxfp4", False), ("fp8sr:scale=tensor", "nvfp4:axis=headdim", False),
+                                                 ("int16sr:scale=head", "int16sr:scale=head", True)])
+def test_write_checkpoint_packed_triton_path(recur, read, shared, device, monkeypatch):
     """The CUDA dispatch of `write_checkpoint_packed` on the device (forced on CPU): same (S_hi, S_lo, lo_packed) as
-    torch on CPU."""
-    cfg = ReplayConfig(read=read, recur=recur, shared=False, seed=99)
+    torch on CPU; `write_read_copy_packed` (the encoder's launch decoding S_lo too) the same (S_lo, lo_packed)."""
+    cfg = ReplayConfig(read=read, recur=recur, shared=shared, seed=99)
     x = _states((2, 3, 32), seed=5)
     seq_ids, checkpoint = torch.arange(6) * 7 + 1, torch.tensor([0, 3, 1, 2**21, 5, 8])
     want = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint)
     monkeypatch.setattr(state_mod, "_use_triton", lambda state, fmt: packed_codec(fmt) is not None)
-    got = state_mod.write_checkpoint_packed(x.to(device), cfg, 2, seq_ids.to(device), checkpoint.to(device))
-    for a, b in zip(got[:2], want[:2]):
+    on_device = (x.to(device), cfg, 2, seq_ids.to(device), checkpoint.to(device))
+    got = state_mod.write_checkpoint_packed(*on_device)
+    lo, lo_packed = state_mod.write_read_copy_packed(*on_device)
+    for a, b in zip((*got[:2], lo), (*want[:2], want[1])):
         assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
     packed_equal(got[2], want[2])
+    packed_equal(lo_packed, want[2])
 
 
 def test_encode_triton_nvfp4_order_of_operations(device):

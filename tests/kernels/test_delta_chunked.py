@@ -1,12 +1,15 @@
 """The chunked (teacher-forced) delta-rule form, GDN and KDA, against the step reference: fp64 identical checkpoints,
 fp32 to 1e-5."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.delta import chunked as chunked_module
 from replayssm_eval.kernels.delta._common import checkpoint_kv
+from replayssm_eval.replay.host_values import remember_host
 
 from tests.helpers.compare import assert_close, assert_same_state
 from tests.helpers.delta import (FAMILIES, MATRIX, cut, delta_inputs, naive_delta_decode, one_column_share,
@@ -198,3 +201,21 @@ def test_pad_segments_places_tokens_and_carried_entries():
             want[seg.pre_index.flatten()] = carried[:, :seg.pre_index.shape[1]].flatten(0, 1).to(tok.dtype)
         got = chunked_module.pad_segments(seg, tok, carried)
         assert torch.equal(got, want[:size].view(got.shape))
+
+
+@FAM
+@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "fp16sr@1", "nvfp4/fp16sr@16", "nvfp4/fp16sr@5#spec=3:0.6"])
+@pytest.mark.parametrize("seqlen", [0, 9, 26])
+def test_segments_from_host_counts(fam, text, seqlen):
+    """The segment grid from the host's schedule counts (no device read) equals the one read from the device."""
+    mod = FAMILIES[fam]
+    inputs = delta_inputs(fam)
+    start = phased_start(fam, inputs, text)
+    remember_host(start.schedule.count, start.schedule.count.tolist())
+    p = mod.RULE.prepare(*cut(inputs, 6, 6 + seqlen), start, text, compute_dtype=torch.float64)
+    assert p.plan.shape is not None
+    host = chunked_module.segment_layout(p)
+    device = chunked_module.segment_layout(dataclasses.replace(p, plan=dataclasses.replace(p.plan, shape=None)))
+    assert (host.num, host.length) == (device.num, device.length)
+    for name in ("tok_index", "pre_index", "folds", "last", "count_after"):
+        assert torch.equal(getattr(host, name), getattr(device, name)), name

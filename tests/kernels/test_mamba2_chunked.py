@@ -1,5 +1,6 @@
 """The chunked (teacher-forced) Mamba-2 path against the step reference, and continuation across calls."""
 
+import dataclasses
 import importlib
 
 import pytest
@@ -7,6 +8,10 @@ import torch
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
+from replayssm_eval.kernels.mamba2._common import prepare_inputs
+from replayssm_eval.kernels.mamba2.chunked import Segments
+from replayssm_eval.replay.host_values import remember_host
+from replayssm_eval.replay.schedule import plan_tokens
 
 from tests.helpers.compare import assert_close, assert_same_state
 from tests.helpers.mamba2 import mamba2_inputs, phased_state, sliced
@@ -66,3 +71,19 @@ def test_chunked_empty_call_and_long_block_loop(monkeypatch):
     y0, st0 = chunked(*sliced(inputs, 0, 0)[:6], st, "nvfp4/fp16sr@3", compute_dtype=torch.float64)
     assert y0.shape == (2, 0, 3, 20)
     assert_same_state(st, st0)
+
+
+@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "fp16sr@1", "nvfp4/fp16sr@16", "nvfp4/fp16sr@5#spec=3:0.6"])
+@pytest.mark.parametrize("tokens", [0, 9, 26])
+def test_segments_from_host_counts(text, tokens):
+    """The segment grid from the host's schedule counts (no device read) equals the one read from the device."""
+    config = ReplayConfig.parse(text)
+    inputs = mamba2_inputs()
+    state = phased_state(decode_reference, inputs, config, [0, 5, 11])
+    remember_host(state.schedule.count, state.schedule.count.tolist())
+    inp = prepare_inputs(*sliced(inputs, 11, 11 + tokens)[:6], state, config, 0, None, torch.float64)
+    plan, _ = plan_tokens(inp.config, inp.state.schedule, tokens, inp.state.seq_ids)
+    assert plan.shape is not None
+    host, device = Segments(inp, plan), Segments(inp, dataclasses.replace(plan, shape=None))
+    assert (host.length, host.segments, host.folds_host) == (device.length, device.segments, device.folds_host)
+    assert torch.equal(host.index, device.index)

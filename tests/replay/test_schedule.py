@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.host_values import host_copy, remember_host
 from replayssm_eval.replay.schedule import ScheduleState, accepted_per_step, plan_tokens
 
 
@@ -73,3 +74,46 @@ def test_acceptance_draws_are_keyed():
     mean = sum(draws) / len(draws)
     expected = sum(0.6**k for k in range(4))  # E[1 + leading successes of 3 draws]
     assert abs(mean - expected) < 0.2
+
+
+def _longest_segment(fold_after: torch.Tensor, counts: list[int]) -> int:
+    """Walk the tokens: the entries of each token's segment up to it, the largest over tokens and sequences."""
+    longest = 0
+    for count, folds in zip(counts, fold_after.tolist()):
+        for fold in folds:
+            count += 1
+            longest = max(longest, count)
+            count = 0 if fold else count
+    return longest
+
+
+@pytest.mark.parametrize("text", ["nvfp4/fp32@1", "nvfp4/fp32@2", "nvfp4/fp32@5", "nvfp4/fp32@16",
+                                  "nvfp4/fp32@4#spec=3:0.6", "nvfp4/fp32@7#spec=4:0.9"])
+@pytest.mark.parametrize("tokens", [0, 1, 6, 33])
+def test_plan_shape_from_host_counts(text, tokens):
+    """The host's segment geometry (no device read) equals the plan's: folds per sequence, the longest segment."""
+    window = ReplayConfig.parse(text).window
+    counts = [0, window - 1, window // 2, 2 * window + 1]  # the last one past the window: the formula's general case
+    count = torch.tensor(counts)
+    remember_host(count, counts)
+    zeros = torch.zeros(4, dtype=torch.int64)
+    plan, after = _plan(text, tokens, batch=4,
+                        state=ScheduleState(count, zeros, torch.zeros(4, dtype=torch.bool), zeros.clone()))
+    assert plan.shape is not None and plan.shape.counts == tuple(counts)
+    assert list(plan.shape.num_folds) == plan.fold_after.sum(1).tolist()
+    assert plan.shape.longest == _longest_segment(plan.fold_after, counts)
+    assert host_copy(after.count) == after.count.tolist()
+    second, _ = _plan(text, 5, batch=4, state=after)
+    assert second.shape.longest == _longest_segment(second.fold_after, after.count.tolist())
+
+
+def test_host_counts_only_while_the_tensor_is_unchanged():
+    """A count tensor the host did not write, or written in place since, gives no host geometry."""
+    state = ScheduleState.start(2)
+    assert _plan("nvfp4/fp32@4", 3, batch=2, state=state)[0].shape is not None
+    state.count.add_(1)
+    plan, after = _plan("nvfp4/fp32@4", 3, batch=2, state=state)
+    assert plan.shape is None and host_copy(after.count) is None
+    assert plan.fold_after.sum(1).tolist() == [1, 1]
+    fresh = ScheduleState(torch.tensor([1, 2]), state.step_left, state.step_read_hi, state.steps)
+    assert _plan("nvfp4/fp32@4", 3, batch=2, state=fresh)[0].shape is None

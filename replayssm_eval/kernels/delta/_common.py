@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.host_values import largest, same_values
 from replayssm_eval.replay.schedule import ScheduleState, TokenPlan, plan_tokens
 from replayssm_eval.replay.state import ReplayState, check_residual, write_checkpoint, zero_residual
 from replayssm_eval.kernels.validate import check_tensor
@@ -199,7 +200,7 @@ def _continue_state(state, config, layer, seq_ids, shapes, keys, cap, device, dt
     if state.layer != layer:
         raise ValueError(f"initial_state belongs to layer {state.layer}, expected layer_idx={layer}")
     check_residual(state, config, (bsz, nv, dv, dk), device)
-    if not torch.equal(state.seq_ids.to(device=device, dtype=torch.int64), seq_ids):
+    if not same_values(state.seq_ids.to(device=device, dtype=torch.int64), seq_ids):
         raise ValueError(f"seq_ids {seq_ids.tolist()} differ from initial_state.seq_ids {state.seq_ids.tolist()}")
     buffer = {}
     for name in keys:
@@ -209,7 +210,7 @@ def _continue_state(state, config, layer, seq_ids, shapes, keys, cap, device, dt
             )
         check_tensor(f"initial_state.buffer[{name!r}]", state.buffer[name], (bsz, cap, *shapes[name]), device=device)
         buffer[name] = state.buffer[name].to(dtype).clone()
-    if state.schedule.count.numel() and int(state.schedule.count.max()) > cap:
+    if largest(state.schedule.count) > cap:
         raise ValueError(f"initial_state.schedule.count exceeds the buffer capacity {cap}")
     hi = state.hi.float().clone()
     return ReplayState(

@@ -69,7 +69,10 @@ def segment_layout(p: Prepared) -> Segments:
     last_fold = torch.cat([torch.full((bsz, 1), -1, device=device, dtype=torch.int64), last_fold[:, :-1]], dim=1)
     pos = torch.where(seg > 0, n - last_fold - 1, count0[:, None] + n)  # [B, T]
     nfold = p.plan.num_folds  # [B]
-    if seqlen:  # the call's one host read
+    shape = p.plan.shape
+    if shape is not None:  # the host knows the schedule: no device read
+        num, length = max(shape.num_folds, default=0) + 1, max(shape.longest, *shape.counts, 1)
+    elif seqlen:  # the call's one host read
         num, length = torch.stack([nfold.max() + 1, torch.maximum(pos.max() + 1, count0.max())]).tolist()
     else:
         num, length = 1, int(count0.max()) if count0.numel() else 0

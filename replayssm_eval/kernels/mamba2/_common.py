@@ -14,6 +14,7 @@ import torch
 from replayssm_eval.formats import PackedState
 from replayssm_eval.kernels.validate import check_tensor
 from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.host_values import largest, same_values
 from replayssm_eval.replay.schedule import ScheduleState
 from replayssm_eval.replay.state import ReplayState, check_residual, write_checkpoint_packed, zero_residual
 
@@ -156,13 +157,13 @@ def _check_replay_state(state: ReplayState, config, layer_idx, seq_ids, dims, de
     check_tensor("initial_state.checkpoint", state.checkpoint, (batch,), device=device, dtypes=(torch.int64,))
     if state.layer != layer_idx:
         raise ValueError(f"layer_idx is {layer_idx} but initial_state belongs to layer {state.layer}; pass layer_idx={state.layer}")
-    if seq_ids is not None and not torch.equal(_seq_ids(seq_ids, batch, device), state.seq_ids):
+    if seq_ids is not None and not same_values(_seq_ids(seq_ids, batch, device), state.seq_ids):
         raise ValueError(f"seq_ids {torch.as_tensor(seq_ids).tolist()} differ from initial_state.seq_ids {state.seq_ids.tolist()}")
     if state.lo_packed is not None and state.lo_packed.format != config.read:
         raise ValueError(f"initial_state's read copy is in '{state.lo_packed.format}', expected the config's read format '{config.read}'")
     check_residual(state, config, (batch, heads, head_dim, d_state), device)
     need = buffer_capacity(config)
-    max_count = int(state.schedule.count.max()) if batch else 0
+    max_count = largest(state.schedule.count)
     if max_count > min(capacity, need):
         raise ValueError(f"initial_state holds {max_count} buffered entries, more than the buffer capacity {min(capacity, need)} of config {config.name}")
     buffer = {}

@@ -42,43 +42,57 @@ class Segments:
         self.pos = torch.where(prev_fold < 0, self.h0[:, None] + n, n - prev_fold - 1)  # [B, T]
         self.num_folds = plan.fold_after.sum(1)  # [B]
         self.last_fold = last_fold[:, -1] if tokens else self.h0.new_full(self.h0.shape, -1)  # [B]: last folding token
-        span = torch.cat([self.pos.flatten(), self.h0 - 1, torch.zeros(1, dtype=torch.int64, device=device)])
-        length, *num_folds = torch.cat([span.max()[None] + 1, self.num_folds]).tolist()  # the call's one host read
+        if plan.shape is not None:  # the host knows the schedule: no device read
+            length = max(plan.shape.longest, *plan.shape.counts, 1)
+            num_folds = list(plan.shape.num_folds)
+        else:
+            span = torch.cat([self.pos.flatten(), self.h0 - 1, torch.zeros(1, dtype=torch.int64, device=device)])
+            length, *num_folds = torch.cat([span.max()[None] + 1, self.num_folds]).tolist()  # the call's one host read
         segments = max(num_folds, default=0) + 1
         self.length, self.segments = length, segments
         # [B, S]: segment s ends in a fold; host copy to steer the loop
         self.folds = torch.arange(segments, device=device)[None] < self.num_folds[:, None]
         self.folds_host = [[s < n for n in num_folds] for s in range(segments)]  # [S][B]
         self.index = self.seg * length + self.pos  # [B, T] flat index in the grid
-        self.read_hi = self.scatter(plan.read_hi, None, False)  # [B, S*L]
+        # [B * S * L]: the row of each grid entry in (tokens, carried entries, a zero row), for `pad`'s one gather
+        size, cap = segments * length, inp.capacity
+        self.capacity = cap  # [B, cap] carried entries
+        source = torch.full((batch, size + 1), batch * (tokens + cap), device=device)  # last column: a dump
+        source.scatter_(1, self.index, torch.arange(batch * tokens, device=device).view(batch, tokens))
+        i = torch.arange(cap, device=device)[None]  # [1, cap]
+        slots = torch.where(i < self.h0[:, None], i, size)  # [B, cap]: carried entries lead segment 0
+        source.scatter_(1, slots, batch * tokens + torch.arange(batch * cap, device=device).view(batch, cap))
+        self.source = source[:, :size].flatten()
+        self.read_hi = self.pad(plan.read_hi, None)  # [B, S*L]
 
-    def scatter(self, new: torch.Tensor, buffered: torch.Tensor | None, fill=0.0) -> torch.Tensor:
-        """new [B, T, ...] and buffered [B, cap, ...] (entries < h0 valid) -> padded [B, S*L, ...]."""
-        batch, tokens = new.shape[:2]
-        size = self.segments * self.length
-        out = new.new_full((batch, size + 1, *new.shape[2:]), fill)  # last slot: dump for unused entries
-        if buffered is not None:
-            i = torch.arange(buffered.shape[1], device=new.device)
-            dump = torch.where(i[None] < self.h0[:, None], i[None], size)  # [B, cap]
-            dump = dump.view(*dump.shape, *[1] * (new.dim() - 2)).expand_as(buffered)
-            out.scatter_(1, dump, buffered.to(new.dtype))
-        index = self.index.view(*self.index.shape, *[1] * (new.dim() - 2)).expand_as(new)
-        out.scatter_(1, index, new)
-        return out[:, :size]
+    def pad(self, new: torch.Tensor, buffered: torch.Tensor | None) -> torch.Tensor:
+        """new [B, T, ...] and buffered [B, cap, ...] (entries < h0 valid; zeros where None) -> zero-padded
+        [B, S*L, ...], by one gather."""
+        batch, entry = new.shape[0], new.shape[2:]
+        carried = (new.new_zeros(batch * self.capacity, *entry) if buffered is None
+                   else buffered.flatten(0, 1).to(new.dtype))
+        rows = torch.cat([new.flatten(0, 1), carried, new.new_zeros(1, *entry)])
+        return rows[self.source].view(batch, self.segments * self.length, *entry)
 
-    def new_buffer(self, new: torch.Tensor, buffered: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """The buffer after the call: entries of each sequence's last segment, [B, cap, ...]."""
-        cap, tokens = buffered.shape[1], new.shape[1]
-        i = torch.arange(cap, device=new.device)[None]  # [1, cap]
+    def new_buffers(self, news: dict[str, torch.Tensor], buffered: dict[str, torch.Tensor],
+                    count: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The buffers after the call, {key: [B, cap, ...]}: entries of each sequence's last segment, from the call's
+        tokens news[key] [B, T, ...] and the entries buffered[key] [B, cap, ...] carried into it."""
+        cap, tokens = buffered["x"].shape[1], news["x"].shape[1]
+        i = torch.arange(cap, device=self.h0.device)[None]  # [1, cap]
         # stream position of entry i of the last segment
         start = torch.where(self.num_folds > 0, self.h0 + self.last_fold + 1, 0)  # [B]
-        p = start[:, None] + i
+        p = start[:, None] + i  # [B, cap]
         tok = (p - self.h0[:, None]).clamp(0, max(tokens - 1, 0))
-        from_new = torch.gather(new, 1, tok.view(*tok.shape, *[1] * (new.dim() - 2)).expand(-1, -1, *new.shape[2:]))
-        from_buf = torch.gather(buffered, 1, p.clamp(max=cap - 1).view(*p.shape, *[1] * (new.dim() - 2))
-                                .expand(-1, -1, *new.shape[2:]))
-        out = torch.where((p < self.h0[:, None]).view(*p.shape, *[1] * (new.dim() - 2)), from_buf, from_new)
-        return torch.where((i < count[:, None]).view(*p.shape, *[1] * (new.dim() - 2)), out, 0.0)
+        old, kept = p < self.h0[:, None], i < count[:, None]
+        p = p.clamp(max=cap - 1)
+        out = {}
+        for key, new in news.items():
+            entry = lambda t: t.view(*t.shape, *[1] * (new.dim() - 2))  # noqa: E731  [B, cap] -> [B, cap, 1...]
+            from_new = torch.gather(new, 1, entry(tok).expand(-1, -1, *new.shape[2:]))
+            from_buf = torch.gather(buffered[key], 1, entry(p).expand(-1, -1, *new.shape[2:]))
+            out[key] = torch.where(entry(kept), torch.where(entry(old), from_buf, from_new), 0.0)
+        return out
 
 def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
     batch, tokens, heads, head_dim, groups, d_state = inp.dims
@@ -89,10 +103,10 @@ def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, Re
     seg = Segments(inp, plan)
     S, L = seg.segments, seg.length
     grid = lambda t: t.view(batch, S, L, *t.shape[2:])  # noqa: E731
-    px = grid(seg.scatter(inp.x, state.buffer["x"]))  # [B, S, L, H, P]
-    pB = grid(seg.scatter(inp.B, state.buffer["B"]))  # [B, S, L, G, N]
-    pC = grid(seg.scatter(inp.C, None))  # [B, S, L, G, N]
-    pdt = grid(seg.scatter(inp.dt, state.buffer["dt"]))  # [B, S, L, H]; padding dt = 0 decays by 1
+    px = grid(seg.pad(inp.x, state.buffer["x"]))  # [B, S, L, H, P]
+    pB = grid(seg.pad(inp.B, state.buffer["B"]))  # [B, S, L, G, N]
+    pC = grid(seg.pad(inp.C, None))  # [B, S, L, G, N]
+    pdt = grid(seg.pad(inp.dt, state.buffer["dt"]))  # [B, S, L, H]; padding dt = 0 decays by 1
     read_hi = grid(seg.read_hi)  # [B, S, L]
 
     cum = torch.cumsum(pdt * inp.A, dim=2)  # [B, S, L, H]: log G_{0..j}
@@ -167,8 +181,7 @@ def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, Re
             pre_image[rows], config, state.layer, state.seq_ids[rows], (state.checkpoint + seg.num_folds)[rows],
             {copy: t[rows] for copy, t in pre_residual.items()})
         packed = merge_packed(packed, new_packed, rows, batch)
-    buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
-              for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
+    buffer = seg.new_buffers({"x": inp.x, "B": inp.B, "dt": inp.dt}, state.buffer, after.count)
     out = ReplayState(hi, hi if config.shared else lo, buffer, after, state.checkpoint + seg.num_folds,
                       state.seq_ids, state.layer, packed, residual)
     return y.to(inp.out_dtype), out

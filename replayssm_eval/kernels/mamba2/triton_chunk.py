@@ -56,7 +56,7 @@ from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
-from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_read_copy_packed
 
 _BLOCK_P = 16  # head_dim rows per program where no scale group spans more rows
 _CHUNK_N = 32  # d_state columns per product of a segment's reads
@@ -253,7 +253,7 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
     """Split config whose read format the loop cannot round (tensor scale, non-power-of-two tiles, no kernel codec):
     exact in two passes, because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only,
     rounds S_hi (`_scan`) and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once
-    (`write_checkpoint_packed`'s encoding, keys and checkpoint indices); (3) the tokens that read S_lo add
+    (`write_read_copy_packed`'s encoding, keys and checkpoint indices); (3) the tokens that read S_lo add
     g_read C . S_lo. hi, pre and y are updated in place.
 
     Memory: the folds of a block, B * (K + 1) * H * P * N fp32 with B * K * H * P * N <= _FOLD_BLOCK_ELEMENTS (K >= 1),
@@ -294,8 +294,8 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
         return chunked_torch(inp, plan, after)
     seg = Segments(inp, plan)
     to_grid = lambda t: t.view(batch, seg.segments, seg.length, *t.shape[2:]).contiguous()  # noqa: E731
-    grid = (to_grid(seg.scatter(inp.x, state.buffer["x"])), to_grid(seg.scatter(inp.B, state.buffer["B"])),
-            to_grid(seg.scatter(inp.C, None)), to_grid(seg.scatter(inp.dt, state.buffer["dt"])),
+    grid = (to_grid(seg.pad(inp.x, state.buffer["x"])), to_grid(seg.pad(inp.B, state.buffer["B"])),
+            to_grid(seg.pad(inp.C, None)), to_grid(seg.pad(inp.dt, state.buffer["dt"])),
             to_grid(seg.read_hi).to(torch.int8), seg.folds.to(torch.int8).contiguous())
     keys = torch.stack([sr_keys(config.seed, state.layer, state.seq_ids, RECUR_COPY),
                         sr_keys(config.seed, state.layer, state.seq_ids, READ_COPY)], 1).contiguous()  # [B, 2]
@@ -318,18 +318,17 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     packed = state.lo_packed
     rows = [b for b, folds in enumerate(seg.folds_host[0]) if folds]  # sequences that wrote a checkpoint
     if len(rows) == batch:  # no selection: seq_ids stays the tensor whose keys `sr_keys` remembers
-        _, new_lo, packed = write_checkpoint_packed(pre, config, state.layer, state.seq_ids,
-                                                    state.checkpoint + seg.num_folds)
+        new_lo, packed = write_read_copy_packed(pre, config, state.layer, state.seq_ids,
+                                                state.checkpoint + seg.num_folds)
         if lo_by_torch:
             lo = new_lo
     elif rows:
         index = torch.tensor(rows).to(hi.device, non_blocking=True)
-        _, new_lo, new_packed = write_checkpoint_packed(pre[index], config, state.layer, state.seq_ids[index],
-                                                        (state.checkpoint + seg.num_folds)[index])
+        new_lo, new_packed = write_read_copy_packed(pre[index], config, state.layer, state.seq_ids[index],
+                                                    (state.checkpoint + seg.num_folds)[index])
         packed = merge_packed(packed, new_packed, index, batch)
         if lo_by_torch:
             lo[index] = new_lo
-    buffer = {key: seg.new_buffer(new, state.buffer[key], after.count)
-              for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt))}
+    buffer = seg.new_buffers({"x": inp.x, "B": inp.B, "dt": inp.dt}, state.buffer, after.count)
     out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
     return y.to(inp.out_dtype), out

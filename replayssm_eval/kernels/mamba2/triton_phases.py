@@ -18,7 +18,7 @@ window), and a segment's outputs need the copies at its start and its own inputs
 
 The folds, their roundings (same tiles, keys and counters) and so S_hi are `triton_chunk`'s bits; the read copy is
 the same rounding of the same pre-image, so the same bits; the outputs are the same code's. The call's last S_lo is
-rounded by torch from the last pre-image with the packed read copy (`write_checkpoint_packed`), as for a read copy
+rounded by torch from the last pre-image with the packed read copy (`write_read_copy_packed`), as for a read copy
 rounded outside the kernel.
 """
 

@@ -1,0 +1,53 @@
+"""What the host knows about a device tensor without reading it back.
+
+A read of a device value on the host (`.tolist()`, `int(t.max())`, `torch.equal`) waits for every queued kernel;
+once per layer and call it keeps the host from queueing the next layers while the GPU runs. Values the host
+computed itself (a schedule's counts, a batch's Philox keys) are remembered per tensor instead: by identity, while
+the tensor lives and is not written in place (its version counter), so a replaced or modified tensor is never
+taken for the one remembered.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+# id(tensor) -> (a weak reference to it, its version counter, what is remembered of it)
+_REMEMBERED: dict[int, tuple[weakref.ref, int, dict]] = {}
+
+
+def remembered(t: torch.Tensor) -> dict:
+    """The dict of what is remembered about `t`: empty for a tensor not seen before, or written in place since."""
+    ref, version, values = _REMEMBERED.get(id(t), (None, None, None))
+    if ref is None or ref() is not t or version != t._version:
+        for stale in [k for k, (r, _, _) in _REMEMBERED.items() if r() is None]:
+            del _REMEMBERED[stale]
+        values = {}
+        _REMEMBERED[id(t)] = (weakref.ref(t), t._version, values)
+    return values
+
+
+def remember_host(t: torch.Tensor, values: list) -> None:
+    """Remember `values`, the host's own copy of `t`'s elements (`t.tolist()`), unless a CUDA graph is capturing
+    (a captured tensor holds its values only when the graph replays)."""
+    if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+        remembered(t)["host"] = values
+
+
+def host_copy(t: torch.Tensor) -> list | None:
+    """`t.tolist()` where the host remembers it (`remember_host`), else None (the caller reads the device)."""
+    return remembered(t).get("host")
+
+
+def largest(t: torch.Tensor) -> int:
+    """The largest element of an integer tensor (0 when empty), from the host's copy where it has one."""
+    values = host_copy(t)
+    if values is not None:
+        return max(values, default=0)
+    return int(t.max()) if t.numel() else 0
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`torch.equal(a, b)`, without a device read where a and b are the same tensor."""
+    return a is b or torch.equal(a, b)
