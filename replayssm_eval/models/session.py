@@ -35,6 +35,7 @@ import torch
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.round_trip import round_trip
+from replayssm_eval.replay.host_values import remember_host
 from replayssm_eval.replay.state import ReplayState
 
 ENGINES = ("chunked", "reference", "step")
@@ -259,7 +260,8 @@ class ReplaySession:
             raise ValueError(f"seq_ids has {self.seq_ids.numel()} entries, expected one per batch row ({batch})")
         source, version, on_device = self._seq_ids_device
         if source is not self.seq_ids or version != self.seq_ids._version or on_device.device != torch.device(device):
-            # one device tensor while seq_ids stand: `replay.keys.sr_keys` remembers its keys
+            # one device tensor while seq_ids stand: `replay.keys.sr_keys` remembers its keys, the host its values
             on_device = self.seq_ids.to(device, non_blocking=True)
+            remember_host(on_device, self.seq_ids.tolist())
             self._seq_ids_device = (self.seq_ids, self.seq_ids._version, on_device)
         return on_device

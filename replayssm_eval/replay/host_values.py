@@ -40,12 +40,15 @@ def host_copy(t: torch.Tensor) -> list | None:
     return remembered(t).get("host")
 
 
-def largest(t: torch.Tensor) -> int:
-    """The largest element of an integer tensor (0 when empty), from the host's copy where it has one."""
+def to_host(t: torch.Tensor) -> list:
+    """`t.tolist()`, without a device read where the host remembers it."""
     values = host_copy(t)
-    if values is not None:
-        return max(values, default=0)
-    return int(t.max()) if t.numel() else 0
+    return t.tolist() if values is None else values
+
+
+def largest(t: torch.Tensor) -> int:
+    """The largest element of an integer tensor [B] (0 when empty), without a device read where the host knows it."""
+    return max(to_host(t), default=0)
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_eval.replay.config import ReplayConfig
-from replayssm_eval.replay.host_values import host_copy, remember_host
+from replayssm_eval.replay.host_values import host_copy, remember_host, to_host
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,16 @@ class ScheduleState:
 
     @classmethod
     def start(cls, batch: int, device=None) -> "ScheduleState":
-        """The position right after a prefill wrote the first checkpoint (its counts known to the host)."""
+        """The position right after a prefill wrote the first checkpoint (known to the host: `host_values`)."""
         zeros = torch.zeros(batch, dtype=torch.int64, device=device)
-        remember_host(zeros, [0] * batch)
-        return cls(zeros, zeros.clone(), torch.zeros(batch, dtype=torch.bool, device=device), zeros.clone())
+        state = cls(zeros, zeros.clone(), torch.zeros(batch, dtype=torch.bool, device=device), zeros.clone())
+        for t in state.fields():
+            remember_host(t, [False if t.dtype == torch.bool else 0] * batch)
+        return state
+
+    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(count, step_left, step_read_hi, steps)."""
+        return self.count, self.step_left, self.step_read_hi, self.steps
 
 
 @dataclass(frozen=True)
@@ -140,12 +146,13 @@ def _plan_speculative(
     batch = state.count.shape[0]
     fold = torch.zeros(batch, num_tokens, dtype=torch.bool)
     read_hi = torch.zeros(batch, num_tokens, dtype=torch.bool)
-    count, left, hi, steps = (t.tolist() for t in (state.count, state.step_left, state.step_read_hi, state.steps))
+    count, left, hi, steps = (list(to_host(t)) for t in state.fields())
+    sequences = to_host(seq_ids)
     counts, longest = tuple(count), 0
     for b in range(batch):
         for n in range(num_tokens):
             if left[b] == 0:  # a new step starts at token n
-                left[b] = accepted_per_step(config.seed, int(seq_ids[b]), steps[b], spec.drafts, spec.accept)
+                left[b] = accepted_per_step(config.seed, int(sequences[b]), steps[b], spec.drafts, spec.accept)
                 steps[b] += 1
             read_hi[b, n] = hi[b]
             count[b] += 1
@@ -157,12 +164,11 @@ def _plan_speculative(
                     fold[b, n] = True
                     count[b] = 0
     device = state.count.device
-    after = ScheduleState(
-        count=torch.tensor(count, dtype=torch.int64, device=device),
-        step_left=torch.tensor(left, dtype=torch.int64, device=device),
-        step_read_hi=torch.tensor(hi, dtype=torch.bool, device=device),
-        steps=torch.tensor(steps, dtype=torch.int64, device=device),
-    )
-    remember_host(after.count, count)
+    to_device = lambda t: t.to(device, non_blocking=True)  # noqa: E731  from host memory: no wait for the GPU
+    after = ScheduleState(*(to_device(torch.tensor(v, dtype=t.dtype)) for v, t in zip((count, left, hi, steps),
+                                                                                        state.fields())))
+    for v, t in zip((count, left, hi, steps), after.fields()):
+        remember_host(t, v)
     shape = PlanShape(counts, tuple(int(f) for f in fold.sum(1).tolist()), longest)
-    return TokenPlan(fold_after=fold.to(device), read_hi=read_hi.to(device), shape=shape), after
+    return TokenPlan(fold_after=to_device(fold), read_hi=to_device(read_hi), shape=shape), after
+

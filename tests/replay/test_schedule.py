@@ -117,3 +117,18 @@ def test_host_counts_only_while_the_tensor_is_unchanged():
     assert plan.fold_after.sum(1).tolist() == [1, 1]
     fresh = ScheduleState(torch.tensor([1, 2]), state.step_left, state.step_read_hi, state.steps)
     assert _plan("nvfp4/fp32@4", 3, batch=2, state=fresh)[0].shape is None
+
+
+@pytest.mark.parametrize("text", ["nvfp4/fp32@5", "nvfp4/fp32@4#spec=3:0.6"])
+def test_plan_reads_nothing_back_when_the_host_knows_the_schedule(text):
+    """Schedule and sequence ids on the meta device (no values to read back): the host's copies plan two calls,
+    with the geometry of the same plans on the CPU."""
+    config = ReplayConfig.parse(text)
+    ids = torch.arange(3, device="meta")
+    remember_host(ids, [0, 1, 2])
+    plan, after = plan_tokens(config, ScheduleState.start(3, "meta"), 23, ids)
+    second, _ = plan_tokens(config, after, 9, ids)
+    cpu_plan, cpu_after = plan_tokens(config, ScheduleState.start(3), 23, torch.arange(3))
+    cpu_second, _ = plan_tokens(config, cpu_after, 9, torch.arange(3))
+    assert plan.fold_after.is_meta and second.shape is not None
+    assert (plan.shape, second.shape) == (cpu_plan.shape, cpu_second.shape)
