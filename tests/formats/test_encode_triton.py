@@ -253,9 +253,9 @@ def test_encode_triton_rejects(device):
         encode_triton(x, get_format("fp16sr"), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("recur, read, shared", [("fp16sr", "nvfp4:scale=head", False), ("fp32", "fp8sr", False),
-                                                 ("bf16", "mxfp4", False), ("fp8sr:scale=tensor", "nvfp4:axis=headdim", False),
-                                                 ("int16sr:scale=head", "int16sr:scale=head", True)])
+@pytest.mark.parametrize("recur, read, shared", [
+    ("fp16sr", "nvfp4:scale=head", False), ("fp32", "fp8sr", False), ("bf16", "mxfp4", False),
+    ("fp8sr:scale=tensor", "nvfp4:axis=headdim", False), ("int16sr:scale=head", "int16sr:scale=head", True)])
 def test_write_checkpoint_packed_triton_path(recur, read, shared, device, monkeypatch):
     """The CUDA dispatch of `write_checkpoint_packed` on the device (forced on CPU): same (S_hi, S_lo, lo_packed) as
     torch on CPU; `write_read_copy_packed` (the encoder's launch decoding S_lo too) the same (S_lo, lo_packed)."""

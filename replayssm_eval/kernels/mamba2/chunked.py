@@ -56,7 +56,7 @@ class Segments:
         self.index = self.seg * length + self.pos  # [B, T] flat index in the grid
         # [B * S * L]: the row of each grid entry in (tokens, carried entries, a zero row), for `pad`'s one gather
         size, cap = segments * length, inp.capacity
-        self.capacity = cap  # [B, cap] carried entries
+        self.capacity = cap  # buffer slots per sequence
         source = torch.full((batch, size + 1), batch * (tokens + cap), device=device)  # last column: a dump
         source.scatter_(1, self.index, torch.arange(batch * tokens, device=device).view(batch, tokens))
         i = torch.arange(cap, device=device)[None]  # [1, cap]
