@@ -4,7 +4,8 @@ A read of a device value on the host (`.tolist()`, `int(t.max())`, `torch.equal`
 once per layer and call it keeps the host from queueing the next layers while the GPU runs. Values the host
 computed itself (a schedule's counts, a batch's Philox keys) are remembered per tensor instead: by identity, while
 the tensor lives and is not written in place (its version counter), so a replaced or modified tensor is never
-taken for the one remembered.
+taken for the one remembered. Torch counts only its own writes: a tensor that a Triton kernel or a CUDA graph's
+replay writes in place must not be remembered (the fixed-buffer step keeps its own clones of the counts).
 """
 
 from __future__ import annotations
