@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment, relerr  # noqa: E402
 
-from replayssm_eval.formats.codec import FP32_CODEC, tile_codec  # noqa: E402
+from replayssm_eval.formats.codec import tile_codec  # noqa: E402
 from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
@@ -111,18 +111,14 @@ def whole_head(config: str) -> bool:
     return any(c is not None and c.spans(16) for c in map(tile_codec, (cfg.recur_format, cfg.read_format)))
 
 
-def phased(family: str, config: str) -> bool:
-    """Whether a config runs Mamba-2's phases (its launch: `triton_phases.phase_launch_config`): as
-    `triton_chunk.chunked_triton_prepared` decides, a recurrence copy that torch rounds folding in FP32."""
-    cfg = ReplayConfig.parse(config)
-    recur, read = (tile_codec(f) for f in (cfg.recur_format, cfg.read_format))
-    return (family == "mamba2" and read is not None
-            and mamba2_phases.phased((recur or FP32_CODEC, read), cfg.shared))
+def phased(family: str, config: str, geo: dict) -> bool:
+    """Whether a config runs Mamba-2's phases at the geometry geo (its launch: `triton_phases.phase_launch_config`)."""
+    return family == "mamba2" and mamba2_triton.runs_in_phases(ReplayConfig.parse(config).plain(), (geo["P"], geo["N"]))
 
 
-def launches(family: str, config: str) -> list[dict]:
+def launches(family: str, config: str, geo: dict) -> list[dict]:
     """The launch configs the sweep tries for a config."""
-    if phased(family, config):
+    if phased(family, config, geo):
         return PHASES
     return WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]
 
@@ -150,9 +146,9 @@ def time_segments(step, s0, tokens: int, segment: int, timer: Timer) -> tuple[fl
     return timer.wall_s(segments), first, note
 
 
-def with_launch(family: str, config: str, launch: dict):
+def with_launch(family: str, config: str, geo: dict, launch: dict):
     """Context: the family's chunked kernels launched with `launch` instead of their default config."""
-    if phased(family, config):
+    if phased(family, config, geo):
         default = mamba2_phases.phase_launch_config
         return mock.patch.object(mamba2_phases, "phase_launch_config", lambda *args: {**default(*args), **launch})
     return mock.patch.object(LAUNCH_MODULE[family], "chunked_launch_config", lambda *args: dict(launch))
@@ -218,8 +214,8 @@ def main(argv=None):
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in split_configs(args.sweep) and not note:
-                for launch in launches(family, config):
-                    with with_launch(family, config, launch):
+                for launch in launches(family, config, geo):
+                    with with_launch(family, config, geo, launch):
                         try:
                             seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, timer)
                             diff = differences(base, first)

@@ -126,25 +126,21 @@ def write_checkpoint_packed(
         raise ValueError(f"config {config.name!r} keeps error-feedback residuals (ef=) and this path does not "
                          "carry them; accepted: the torch kernels (backend='torch', the chunked or reference engine)")
     state = state.float()
-    hi_packed = _encode(state, config.recur_format, config.seed, layer, seq_ids, checkpoint, RECUR_COPY, residual)
-    hi = config.recur_format.decode(hi_packed)
+    hi, hi_packed = _encode(state, config.recur_format, config.seed, layer, seq_ids, checkpoint, RECUR_COPY, residual)
     if config.shared:
         return hi, hi, hi_packed
-    lo_packed = _encode(state, config.read_format, config.seed, layer, seq_ids, checkpoint, READ_COPY, residual)
-    return hi, config.read_format.decode(lo_packed), lo_packed
+    lo, lo_packed = _encode(state, config.read_format, config.seed, layer, seq_ids, checkpoint, READ_COPY, residual)
+    return hi, lo, lo_packed
 
 
 def write_read_copy_packed(
     state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor,
 ) -> tuple[torch.Tensor, object]:
     """`write_checkpoint_packed`'s (S_lo, lo_packed) alone, the same bits, for a kernel that rounded S_hi itself (a
-    shared checkpoint's S_lo is S_hi, so then its copy); a format with error feedback is refused."""
+    shared checkpoint's S_lo is S_hi, so then its copy); a config with error feedback is refused."""
+    refuse_feedback(config, "write_read_copy_packed")
     fmt, copy = (config.recur_format, RECUR_COPY) if config.shared else (config.read_format, READ_COPY)
-    keys = sr_keys(config.seed, layer, seq_ids, copy) if fmt.is_stochastic else None
-    state = state.float()
-    decoded = torch.empty(state.shape, device=state.device) if _use_triton(state, fmt) else None
-    packed = encode_keyed(state, fmt, keys, checkpoint, decoded)
-    return (fmt.decode(packed) if decoded is None else decoded), packed
+    return _encode(state.float(), fmt, config.seed, layer, seq_ids, checkpoint, copy, None)
 
 
 def _use_triton(state: torch.Tensor, fmt) -> bool:
@@ -153,28 +149,31 @@ def _use_triton(state: torch.Tensor, fmt) -> bool:
 
 
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy, residual):
-    """`fmt.encode` of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer, sequence, copy); with
-    error feedback, of the state plus the copy's residual, whose entry in `residual` becomes the new one."""
+    """(`fmt.decode` of it, `fmt.encode`) of one stored copy of states [B, H, P, N], SR bits keyed by (seed, layer,
+    sequence, copy); with error feedback, of the state plus the copy's residual, whose entry in `residual` becomes the
+    new one. On CUDA the encoder's launch also writes the decoded copy."""
     keys = sr_keys(seed, layer, seq_ids, copy) if fmt.is_stochastic else None
-    if not fmt.feedback:
-        return encode_keyed(state, fmt, keys, checkpoint)
-    target = state + residual[copy]
-    packed = _encode_keyed(target, fmt, keys, checkpoint)
-    residual[copy] = fmt.residual(target, fmt.decode(packed))
-    return packed
+    target = state + residual[copy] if fmt.feedback else state
+    decoded = torch.empty(target.shape, device=target.device) if _use_triton(target, fmt) else None
+    packed = _encode_keyed(target, fmt, keys, checkpoint, decoded)
+    decoded = fmt.decode(packed) if decoded is None else decoded
+    if fmt.feedback:
+        residual[copy] = fmt.residual(target, decoded)
+    return decoded, packed
 
 
-def encode_keyed(state, fmt, keys, checkpoint, decoded=None):
+def encode_keyed(state, fmt, keys, checkpoint):
     """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats); a format
-    with error feedback is refused (the residual is `write_checkpoint`'s). decoded: an FP32 tensor of the state's
-    shape that the Triton encoder fills with `fmt.decode` of the result in the same launch (CUDA states only)."""
+    with error feedback is refused (the residual is `write_checkpoint`'s)."""
     if fmt.feedback:
         raise ValueError(f"state format '{fmt.name}' keeps an error-feedback residual that this path does not carry; "
                          "accepted: the torch kernels (backend='torch', the chunked or reference engine)")
-    return _encode_keyed(state, fmt, keys, checkpoint, decoded)
+    return _encode_keyed(state, fmt, keys, checkpoint)
 
 
 def _encode_keyed(state, fmt, keys, checkpoint, decoded=None):
+    """decoded: an FP32 tensor of the state's shape that the Triton encoder fills with `fmt.decode` of the result in
+    the same launch (CUDA states only)."""
     if _use_triton(state, fmt):
         from replayssm_eval.formats.triton import encode_triton
 

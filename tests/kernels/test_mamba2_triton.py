@@ -226,7 +226,7 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     inputs = tuple(t.to(device) for t in _small(tokens=14, **sizes))
     state = _phased(inputs, config, [0, 3], device)
     main = sliced(inputs, 3, 14)[:6]
-    assert triton_chunk.phased(triton_chunk._launched(triton_chunk._codecs(config, state.hi.shape[2:])), False)
+    assert triton_chunk.runs_in_phases(config, state.hi.shape[2:])
     heads, head_dim, d_state = state.hi.shape[1:]
     monkeypatch.setattr(triton_phases, "_SLOT_ELEMENTS", 3 * 2 * heads * head_dim * d_state)
     y, st = triton_no_fallback(chunked, *main, state, config)

@@ -55,8 +55,8 @@ class Segments:
         self.folds_host = [[s < n for n in num_folds] for s in range(segments)]  # [S][B]
         self.index = self.seg * length + self.pos  # [B, T] flat index in the grid
         # [B * S * L]: the row of each grid entry in (tokens, carried entries, a zero row), for `pad`'s one gather
-        size, cap = segments * length, inp.capacity
-        self.capacity = cap  # buffer slots per sequence
+        size = segments * length
+        self.capacity = cap = inp.capacity  # buffer slots per sequence
         source = torch.full((batch, size + 1), batch * (tokens + cap), device=device)  # last column: a dump
         source.scatter_(1, self.index, torch.arange(batch * tokens, device=device).view(batch, tokens))
         i = torch.arange(cap, device=device)[None]  # [1, cap]
@@ -78,7 +78,7 @@ class Segments:
                     count: torch.Tensor) -> dict[str, torch.Tensor]:
         """The buffers after the call, {key: [B, cap, ...]}: entries of each sequence's last segment, from the call's
         tokens news[key] [B, T, ...] and the entries buffered[key] [B, cap, ...] carried into it."""
-        cap, tokens = buffered["x"].shape[1], news["x"].shape[1]
+        cap, tokens = self.capacity, news["x"].shape[1]
         i = torch.arange(cap, device=self.h0.device)[None]  # [1, cap]
         # stream position of entry i of the last segment
         start = torch.where(self.num_folds > 0, self.h0 + self.last_fold + 1, 0)  # [B]
@@ -93,6 +93,7 @@ class Segments:
             from_buf = torch.gather(buffered[key], 1, entry(p).expand(-1, -1, *new.shape[2:]))
             out[key] = torch.where(entry(kept), torch.where(entry(old), from_buf, from_new), 0.0)
         return out
+
 
 def chunked_torch(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.Tensor, ReplayState]:
     batch, tokens, heads, head_dim, groups, d_state = inp.dims

@@ -32,8 +32,8 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
 The kernel computes in FP32 (`tile_dot.dot`; one-token windows take one row, not 16): the fold in FP32 FMAs
 (input_precision "ieee"), so the stored copies' bits do not depend on the launch; a segment's products over d_state
 (B . C and the checkpoint terms) as three TF32 tensor-core products ("tf32x3", FP32-level error), read from memory
-in chunks of _CHUNK_N columns. No state stays in registers between segments: each fold is stored (pre-image, S_hi,
-S_lo) and read back, from L2 (BENCHMARKS.md, Chunked form: what each change bought).
+in chunks of CHUNK_COLUMNS columns. No state stays in registers between segments: each fold is stored (pre-image,
+S_hi, S_lo) and read back, from L2 (BENCHMARKS.md, Chunked form: what each change bought).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.mamba2.triton_phases import (
-    PhaseState, fold_weights, phased, scan_in_phases, segment_output,
+    CHUNK_COLUMNS, PROGRAM_ROWS, PhaseState, fold_weights, phased, scan_in_phases, segment_output,
 )
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -58,8 +58,6 @@ from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_read_copy_packed
 
-_BLOCK_P = 16  # head_dim rows per program where no scale group spans more rows
-_CHUNK_N = 32  # d_state columns per product of a segment's reads
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 
 
@@ -177,15 +175,15 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     recur, read = codecs
     out, g_lo, first = outside if outside is not None else (hi, hi, 0)  # not touched without LO_OUTSIDE
     copies = (recur,) if config.shared else (recur, read)  # the copies the loop rounds (LO_OUTSIDE: read is FP32)
-    # a natural-basis head scale of the recurrence copy spans the head's programs of _BLOCK_P rows, which exchange its
-    # amax (a head-scaled read copy then too); any other copy whose groups span more rows takes programs holding the
-    # whole head
+    # a natural-basis head scale of the recurrence copy spans the head's programs of PROGRAM_ROWS rows, which exchange
+    # its amax (a head-scaled read copy then too); any other copy whose groups span more rows takes programs holding
+    # the whole head
     head_split = lambda c: c.group == Group.HEAD and c.natural  # noqa: E731
     programs = 1
-    if head_split(recur) and not any(c.spans(_BLOCK_P) and not head_split(c) for c in copies):
-        slabs = triton.cdiv(P, _BLOCK_P)
+    if head_split(recur) and not any(c.spans(PROGRAM_ROWS) and not head_split(c) for c in copies):
+        slabs = triton.cdiv(P, PROGRAM_ROWS)
         programs = exchange_programs(list(copies), slabs, slabs, hi.device)  # programs numbered in start order
-    launch = chunked_launch_config(P, N, programs == 1 and any(c.spans(_BLOCK_P) for c in copies))
+    launch = chunked_launch_config(P, N, programs == 1 and any(c.spans(PROGRAM_ROWS) for c in copies))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
     block_n = max(16, triton.next_power_of_2(N))
@@ -204,13 +202,14 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
         READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
         READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis, READ_ROT=read_rot,
         SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None, BUF=buffer_kind(config),
-        PROGRAMS=programs, BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n, CHUNK_N=min(_CHUNK_N, block_n),
+        PROGRAMS=programs, BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n,
+        CHUNK_N=min(CHUNK_COLUMNS, block_n),
         DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],
     )
 
 
 def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict:
-    """BLOCK_P (head_dim rows per program: _BLOCK_P, or the whole head for scale groups spanning more rows: head
+    """BLOCK_P (head_dim rows per program: PROGRAM_ROWS, or the whole head for scale groups spanning more rows: head
     scales, tall scale tiles, groups, blocks and rotation runs along head_dim), num_warps, DOT (the fold's tl.dot
     input_precision), READ_DOT (the segment's reads over d_state) and maxnreg of `_chunk_scan_kernel`
     (benchmarks/layer_speed.py sweeps them). The fold stays in FP32 FMAs ("ieee"), so the stored copies keep their
@@ -219,7 +218,7 @@ def chunked_launch_config(head_dim: int, d_state: int, whole_head: bool) -> dict
     if whole_head:  # the sweep's best on the H200 at P = 80, N = 128 (reports/layer_speed.json)
         return {"BLOCK_P": max(16, triton.next_power_of_2(head_dim)), "num_warps": 16, "DOT": "ieee",
                 "READ_DOT": "tf32x3", "maxnreg": None}
-    return {"BLOCK_P": _BLOCK_P, "num_warps": 2, "DOT": "ieee", "READ_DOT": "tf32x3", "maxnreg": None}
+    return {"BLOCK_P": PROGRAM_ROWS, "num_warps": 2, "DOT": "ieee", "READ_DOT": "tf32x3", "maxnreg": None}
 
 
 def _codecs(config, dims: tuple[int, int]) -> tuple:
@@ -232,6 +231,12 @@ def _launched(codecs: tuple) -> tuple[KernelCodec, KernelCodec]:
     """The codecs `_scan` launches with for the in-loop codecs (S_hi's, S_lo's; None where torch rounds the copy): an
     FP32 fold for a copy torch rounds."""
     return tuple(c or FP32_CODEC for c in codecs)
+
+
+def runs_in_phases(config, dims: tuple[int, int]) -> bool:
+    """Whether a call of `config` on states of dims (head_dim, d_state) runs in `triton_phases`' phases (a head-scaled
+    read copy beside a recurrence copy the loop rounds or torch does), else in the one loop."""
+    return phased(_launched(_codecs(config, dims)), config.shared)
 
 
 def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, phases, outside=None) -> None:
@@ -305,7 +310,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     recur, read = _codecs(config, (head_dim, d_state))
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
-    in_phases = not read_outside and phased(_launched((recur, read)), config.shared)
+    in_phases = runs_in_phases(config, (head_dim, d_state))
     lo_by_torch = read_outside or in_phases  # the last S_lo from torch (the phases round it for the segments' reads)
     lo = hi if config.shared else state.lo.clone().contiguous()  # updated in place where the loop rounds it
     if read_outside:

@@ -7,8 +7,8 @@ window), and a segment's outputs need the copies at its start and its own inputs
 
 1. `_fold_chain_kernel`, one program per (d_state tile, head_dim tile, head, sequence), walks the block's segments
    and folds its tile: pre-image g_seg S_hi + sum_i dt_i G_{i+1..L-1} x_i B_i^T, S_hi rounded from it in the tile
-   (the recurrence copy's groups lie in one tile: elementwise kinds take tiles of _CHUNK_N columns, a row of d_state
-   the whole row), kept in registers from fold to fold. It stores every fold's S_hi and pre-image in the block's
+   (the recurrence copy's groups lie in one tile: elementwise kinds take tiles of CHUNK_COLUMNS columns, a row of
+   d_state the whole row), kept in registers from fold to fold. It stores every fold's S_hi and pre-image in the block's
    slots (slot 0: the copies at the block's start) and each tile's amax of each fold.
 2. `_round_slots_kernel`, one program per (head_dim tile, slot, head, sequence), rounds each slot's pre-image to the
    read copy in place with the head's amax of its fold (before the call's first fold: the S_lo given).
@@ -33,8 +33,9 @@ from replayssm_eval.formats.device import quantize_tile, round_state_tile, state
 from replayssm_eval.kernels.tile_dot import dot, dot_acc, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 
-_BLOCK_P = 16  # head_dim rows per program (a scale group of either copy spans at most this many: `phased`)
-_CHUNK_N = 32  # d_state columns of a fold program where the recurrence copy rounds elementwise
+# shared with `triton_chunk`'s one loop, whose tiles and output code these phases repeat bit for bit
+PROGRAM_ROWS = 16  # head_dim rows per program where no scale group spans more rows
+CHUNK_COLUMNS = 32  # d_state columns per product of a segment's reads, and of a fold program where S_hi is elementwise
 _SLOT_ELEMENTS = 1 << 26  # elements of one slot array a block holds: batch * (segments + 1) * H * P * N (256 MiB)
 
 
@@ -219,21 +220,21 @@ def _segment_outputs_kernel(
 
 def phased(codecs: tuple[KernelCodec, KernelCodec], shared: bool) -> bool:
     """Whether `scan_in_phases` runs the in-loop codecs (S_hi's, S_lo's): a read copy with a head scale along d_state
-    beside a recurrence copy whose groups lie in _BLOCK_P head_dim rows (a recurrence copy's head scale needs every
+    beside a recurrence copy whose groups lie in PROGRAM_ROWS head_dim rows (a recurrence copy's head scale needs every
     program of the head at each fold: `triton_chunk`'s exchange). Elsewhere the one loop of `triton_chunk` ran faster
     per layer on the H200, in one launch against three (BENCHMARKS.md, Chunked form)."""
     recur, read = codecs
-    return not shared and read.group == Group.HEAD and read.natural and not recur.spans(_BLOCK_P)
+    return not shared and read.group == Group.HEAD and read.natural and not recur.spans(PROGRAM_ROWS)
 
 
 def phase_launch_config(recur: KernelCodec, d_state: int) -> dict:
-    """FOLD_N of the fold programs (_CHUNK_N columns where the recurrence copy rounds elementwise, else all of
+    """FOLD_N of the fold programs (CHUNK_COLUMNS columns where the recurrence copy rounds elementwise, else all of
     d_state; the other programs hold all of it, BLOCK_N), num_warps of each kernel, DOT (the fold's and the
-    intra-segment product's input_precision: FP32 FMAs, so the stored copies keep their bits) and READ_DOT (the products over d_state: three TF32 products, FP32-level
-    error, as `triton_chunk.chunked_launch_config`)."""
+    intra-segment product's input_precision: FP32 FMAs, so the stored copies keep their bits) and READ_DOT (the
+    products over d_state: three TF32 products, FP32-level error, as `triton_chunk.chunked_launch_config`)."""
     block_n = max(16, triton.next_power_of_2(d_state))
     elementwise = recur.group == Group.NONE and recur.block == 1 and recur.rot == 1
-    return {"FOLD_N": min(_CHUNK_N, block_n) if elementwise else block_n, "BLOCK_N": block_n, "fold_warps": 4,
+    return {"FOLD_N": min(CHUNK_COLUMNS, block_n) if elementwise else block_n, "BLOCK_N": block_n, "fold_warps": 4,
             "round_warps": 8, "output_warps": 2, "DOT": "ieee", "READ_DOT": "tf32x3"}
 
 
@@ -257,9 +258,9 @@ def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, sp
     recur, read = codecs
     launch = phase_launch_config(recur, N)
     skip = config.skip_read_below
-    tiles_p, tiles_n = triton.cdiv(P, _BLOCK_P), triton.cdiv(N, launch["FOLD_N"])
+    tiles_p, tiles_n = triton.cdiv(P, PROGRAM_ROWS), triton.cdiv(N, launch["FOLD_N"])
     block = max(1, _SLOT_ELEMENTS // (batch * H * P * N) - 1)
-    common = dict(BLOCK_L=window_rows(L), BLOCK_P=_BLOCK_P, SKIP=skip is not None, DOT=launch["DOT"])
+    common = dict(BLOCK_L=window_rows(L), BLOCK_P=PROGRAM_ROWS, SKIP=skip is not None, DOT=launch["DOT"])
     recur_axis, recur_rot = recur.basis
     for s0 in range(span[0], span[1], block):
         k = min(span[1], s0 + block) - s0
@@ -278,10 +279,10 @@ def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, sp
         _round_slots_kernel[(tiles_p, k + 1, batch * H)](  # the slots' pre-images become the read copies
             pre_slots, lo, folds, phases.before, phases.head_amax, checkpoint, keys, S, s0, k, H, P, N,
             READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-            READ_RANDOM=read.random, BLOCK_P=_BLOCK_P, BLOCK_N=launch["BLOCK_N"], num_warps=launch["round_warps"],
+            READ_RANDOM=read.random, BLOCK_P=PROGRAM_ROWS, BLOCK_N=launch["BLOCK_N"], num_warps=launch["round_warps"],
         )
         _segment_outputs_kernel[(tiles_p * k, H, batch)](
             px, pB, pC, pdt, read_hi, phases.before, A, hi_slots, pre_slots, y, S, s0, k, L, H, P, N, G, H // G,
             float(skip or 0.0), READ_DOT=launch["READ_DOT"], BLOCK_N=launch["BLOCK_N"],
-            CHUNK_N=min(_CHUNK_N, launch["BLOCK_N"]), num_warps=launch["output_warps"], **common,
+            CHUNK_N=min(CHUNK_COLUMNS, launch["BLOCK_N"]), num_warps=launch["output_warps"], **common,
         )
