@@ -18,7 +18,8 @@ so that Triton compiles are not timed). Rows:
   compare         --compare-outputs: the first segment's output and stored copies against those saved by
                   --save-outputs from another checkout (same seeded inputs)
   sweep           the triton configs under other launch configs (`chunked_launch_config` of each family; Mamba-2's
-                  configs that run in phases `triton_phases.phase_launch_config`), with
+                  configs that run in phases `triton_phases.phase_launch_config`, its one-token windows
+                  `triton_tokens.token_launch_config`), with
                   the first segment's output error and the share of stored checkpoint elements that differ
                   from the default launch (tf32x3 products are not bit-identical to FP32 FMAs)
 Geometries as benchmarks/kernel_speed.py: Mamba-2 of Nemotron-3-Nano-4B, GDN of Qwen3.5-4B, KDA of Kimi-Linear-48B-A3B.
@@ -45,6 +46,7 @@ from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_phases as mamba2_phases  # noqa: E402
+from replayssm_eval.kernels.mamba2 import triton_tokens as mamba2_tokens  # noqa: E402
 from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 
 CONFIGS = ("nvfp4:scale=head/fp16sr@16", "nvfp4:scale=row/fp16sr@16", "shared:nvfp4:scale=head@16",
@@ -63,6 +65,9 @@ WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT="ieee", READ_DOT=d, 
               "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
 # Mamba-2 configs that run in phases (`triton_phases.phased`): warps of the fold programs and of the output programs
 PHASES = [dict(fold_warps=f, output_warps=o) for f, o in itertools.product((2, 4), (2, 4))]
+# Mamba-2 configs of one-token windows that run the token scan (`triton_tokens.token_launch_config`)
+# (registers per thread capped so that more programs stay resident: each runs the call's whole chain of folds)
+TOKENS = [dict(num_warps=w, maxnreg=r) for w, r in ((4, 128), (8, None), (8, 64), (8, 96), (8, 128), (16, 64))]
 # where each family's chunked launch reads `chunked_launch_config` (GDN and KDA share the delta rule's)
 LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": delta_triton, "kda": delta_triton}
 
@@ -116,8 +121,16 @@ def phased(family: str, config: str, geo: dict) -> bool:
     return family == "mamba2" and mamba2_triton.runs_in_phases(ReplayConfig.parse(config).plain(), (geo["P"], geo["N"]))
 
 
+def per_token(family: str, config: str, geo: dict) -> bool:
+    """Whether a config runs Mamba-2's token scan (`triton_tokens`) at the geometry geo."""
+    cfg = ReplayConfig.parse(config).plain()
+    return family == "mamba2" and cfg.window == 1 and mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1)
+
+
 def launches(family: str, config: str, geo: dict) -> list[dict]:
     """The launch configs the sweep tries for a config."""
+    if per_token(family, config, geo):
+        return TOKENS
     if phased(family, config, geo):
         return PHASES
     return WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]
@@ -148,6 +161,9 @@ def time_segments(step, s0, tokens: int, segment: int, timer: Timer) -> tuple[fl
 
 def with_launch(family: str, config: str, geo: dict, launch: dict):
     """Context: the family's chunked kernels launched with `launch` instead of their default config."""
+    if per_token(family, config, geo):
+        default = mamba2_tokens.token_launch_config
+        return mock.patch.object(mamba2_tokens, "token_launch_config", lambda *args: {**default(*args), **launch})
     if phased(family, config, geo):
         default = mamba2_phases.phase_launch_config
         return mock.patch.object(mamba2_phases, "phase_launch_config", lambda *args: {**default(*args), **launch})

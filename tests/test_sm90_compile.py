@@ -35,6 +35,7 @@ def cases() -> list:
     from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_chunk_module
     from replayssm_eval.kernels.mamba2 import triton_phases as mamba2_phases
     from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
+    from replayssm_eval.kernels.mamba2 import triton_tokens as mamba2_tokens
 
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
     none, row, head, tensor, tile = (int(g) for g in (Group.NONE, Group.ROW, Group.HEAD, Group.TENSOR, Group.TILE))
@@ -59,6 +60,8 @@ def cases() -> list:
                        BLOCK_N=128)
     segment_outputs = {k: v for k, v in mamba2_chunk.items() if k in (
         "SKIP", "DOT", "READ_DOT", "BLOCK_L", "BLOCK_P", "BLOCK_N", "CHUNK_N")}
+    token_scan = {k: v for k, v in mamba2_chunk.items() if k.startswith(("RECUR", "READ")) and k != "READ_DOT"}
+    token_scan.update(SHARED=False, SKIP=True, BUF=1, DOT="ieee", BLOCK_P=16, BLOCK_N=128)
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
@@ -162,6 +165,12 @@ def cases() -> list:
         (mamba2_phases._segment_outputs_kernel, segment_outputs),
         (mamba2_phases._fold_chain_kernel, {**fold_chain, "BLOCK_L": 1, "BUF": 1}),
         (mamba2_phases._segment_outputs_kernel, {**segment_outputs, "BLOCK_L": 1}),
+        # one-token windows with the state in registers: split copies (fp16sr, row-scaled NVFP4) from a bf16 ring;
+        # vllm:int16sr (a shared INT16+SR checkpoint with row scales)
+        (mamba2_tokens._token_scan_kernel, token_scan),
+        (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": int(Kind.INT16SR), "RECUR_GROUP": row,
+                                            "RECUR_MAX": 32767.0, "RECUR_RANDOM": (element, 10, 16), "SHARED": True,
+                                            "SKIP": False, "BUF": 0}),
         # head scales over the head's five 16-row programs exchanging the amax: both copies', a shared checkpoint's
         # (window 1 too)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head,

@@ -3,7 +3,8 @@
 tl.dot needs every dim of at least 16, so a kernel that walks one-token windows (window 1: conventional decoding,
 the state rounded after every token) would pad each window to 16 rows and do 16 times the work. With one row per
 window every product of the kernels is an outer product, a row times a matrix or a matrix times a column, which
-`dot` computes as 2D broadcasts instead. `dot_acc` is the same product added into an accumulator.
+`dot` computes as 2D broadcasts instead. `dot_acc` is the same product added into an accumulator, `add_dot` a fold's
+sum of a scaled state and a product.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ def dot_acc(a, b, acc, DOT: tl.constexpr):
         c = acc + dot(a, b, DOT)
     else:
         c = tl.dot(a, b, acc, input_precision=DOT)
+    return c
+
+
+@triton.jit
+def add_dot(acc, a, b, DOT: tl.constexpr):
+    """acc + a @ b, the product as `dot` and the sum rounded once more; an outer product (a one-token window's fold) as
+    one FMA per element, fma(a, b, acc): the GPU compiler contracts acc + a * b into an FMA on either product, and not
+    alike in every kernel (the interpreter rounds both ways alike)."""
+    if tl.constexpr(a.shape[1] == 1):
+        c = tl.fma(tl.broadcast_to(a, acc.shape), tl.broadcast_to(b, acc.shape), acc)
+    else:
+        c = acc + dot(a, b, DOT)
     return c
 
 

@@ -241,6 +241,52 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
         assert (a is None and b is None) or torch.equal(a, b), f
 
 
+@pytest.mark.parametrize("text, sizes", [
+    ("vllm:int16sr", {}),  # row scales and SR on a shared checkpoint
+    ("flashinfer:int16#skip=0.4", {"d_state": 23}),  # FlashInfer's operand order; the short last column tile
+    ("nvfp4:scale=row/fp16sr:words=pair@1", {"head_dim": 40}),  # split copies; three row tiles, the last short
+    ("nvfp4:scale=row/fp16sr@1#spec=1:0.6", {}),  # one-draft steps: tokens that read S_lo
+    ("fp8sr:scale=row/int8:scale=block:8,order=mul@1#buf=bf16", {}),  # the ring in bf16: the fold's keys rounded
+    ("shared:int8sr:axis=headdim,scale=block:8,rot=hadamard:8@1", {"head_dim": 32}),  # runs along head_dim
+    ("pimba:mx8sr", _WIDE),  # MX8 blocks of 16 along d_state 40
+])
+def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
+    """One-token windows with the state in registers (`triton_tokens`) against the one loop: both copies and the
+    packed read copy bit for bit, outputs to FP32 sums; sequences at different phases."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(tokens=11, **sizes))
+    state = _phased(inputs, config, [0, 3], device)
+    main = sliced(inputs, 3, 11)[:6]
+    ran = []
+    scan = triton_chunk.scan_tokens
+    monkeypatch.setattr(triton_chunk, "scan_tokens", lambda *args: ran.append(1) or scan(*args))
+    y, st = triton_no_fallback(chunked, *main, state, config)
+    assert ran, "the token scan must run"
+    monkeypatch.setattr(triton_chunk, "token_scan_rows", lambda *args: None)
+    y_one, st_one = triton_no_fallback(chunked, *main, state, config)
+    assert_close("y", y_one, y, 2e-6)
+    assert torch.equal(st.hi, st_one.hi) and torch.equal(st.lo, st_one.lo)
+    assert torch.equal(st.checkpoint, st_one.checkpoint) and st.checkpoint.max() > st.checkpoint.min() >= 1
+    assert all(torch.equal(st.buffer[k], st_one.buffer[k]) for k in st.buffer)
+    for f in ("data", "scales", "global_scale"):
+        a, b = getattr(st.lo_packed, f), getattr(st_one.lo_packed, f)
+        assert (a is None and b is None) or torch.equal(a, b), f
+
+
+@pytest.mark.parametrize("text, rows", [
+    ("vllm:int16sr", 16), ("flashinfer:fp16sr", 16), ("nvfp4:scale=row/fp16sr@1", 16),
+    ("nvfp4/fp16sr@1", None),  # a head-scaled read copy: the phases
+    ("shared:int8:scale=head@1", None),  # a head scale: the head's programs exchange its amax
+    ("fp16sr/int16:scale=tensor@1", None),  # a tensor scale: torch rounds the read copy
+    ("shared:fp8:scale=tile:32x0@1", None),  # scale tiles of 32 head_dim rows
+])
+def test_token_rows(text, rows):
+    """Which one-token configs the token scan runs (16-row programs), and which stay with the one loop or phases."""
+    config = ReplayConfig.parse(text)
+    assert triton_chunk.token_scan_rows(config, (80, 128), 1) == rows
+    assert triton_chunk.token_scan_rows(config, (80, 128), 2) is None
+
+
 def test_rotation_runs_that_do_not_tile_head_dim_are_refused(device):
     """`modelopt:int8-hadamard` at head_dim 20, which runs of 32 do not tile: no program rounds it (`tile_codec`), and
     the torch rounding refuses it with the format's own error, as the torch backend does."""

@@ -2,9 +2,10 @@
 
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
-- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): for a read copy with a head scale along d_state
-  beside a recurrence copy whose groups lie in 16 head_dim rows, the phases of `triton_phases` (the fold chain
-  alone, then the read copies, then every segment's outputs at once). Else one launch, one program per (head_dim
+- `chunked_triton_prepared` (= `chunked(..., backend="triton")`): for one-token segments (window 1) whose copies round
+  in programs of 16 head_dim rows, `triton_tokens`' scan with the state in registers; for a read copy with a head
+  scale along d_state beside a recurrence copy whose groups lie in 16 head_dim rows, the phases of `triton_phases`
+  (the fold chain alone, then the read copies, then every segment's outputs at once). Else one launch, one program per (head_dim
   tile, head, sequence), loops over the segments of the plan: intra-segment outputs
   (`triton_phases.segment_output`), checkpoint reads, the fold, and both stored copies rounded in the kernel (SR
   bits from `tl.randint` with the keys and counters of `replay.keys`). In-kernel rounding
@@ -52,7 +53,8 @@ from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.mamba2.triton_phases import (
     CHUNK_COLUMNS, PROGRAM_ROWS, PhaseState, fold_weights, phased, scan_in_phases, segment_output,
 )
-from replayssm_eval.kernels.tile_dot import dot, window_rows
+from replayssm_eval.kernels.mamba2.triton_tokens import scan_tokens, token_rows
+from replayssm_eval.kernels.tile_dot import add_dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
@@ -134,7 +136,7 @@ def _chunk_scan_kernel(
                               mask=mask_l[:, None] & (offs_c < N)[None, :], other=0.0)
                 if BUF != BUF_FP32:
                     b_c = round_buffered(b_c * w[:, None], BUF)
-                tl.store(pre_ptr + part, g_seg * tl.load(hi_ptr + part, mask=m_pc, other=0.0) + dot(xt, b_c, DOT),
+                tl.store(pre_ptr + part, add_dot(g_seg * tl.load(hi_ptr + part, mask=m_pc, other=0.0), xt, b_c, DOT),
                          mask=m_pc)
             tl.debug_barrier()  # the fold's chunks come back through other threads
             folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
@@ -239,6 +241,14 @@ def runs_in_phases(config, dims: tuple[int, int]) -> bool:
     return phased(_launched(_codecs(config, dims)), config.shared)
 
 
+def token_scan_rows(config, dims: tuple[int, int], length: int) -> int | None:
+    """head_dim rows per program of `triton_tokens`' scan for a call of `config` on states of dims (head_dim, d_state)
+    whose segments hold at most `length` entries (one: window 1, or one-draft steps), None where the call runs in
+    the one loop or the phases."""
+    recur, read = _codecs(config, dims)
+    return token_rows((recur,) if config.shared else (recur, read)) if length == 1 else None
+
+
 def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, phases, outside=None) -> None:
     """`_chunk_scan` over span. A recurrence copy the loop cannot round (codecs[0] None) takes one launch per segment
     that keeps the FP32 fold in S_hi, which `round_folded` rounds for the sequences that folded before the next
@@ -310,11 +320,15 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     recur, read = _codecs(config, (head_dim, d_state))
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
-    in_phases = runs_in_phases(config, (head_dim, d_state))
+    rows = token_scan_rows(config, (head_dim, d_state), seg.length)
+    in_phases = rows is None and runs_in_phases(config, (head_dim, d_state))
     lo_by_torch = read_outside or in_phases  # the last S_lo from torch (the phases round it for the segments' reads)
     lo = hi if config.shared else state.lo.clone().contiguous()  # updated in place where the loop rounds it
     if read_outside:
         _read_outside(grid, A, hi, pre, y_grid, inp, seg, keys, recur)
+    elif rows is not None:  # one-token windows whose copies round in 16-row programs: the state in registers
+        scan_tokens(grid, A, hi, lo, pre, y_grid, state.checkpoint.contiguous(), keys, config, _launched((recur, read)),
+                    rows)
     else:
         phases = PhaseState(seg.num_folds, seg.segments, heads) if in_phases else None
         _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments), phases)

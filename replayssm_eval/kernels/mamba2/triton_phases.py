@@ -30,7 +30,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import quantize_tile, round_state_tile, state_bits, tile_amax
-from replayssm_eval.kernels.tile_dot import dot, dot_acc, window_rows
+from replayssm_eval.kernels.tile_dot import add_dot, dot, dot_acc, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 
 # shared with `triton_chunk`'s one loop, whose tiles and output code these phases repeat bit for bit
@@ -47,7 +47,11 @@ def fold_weights(dt, cs, skip, SKIP: tl.constexpr, BLOCK_L: tl.constexpr):
     g_seg = tl.exp(cs_last)
     if SKIP:
         g_seg = tl.where(g_seg < skip, 0.0, g_seg)
-    return g_seg, tl.exp(cs_last - cs) * dt
+    if BLOCK_L == 1:  # one token: w = dt (no decay after it); the GPU compiler turned cs_last - cs, with cs the bare
+        w = dt        # product dt A, into an FMA whose residual moved exp(0) off 1
+    else:
+        w = tl.exp(cs_last - cs) * dt
+    return g_seg, w
 
 
 @triton.jit
@@ -95,7 +99,7 @@ def _fold_chain_kernel(
             else:  # the scaled keys dt_i G_{i+1..L-1} B_i in the buffer dtype before the dot, as vLLM's fold
                 xt = tl.trans(x)
                 keys = round_buffered(keys * w[:, None], BUF)
-            pre = g_seg * hi + dot(xt, keys, DOT)
+            pre = add_dot(g_seg * hi, xt, keys, DOT)
             counter = ((ck + s + 1) << 32) + elem
             hi = round_state_tile(pre, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                                   RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,

@@ -1,0 +1,163 @@
+"""Mamba-2's chunked scan of one-token windows with the state in registers (window 1: conventional decoding with a
+stored state, the engine presets' `vllm:int16sr`, `flashinfer:int16`, ...).
+
+With window 1 every token folds, and the next token reads the rounded copies: the scan is a chain of one fold and
+one rounding per token. `triton_chunk`'s one loop stores each fold and reads it back through L2 with barriers between;
+here a program holds its tile of the copies [BLOCK_P, d_state] in registers for the whole call and, per token,
+computes the output from the copies at the token's start, folds and rounds, while the next token's inputs load.
+
+The fold is the one loop's and the fold chain's of one row (`fold_weights`' w = dt, `tile_dot.add_dot`'s explicit
+FMA) and the roundings take the same tiles, keys and counters: the stored copies are the one loop's bit for bit, on
+the GPU too. The outputs are FP32 sums over d_state in another order than the loop's chunks of CHUNK_COLUMNS.
+What bounds it with stochastic rounding is the Philox4x32-10 word each element draws at every token (`state_bits`):
+about 60 integer multiplies an element, every fold.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm_eval.formats.codec import KernelCodec
+from replayssm_eval.formats.device import round_state_tile, state_bits
+from replayssm_eval.kernels.mamba2.triton_phases import PROGRAM_ROWS, fold_weights
+from replayssm_eval.kernels.tile_dot import add_dot
+from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
+
+
+@triton.jit
+def _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, s, S, H, P, N, G, h, g, offs_p, offs_n):
+    """Token s of sequence b in the grid (its one-entry segment), zeros at s = S: x [1, BLOCK_P], B and C
+    [1, BLOCK_N], dt [1], whether it reads S_hi and whether it folds (int8 scalars)."""
+    live = s < S
+    row = (b * S + s).to(tl.int64) + tl.arange(0, 1)  # [1] entry index in the grid
+    m_p = live & (offs_p < P)[None, :]
+    m_n = live & (offs_n < N)[None, :]
+    x = tl.load(x_ptr + (row[:, None] * H + h) * P + offs_p[None, :], mask=m_p, other=0.0)
+    keys = tl.load(b_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=m_n, other=0.0)
+    queries = tl.load(c_ptr + (row[:, None] * G + g) * N + offs_n[None, :], mask=m_n, other=0.0)
+    dt = tl.load(dt_ptr + row * H + h, mask=live, other=0.0)
+    reads_hi = tl.load(read_hi_ptr + b * S + s, mask=live, other=0)
+    folds = tl.load(fold_ptr + b * S + s, mask=live, other=0)
+    return x, keys, queries, dt, reads_hi, folds
+
+
+@triton.jit
+def _token_scan_kernel(
+    x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # the grid of one-entry segments: [B, S, 1, H, P], [B, S, 1, G, N] x2, [B, S, 1, H], [B, S, 1], [B, S]
+    A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,  # [H]; S_hi, S_lo, the newest pre-image [B, H, P, N] (in place: pre at the last fold); y [B, S, 1, H, P]; [B]; [B, 2]
+    S, H, P, N, G, HPG, skip,
+    RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
+    RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
+    RECUR_ROT: tl.constexpr,
+    READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
+    READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
+    READ_ROT: tl.constexpr,
+    SHARED: tl.constexpr, SKIP: tl.constexpr, BUF: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    tile, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    g = h // HPG
+    offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_s = mask_p[:, None] & (offs_n < N)[None, :]
+    # [BLOCK_P, BLOCK_N] index in [H, P, N] (int32, as few registers as the loop can keep: H P N < 2^31)
+    elem = (h * P + offs_p[:, None]) * N + offs_n[None, :]
+    seq = b.to(tl.int64) * H * P * N  # the sequence's offset in [B, H, P, N]
+    A = tl.load(A_ptr + h)
+    ck = tl.load(ck_ptr + b)
+    key_hi = tl.load(key_ptr + 2 * b)
+    key_lo = tl.load(key_ptr + 2 * b + 1)
+    hi = tl.load(hi_ptr + seq + elem, mask=mask_s, other=0.0)  # padding zero: it never raises an amax
+    lo = hi
+    if not SHARED:
+        lo = tl.load(lo_ptr + seq + elem, mask=mask_s, other=0.0)
+    following = _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, 0, S, H, P, N, G, h, g, offs_p,
+                              offs_n)
+    s = 0
+    while s < S:  # a while loop: the interpreter cannot take range() of a runtime scalar
+        x, keys, queries, dt, reads_hi, folds = following
+        following = _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, s + 1, S, H, P, N, G, h, g,
+                                  offs_p, offs_n)
+        cs = tl.cumsum(dt * A, axis=0)  # [1] log G_{0..0}, as the one loop (a product left bare could fuse into an FMA)
+        # the output from the copies at the token's start: dt (B . C) x + G (S_src C), S_src = S_hi or S_lo
+        g_read = tl.exp(cs)
+        if SKIP:
+            g_read = tl.where(g_read < skip, 0.0, g_read)
+        y_src = tl.sum(hi * queries, axis=1)  # [BLOCK_P]
+        if not SHARED:
+            y_src = tl.where(reads_hi != 0, y_src, tl.sum(lo * queries, axis=1))
+        bc = tl.sum(keys * queries, axis=1)  # [1]
+        y = (bc * dt)[:, None] * x + g_read[:, None] * y_src[None, :]  # [1, BLOCK_P]
+        tl.store(y_ptr + ((b * S + s).to(tl.int64) * H + h) * P + offs_p[None, :], y, mask=mask_p[None, :])
+        if folds != 0:
+            g_seg, w = fold_weights(dt, cs, skip, SKIP, 1)
+            if BUF == BUF_FP32:
+                xt = tl.trans(x * w[:, None])  # [BLOCK_P, 1]
+            else:  # the scaled keys dt_i B_i in the buffer dtype before the product, as vLLM's fold
+                xt = tl.trans(x)
+                keys = round_buffered(keys * w[:, None], BUF)
+            pre = add_dot(g_seg * hi, xt, keys, DOT)
+            if following[5] == 0:  # the sequence's last fold of the call: its pre-image is the call's newest
+                tl.store(pre_ptr + seq + elem, pre, mask=mask_s)
+            counter = ((ck + s + 1) << 32) + elem
+            hi = round_state_tile(pre, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
+                                  RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
+                                  BLOCK_P, BLOCK_N)
+            if SHARED:
+                lo = hi
+            else:
+                lo = round_state_tile(pre, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
+                                      READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
+                                      BLOCK_P, BLOCK_N)
+        s += 1
+    tl.store(hi_ptr + seq + elem, hi, mask=mask_s)
+    if not SHARED:
+        tl.store(lo_ptr + seq + elem, lo, mask=mask_s)
+
+
+def token_rows(codecs: tuple[KernelCodec, ...]) -> int | None:
+    """head_dim rows per program of `scan_tokens` for the copies' in-loop codecs (None: a copy torch rounds), or None
+    where it cannot run them: a copy rounded by torch, or whose scale groups, blocks or rotation runs span more than
+    PROGRAM_ROWS head_dim rows (head scales, two-axis scales: the one loop's whole-head programs or exchanges)."""
+    if any(c is None or c.spans(PROGRAM_ROWS) for c in codecs):
+        return None
+    return PROGRAM_ROWS
+
+
+def token_launch_config(stochastic: bool) -> dict:
+    """num_warps, maxnreg and DOT (the fold's product: FP32 FMAs, as the one loop's) of `_token_scan_kernel` for copies
+    with or without stochastic rounding (benchmarks/layer_speed.py sweeps them). Every program runs the call's whole
+    chain of folds, so programs that wait for a free SM add whole chains: the Philox words of SR take registers, and
+    capping them at 128 (two programs an SM) ran faster on the H200 at Nemotron-3-Nano-4B's geometry
+    (BENCHMARKS.md, KL path at full size)."""
+    return {"num_warps": 8, "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
+
+
+def scan_tokens(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs: tuple[KernelCodec, KernelCodec],
+                rows: int) -> None:
+    """Every one-token segment of `grid` = (px, pB, pC, pdt, read_hi, folds) in one launch of programs of `rows`
+    head_dim rows (`token_rows`). hi, lo (S_lo; the same tensor for a shared checkpoint) and pre ([B, H, P, N] fp32)
+    and the y grid [B, S, 1, H, P] are updated in place."""
+    px, pB, pC, pdt, read_hi, folds = grid
+    batch, S, L, H, P = px.shape
+    G, N = pB.shape[3], pB.shape[4]
+    assert L == 1, f"scan_tokens takes one-entry segments, got {L}"
+    recur, read = codecs
+    (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
+    skip = config.skip_read_below
+    launch = token_launch_config(recur.stochastic or (read.stochastic and not config.shared))
+    _token_scan_kernel[(triton.cdiv(P, rows), batch * H)](
+        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, S, H, P, N, G, H // G,
+        float(skip or 0.0),
+        RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
+        RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
+        RECUR_ROT=recur_rot,
+        READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
+        READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis, READ_ROT=read_rot,
+        SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=rows,
+        BLOCK_N=max(16, triton.next_power_of_2(N)), num_warps=launch["num_warps"],
+        maxnreg=launch["maxnreg"],
+    )
