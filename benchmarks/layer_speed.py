@@ -124,7 +124,8 @@ def phased(family: str, config: str, geo: dict) -> bool:
 def per_token(family: str, config: str, geo: dict) -> bool:
     """Whether a config runs Mamba-2's token scan (`triton_tokens`) at the geometry geo."""
     cfg = ReplayConfig.parse(config).plain()
-    return family == "mamba2" and cfg.window == 1 and mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1)
+    rows = mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1) if family == "mamba2" else None
+    return cfg.window == 1 and rows is not None
 
 
 def launches(family: str, config: str, geo: dict) -> list[dict]:

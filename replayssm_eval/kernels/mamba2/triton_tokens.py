@@ -81,7 +81,7 @@ def _token_scan_kernel(
         x, keys, queries, dt, reads_hi, folds = following
         following = _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, s + 1, S, H, P, N, G, h, g,
                                   offs_p, offs_n)
-        cs = tl.cumsum(dt * A, axis=0)  # [1] log G_{0..0}, as the one loop (a product left bare could fuse into an FMA)
+        cs = tl.cumsum(dt * A, axis=0)  # [1] log G_{0..0}, as the one loop computes it
         # the output from the copies at the token's start: dt (B . C) x + G (S_src C), S_src = S_hi or S_lo
         g_read = tl.exp(cs)
         if SKIP:
@@ -100,7 +100,7 @@ def _token_scan_kernel(
                 xt = tl.trans(x)
                 keys = round_buffered(keys * w[:, None], BUF)
             pre = add_dot(g_seg * hi, xt, keys, DOT)
-            if following[5] == 0:  # the sequence's last fold of the call: its pre-image is the call's newest
+            if following[5] == 0:  # the next token does not fold: this is the call's newest pre-image
                 tl.store(pre_ptr + seq + elem, pre, mask=mask_s)
             counter = ((ck + s + 1) << 32) + elem
             hi = round_state_tile(pre, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
