@@ -236,6 +236,14 @@ class KernelCodec:
         the oriented view) and the Hadamard size (1: none) of a kernel's in-tile rounding."""
         return int(self.axis == "headdim"), self.rot
 
+    def constexprs(self, prefix: str) -> dict:
+        """The constexprs of one stored copy's in-tile rounding in a Mamba-2 chunked kernel, named as its parameters:
+        PREFIX (kind), PREFIX_GROUP, _MAX, _ORDER, _RANDOM, _ROWS, _COLS, _AXIS and _ROT."""
+        axis, rot = self.basis
+        return {prefix: int(self.kind), f"{prefix}_GROUP": int(self.group), f"{prefix}_MAX": self.max,
+                f"{prefix}_ORDER": int(self.order), f"{prefix}_RANDOM": self.random, f"{prefix}_ROWS": self.rows,
+                f"{prefix}_COLS": self.cols, f"{prefix}_AXIS": axis, f"{prefix}_ROT": rot}
+
 
 FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds the copy: the FP32 value itself
 

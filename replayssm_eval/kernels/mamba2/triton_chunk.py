@@ -193,17 +193,11 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     exch = folds  # `shared_head_amax`'s slots, unread by a launch without an exchange
     if programs > 1:
         exch = torch.empty(batch * H * 2 * programs, dtype=torch.int32, device=hi.device)
-    (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
     count = torch.zeros(batch * H + 1, dtype=torch.int32, device=hi.device)  # the exchange's counters, the ticket
     _chunk_scan_kernel[(batch * H * tiles,)](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, exch, count, count[-1:],
         S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, tiles, float(skip or 0.0),
-        RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-        RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
-        RECUR_ROT=recur_rot,
-        READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-        READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis, READ_ROT=read_rot,
-        SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None, BUF=buffer_kind(config),
+        **recur.constexprs("RECUR"), **read.constexprs("READ"), SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None, BUF=buffer_kind(config),
         PROGRAMS=programs, BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n,
         CHUNK_N=min(CHUNK_COLUMNS, block_n),
         DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],

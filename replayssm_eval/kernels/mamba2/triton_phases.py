@@ -265,7 +265,6 @@ def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, sp
     tiles_p, tiles_n = triton.cdiv(P, PROGRAM_ROWS), triton.cdiv(N, launch["FOLD_N"])
     block = max(1, _SLOT_ELEMENTS // (batch * H * P * N) - 1)
     common = dict(BLOCK_L=window_rows(L), BLOCK_P=PROGRAM_ROWS, SKIP=skip is not None, DOT=launch["DOT"])
-    recur_axis, recur_rot = recur.basis
     for s0 in range(span[0], span[1], block):
         k = min(span[1], s0 + block) - s0
         hi_slots = torch.empty(batch, k + 1, H, P, N, dtype=torch.float32, device=hi.device)
@@ -274,9 +273,7 @@ def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, sp
         _fold_chain_kernel[(tiles_n, tiles_p, batch * H)](
             px, pB, pdt, folds, A, hi, pre, checkpoint, keys, hi_slots, pre_slots, tile_maxima,
             S, s0, s0 + k, L, H, P, N, G, H // G, tiles_p * tiles_n, float(skip or 0.0),
-            RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-            RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
-            RECUR_ROT=recur_rot, READ_ORDER=int(read.order), BUF=buffer_kind(config), BLOCK_N=launch["FOLD_N"],
+            **recur.constexprs("RECUR"), READ_ORDER=int(read.order), BUF=buffer_kind(config), BLOCK_N=launch["FOLD_N"],
             num_warps=launch["fold_warps"], **common,
         )
         phases.head_amax[:, s0:s0 + k] = tile_maxima.amax(-1)

@@ -106,9 +106,7 @@ def _token_scan_kernel(
             hi = round_state_tile(pre, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                                   RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                                   BLOCK_P, BLOCK_N)
-            if SHARED:
-                lo = hi
-            else:
+            if not SHARED:  # a shared checkpoint's outputs read hi only
                 lo = round_state_tile(pre, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
                                       READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
                                       BLOCK_P, BLOCK_N)
@@ -146,18 +144,12 @@ def scan_tokens(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs: tuple
     G, N = pB.shape[3], pB.shape[4]
     assert L == 1, f"scan_tokens takes one-entry segments, got {L}"
     recur, read = codecs
-    (recur_axis, recur_rot), (read_axis, read_rot) = recur.basis, read.basis
     skip = config.skip_read_below
-    launch = token_launch_config(recur.stochastic or (read.stochastic and not config.shared))
+    launch = token_launch_config(recur.stochastic or read.stochastic)  # a shared checkpoint's read codec is its own
     _token_scan_kernel[(triton.cdiv(P, rows), batch * H)](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, S, H, P, N, G, H // G,
         float(skip or 0.0),
-        RECUR=int(recur.kind), RECUR_GROUP=int(recur.group), RECUR_MAX=recur.max, RECUR_ORDER=int(recur.order),
-        RECUR_RANDOM=recur.random, RECUR_ROWS=recur.rows, RECUR_COLS=recur.cols, RECUR_AXIS=recur_axis,
-        RECUR_ROT=recur_rot,
-        READ=int(read.kind), READ_GROUP=int(read.group), READ_MAX=read.max, READ_ORDER=int(read.order),
-        READ_RANDOM=read.random, READ_ROWS=read.rows, READ_COLS=read.cols, READ_AXIS=read_axis, READ_ROT=read_rot,
-        SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=rows,
+        **recur.constexprs("RECUR"), **read.constexprs("READ"), SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=rows,
         BLOCK_N=max(16, triton.next_power_of_2(N)), num_warps=launch["num_warps"],
         maxnreg=launch["maxnreg"],
     )
