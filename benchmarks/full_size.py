@@ -11,7 +11,8 @@ segments, as the KL driver does, twice per config (after an untimed warm-up run 
 Prints one row per (model, config): generated tokens per second of the second pass (the first pass's too: it
 also grows the allocator to the run's length), peak GPU memory, and a plain HF forward over the same tokens
 first, as the yardstick (timed after an untimed forward of its own); with --small-segments, the first config also fed
-16 tokens per call (the cache-hook path) and one token per call, over that many tokens.
+16 tokens per call (the cache-hook path) and one token per call, over that many tokens. Presets that expand to the
+same config (`vllm:fp16sr` and `sglang:fp16sr`) run once; the later ones' rows copy it (`measured_as`).
 Random weights say nothing about accuracy; this is the scale and speed check.
 """
 
@@ -27,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from replayssm_eval.generate import split_configs
 from replayssm_eval.models import ReplayModel, load_model
 from replayssm_eval.models.presets import full_size_config
+from replayssm_eval.replay.config import ReplayConfig
 
 FULL_SIZE = ("nemotron-3-nano-4b", "qwen3.5-4b")
 CONFIGS = ("fp32", "nvfp4:scale=head/fp16sr@16", "nvfp4/fp16sr@16")
@@ -143,14 +145,20 @@ def main() -> None:
                 row["error"] = f"OutOfMemoryError: {str(err).splitlines()[0]}"
             emit(row)
             rm = ReplayModel(rm.model, rm.tokenizer)  # routed again
+        measured = {}  # expansion -> its row: presets that expand to one config (vllm:fp16sr, sglang:fp16sr) run once
         for config in split_configs(args.configs):
+            expansion = str(ReplayConfig.parse(config))
+            if expansion in measured:
+                emit({**measured[expansion], "config": config, "measured_as": measured[expansion]["config"]})
+                continue
             try:
                 row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device)
             except Exception as err:  # one failing row must not lose the others
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"}
-            row.update(model=name, tokens=args.tokens, backend=args.backend)
+            row.update(model=name, tokens=args.tokens, backend=args.backend, expansion=expansion)
             if args.device.startswith("cuda"):
                 row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            measured[expansion] = row
             emit(row)
             if args.profile_tokens and "error" not in row:
                 profile_config(rm, ids[:, :args.prompt_len + args.profile_tokens], args.prompt_len, args.segment,

@@ -67,7 +67,7 @@ WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT="ieee", READ_DOT=d, 
 PHASES = [dict(fold_warps=f, output_warps=o) for f, o in itertools.product((2, 4), (2, 4))]
 # Mamba-2 configs of one-token windows that run the token scan (`triton_tokens.token_launch_config`)
 # (registers per thread capped so that more programs stay resident: each runs the call's whole chain of folds)
-TOKENS = [dict(num_warps=w, maxnreg=r) for w, r in ((4, 128), (8, None), (8, 64), (8, 96), (8, 128), (16, 64))]
+TOKENS = [dict(num_warps=w, maxnreg=r) for w, r in ((4, 128), (8, None), (8, 64), (8, 80), (8, 96), (8, 128), (16, 64))]
 # where each family's chunked launch reads `chunked_launch_config` (GDN and KDA share the delta rule's)
 LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": delta_triton, "kda": delta_triton}
 

@@ -5,7 +5,10 @@
 # in PREVS (space-separated folders holding a checkout's replayssm_eval/ and benchmarks/), each compared bit for bit
 # with this one's; with SWEEP (a comma-separated list of configs) also this checkout's launch sweep of them. TESTS=""
 # skips the tests and the check; TEST_SECONDS (300) limits the tests (138 of the 211 quick tests of the three
-# chunked test files ran in 320 s on an H200, most of it compiling). Logs and JSON go to $OUT/chunk-scan/.
+# chunked test files ran in 320 s on an H200, most of it compiling); TEST_K selects tests by pytest's -k. NCU (a
+# comma-separated list of configs) profiles each one's first timed launch of the kernel matching KERNEL (a regex,
+# default _token_scan_kernel) with Nsight Compute (where the machine lets it read the counters). Logs and JSON go to
+# $OUT/chunk-scan/.
 #
 #   PREVS=.prev OUT=out scripts/gpu_chunk_scan.sh      # H200: about 5 minutes
 #   FAMILIES=mamba2,gdn TESTS="tests/kernels/test_mamba2_triton.py tests/kernels/test_delta_triton.py" PREVS=.prev \
@@ -18,9 +21,11 @@ TOKENS=${TOKENS:-8192}
 CONFIGS=${CONFIGS:-nvfp4/fp16sr@16,nvfp4:scale=row/fp16sr@16,fp32/fp32@16,shared:nvfp4:scale=head@16,vllm:int16sr}
 TESTS=${TESTS-tests/kernels/test_mamba2_triton.py}
 FAMILIES=${FAMILIES:-mamba2}
+NCU=${NCU:-}
 if [[ -n $TESTS ]]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  step tests "${TEST_SECONDS:-300}" . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider $TESTS
+  step tests "${TEST_SECONDS:-300}" . env REPLAYSSM_TEST_DEVICE=cuda python -m pytest -q -x -m "not slow" -p no:cacheprovider \
+    ${TEST_K:+-k "$TEST_K"} $TESTS
   step gpu_check_mamba2 150 . python benchmarks/gpu_check_mamba2.py --quick --out "$dir/gpu_check_mamba2.json"
 fi
 # each checkout runs its own benchmarks/layer_speed.py
@@ -30,5 +35,12 @@ step speed_after 200 . "${speed[@]}" --save-outputs "$dir/outputs.pt" --out "$di
 for prev in $PREVS; do
   step "speed_$(basename "$prev" | tr -d .)" 200 "$prev" "${speed[@]}" --compare-outputs "$dir/outputs.pt" \
     --out "$dir/speed_$(basename "$prev" | tr -d .).json"
+done
+sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+          --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats)
+for config in ${NCU//,/ }; do
+  step "ncu_$(printf %s "$config" | tr -c "A-Za-z0-9" _)" 200 . ncu --clock-control none --kernel-name "regex:${KERNEL:-_token_scan_kernel}" \
+    --launch-skip 1 --launch-count 1 "${sections[@]}" python benchmarks/layer_speed.py --families "$FAMILIES" \
+    --tokens 4096 --configs "$config"
 done
 exit $status

@@ -89,10 +89,10 @@ class Words(enum.IntEnum):
     ELEMENT  its own word, `tl.randint(key, counter)`.
     PAIR     elements 2j and 2j+1 of a row share 2j's word: 2j reads its bits [12:0], 2j+1 its bits [28:16]
              (a last unpaired element its own word).
-    DUO, QUAD, OCTET  drawn from a seed (`quantize(x, seed=...)`): one Philox4x32 call per G = 2, 4, 8 elements of
-             a row at the first one's counter, element n reading output word n % G (OCTET: word (0, 0, 2, 2, 1, 1, 3,
-             3)[n % 8], each pair split as PAIR). Given one word per element (`random_bits`, the keyed words of a
-             stored copy) DUO and QUAD read it as ELEMENT does, OCTET as PAIR does.
+    DUO, QUAD, OCTET  one Philox4x32 call per G = 2, 4, 8 elements of a row at the first one's counter (from a seed,
+             `quantize(x, seed=...)`, or a stored copy's key, `replay.keys`), element n reading output word n % G
+             (OCTET: word (0, 0, 2, 2, 1, 1, 3, 3)[n % 8], each pair split as PAIR). Given one word per element
+             (`random_bits`) DUO and QUAD read it as ELEMENT does, OCTET as PAIR does.
     """
 
     ELEMENT = 0

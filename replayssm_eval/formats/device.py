@@ -15,6 +15,8 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
     state_bits(key, counter, col, KIND, RANDOM)                    the random fields of a stored copy
     seeded_bits(seed, counter, col, KIND, RANDOM)                  the random fields of `quantize(x, seed=...)`
+    layout_bits(key, counter, col, KIND, RANDOM, N_ROUNDS)         both: Philox words in a format's word layout
+    philox4x32(seed, counter, N_ROUNDS), philox_word(...)          tl.randint4x / tl.randint, bit for bit
     sr_field(word, KIND, BITS)                                     an element's random field from its word
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
 They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the interpreter and any
@@ -53,7 +55,7 @@ import math
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats import microexponent, rounding
+from replayssm_eval.formats import microexponent, philox, rounding
 from replayssm_eval.formats.codec import Group, Kind, Order, Words
 from replayssm_eval.formats.formats import FP8Format, IntFormat
 
@@ -72,6 +74,9 @@ _CONSTANTS = ("E4M3_MAX", "E5M2_MAX", "E2M1_MAX", "FP16_MAX", "FP16_OVERFLOW", "
 (_E4M3_MAX, _E5M2_MAX, _E2M1_MAX, _FP16_MAX, _FP16_OVERFLOW, _FP16_SR_BITS, _E4M3_SR_BITS, _NVFP4_AMAX, _F32_SIXTH,
  _FLT_MAX, _NVFP4_BLOCK, _MX_BLOCK, _INT_SR_BITS) = (tl.constexpr(getattr(rounding, name)) for name in _CONSTANTS)
 _INT8_MAX, _INT16_MAX = tl.constexpr(float(rounding.INT8_MAX)), tl.constexpr(float(rounding.INT16_MAX))
+# Philox4x32's round multipliers and key increments (Random123; `formats.philox`)
+_PHILOX_ROUND_A, _PHILOX_ROUND_B = tl.constexpr(philox.ROUND_A), tl.constexpr(philox.ROUND_B)
+_PHILOX_KEY_A, _PHILOX_KEY_B = tl.constexpr(philox.KEY_A), tl.constexpr(philox.KEY_B)
 _INV_SQRT2 = tl.constexpr(1 / math.sqrt(2))  # the FP64 constant 1 / sqrt(2) of `rotation.hadamard_runs`
 _MX8_BLOCK, _MX8_MANTISSA, _MX8_QMAX = (tl.constexpr(v) for v in (microexponent.BLOCK, microexponent.MANTISSA_BITS,
                                                                       microexponent.MicroexponentFormat.QMAX))
@@ -639,6 +644,48 @@ def round_state_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.c
 
 
 @triton.jit
+def _mul_hi_lo(a, M: tl.constexpr):
+    """(high, low) uint32 halves of a * M (a uint32, M a 32-bit constant) from one 64-bit product: one IMAD.WIDE on an
+    NVIDIA GPU, where `umulhi` and a 32-bit product are two instructions."""
+    p = a.to(tl.uint64) * M
+    return (p >> 32).to(tl.uint32), p.to(tl.uint32)
+
+
+@triton.jit
+def philox4x32(seed, counter, N_ROUNDS: tl.constexpr = 10):
+    """The four uint32 words of `tl.randint4x(seed, counter, N_ROUNDS)`, bit for bit (Philox4x32-N_ROUNDS at counter
+    (low, high 32 bits of counter, 0, 0), key (low, high 32 bits of seed)), each round's two products taken as
+    `_mul_hi_lo`: about a fifth fewer instructions than `tl.randint`'s on sm_90. `tl.randint` is word 0."""
+    s = seed.to(tl.uint64)
+    k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (s >> 32).to(tl.uint32)
+    c0 = counter.to(tl.uint32)
+    if tl.constexpr(counter.dtype.primitive_bitwidth) > 32:
+        c1 = (counter >> 32).to(tl.uint32)
+    else:
+        c1 = c0 * 0
+    c2 = c0 * 0
+    c3 = c0 * 0
+    for _ in tl.static_range(N_ROUNDS):
+        hi_b, lo_b = _mul_hi_lo(c2, _PHILOX_ROUND_B)
+        hi_a, lo_a = _mul_hi_lo(c0, _PHILOX_ROUND_A)
+        c0 = hi_b ^ c1 ^ k0
+        c2 = hi_a ^ c3 ^ k1
+        c1 = lo_b
+        c3 = lo_a
+        k0 = tl.add(k0, _PHILOX_KEY_A, sanitize_overflow=False)
+        k1 = tl.add(k1, _PHILOX_KEY_B, sanitize_overflow=False)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def philox_word(seed, counter, N_ROUNDS: tl.constexpr = 10):
+    """Word 0 of `philox4x32`: `tl.randint(seed, counter, N_ROUNDS)`, bit for bit."""
+    word, _, _, _ = philox4x32(seed, counter, N_ROUNDS)
+    return word
+
+
+@triton.jit
 def pair_odd(col, WORDS: tl.constexpr):
     """1 (int64) for the element 2j+1 of a pair under the paired layouts (WORDS_PAIR, WORDS_OCTET), which reads bits
     [28:16] of the word of element 2j, its counter less 1; 0 elsewhere (col: the element's index along the last dim)."""
@@ -659,32 +706,46 @@ def sr_field(word, KIND: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def state_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
-    """Random fields (int64, `sr_field`) of a stored copy's elements for the stochastic kinds, from the words that
-    `fmt.encode(x, random_bits=replay.keys.state_random_bits(...))` reads: `tl.randint(key, counter)` (Philox4x32-10
-    whatever RANDOM's ROUNDS, as `replay.keys`), the element 2j+1 of a pair bits [28:16] of 2j's word under
-    WORDS_PAIR and WORDS_OCTET (`pair_odd`); zeros for the other kinds. key: a loaded int64; counter:
-    (checkpoint << 32) + element index; col: the element's index along the last dim (broadcast to counter)."""
-    if ((KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR)
-            | (KIND == MX8SR)):
-        odd = pair_odd(col, RANDOM[0])
-        bits = sr_field(tl.randint(key, counter - odd).to(tl.int64) >> (odd * 16), KIND, RANDOM[2])
+def _group_words(key, counter, WORDS: tl.constexpr, N_ROUNDS: tl.constexpr, COLS_FIRST: tl.constexpr):
+    """uint32 words of a 2-D tile of counters, its columns along its last dim or, where COLS_FIRST, its first, holding
+    whole groups of G = 2 (WORDS_PAIR, WORDS_DUO), 4 (WORDS_QUAD) or 8 (WORDS_OCTET) columns from a multiple of G:
+    one Philox call per group at its first counter. WORDS_PAIR: the call's word 0 for 2j and word 0 >> 16 for 2j+1;
+    WORDS_DUO, WORDS_QUAD: word n % G; WORDS_OCTET: words r0, r2, r1, r3 to the group's four pairs, each split as
+    a pair's."""
+    c = tl.trans(counter) if COLS_FIRST else counter
+    R: tl.constexpr = c.shape[0]
+    C: tl.constexpr = c.shape[1]
+    if WORDS == WORDS_PAIR:
+        first, _ = tl.split(tl.reshape(c, [R, C // 2, 2]))  # [R, C / 2] each pair's first counter
+        word = philox_word(key, first, N_ROUNDS)
+        words = tl.join(word, word >> 16)
+    elif WORDS == WORDS_DUO:
+        first, _ = tl.split(tl.reshape(c, [R, C // 2, 2]))
+        r0, r1, _, _ = philox4x32(key, first, N_ROUNDS)
+        words = tl.join(r0, r1)
+    elif WORDS == WORDS_QUAD:
+        first, _ = tl.split(tl.reshape(c, [R, C // 4, 2, 2]))
+        first, _ = tl.split(first)  # [R, C / 4]
+        r0, r1, r2, r3 = philox4x32(key, first, N_ROUNDS)
+        words = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [R, C / 4, 2, 2]: r0, r1, r2, r3 in order
     else:
-        bits = tl.zeros(counter.shape, dtype=tl.int64)
-    return bits
+        first, _ = tl.split(tl.reshape(c, [R, C // 8, 2, 2, 2]))
+        first, _ = tl.split(first)
+        first, _ = tl.split(first)  # [R, C / 8]
+        r0, r1, r2, r3 = philox4x32(key, first, N_ROUNDS)
+        quad = tl.join(tl.join(r0, r1), tl.join(r2, r3))  # [R, C / 8, 2, 2]: r0, r2, r1, r3 in order
+        words = tl.join(quad, quad >> 16)  # each pair: the word, then its high field
+    words = tl.reshape(words, [R, C])
+    return tl.trans(words) if COLS_FIRST else words
 
 
 @triton.jit
-def seeded_bits(seed, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
-    """Random fields (int64, `sr_field`) from the Philox words that `fmt.quantize(x, seed=seed, offset=...)` draws with
-    RANDOM's ROUNDS (counter: offset + flat index; col: the element's index along the last dim): `tl.randint(seed,
-    counter)` (WORDS_ELEMENT, and WORDS_PAIR with `pair_odd`), or one `tl.randint4x` per G = 2, 4, 8 elements of a row
-    at the first one's counter, element n reading its output word n % G (WORDS_DUO, WORDS_QUAD) or
-    (0, 0, 2, 2, 1, 1, 3, 3)[n % 8] split as a pair (WORDS_OCTET)."""
-    WORDS: tl.constexpr = RANDOM[0]
+def _element_words(key, counter, col, WORDS: tl.constexpr, N_ROUNDS: tl.constexpr):
+    """`_group_words` element by element, for any tile (col: each element's column): its group's Philox call at
+    counter - (col % G), recomputed by every element of the group."""
     if (WORDS == WORDS_ELEMENT) | (WORDS == WORDS_PAIR):
         odd = pair_odd(col, WORDS)
-        bits = tl.randint(seed, counter - odd, RANDOM[1]).to(tl.int64) >> (odd * 16)
+        words = philox_word(key, counter - odd, N_ROUNDS) >> (odd * 16).to(tl.uint32)
     else:
         if WORDS == WORDS_DUO:
             pos = col % 2
@@ -695,10 +756,52 @@ def seeded_bits(seed, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
         else:
             pos = col % 8
             lane = ((pos >> 1) & 1) * 2 + ((pos >> 2) & 1)  # (0, 0, 2, 2, 1, 1, 3, 3)[pos]
-        r0, r1, r2, r3 = tl.randint4x(seed, counter - pos, RANDOM[1])
-        word = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
-        bits = word.to(tl.int64) >> (pair_odd(col, WORDS) * 16)
-    return sr_field(bits, KIND, RANDOM[2])
+        r0, r1, r2, r3 = philox4x32(key, counter - pos, N_ROUNDS)
+        words = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+        words = words >> (pair_odd(col, WORDS) * 16).to(tl.uint32)
+    return words
+
+
+@triton.jit
+def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_ROUNDS: tl.constexpr):
+    """Random fields (int64, `sr_field`) of a tile's elements for the stochastic kinds (zeros for the others), from
+    Philox4x32-N_ROUNDS words in RANDOM's word layout (`Words`) under key (an int64 scalar) at counter (a 2-D int64
+    tile: each element's counter): word 0 of its own call (WORDS_ELEMENT), or one call per group of G elements of a
+    row at the first one's counter (`_group_words`). col: each element's column (its index along the state's last
+    dim), [1, C] (columns along the tile's last dim) or [C, 1] (its first). A tile whose columns are whole groups
+    from a multiple of G draws each group's call once; others draw it element by element (`_element_words`)."""
+    WORDS: tl.constexpr = RANDOM[0]
+    COLS_FIRST: tl.constexpr = col.shape[0] > 1
+    N_COLS: tl.constexpr = col.shape[0] if COLS_FIRST else col.shape[-1]
+    G: tl.constexpr = 1 if WORDS == WORDS_ELEMENT else (2 if (WORDS == WORDS_PAIR) | (WORDS == WORDS_DUO) else (
+        4 if WORDS == WORDS_QUAD else 8))
+    if ((KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR)
+            | (KIND == MX8SR)):
+        if N_COLS % G != 0:
+            words = _element_words(key, counter, col, WORDS, N_ROUNDS)
+        elif G == 1:
+            words = _element_words(key, counter, col, WORDS, N_ROUNDS)
+        else:
+            words = _group_words(key, counter, WORDS, N_ROUNDS, COLS_FIRST)
+        bits = sr_field(words.to(tl.int64), KIND, RANDOM[2])
+    else:
+        bits = tl.zeros(counter.shape, dtype=tl.int64)
+    return bits
+
+
+@triton.jit
+def state_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
+    """Random fields of a stored copy's elements (`layout_bits` with Philox4x32-10 whatever RANDOM's ROUNDS), the
+    words that `fmt.encode(x, random_bits=replay.keys.state_random_bits(..., fmt.lane_words))` reads. key: the copy's
+    key; counter: (checkpoint << 32) + element index."""
+    return layout_bits(key, counter, col, KIND, RANDOM, 10)
+
+
+@triton.jit
+def seeded_bits(seed, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
+    """Random fields of `fmt.quantize(x, seed=seed, offset=...)` (`layout_bits` with RANDOM's ROUNDS); counter:
+    offset + flat index."""
+    return layout_bits(seed, counter, col, KIND, RANDOM, RANDOM[1])
 
 
 @triton.jit

@@ -71,6 +71,13 @@ class StateFormat:
         return int(self.bits)
 
     @property
+    def lane_words(self) -> tuple[int, ...] | None:
+        """A stochastic format's Philox lanes: one Philox4x32 call per G = len(lane_words) elements of a row, element n
+        reading output word lane_words[n % G] (fp16sr's `words=duo|quad|octet`), or None: each element's own call's
+        word 0. Seeded words (`seed=`) and a run's keyed words (`replay.keys.state_random_bits`) follow it."""
+        return None
+
+    @property
     def random_codec(self) -> dict[str, int]:
         """The `KernelCodec` fields of a stochastic format's `rounds=` and `bits=` (none for a deterministic one)."""
         return {"rounds": int(self.rounds), "bits": int(self.bits)} if self.is_stochastic else {}
@@ -144,6 +151,10 @@ class WrappedFormat(StateFormat):
         return self.inner.is_stochastic
 
     @property
+    def lane_words(self) -> tuple[int, ...] | None:
+        return self.inner.lane_words
+
+    @property
     def bits_per_element(self) -> float:
         return self.inner.bits_per_element
 
@@ -183,7 +194,8 @@ class ElementwiseFormat(StateFormat):
         octet    TensorRT-LLM's ReplaySSM flush: one Philox4x32 call per 8 elements of a row at the first one's
                  counter, its words in `tl.join` order r0, r2, r1, r3 to the row's 4 pairs, each pair split as
                  `pair`
-    (`duo`, `quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do)
+    (`duo`, `quad` and `octet` take `random_bits` as each element's own word, as `element` and `pair` do; a run's
+    keyed words come in the layout, `lane_words`)
     and its conversion (`cvt=`): `ptx`, the cvt.rs model of `rounding._stochastic`; `soft`, FlashInfer's
     software port on GPUs without cvt.rs (`rounding.sr_fp16_soft`: flushes fp16 subnormal results).
     """
@@ -225,9 +237,13 @@ class ElementwiseFormat(StateFormat):
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
 
+    @property
+    def lane_words(self) -> tuple[int, ...] | None:
+        return self._LANE_WORDS.get(self.words) if self.is_stochastic else None
+
     def _words(self, x, seed, offset, random_bits):
-        if self.words in self._LANE_WORDS and random_bits is None and self.is_stochastic:
-            words = layout.philox_lane_words(x, seed, offset, self._LANE_WORDS[self.words], int(self.rounds))
+        if self.lane_words and random_bits is None:
+            words = layout.philox_lane_words(x, seed, offset, self.lane_words, int(self.rounds))
         else:
             words = super()._words(x, seed, offset, random_bits)
         return layout.paired_words(words) if self.words in ("pair", "octet") and words is not None else words

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 _MASK32 = 0xFFFFFFFF
-_ROUND_A = 0xD2511F53  # multiplier of word 0
-_ROUND_B = 0xCD9E8D57  # multiplier of word 2
-_KEY_A = 0x9E3779B9  # Weyl increment of key word 0
-_KEY_B = 0xBB67AE85  # Weyl increment of key word 1
+ROUND_A = 0xD2511F53  # multiplier of word 0
+ROUND_B = 0xCD9E8D57  # multiplier of word 2
+KEY_A = 0x9E3779B9  # Weyl increment of key word 0
+KEY_B = 0xBB67AE85  # Weyl increment of key word 1
 N_ROUNDS = 10
 
 
@@ -39,11 +39,11 @@ def philox4x32(
         seed = int(seed) & 0xFFFFFFFFFFFFFFFF
         k0, k1 = seed & _MASK32, seed >> 32
     for _ in range(n_rounds):
-        hi_b, lo_b = _mulhilo(_ROUND_B, c2)
-        hi_a, lo_a = _mulhilo(_ROUND_A, c0)
+        hi_b, lo_b = _mulhilo(ROUND_B, c2)
+        hi_a, lo_a = _mulhilo(ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
-        k0 = (k0 + _KEY_A) & _MASK32
-        k1 = (k1 + _KEY_B) & _MASK32
+        k0 = (k0 + KEY_A) & _MASK32
+        k1 = (k1 + KEY_B) & _MASK32
     return c0, c1, c2, c3
 
 

@@ -262,7 +262,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
 
     For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
     state's Philox key and checkpoint index, and the result equals
-    `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N)))`;
+    `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N), fmt.lane_words))`;
     deterministic formats ignore them and equal `fmt.encode(x)`. Head scales take one amax launch first (of the
     `take` rows only), tensor-wide scales one torch amax reduction; row scales are reduced in the kernel.
 

@@ -4,7 +4,10 @@ Every stored state copy draws its random bits from Philox4x32-10 (`formats.philo
 - key = `sr_key(seed, layer, sequence, copy)`: splitmix64 of the run seed, the layer index, the
   sequence id and the copy (0 = recurrence copy S_hi, 1 = read copy S_lo, 2 = a round trip's stored state);
 - counter = (checkpoint index << 32) + element index, the element index being row-major in the
-  state's `[H, P, N]` format layout (GDN states are laid out `[HV, V, K]` for the formats).
+  state's `[H, P, N]` format layout (GDN states are laid out `[HV, V, K]` for the formats);
+- word 0 at each element's counter, or, for a format with Philox lanes (`fmt.lane_words`: fp16sr's
+  `words=duo|quad|octet`), one call per G elements of a row at the first one's counter, element n reading
+  word lane_words[n % G]: the draws of `fmt.encode(x, seed=key, offset=checkpoint << 32)`.
 Checkpoint 0 is the one written at prefill; checkpoint k the k-th flush after it. So a run is
 bit-reproducible from its seed, and neither batch composition nor call boundaries change a bit.
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.formats.philox import randint
+from replayssm_eval.formats.philox import philox4x32, randint
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.host_values import remembered
 
@@ -58,15 +61,26 @@ def sr_keys(seed: int, layer: int, seq_ids: torch.Tensor, copy: int) -> torch.Te
     return new
 
 
-def state_random_bits(keys: torch.Tensor, checkpoint: torch.Tensor, state_shape: tuple[int, ...]) -> torch.Tensor:
+def state_random_bits(keys: torch.Tensor, checkpoint: torch.Tensor, state_shape: tuple[int, ...],
+                      lane_words: tuple[int, ...] | None = None) -> torch.Tensor:
     """Random bits for storing one checkpoint of every sequence.
 
-    keys: [B] int64, checkpoint: [B] int64 checkpoint indices, state_shape: (H, P, N) in format layout.
-    Returns [B, H, P, N] int64 holding uint32 values.
+    keys: [B] int64, checkpoint: [B] int64 checkpoint indices, state_shape: (H, P, N) in format layout; lane_words:
+    the format's Philox lanes (`fmt.lane_words`): element n of a row reads output word lane_words[n % G] of the call
+    at the counter of element n - n % G, as `fmt.encode(x, seed=key, offset=checkpoint << 32)` draws them; None: word
+    0 at each element's own counter. Returns [B, H, P, N] int64 holding uint32 values.
     """
     numel = 1
     for size in state_shape:
         numel *= size
     element = torch.arange(numel, dtype=torch.int64, device=keys.device)  # [HPN]
-    counter = (checkpoint[:, None] << 32) + element[None, :]  # [B, HPN]
-    return randint(keys[:, None], counter).view(keys.shape[0], *state_shape)
+    if lane_words is None:
+        counter = (checkpoint[:, None] << 32) + element[None, :]  # [B, HPN]
+        return randint(keys[:, None], counter).view(keys.shape[0], *state_shape)
+    lane = element % state_shape[-1] % len(lane_words)  # [HPN] position in its row's group of G
+    counter = (checkpoint[:, None] << 32) + (element - lane)[None, :]  # [B, HPN] the group's first counter
+    lo, hi = counter & 0xFFFFFFFF, (counter >> 32) & 0xFFFFFFFF
+    zero = torch.zeros_like(lo)
+    words = torch.stack(philox4x32(keys[:, None], lo, hi, zero, zero), dim=-1)  # [B, HPN, 4]
+    pick = torch.tensor(lane_words, device=keys.device)[lane]  # [HPN]
+    return words.gather(-1, pick.expand(keys.shape[0], -1)[..., None]).view(keys.shape[0], *state_shape)

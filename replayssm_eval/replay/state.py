@@ -180,7 +180,7 @@ def _encode_keyed(state, fmt, keys, checkpoint, decoded=None):
         return encode_triton(state, fmt, keys, checkpoint, decoded=decoded)  # moves keys and checkpoint to its device
     if not fmt.is_stochastic:
         return fmt.encode(state)
-    return fmt.encode(state, random_bits=state_random_bits(keys, checkpoint, tuple(state.shape[1:])))
+    return fmt.encode(state, random_bits=state_random_bits(keys, checkpoint, tuple(state.shape[1:]), fmt.lane_words))
 
 
 def round_folded(copy: torch.Tensor, fmt, keys: torch.Tensor, checkpoint: torch.Tensor, fold: torch.Tensor,

@@ -97,7 +97,7 @@ def _check_codec(fmt, device_name, bits_equal, states=None):
     codec = fmt.kernel_codec
     x = _states() if states is None else states
     keys, checkpoint = torch.tensor([11, 2**40 + 3, 7]), torch.tensor([0, 5, 2**20])
-    words = state_random_bits(keys, checkpoint, tuple(x.shape[1:]))  # [B, H, P, N] the Philox words of `replay.keys`
+    words = state_random_bits(keys, checkpoint, tuple(x.shape[1:]), fmt.lane_words)  # [B, H, P, N] `replay.keys` words
     bits = {"random_bits": words} if fmt.is_stochastic else {}
     want = fmt.quantize(x, **bits)
     bits_equal(quantize_triton(x.to(device_name), fmt, **bits).cpu(), want)
@@ -220,7 +220,7 @@ def test_in_tile_rounding_of_non_finite_groups(spec, device, bits_equal):
     x = _states((3, 2, 6, 20))  # [B, H, P, N]
     x[0, 0, 2, 5], x[1, 1, 3, 7], x[2, 0, 4, 1] = float("nan"), float("inf"), -float("inf")
     keys, checkpoint = torch.tensor([11, 2**40 + 3, 7]), torch.tensor([0, 5, 2**20])
-    words = state_random_bits(keys, checkpoint, (1, 6, 20))  # [B, 1, P, N]
+    words = state_random_bits(keys, checkpoint, (1, 6, 20), fmt.lane_words)  # [B, 1, P, N]
     for head in (0, 1):
         xs = x[:, head:head + 1].contiguous()  # [B, 1, P, N]: one program per state of one head
         bits = {"random_bits": words} if fmt.is_stochastic else {}

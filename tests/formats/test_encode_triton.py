@@ -90,7 +90,7 @@ def _reference(fmt, x, keys, checkpoint):
     """The torch encode a flush does today (`replay.state._encode`), for states x [..., H, P, N]."""
     if not fmt.is_stochastic:
         return fmt.encode(x)
-    return fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, x.shape[-3:]).reshape(x.shape))
+    return fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, x.shape[-3:], fmt.lane_words).reshape(x.shape))
 
 
 def _check(spec, hpn, device):

@@ -1,10 +1,12 @@
-"""Philox4x32-10: Random123 known answers, and bit-identity with Triton's tl.randint (interpreter on CPU)."""
+"""Philox4x32-10: Random123 known answers, and bit-identity with Triton's tl.randint (interpreter on CPU) of the torch
+port and of the kernels' own `device.philox4x32`."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
+from replayssm_eval.formats import device as dev
 from replayssm_eval.formats.philox import philox4x32, randint
 
 # Random123 kat_vectors, philox4x32_10: counter, key, output
@@ -85,3 +87,43 @@ def test_rounds_match_tl_randint(n_rounds, device):
     _randint_rounds_kernel[(2,)](out, 2**33 + 7, 2**32 - 9, n, N_ROUNDS=n_rounds, BLOCK=128)
     assert torch.equal(randint(2**33 + 7, 2**32 - 9 + torch.arange(n), n_rounds), out.cpu())
     assert not torch.equal(randint(2**33 + 7, 2**32 - 9 + torch.arange(n), 17 - n_rounds), out.cpu())
+
+
+@triton.jit
+def _device_philox_kernel(out_ptr, seed_ptr, counter_ptr, n, N_ROUNDS: tl.constexpr, WIDE: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """Rows 0-3 of out: the words of `device.philox4x32`, rows 4-7 those of tl.randint4x (WIDE: int64 counters, else
+    their low 32 bits as int32), row 8 `device.philox_word`."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    seed = tl.load(seed_ptr + i, mask=m, other=0)
+    counter = tl.load(counter_ptr + i, mask=m, other=0)
+    if not WIDE:
+        counter = counter.to(tl.int32)
+    ours = dev.philox4x32(seed, counter, N_ROUNDS)
+    theirs = tl.randint4x(seed, counter, N_ROUNDS)
+    for k in tl.static_range(4):
+        tl.store(out_ptr + k * n + i, ours[k].to(tl.int64), mask=m)
+        tl.store(out_ptr + (4 + k) * n + i, theirs[k].to(tl.int64), mask=m)
+    tl.store(out_ptr + 8 * n + i, dev.philox_word(seed, counter, N_ROUNDS).to(tl.int64), mask=m)
+
+
+@pytest.mark.parametrize("n_rounds, wide", [(10, True), (10, False), (7, True)])
+def test_device_philox_equals_tl_randint4x(n_rounds, wide, device):
+    """The kernels' Philox (64-bit products) gives tl.randint4x's four words and tl.randint's word 0, bit for bit, on
+    keys and counters with every 32-bit half at its edges (0, 2^32 - 1, the sign bit) and random ones (n = 300: a
+    short last block)."""
+    g = torch.Generator().manual_seed(2)
+    n = 300
+    seeds = torch.randint(-2**63, 2**63 - 1, (n,), generator=g)
+    counters = torch.randint(-2**63, 2**63 - 1, (n,), generator=g)
+    edges = torch.tensor([0, 2**32 - 1, 2**32, 2**31, -1, -2**63, 2**63 - 1, 2**40 + 12345])
+    seeds[:8], counters[8:16] = edges, edges
+    out = torch.empty(9, n, dtype=torch.int64, device=device)
+    _device_philox_kernel[(triton.cdiv(n, 128),)](out, seeds.to(device), counters.to(device), n, N_ROUNDS=n_rounds,
+                                                  WIDE=wide, BLOCK=128)
+    out = out.cpu()
+    assert torch.equal(out[:4], out[4:8])
+    assert torch.equal(out[8], out[0])
+    expected = randint(seeds, counters if wide else (counters.to(torch.int32).to(torch.int64) & 0xFFFFFFFF), n_rounds)
+    assert torch.equal(out[0], expected)

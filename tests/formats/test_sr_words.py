@@ -77,7 +77,7 @@ def test_encode_triton_keyed(spec, device, bits_equal):
     fmt = get_format(spec)
     x = awkward_states((3, 2, 5, 19), seed=3)
     keys, checkpoint = torch.tensor([11, -(2**62) + 5, 7]), torch.tensor([0, 5, 2**20])
-    ref = fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:])))
+    ref = fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:]), fmt.lane_words))
     got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
     assert got.format == ref.format
     bits_equal(got.data.cpu(), ref.data)
@@ -91,6 +91,20 @@ def test_encode_triton_keyed(spec, device, bits_equal):
     assert torch.equal(decoded.cpu()[take].nan_to_num(7.0), fmt.decode(ref)[take].nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("spec", ["fp16sr", "fp16sr:words=pair", "fp16sr:words=duo", "fp16sr:words=quad",
+                                  "fp16sr:words=octet,cvt=soft"])
+def test_keyed_words_are_the_seeded_draws(spec):
+    """A stored copy's keyed words follow the format's word layout (`fmt.lane_words`): encoding with them is
+    `fmt.encode(x, seed=key, offset=checkpoint << 32)`, sequence by sequence (one Philox call per group of a row)."""
+    fmt = get_format(spec)
+    x = awkward_states((3, 2, 5, 19), seed=5)
+    keys, checkpoint = torch.tensor([11, -(2**62) + 5, 7]), torch.tensor([0, 5, 2**20])
+    keyed = fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:]), fmt.lane_words))
+    for b in range(3):
+        seeded = fmt.encode(x[b:b + 1], seed=int(keys[b]), offset=int(checkpoint[b]) << 32)
+        assert torch.equal(keyed.data[b:b + 1].view(torch.int16), seeded.data.view(torch.int16)), (spec, b)
+
+
 @pytest.mark.parametrize("spec", ["fp16sr:words=pair", "fp16sr:words=octet,cvt=soft", "fp16sr:words=quad,cvt=soft"])
 def test_in_tile_rounding(spec, device, bits_equal):
     """`state_bits` + `round_tile` in a kernel's tile with rows of odd length == the keyed torch rounding."""
@@ -98,4 +112,4 @@ def test_in_tile_rounding(spec, device, bits_equal):
     x = awkward_states((2, 1, 6, 23), seed=4)  # [B, 1, P, N]
     keys, checkpoint = torch.tensor([3, 2**50 + 1]), torch.tensor([1, 2**31 - 1])
     y = round_tile_in_kernel(x.to(device), fmt.kernel_codec, keys, checkpoint)
-    bits_equal(y.cpu(), fmt.quantize(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:]))))
+    bits_equal(y.cpu(), fmt.quantize(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:]), fmt.lane_words)))
