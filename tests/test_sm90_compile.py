@@ -171,6 +171,10 @@ def cases() -> list:
         (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": int(Kind.INT16SR), "RECUR_GROUP": row,
                                             "RECUR_MAX": 32767.0, "RECUR_RANDOM": (element, 10, 16), "SHARED": True,
                                             "SKIP": False, "BUF": 0}),
+        # sglang:fp8 (a shared FP8 checkpoint, scale tiles of 32 head_dim rows): programs of 32 rows
+        (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": fp8, **{f"RECUR_{k}": v for k, v in sglang.items()},
+                                            "RECUR_RANDOM": plain, "SHARED": True, "SKIP": False, "BUF": 0,
+                                            "BLOCK_P": 32}),
         # head scales over the head's five 16-row programs exchanging the amax: both copies', a shared checkpoint's
         # (window 1 too)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head,

@@ -775,14 +775,13 @@ def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_R
     N_COLS: tl.constexpr = col.shape[0] if COLS_FIRST else col.shape[-1]
     G: tl.constexpr = 1 if WORDS == WORDS_ELEMENT else (2 if (WORDS == WORDS_PAIR) | (WORDS == WORDS_DUO) else (
         4 if WORDS == WORDS_QUAD else 8))
+    GROUPED: tl.constexpr = G > 1 and N_COLS % G == 0  # each group's call drawn once
     if ((KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR)
             | (KIND == MX8SR)):
-        if N_COLS % G != 0:
-            words = _element_words(key, counter, col, WORDS, N_ROUNDS)
-        elif G == 1:
-            words = _element_words(key, counter, col, WORDS, N_ROUNDS)
-        else:
+        if GROUPED:
             words = _group_words(key, counter, WORDS, N_ROUNDS, COLS_FIRST)
+        else:
+            words = _element_words(key, counter, col, WORDS, N_ROUNDS)
         bits = sr_field(words.to(tl.int64), KIND, RANDOM[2])
     else:
         bits = tl.zeros(counter.shape, dtype=tl.int64)

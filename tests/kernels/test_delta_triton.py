@@ -234,8 +234,9 @@ def test_chunked_triton_quantized(fam, text, device):
     # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
     ("fp16sr:rounds=7,bits=8/int8sr:scale=block:16,bits=5@4", True),
     ("fp8sr:bits=20/mx8sr:axis=headdim,bits=3@4", False),
-    # paired words along K = 40 (one Philox call per pair of k rows of the program's tile)
+    # word layouts along K = 40 (one Philox call per pair, or group of 2, 4, 8 k rows of the program's tile)
     ("fp16sr:words=pair/fp16sr:words=octet,cvt=soft@4", True),
+    ("fp16sr:words=duo/fp16sr:words=quad@4", True),
 ])
 def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, device):
     """rounded=False gives the kernel's FP32 folds; `write_checkpoint` of them is exactly what rounded=True stores

@@ -249,6 +249,9 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     ("fp8sr:scale=row/int8:scale=block:8,order=mul@1#buf=bf16", {}),  # the ring in bf16: the fold's keys rounded
     ("shared:int8sr:axis=headdim,scale=block:8,rot=hadamard:8@1", {"head_dim": 32}),  # runs along head_dim
     ("pimba:mx8sr", _WIDE),  # MX8 blocks of 16 along d_state 40
+    # programs of 32 rows: SGLang's 32-row FP8 tiles, INT8+SR blocks of 32 along head_dim 40 (the last of 8 rows)
+    ("sglang:fp8", {"head_dim": 40}),
+    ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
 ])
 def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     """One-token windows with the state in registers (`triton_tokens`) against the one loop: both copies and the
@@ -278,10 +281,13 @@ def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     ("nvfp4/fp16sr@1", None),  # a head-scaled read copy: the phases
     ("shared:int8:scale=head@1", None),  # a head scale: the head's programs exchange its amax
     ("fp16sr/int16:scale=tensor@1", None),  # a tensor scale: torch rounds the read copy
-    ("shared:fp8:scale=tile:32x0@1", None),  # scale tiles of 32 head_dim rows
+    ("shared:fp8:scale=tile:32x0@1", 32), ("sglang:fp8", 32),  # scale tiles of 32 head_dim rows
+    ("shared:int8sr:axis=headdim,scale=block:32@1", 32), ("shared:int8:axis=headdim,scale=block:64@1", None),
+    ("shared:nvfp4:scale=rowcol@1", None),  # column factors over the whole head
 ])
 def test_token_rows(text, rows):
-    """Which one-token configs the token scan runs (16-row programs), and which stay with the one loop or phases."""
+    """Which one-token configs the token scan runs (programs of 16 head_dim rows, or 32 where a scale tile, block or
+    rotation run spans 32), and which stay with the one loop or phases."""
     config = ReplayConfig.parse(text)
     assert triton_chunk.token_scan_rows(config, (80, 128), 1) == rows
     assert triton_chunk.token_scan_rows(config, (80, 128), 2) is None

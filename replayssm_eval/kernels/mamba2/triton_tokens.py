@@ -117,21 +117,24 @@ def _token_scan_kernel(
 
 
 def token_rows(codecs: tuple[KernelCodec, ...]) -> int | None:
-    """head_dim rows per program of `scan_tokens` for the copies' in-loop codecs (None: a copy torch rounds), or None
-    where it cannot run them: a copy rounded by torch, or whose scale groups, blocks or rotation runs span more than
-    PROGRAM_ROWS head_dim rows (head scales, two-axis scales: the one loop's whole-head programs or exchanges)."""
-    if any(c is None or c.spans(PROGRAM_ROWS) for c in codecs):
+    """head_dim rows per program of `scan_tokens` for the copies' in-loop codecs: PROGRAM_ROWS, or twice that where a
+    copy's scale tiles, blocks or rotation runs span 32 head_dim rows (SGLang's FP8 tiles, ModelOpt's Hadamard runs),
+    so that every program holds them whole; None where it cannot run them: a copy rounded by torch (codec None), or
+    whose scale groups span more rows (head scales, two-axis scales: the one loop's whole-head programs or
+    exchanges)."""
+    if any(c is None for c in codecs):
         return None
-    return PROGRAM_ROWS
+    return next((rows for rows in (PROGRAM_ROWS, 2 * PROGRAM_ROWS) if not any(c.spans(rows) for c in codecs)), None)
 
 
-def token_launch_config(stochastic: bool) -> dict:
-    """num_warps, maxnreg and DOT (the fold's product: FP32 FMAs, as the one loop's) of `_token_scan_kernel` for copies
-    with or without stochastic rounding (benchmarks/layer_speed.py sweeps them). Every program runs the call's whole
-    chain of folds, so programs that wait for a free SM add whole chains: the Philox words of SR take registers, and
-    capping them at 128 (two programs an SM) ran faster on the H200 at Nemotron-3-Nano-4B's geometry
-    (BENCHMARKS.md, KL path at full size)."""
-    return {"num_warps": 8, "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
+def token_launch_config(stochastic: bool, rows: int = PROGRAM_ROWS) -> dict:
+    """num_warps, maxnreg and DOT (the fold's product: FP32 FMAs, as the one loop's) of `_token_scan_kernel` for
+    programs of `rows` head_dim rows whose copies round with or without stochastic rounding (benchmarks/layer_speed.py
+    sweeps them). Every program runs the call's whole chain of folds, so programs that wait for a free SM add whole
+    chains: the Philox words of SR take registers, and capping them at 128 (two programs an SM) ran faster on the
+    H200 at Nemotron-3-Nano-4B's geometry (BENCHMARKS.md, KL path at full size). Programs of 32 rows take twice the
+    warps, keeping each thread's 8 elements of a [16, 128] tile at 8 warps (not measured on a GPU yet)."""
+    return {"num_warps": 8 * rows // PROGRAM_ROWS, "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
 
 
 def scan_tokens(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs: tuple[KernelCodec, KernelCodec],
@@ -145,7 +148,7 @@ def scan_tokens(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs: tuple
     assert L == 1, f"scan_tokens takes one-entry segments, got {L}"
     recur, read = codecs
     skip = config.skip_read_below
-    launch = token_launch_config(recur.stochastic or read.stochastic)  # a shared checkpoint's read codec is its own
+    launch = token_launch_config(recur.stochastic or read.stochastic, rows)  # a shared checkpoint's read codec is its own
     _token_scan_kernel[(triton.cdiv(P, rows), batch * H)](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, S, H, P, N, G, H // G,
         float(skip or 0.0),
