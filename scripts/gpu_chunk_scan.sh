@@ -39,8 +39,8 @@ done
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
           --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats)
 for config in ${NCU//,/ }; do
-  step "ncu_$(printf %s "$config" | tr -c "A-Za-z0-9" _)" 200 . ncu --clock-control none --kernel-name "regex:${KERNEL:-_token_scan_kernel}" \
-    --launch-skip 1 --launch-count 1 "${sections[@]}" python benchmarks/layer_speed.py --families "$FAMILIES" \
-    --tokens 4096 --configs "$config"
+  step "ncu_$(printf %s "$config" | tr -c "A-Za-z0-9" _)" 200 . ncu --clock-control none \
+    --kernel-name "regex:${KERNEL:-_token_scan_kernel}" --launch-skip 1 --launch-count 1 "${sections[@]}" \
+    python benchmarks/layer_speed.py --families "$FAMILIES" --tokens 4096 --configs "$config"
 done
 exit $status
