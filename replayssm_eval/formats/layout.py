@@ -121,12 +121,18 @@ def philox_lane_words(x: torch.Tensor, seed: int | None, offset: int, lane_words
     n = x.shape[-1] if x.dim() else 1
     index = torch.arange(x.numel(), device=x.device, dtype=torch.int64)  # flat row-major index
     lane = index % n % len(lane_words)
-    counter = offset + index - lane
-    lo, hi = counter & 0xFFFFFFFF, (counter >> 32) & 0xFFFFFFFF
+    return lane_draws(int(seed), offset + index - lane, lane, lane_words, rounds).reshape(x.shape)
+
+
+def lane_draws(seed: int | torch.Tensor, first: torch.Tensor, lane: torch.Tensor, lane_words: tuple[int, ...],
+               rounds: int = philox.N_ROUNDS) -> torch.Tensor:
+    """Output word lane_words[lane] of the Philox4x32-`rounds` call at counter `first` under key `seed` (an int, or a
+    tensor broadcastable with first; lane broadcasts with first): uint32 words as int64, first's broadcast shape."""
+    lo, hi = first & 0xFFFFFFFF, (first >> 32) & 0xFFFFFFFF
     zero = torch.zeros_like(lo)
-    words = torch.stack(philox.philox4x32(int(seed), lo, hi, zero, zero, rounds), dim=-1)  # [numel, 4]
-    pick = torch.tensor(lane_words, device=x.device)[lane]
-    return words.gather(-1, pick[:, None]).reshape(x.shape)
+    words = torch.stack(torch.broadcast_tensors(*philox.philox4x32(seed, lo, hi, zero, zero, rounds)), dim=-1)
+    pick = torch.tensor(lane_words, device=first.device)[lane].expand(words.shape[:-1])
+    return words.gather(-1, pick[..., None]).squeeze(-1)
 
 
 def prod(shape) -> int:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_eval.formats.philox import philox4x32, randint
+from replayssm_eval.formats.layout import lane_draws
+from replayssm_eval.formats.philox import randint
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.host_values import remembered
 
@@ -78,9 +79,5 @@ def state_random_bits(keys: torch.Tensor, checkpoint: torch.Tensor, state_shape:
         counter = (checkpoint[:, None] << 32) + element[None, :]  # [B, HPN]
         return randint(keys[:, None], counter).view(keys.shape[0], *state_shape)
     lane = element % state_shape[-1] % len(lane_words)  # [HPN] position in its row's group of G
-    counter = (checkpoint[:, None] << 32) + (element - lane)[None, :]  # [B, HPN] the group's first counter
-    lo, hi = counter & 0xFFFFFFFF, (counter >> 32) & 0xFFFFFFFF
-    zero = torch.zeros_like(lo)
-    words = torch.stack(philox4x32(keys[:, None], lo, hi, zero, zero), dim=-1)  # [B, HPN, 4]
-    pick = torch.tensor(lane_words, device=keys.device)[lane]  # [HPN]
-    return words.gather(-1, pick.expand(keys.shape[0], -1)[..., None]).view(keys.shape[0], *state_shape)
+    first = (checkpoint[:, None] << 32) + (element - lane)[None, :]  # [B, HPN] the group's first counter
+    return lane_draws(keys[:, None], first, lane, lane_words).view(keys.shape[0], *state_shape)

@@ -127,7 +127,7 @@ def token_rows(codecs: tuple[KernelCodec, ...]) -> int | None:
     return next((rows for rows in (PROGRAM_ROWS, 2 * PROGRAM_ROWS) if not any(c.spans(rows) for c in codecs)), None)
 
 
-def token_launch_config(stochastic: bool, rows: int = PROGRAM_ROWS) -> dict:
+def token_launch_config(stochastic: bool, rows: int) -> dict:
     """num_warps, maxnreg and DOT (the fold's product: FP32 FMAs, as the one loop's) of `_token_scan_kernel` for
     programs of `rows` head_dim rows whose copies round with or without stochastic rounding (benchmarks/layer_speed.py
     sweeps them). Every program runs the call's whole chain of folds, so programs that wait for a free SM add whole
