@@ -27,10 +27,10 @@ the dynamic cache's order), and the graph engine's tokens against `Engine(step="
 Speed (random-weight full-size models from `models.presets`, bf16): decode tokens/s of the
 captured whole-model step at each batch, per config, against Hugging Face `generate` (greedy,
 `min_new_tokens` = `max_new_tokens`) on the same model and batch. Our decoder prefills
-`--prefill` tokens but sizes its static KV cache for `--prompt-len + --new-tokens`: a static
-cache's attention always spans all its columns, so every step costs what it costs after a
-`--prompt-len` prompt (HF's prefill scan of a full prompt runs out of memory on Nemotron at
-these batches). HF generate gets the full `--prompt-len` prompt, or `--prefill` tokens where that
+`--prefill` tokens, then opens the KV columns up to `--prompt-len` (`open_prompt_columns`: zeros that
+attention reads like written ones), and sizes its static KV cache for `--prompt-len + --new-tokens`:
+every step attends over a `--prompt-len` prompt and the tokens so far (HF's prefill scan of a full
+prompt runs out of memory on Nemotron at these batches). HF generate gets the full `--prompt-len` prompt, or `--prefill` tokens where that
 runs out of memory (noted per row; its dynamic cache is then shorter, which favours HF). Our
 first 2L + 1 steps (Triton compiles, the two graph captures) are not timed; HF's prefill
 (a `max_new_tokens=1` run) is subtracted from its time.
@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, StaticCache
+from transformers.cache_utils import StaticLayer
 
 from replayssm_eval.generate.decode import decode_session, left_pad, sequence_id
 from replayssm_eval.generate.engine import Engine
@@ -174,6 +175,7 @@ def ours(rm, config, batch, args) -> dict:
     decoder = StaticDecoder(rm, config, ids, None, list(range(batch)), max_len=args.prompt_len + args.new_tokens + 1,
                             graphs=True)
     token = decoder.prefill().argmax(-1)
+    open_prompt_columns(decoder, args.prompt_len)
 
     def steps(n):
         nonlocal token
@@ -188,6 +190,20 @@ def ours(rm, config, batch, args) -> dict:
     gc.collect()  # the decoder's session and cache point at each other
     torch.cuda.empty_cache()
     return out
+
+
+def open_prompt_columns(decoder: StaticDecoder, prompt_len: int) -> None:
+    """Make the decoder's KV caches hold a `prompt_len`-token prompt after its shorter prefill: the columns past the
+    prefill's (zeros) opened in its mask and counted in every attention cache's length, the positions moved on. Each
+    step's attention then reads and weighs them like written columns (its time does not depend on their values),
+    and the SSM layers carry the prefill's states."""
+    for layer in decoder.session.cache.layers:
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(prompt_len)
+    decoder.attend[:, 0, 0, decoder.written:prompt_len] = True
+    decoder.position += prompt_len - decoder.written
+    decoder.column.fill_(prompt_len)
+    decoder.written = prompt_len
 
 
 @torch.no_grad()

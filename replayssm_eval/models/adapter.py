@@ -10,8 +10,10 @@ Hook point: the model type's scan functions, rebound once per modeling module (`
 replacements which layer runs and which session its cache belongs to, and a post-hook that
 fails loudly if a mixer returned without passing through a replacement (a transformers change
 of code path must never turn into a silent FP32 run). Conv states, KV caches, masks, norms and
-projections stay Hugging Face's code. A cache the model creates itself (generate()) gets a
-session with the model's default config.
+projections stay Hugging Face's code; its attention too, but for one-token queries with a boolean
+mask on CUDA (a static cache's decode step), which read only the columns the mask opens
+(`decode_attention`). A cache the model creates itself (generate()) gets a session with the
+model's default config.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from transformers.cache_utils import Cache
 
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import routing
+from replayssm_eval.models.decode_attention import use_decode_attention
 from replayssm_eval.models.model_types import find_ssm_layers, model_type_of
 from replayssm_eval.models.presets import geometry_from_config
 from replayssm_eval.models.fixtures import resolve_model
@@ -53,6 +56,7 @@ class ReplayModel:
         self.backend = backend
         for name in self.model_type.scans:
             routing.rebind(self.model_type.module, name, REPLACEMENTS[name])
+        use_decode_attention(self.model)
         params = inspect.signature(model.forward).parameters
         self._cache_arg = next(name for name in _CACHE_ARGS if name in params)
         self._takes_positions = "position_ids" in params
@@ -132,10 +136,11 @@ class ReplayModel:
         return out.logits
 
     def remove(self) -> None:
-        """Unhook the mixers; the model runs Hugging Face's own scans again."""
+        """Unhook the mixers and set SDPA back: the model runs Hugging Face's own scans and attention again."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        use_decode_attention(self.model, on=False)
 
     def _new_cache(self):
         return DynamicCache(config=self.model.config.get_text_config(decoder=True))

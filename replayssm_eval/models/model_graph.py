@@ -22,7 +22,8 @@ Every tensor a step reads or writes has a fixed address:
 - attention layers: Hugging Face's `StaticCache` (keys and values [B, heads, max_len, d] written
   in place at the cache's device-side length; linear-attention layers keep their conv states
   in place), the attention mask [B, 1, 1, max_len] (bool, True = attend) built here: the
-  prompt's padding mask, and column c opened when token c is written;
+  prompt's padding mask, and column c opened when token c is written; on CUDA each step's attention
+  reads only the columns the mask opens (`decode_attention`), whatever max_len is;
 - SSM layers: `kernels.static_step.StaticState` through `StaticStepSession` (window phase,
   checkpoint indices and Philox keys on the device);
 - the token [B, 1], positions [B, 1] and the next column [1], advanced on the device.
