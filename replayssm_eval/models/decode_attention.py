@@ -11,8 +11,8 @@ nothing, so a step's attention reads what is written, whatever the cache's size.
 
     out = decode_attention(q, k, v, mask, scaling)     # q [B, H, 1, D]; k, v [B, H_kv, T, D]; mask [B, T] bool
 
-`attention_forward` is the Hugging Face attention function that uses it (registered as ATTENTION, `use_decode_attention`
-sets it on a model): decode attention where a one-token query has a boolean mask on CUDA, HF's SDPA everywhere else
+`attention_forward` is the Hugging Face attention function that uses it (`use_decode_attention` registers it as ATTENTION
+and sets it on a model): decode attention where a one-token query has a boolean mask on CUDA, HF's SDPA everywhere else
 (prefill, no mask, CPU), so those paths keep their bits. Its sums run in another order than SDPA's: outputs agree
 with SDPA to the inputs' precision, not bit for bit (tests/models/test_decode_attention.py).
 """
@@ -24,9 +24,8 @@ import os
 import torch
 import triton
 import triton.language as tl
-from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION = "replayssm_decode"
 DEVICES = ("cuda",)  # where attention_forward runs the kernel (the tests add "cpu": the Triton interpreter)
@@ -185,13 +184,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-AttentionInterface.register(ATTENTION, attention_forward)
-AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the masks SDPA takes
-
-
 def use_decode_attention(model, on: bool = True) -> None:
-    """Set `attention_forward` as the attention of `model` (and its sub-models) where it runs SDPA; on=False sets SDPA
-    back."""
+    """Set `attention_forward` as the attention of `model` (and its sub-models) where it runs SDPA, registered with
+    SDPA's masks; on=False sets SDPA back."""
+    # modeling_utils is imported once a model exists; importing it earlier (with this module) prints torchao's noise
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, attention_forward)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
     now, want = (("sdpa", ATTENTION) if on else (ATTENTION, "sdpa"))
     if model.config._attn_implementation == now:
         model.set_attn_implementation(want)
