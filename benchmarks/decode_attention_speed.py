@@ -30,7 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward  # n
 from replayssm_eval.models.decode_attention import decode_attention, decode_launch_config  # noqa: E402
 
 GEOMETRIES = {"qwen3.5-4b": (16, 4, 256), "nemotron-3-nano-4b": (40, 8, 128)}  # query heads, KV heads, head_dim
-SWEEP = [dict(SPLITS=s, BLOCK_N=n, num_warps=w, num_stages=2) for s, n, w in itertools.product((1, 2), (16, 32, 64), (4, 8))]
+SWEEP = [dict(SPLITS=s, BLOCK_N=n, num_warps=w, num_stages=2) for s, n, w in itertools.product((1, 2, 4), (32, 64), (4, 8))]
 
 
 class _Attention:

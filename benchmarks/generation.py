@@ -13,7 +13,10 @@ bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
   (auto: triton on cuda, reference on cpu; graph: the whole model's step as a CUDA graph, its
   first uses and captures inside the timed call) and plain HF `generate` (the unrouted model,
   `min_new_tokens` forcing the length); tokens/s over the whole call (prefill included) after an
-  untimed warm-up.
+  untimed warm-up. Also the same call with `--first-tokens` new tokens (`first_seconds`: what a user
+  waits before the steady state: prefill, captures, the first steps) and the engine's time per step
+  past them (`step_ms`: the difference over the other steps), which the profile part's fixed-batch
+  step compares with.
 - prefill: `--prefill-rows` x `--prefill-len` prompts through `Engine.prefill` (segments of
   `--prefill-segment`, at most `--prefill-tokens` tokens per call): seconds and peak memory.
 - gpqa: 198 prompts of `prompt_len` tokens, generation lengths drawn log-normally (median 4096,
@@ -96,10 +99,17 @@ def decode_rows(rm, name, args, emit) -> None:
                 engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, stop_at_eos=False)
                 timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
+                first = timed_generate(engine, prompts, args.first_tokens, args.device)
+                release(args.device)  # the short run's decoder and graphs
                 reset_peak(args.device)
+                steps, regroups, retries = engine.decode_steps, engine.regroups, alloc_retries(args.device)
                 seconds = timed_generate(engine, prompts, args.new_tokens, args.device)
                 emit({"part": "decode", "model": name, "batch": batch, "config": config, "step": step,
                       "seconds": seconds, "tokens_per_s": batch * args.new_tokens / seconds,
+                      "first_seconds": first, "step_ms": 1e3 * (seconds - first) / (args.new_tokens - args.first_tokens),
+                      "decode_steps": engine.decode_steps - steps, "regroups": engine.regroups - regroups,
+                      "max_batch_after": engine.max_batch,  # below batch: the engine ran out of memory and halved it
+                      "alloc_retries": alloc_retries(args.device) - retries,  # the caching allocator freed and retried
                       "peak_gib": peak(args.device)})
                 del engine
                 release(args.device)
@@ -219,6 +229,12 @@ def peak(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
 
 
+def alloc_retries(device: str) -> int:
+    """How often the caching allocator has found no free block so far: it then frees its cached blocks, synchronizes
+    and asks CUDA again, which stalls the step that allocates."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.startswith("cuda") else 0
+
+
 def release(device: str) -> None:
     """Free the last run's sessions and decoders (they hold reference cycles) before the next allocates."""
     gc.collect()
@@ -244,6 +260,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=1024)
+    parser.add_argument("--first-tokens", type=int, default=16, help="decode: the short run whose time is subtracted")
     parser.add_argument("--prefill-rows", type=int, default=256)
     parser.add_argument("--prefill-len", type=int, default=4096)
     parser.add_argument("--prefill-segment", type=int, default=2048)
@@ -256,7 +273,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.batches, args.prompt_len, args.new_tokens = "4", 16, 8
+        args.batches, args.prompt_len, args.new_tokens, args.first_tokens = "4", 16, 8, 2
         args.prefill_rows, args.prefill_len, args.prefill_segment, args.prefill_tokens = 4, 32, 16, 32
         args.gpqa_prompts, args.gpqa_batch, args.scale, args.profile_steps = 6, 3, max(args.scale, 1024.0), 2
     args.configs = split_configs(args.configs)
@@ -296,14 +313,16 @@ def main(argv=None) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| part | model | batch | config | step | batching | seconds | tokens/s | est. full s | peak GiB |",
-             "|---|---|---:|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| part | model | batch | config | step | batching | seconds | tokens/s | ms/step | first s | est. full s "
+             "| peak GiB |",
+             "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    fmt = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
     for r in rows:
-        est, gib = r.get("estimated_full_s"), r.get("peak_gib")
+        step_ms = 1e3 * r["seconds"] if r["part"] == "profile" else r.get("step_ms")  # profile: one step's seconds
         lines.append(f"| {r['part']} | {r['model']} | {r['batch']} | {r['config']} | {r.get('step', '')} | "
-                     f"{r.get('batching', '')} | "
-                     f"{r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {'' if est is None else f'{est:.0f}'} | "
-                     f"{'' if gib is None else f'{gib:.1f}'} |")
+                     f"{r.get('batching', '')} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {fmt(step_ms, '.2f')} | "
+                     f"{fmt(r.get('first_seconds'), '.2f')} | {fmt(r.get('estimated_full_s'), '.0f')} | "
+                     f"{fmt(r.get('peak_gib'), '.1f')} |")
     return "\n".join(lines)
 
 

@@ -119,9 +119,10 @@ def open_spans(mask: torch.Tensor) -> torch.Tensor:
 
 def decode_launch_config(batch: int, kv_heads: int, length: int, head_dim: int) -> dict:
     """SPLITS, BLOCK_N, num_warps and num_stages of `decode_attention`: enough programs to fill an H200 (132 SMs) twice
-    over at small batches, one split per (row, KV head) at serving batches; blocks of 64 columns, 4 warps (the best of
-    benchmarks/decode_attention_speed.py's sweep at batch 256 on both 4B presets' geometries, BENCHMARKS.md)."""
-    block_n = 64
+    over at small batches, one split per (row, KV head) at serving batches; blocks of 64 columns at head_dim 256 and
+    32 below, 4 warps (the best of benchmarks/decode_attention_speed.py's sweeps on both 4B presets' geometries at
+    batches 64 and 256, BENCHMARKS.md)."""
+    block_n = 64 if head_dim > 128 else 32
     splits = max(1, min(triton.cdiv(264, batch * kv_heads), triton.cdiv(length, 4 * block_n), 64))
     return {"SPLITS": triton.next_power_of_2(splits), "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
 
