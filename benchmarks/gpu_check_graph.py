@@ -30,10 +30,10 @@ captured whole-model step at each batch, per config, against Hugging Face `gener
 `--prefill` tokens, then opens the KV columns up to `--prompt-len` (`open_prompt_columns`: zeros that
 attention reads like written ones), and sizes its static KV cache for `--prompt-len + --new-tokens`:
 every step attends over a `--prompt-len` prompt and the tokens so far (HF's prefill scan of a full
-prompt runs out of memory on Nemotron at these batches). HF generate gets the full `--prompt-len` prompt, or `--prefill` tokens where that
-runs out of memory (noted per row; its dynamic cache is then shorter, which favours HF). Our
-first 2L + 1 steps (Triton compiles, the two graph captures) are not timed; HF's prefill
-(a `max_new_tokens=1` run) is subtracted from its time.
+prompt runs out of memory on Nemotron at these batches). HF generate gets the full `--prompt-len`
+prompt, or `--prefill` tokens where that runs out of memory (noted per row; its dynamic cache is
+then shorter, which favours HF). Our first 2L + 1 steps (Triton compiles, the two graph captures)
+are not timed; HF's prefill (a `max_new_tokens=1` run) is subtracted from its time.
 Writes OUT_DIR/gpu_check_graph.json and prints the tables.
 """
 

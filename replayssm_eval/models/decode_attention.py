@@ -61,7 +61,7 @@ def _split_kernel(
     while n < end:  # a while loop: the interpreter cannot take range() of a loaded scalar
         cols = n + offs_n
         live = cols < end
-        opened = tl.load(mask_ptr + b * T + cols, mask=live, other=0) != 0  # [BLOCK_N]
+        opened = tl.load(mask_ptr + b.to(tl.int64) * T + cols, mask=live, other=0) != 0  # [BLOCK_N]
         tile = kv + cols[:, None].to(tl.int64) * D + offs_d[None, :]
         k = tl.load(k_ptr + tile, mask=live[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + tile, mask=live[:, None] & mask_d[None, :], other=0.0)
@@ -167,8 +167,9 @@ def takes_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     """Whether `attention_forward` runs `decode_attention`: a one-token query on CUDA, keys and values of one shape
     and the query's head_dim (not multi-head latent attention's), a boolean mask [B, 1, 1, T] over their T columns (a
     static cache's, or a padded batch's), and none of the options it does not implement."""
-    return (query.device.type in DEVICES and query.shape[2] == 1 and key.shape == value.shape and query.shape[-1] == key.shape[-1]
-            and query.shape[1] % key.shape[1] == 0 and isinstance(attention_mask, torch.Tensor)
+    return (query.device.type in DEVICES and query.shape[2] == 1 and key.shape == value.shape
+            and query.shape[-1] == key.shape[-1] and query.shape[1] % key.shape[1] == 0
+            and isinstance(attention_mask, torch.Tensor)
             and attention_mask.dtype == torch.bool and attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1)
             and attention_mask.shape[-1] == key.shape[2]
             and not any(kwargs.get(name) is not None for name in ("sliding_window", "softcap", "s_aux"))
