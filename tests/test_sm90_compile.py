@@ -36,6 +36,7 @@ def cases() -> list:
     from replayssm_eval.kernels.mamba2 import triton_phases as mamba2_phases
     from replayssm_eval.kernels.mamba2 import triton_step as mamba2_step_module
     from replayssm_eval.kernels.mamba2 import triton_tokens as mamba2_tokens
+    from replayssm_eval.models import decode_attention
 
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
     none, row, head, tensor, tile = (int(g) for g in (Group.NONE, Group.ROW, Group.HEAD, Group.TENSOR, Group.TILE))
@@ -72,7 +73,17 @@ def cases() -> list:
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
+    # decode attention: Qwen3.5-4B's geometry in bf16 (64-column blocks, one split), Nemotron-3-Nano-4B's (32, two
+    # splits), an FP32 model's (FP32 FMAs)
+    attention = dict(SPLITS=1, BLOCK_G=16, BLOCK_N=64, BLOCK_D=256, PRECISION="tf32", UPCAST=False)
+    bf16_kv = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*i1", "span_ptr": "*i32",
+               "scaling": "fp32"}
     return [
+        (decode_attention._split_kernel, attention, bf16_kv),
+        (decode_attention._split_kernel, {**attention, "SPLITS": 2, "BLOCK_N": 32, "BLOCK_D": 128}, bf16_kv),
+        (decode_attention._split_kernel, {**attention, "BLOCK_D": 64, "PRECISION": "ieee"},
+         {**bf16_kv, "q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32"}),
+        (decode_attention._combine_kernel, dict(SPLITS=2, BLOCK_G=16, BLOCK_D=128), {"o_ptr": "*bf16"}),
         (formats._encode_kernel, dict(KIND=nvfp4, GROUP=row, MAX=1.0, ORDER=div, RANDOM=plain, **encode)),
         # a flush of some states (take=): programs loop over the taken ones
         (formats._encode_kernel, dict(KIND=nvfp4, GROUP=head, MAX=1.0, ORDER=div, RANDOM=plain, **{**encode, "TAKE": True})),
