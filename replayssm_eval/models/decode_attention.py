@@ -188,12 +188,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
 def use_decode_attention(model, on: bool = True) -> None:
     """Set `attention_forward` as the attention of `model` (and its sub-models) where it runs SDPA, registered with
-    SDPA's masks; on=False sets SDPA back."""
+    SDPA's masks; on=False sets SDPA back. A model whose attention cannot be set after loading (one that does not
+    call its attention through Hugging Face's AttentionInterface) keeps its own."""
     # modeling_utils is imported once a model exists; importing it earlier (with this module) prints torchao's noise
     from transformers.modeling_utils import AttentionInterface
 
     AttentionInterface.register(ATTENTION, attention_forward)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
     now, want = (("sdpa", ATTENTION) if on else (ATTENTION, "sdpa"))
-    if model.config._attn_implementation == now:
+    settable = getattr(model, "_can_set_attn_implementation", lambda: False)()
+    if settable and model.config._attn_implementation == now:
         model.set_attn_implementation(want)

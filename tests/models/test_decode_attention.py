@@ -156,3 +156,25 @@ def test_whole_model_step_with_decode_attention(name, config, monkeypatch):
     assert_same_states(states, eager.states)
     if sdpa_tokens is not None:
         assert torch.equal(tokens, sdpa_tokens) and torch.allclose(logits, sdpa_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_use_decode_attention_sets_and_restores_sdpa():
+    from replayssm_eval.models import load_model
+    from replayssm_eval.models.decode_attention import ATTENTION, use_decode_attention
+
+    rm = load_model("tiny-qwen3.5", dtype="fp32", device="cpu")
+    text = rm.model.config.get_text_config(decoder=True)
+    assert rm.model.config._attn_implementation == text._attn_implementation == ATTENTION
+    rm.remove()
+    assert rm.model.config._attn_implementation == text._attn_implementation == "sdpa"
+
+    class Fixed:  # a model whose attention cannot be set after loading
+        config = type("Config", (), {"_attn_implementation": "sdpa"})()
+
+        def _can_set_attn_implementation(self):
+            return False
+
+        def set_attn_implementation(self, name):
+            raise AssertionError("must not be called")
+
+    use_decode_attention(Fixed())
