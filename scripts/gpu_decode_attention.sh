@@ -2,8 +2,8 @@
 # Decode attention on one GPU: its CUDA tests, benchmarks/decode_attention_speed.py (against HF's SDPA, with the launch
 # sweep), benchmarks/gpu_check_graph.py's bit-for-bit checks of the captured whole-model step (CHECK_CONFIGS), and its
 # decode speed at MODELS x BATCHES from this checkout and, with PREV (a folder holding a previous checkout's
-# replayssm_eval/ and benchmarks/), from that one in the same run. PARTS picks the parts ("tests speed checks
-# generation"). Logs and JSON go to $OUT/decode-attention/.
+# replayssm_eval/ and benchmarks/), from that one in the same run. PARTS picks the parts (default "tests checks
+# generation"; "tests" includes the kernel benchmark). Logs and JSON go to $OUT/decode-attention/.
 #
 #   PREV=.prev OUT=out scripts/gpu_decode_attention.sh                      # H200: about 8 minutes
 #   PARTS=generation MODELS=qwen3.5-4b BATCHES=256 PREV=.prev OUT=out scripts/gpu_decode_attention.sh
