@@ -16,7 +16,8 @@ bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
   untimed warm-up. Also the same call with `--first-tokens` new tokens (`first_seconds`: what a user
   waits before the steady state: prefill, captures, the first steps) and the engine's time per step
   past them (`step_ms`: the difference over the other steps), which the profile part's fixed-batch
-  step compares with.
+  step compares with. `--profile-decode` runs the timed call under torch.profiler: its GPU kernel seconds
+  against its wall seconds, and its top kernels (OUT/decode_<model>_<config>_b<batch>_<step>_first<n>.txt).
 - prefill: `--prefill-rows` x `--prefill-len` prompts through `Engine.prefill` (segments of
   `--prefill-segment`, at most `--prefill-tokens` tokens per call): seconds and peak memory.
 - gpqa: 198 prompts of `prompt_len` tokens, generation lengths drawn log-normally (median 4096,
@@ -91,7 +92,7 @@ def timed_generate(engine: Engine, prompts, lengths, device: str) -> float:
     return time.perf_counter() - start
 
 
-def decode_rows(rm, name, args, emit) -> None:
+def decode_rows(rm, name, args, out: Path, emit) -> None:
     for batch in args.batches:
         prompts = random_prompts(rm, batch, args.prompt_len, 1)
         for config in args.configs:
@@ -99,20 +100,49 @@ def decode_rows(rm, name, args, emit) -> None:
                 engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, stop_at_eos=False)
                 timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
-                first = timed_generate(engine, prompts, args.first_tokens, args.device)
-                release(args.device)  # the short run's decoder and graphs
+                first = None
+                if args.first_tokens:
+                    first = timed_generate(engine, prompts, args.first_tokens, args.device)
+                    release(args.device)  # the short run's decoder and graphs
                 reset_peak(args.device)
                 steps, regroups, retries = engine.decode_steps, engine.regroups, alloc_retries(args.device)
-                seconds = timed_generate(engine, prompts, args.new_tokens, args.device)
+                trace = out / f"decode_{name}_{slug(config)}_b{batch}_{step}_first{args.first_tokens}.txt"
+                seconds, gpu_s = timed_call(lambda: timed_generate(engine, prompts, args.new_tokens, args.device),
+                                            args.device, trace if args.profile_decode else None)
                 emit({"part": "decode", "model": name, "batch": batch, "config": config, "step": step,
-                      "seconds": seconds, "tokens_per_s": batch * args.new_tokens / seconds,
-                      "first_seconds": first, "step_ms": 1e3 * (seconds - first) / (args.new_tokens - args.first_tokens),
+                      "seconds": seconds, "tokens_per_s": batch * args.new_tokens / seconds, "first_seconds": first,
+                      "step_ms": None if first is None else 1e3 * (seconds - first) / (args.new_tokens - args.first_tokens),
                       "decode_steps": engine.decode_steps - steps, "regroups": engine.regroups - regroups,
                       "max_batch_after": engine.max_batch,  # below batch: the engine ran out of memory and halved it
                       "alloc_retries": alloc_retries(args.device) - retries,  # the caching allocator freed and retried
-                      "peak_gib": peak(args.device)})
+                      "gpu_kernel_s": gpu_s, "peak_gib": peak(args.device)})
                 del engine
                 release(args.device)
+
+
+def timed_call(run, device: str, trace: Path | None) -> tuple[float, float | None]:
+    """(run()'s result, the GPU kernel seconds it took) with `trace` (a path: under torch.profiler, whose top kernels
+    and operators by GPU and CPU time go there), else (run(), None)."""
+    if trace is None:
+        return run(), None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile as run_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with run_profile(activities=activities) as prof:
+        result = run()
+    averages = prof.key_averages()
+    gpu_s = sum(e.self_device_time_total for e in averages if e.device_type == DeviceType.CUDA) / 1e6
+    text = [f"# {result:.2f} s wall, {gpu_s:.2f} s of GPU kernels"]
+    if device.startswith("cuda"):
+        text += ["## by GPU time (self)", averages.table(sort_by="self_device_time_total", row_limit=30)]
+    text += ["## by CPU time", averages.table(sort_by="cpu_time_total", row_limit=20)]
+    trace.write_text("\n".join(text) + "\n")
+    return result, gpu_s
+
+
+def slug(config: str) -> str:
+    return config.replace("/", "_").replace(":", "_").replace("=", "")
 
 
 def hf_rows(rm, name, args, emit) -> None:
@@ -220,8 +250,7 @@ def profile_one(rm, name, batch, config, args, out: Path, emit) -> None:
     if args.device.startswith("cuda"):
         text += ["## by GPU time (self)", averages.table(sort_by="self_device_time_total", row_limit=25)]
     text += ["## by CPU time", averages.table(sort_by="cpu_time_total", row_limit=15)]
-    slug = config.replace("/", "_").replace(":", "_").replace("=", "")
-    (out / f"profile_{name}_{slug}_b{batch}.txt").write_text("\n".join(text) + "\n")
+    (out / f"profile_{name}_{slug(config)}_b{batch}.txt").write_text("\n".join(text) + "\n")
     print("\n".join(text), flush=True)
 
 
@@ -260,7 +289,10 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=1024)
-    parser.add_argument("--first-tokens", type=int, default=16, help="decode: the short run whose time is subtracted")
+    parser.add_argument("--first-tokens", type=int, default=16,
+                        help="decode: the short run whose time is subtracted (0: none, the timed call is the Engine's first)")
+    parser.add_argument("--profile-decode", action="store_true",
+                        help="decode: the timed call under torch.profiler (OUT/decode_*.txt, gpu_kernel_s)")
     parser.add_argument("--prefill-rows", type=int, default=256)
     parser.add_argument("--prefill-len", type=int, default=4096)
     parser.add_argument("--prefill-segment", type=int, default=2048)
@@ -273,7 +305,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.batches, args.prompt_len, args.new_tokens, args.first_tokens = "4", 16, 8, 2
+        args.batches, args.prompt_len, args.new_tokens, args.first_tokens = "4", 16, 8, min(args.first_tokens, 2)
         args.prefill_rows, args.prefill_len, args.prefill_segment, args.prefill_tokens = 4, 32, 16, 32
         args.gpqa_prompts, args.gpqa_batch, args.scale, args.profile_steps = 6, 3, max(args.scale, 1024.0), 2
     args.configs = split_configs(args.configs)
@@ -299,7 +331,7 @@ def main(argv=None) -> None:
         if "prefill" in parts:
             prefill_rows(rm, name, args, emit)
         if "decode" in parts:
-            decode_rows(rm, name, args, emit)
+            decode_rows(rm, name, args, out, emit)
         if "gpqa" in parts:
             gpqa_rows(rm, name, args, emit)
         if "profile" in parts:
