@@ -19,6 +19,7 @@ with SDPA to the inputs' precision, not bit for bit (tests/models/test_decode_at
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -152,13 +153,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     out = torch.empty(batch, 1, heads, dim, device=q.device, dtype=q.dtype)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # FP32 inputs in FP32 FMAs, not TF32
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"  # its bf16 tl.dot is wrong
-    _split_kernel[(batch * kv_heads, splits)](
-        q.contiguous(), k.contiguous(), v.contiguous(), mask.contiguous(), open_spans(mask), m, l, acc,
-        kv_heads, T, dim, group, float(scaling),
-        SPLITS=splits, BLOCK_G=block_g, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    _combine_kernel[(batch * kv_heads,)](m, l, acc, out, group, dim, SPLITS=splits, BLOCK_G=block_g, BLOCK_D=block_d)
+    # Triton launches on the current device: a layer that a device map put on another GPU runs there
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        _split_kernel[(batch * kv_heads, splits)](
+            q.contiguous(), k.contiguous(), v.contiguous(), mask.contiguous(), open_spans(mask), m, l, acc,
+            kv_heads, T, dim, group, float(scaling),
+            SPLITS=splits, BLOCK_G=block_g, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, PRECISION=precision,
+            UPCAST=upcast, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        _combine_kernel[(batch * kv_heads,)](m, l, acc, out, group, dim, SPLITS=splits, BLOCK_G=block_g,
+                                             BLOCK_D=block_d)
     return out
 
 
