@@ -121,42 +121,28 @@ def test_attention_forward_takes_the_kernel_for_masked_decode_only(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,config", [("tiny-qwen3.5", "nvfp4/fp16sr@2"), ("tiny-nemotron-h", "fp32")])
 def test_whole_model_step_with_decode_attention(name, config, monkeypatch):
-    from transformers import StaticCache
-
-    from replayssm_eval.models.model_graph import StaticDecoder
-    from replayssm_eval.models.session import ReplaySession
     from tests.helpers.generation import tiny_model
-    from tests.models.test_static_session import NEW_TOKENS, assert_same_states, feed, prompt_batch
+    from tests.models.test_static_session import (
+        NEW_TOKENS, assert_same_states, decode_static, feed, prompt_batch, static_cache_session,
+    )
 
     rm = tiny_model(name, "triton")
     ids, mask, seq_ids = prompt_batch(rm)
     max_len = ids.shape[1] + NEW_TOKENS + 2  # unwritten columns past the last step
-
-    def decode():
-        decoder = StaticDecoder(rm, config, ids, mask, seq_ids, max_len=max_len)
-        with torch.no_grad():
-            logits, tokens = decoder.prefill(), []
-            for _ in range(NEW_TOKENS):
-                tokens.append(logits.argmax(-1))
-                logits = decoder.step(tokens[-1])
-        return torch.stack(tokens, 1), logits, decoder.session.states
-
-    sdpa_tokens, sdpa_logits, _ = decode() if TEST_DEVICE == "cpu" else (None, None, None)
+    sdpa_tokens, sdpa_logits, _ = (decode_static(rm, config, ids, mask, seq_ids, max_len) if TEST_DEVICE == "cpu"
+                                   else (None, None, None))
     monkeypatch.setattr(da, "DEVICES", ("cpu", "cuda"))
     calls = []
     kernel = da.decode_attention
     monkeypatch.setattr(da, "decode_attention", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    tokens, logits, states = decode()
+    tokens, logits, states = decode_static(rm, config, ids, mask, seq_ids, max_len)
     assert calls  # the decoder's steps ran the kernel
-    text_config = rm.model.config.get_text_config(decoder=True)
-    eager = ReplaySession(config, seq_ids=seq_ids, engine="step", backend="triton",
-                          new_cache=lambda: StaticCache(config=text_config, max_cache_len=max_len))
+    eager = static_cache_session(rm, config, seq_ids, max_len)
     eager_tokens, eager_logits = feed(rm, eager, ids, mask)
     assert torch.equal(tokens, eager_tokens) and torch.equal(logits, eager_logits)
     assert_same_states(states, eager.states)
     if sdpa_tokens is not None:
         assert torch.equal(tokens, sdpa_tokens) and torch.allclose(logits, sdpa_logits, rtol=1e-4, atol=1e-4)
-
 
 def test_use_decode_attention_sets_and_restores_sdpa():
     from replayssm_eval.models import load_model

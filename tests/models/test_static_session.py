@@ -96,18 +96,29 @@ def test_whole_model_step_equals_the_triton_step_on_a_static_cache(name, config)
     rm = tiny_model(name, "triton")
     ids, mask, seq_ids = prompt_batch(rm)
     max_len = ids.shape[1] + NEW_TOKENS
+    tokens, logits, states = decode_static(rm, config, ids, mask, seq_ids, max_len)
+    eager = static_cache_session(rm, config, seq_ids, max_len)
+    eager_tokens, eager_logits = feed(rm, eager, ids, mask)
+    assert torch.equal(tokens, eager_tokens) and torch.equal(logits, eager_logits)
+    assert_same_states(states, eager.states)
+
+
+def decode_static(rm, config, ids, mask, seq_ids, max_len):
+    """(tokens [B, NEW_TOKENS], last logits [B, V], SSM states) of a greedy `StaticDecoder` run, eagerly."""
     decoder = StaticDecoder(rm, config, ids, mask, seq_ids, max_len=max_len)
     with torch.no_grad():
         logits, tokens = decoder.prefill(), []
         for _ in range(NEW_TOKENS):
             tokens.append(logits.argmax(-1))
             logits = decoder.step(tokens[-1])
+    return torch.stack(tokens, 1), logits, decoder.session.states
+
+
+def static_cache_session(rm, config, seq_ids, max_len) -> ReplaySession:
+    """The eager Triton step session on a Hugging Face StaticCache of max_len columns."""
     text_config = rm.model.config.get_text_config(decoder=True)
-    eager = ReplaySession(config, seq_ids=seq_ids, engine="step", backend="triton",
-                          new_cache=lambda: StaticCache(config=text_config, max_cache_len=max_len))
-    eager_tokens, eager_logits = feed(rm, eager, ids, mask)
-    assert torch.equal(torch.stack(tokens, 1), eager_tokens) and torch.equal(logits, eager_logits)
-    assert_same_states(decoder.session.states, eager.states)
+    return ReplaySession(config, seq_ids=seq_ids, engine="step", backend="triton",
+                         new_cache=lambda: StaticCache(config=text_config, max_cache_len=max_len))
 
 
 def first_step(rm, config, texts):
