@@ -13,11 +13,13 @@ bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
   (auto: triton on cuda, reference on cpu; graph: the whole model's step as a CUDA graph, its
   first uses and captures inside the timed call) and plain HF `generate` (the unrouted model,
   `min_new_tokens` forcing the length); tokens/s over the whole call (prefill included) after an
-  untimed warm-up. Also the same call with `--first-tokens` new tokens (`first_seconds`: what a user
-  waits before the steady state: prefill, captures, the first steps) and the engine's time per step
-  past them (`step_ms`: the difference over the other steps), which the profile part's fixed-batch
-  step compares with. `--profile-decode` runs the timed call under torch.profiler: its GPU kernel seconds
-  against its wall seconds, and its top kernels (OUT/decode_<model>_<config>_b<batch>_<step>_first<n>.txt).
+  untimed warm-up of the same batch (`warm_up_tokens`: every step variant compiled). Also the same call
+  with `--first-tokens` new tokens: `first_seconds`, what a user waits before the steady state (prefill,
+  captures, the first steps), and the engine's time per step past them (`step_ms`: the
+  difference over the other steps), which the profile part's fixed-batch step compares with;
+  `step_host_ms`: the host's time launching a step (graph: a replay), which the device overlaps.
+  `--profile-decode` runs the timed call under torch.profiler: its GPU kernel seconds against its
+  wall seconds, and its top kernels (OUT/decode_<model>_<config>_b<batch>_<step>_first<n>.txt).
 - prefill: `--prefill-rows` x `--prefill-len` prompts through `Engine.prefill` (segments of
   `--prefill-segment`, at most `--prefill-tokens` tokens per call): seconds and peak memory.
 - gpqa: 198 prompts of `prompt_len` tokens, generation lengths drawn log-normally (median 4096,
@@ -99,7 +101,8 @@ def decode_rows(rm, name, args, out: Path, emit) -> None:
             for step in args.steps:
                 engine = Engine(rm, config, step=step, max_batch=batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, stop_at_eos=False)
-                timed_generate(engine, prompts[:2], 4, args.device)  # warm-up: Triton compiles
+                timed_generate(engine, prompts, warm_up_tokens(config), args.device)  # Triton compiles
+                release(args.device)
                 first = None
                 if args.first_tokens:
                     first = timed_generate(engine, prompts, args.first_tokens, args.device)
@@ -107,17 +110,40 @@ def decode_rows(rm, name, args, out: Path, emit) -> None:
                 reset_peak(args.device)
                 steps, regroups, retries = engine.decode_steps, engine.regroups, alloc_retries(args.device)
                 trace = out / f"decode_{name}_{slug(config)}_b{batch}_{step}_first{args.first_tokens}.txt"
+                host = host_step_seconds(engine)
                 seconds, gpu_s = timed_call(lambda: timed_generate(engine, prompts, args.new_tokens, args.device),
                                             args.device, trace if args.profile_decode else None)
                 emit({"part": "decode", "model": name, "batch": batch, "config": config, "step": step,
                       "seconds": seconds, "tokens_per_s": batch * args.new_tokens / seconds, "first_seconds": first,
                       "step_ms": None if first is None else 1e3 * (seconds - first) / (args.new_tokens - args.first_tokens),
                       "decode_steps": engine.decode_steps - steps, "regroups": engine.regroups - regroups,
+                      "step_host_ms": 1e3 * sum(host) / max(1, len(host)),  # launching a step (graph: a replay)
                       "max_batch_after": engine.max_batch,  # below batch: the engine ran out of memory and halved it
                       "alloc_retries": alloc_retries(args.device) - retries,  # the caching allocator freed and retried
                       "gpu_kernel_s": gpu_s, "peak_gib": peak(args.device)})
                 del engine
                 release(args.device)
+
+
+def warm_up_tokens(config: str) -> int:
+    """New tokens of a warm-up call that runs every step variant (two windows: the reading steps and a flush, each
+    eager and captured): Triton compiles a variant's kernels at its first launch at a batch size, about 12 s for the
+    flush of Qwen3.5-4B at batch 256."""
+    return 2 * ReplayConfig.parse(config).window + 2
+
+
+def host_step_seconds(engine: Engine) -> list[float]:
+    """The host seconds of each later `engine.step_tokens` call (its launch: the device runs on), filled as it runs."""
+    step, seconds = engine.step_tokens, []
+
+    def timed(session, tokens):
+        start = time.perf_counter()
+        logits = step(session, tokens)
+        seconds.append(time.perf_counter() - start)
+        return logits
+
+    engine.step_tokens = timed
+    return seconds
 
 
 def timed_call(run, device: str, trace: Path | None) -> tuple[float, float | None]:

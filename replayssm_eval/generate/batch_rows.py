@@ -103,6 +103,8 @@ def _cache(caches: list, combine, kv=None):
 def _tree(objs: list, combine):
     """combine(list of tensors) over matching tensors of `objs` (dicts, lists, tuples, dataclasses, PackedState)."""
     first = objs[0]
+    if torch.is_tensor(first) and first.dim() == 0:  # a whole cache layer's, not a row's (`session.set_cache_length`)
+        return first.clone()
     if torch.is_tensor(first):
         return combine(objs)
     if isinstance(first, dict):

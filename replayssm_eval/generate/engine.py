@@ -36,7 +36,9 @@ ignored, until the next join, or, when no refill is coming, until at most half t
 run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
 it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
 the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new
-graphs, so it waits for many free places rather than one. "static" and "graph" take one fixed-window config for
+graphs, so it waits for many free places rather than one. A decoder's step is launched before the host reads
+the tokens it takes (`Engine._advance_decoder`): the device runs it while the host appends them and checks
+the stops, so no step waits on the host. "static" and "graph" take one fixed-window config for
 every layer (not speculative or mixed: `kernels.static_step.check_static_config`), with round trips of every kind,
 each row's at its own positions (`kernels.static_step.Trips`).
 
@@ -191,31 +193,54 @@ class Engine:
     def _advance(self, run: _Batch, compact: bool = True) -> _Batch | None:
         """Append each row's token (`_choose`); the stopped rows leave; one step for the others.
 
-        Step "graph": a stopped row keeps its place in the decoder, masked (its tokens are ignored; rows
-        share no values), until the next refill regroups the batch, or, with `compact` (no refill
-        coming), until at most half the decoder's rows run: then the running rows move to a smaller
-        decoder. Regrouping copies every state and captures new graphs: worth it only for many rows.
+        Step "graph" (`_advance_decoder`): a stopped row keeps its place in the decoder, masked (its tokens are
+        ignored; rows share no values), until the next refill regroups the batch, or, with `compact` (no refill
+        coming), until at most half the decoder's rows run: then the running rows move to a smaller decoder.
+        Regrouping copies every state and captures new graphs: worth it only for many rows.
         """
+        if isinstance(run.session, StaticDecoder):
+            return self._advance_decoder(run, compact)
         chosen = self._choose(run)  # [B]
-        for k, token in enumerate(chosen.tolist()):
-            if run.rows[k] is not None and self._append(run.rows[k], token):
-                run.rows[k] = None
+        self._append_tokens(run, chosen.tolist())
         live = run.live
         if not live:
             run.session = None
             _collect()
             return None
-        decoder = isinstance(run.session, StaticDecoder)
-        if not decoder and len(live) < len(run.rows):
+        if len(live) < len(run.rows):
             keep_rows(run.session, live)
             run.rows = [run.rows[k] for k in live]
-            chosen = chosen[torch.tensor(live, device=chosen.device)]
-        elif decoder and compact and len(live) <= len(run.rows) // 2:
-            run = self._regroup(run, None)
             chosen = chosen[torch.tensor(live, device=chosen.device)]
         run.logits = self.step_tokens(run.session, chosen)
         self.decode_steps += 1
         return run
+
+    def _advance_decoder(self, run: _Batch, compact: bool) -> _Batch | None:
+        """`_advance` of a decoder, one step ahead of the host: the step that takes this token is launched before the
+        host reads the tokens back, so the device runs it while the host appends them and checks the stops (a fixed
+        decoder holds a stopped row's place anyway: it takes its last token in vain). The step is skipped where every
+        row takes its last token (max_gen_toks); a compaction regroups after the step, from the stepped logits."""
+        chosen = self._choose(run)  # [B]
+        taken = _HostCopy(chosen)
+        going_on = [i is not None and len(self._rows[i].tokens) + 1 < self._rows[i].max_gen_toks for i in run.rows]
+        if any(going_on):
+            run.logits = self.step_tokens(run.session, chosen)
+            self.decode_steps += 1
+        self._append_tokens(run, taken.values())
+        live = run.live
+        if not live:
+            run.session = None
+            _collect()
+            return None
+        if compact and len(live) <= len(run.rows) // 2:
+            return self._regroup(run, None)
+        return run
+
+    def _append_tokens(self, run: _Batch, tokens: list[int]) -> None:
+        """Append the batch's chosen tokens to its rows; a finished row's place becomes None."""
+        for k, token in enumerate(tokens):
+            if run.rows[k] is not None and self._append(run.rows[k], token):
+                run.rows[k] = None
 
     def _choose(self, run: _Batch) -> torch.Tensor:
         """[B] next tokens of the batch's rows (a row holding a stopped place: greedy, ignored)."""
@@ -338,6 +363,23 @@ def _unless_out_of_memory(work):
         return work(), None
     except torch.OutOfMemoryError as err:
         return None, str(err)
+
+
+class _HostCopy:
+    """A copy of a small device tensor on its way to the host (pinned memory, ordered after the work queued so far),
+    so that work launched after it runs while the host waits for these values alone."""
+
+    def __init__(self, values: torch.Tensor):
+        self.host = values.to("cpu", non_blocking=True)
+        self.ready = None
+        if values.device.type == "cuda":
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def values(self) -> list:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 def _collect() -> None:

@@ -49,7 +49,7 @@ from replayssm_eval.formats import PackedState
 from replayssm_eval.replay.state import ReplayState
 from replayssm_eval.kernels.static_step import folds_of
 from replayssm_eval.models.adapter import ReplayModel
-from replayssm_eval.models.session import ReplaySession
+from replayssm_eval.models.session import ReplaySession, set_cache_length
 from replayssm_eval.models.static_session import StaticStepSession
 
 
@@ -90,6 +90,7 @@ class StaticDecoder:
         decoder.ids, decoder.prompt_mask = None, None
         decoder._buffers(rm, session.config, session.seq_ids, mask, width + steps, graphs)
         _into_static(session.cache, decoder.session.cache, width)
+        set_cache_length(decoder.session.cache, width)
         decoder.session.states = dict(session.states)
         decoder.session.tokens, decoder.session.attention_mask = width, mask  # the rows' positions (round trips)
         return decoder

@@ -54,6 +54,16 @@ def as_config(config: ReplayConfig | str) -> ReplayConfig:
     return ReplayConfig.parse(config) if isinstance(config, str) else config
 
 
+def set_cache_length(cache, tokens: int) -> None:
+    """Set the token count that each linear-attention layer of an HF cache keeps from transformers 5.25 on (a 0-dim
+    tensor, `cumulative_length_linear`: what `get_seq_length` answers for it) to `tokens` (earlier versions keep
+    none). A cache whose rows were joined, kept, trimmed or copied holds `tokens` columns per row."""
+    for layer in cache.layers:
+        count = getattr(layer, "cumulative_length_linear", None)
+        if torch.is_tensor(count):
+            count.fill_(tokens)
+
+
 def session_of(cache) -> ReplaySession | None:
     return getattr(cache, _CACHE_ATTR, None)
 
@@ -128,6 +138,7 @@ class ReplaySession:
         self.cache = carried["cache"]
         setattr(self.cache, _CACHE_ATTR, self)
         self.states, self.tokens, self.attention_mask = carried["states"], carried["tokens"], carried["attention_mask"]
+        set_cache_length(self.cache, self.tokens)
 
     def forget(self, layer_idx: int) -> None:
         """Drop a layer's state: its HF cache starts over (a prompt call on that layer)."""

@@ -8,7 +8,7 @@ when rows join or most have left) gives the tokens of step "triton" under the sa
 family, and so does step "static" on KDA; both take round trips at the prompt's end (a prefix-cache hit)
 and every 3 tokens, each row at its own positions. Then: the order of entry changes nothing, an
 out-of-memory step is recovered by halving the batch (also under step "graph"), and a batch that does not
-fit is refused before any work.
+fit is refused before any work. A decoder's step is launched before the host reads the tokens it takes.
 """
 
 import functools
@@ -18,7 +18,7 @@ import weakref
 import pytest
 import torch
 
-from replayssm_eval.generate import memory
+from replayssm_eval.generate import engine as engine_module, memory
 from replayssm_eval.generate.engine import Engine
 from replayssm_eval.generate.generation import greedy_generate
 from replayssm_eval.models.fixtures import BUNDLED_MODELS
@@ -90,6 +90,22 @@ def test_graph_step_with_continuous_batching_gives_the_triton_step_tokens(name, 
     assert [d.batch for d in decoders] == [1, 2, 2, 1]
     assert [g.tokens for g in graph] == triton_tokens(name, config)
     assert [g.gen_tokens for g in graph] == GRAPH_LIMITS
+
+
+@pytest.mark.slow
+def test_graph_step_is_launched_before_the_host_reads_the_tokens_it_takes(monkeypatch):
+    rm = tiny_model("tiny-nemotron-h")
+    events = []
+    step, values = StaticDecoder.step, engine_module._HostCopy.values
+    monkeypatch.setattr(StaticDecoder, "step", lambda decoder, tokens: events.append(f"step{decoder.batch}")
+                        or step(decoder, tokens))
+    monkeypatch.setattr(engine_module._HostCopy, "values", lambda copy: events.append("read") or values(copy))
+    gens = Engine(rm, "nvfp4/fp16sr@2", step="graph", max_batch=2, prefill_segment=4, refill=1,
+                  stop_at_eos=False).generate(prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
+    assert [g.gen_tokens for g in gens] == GRAPH_LIMITS
+    # decoders of rows [0], [0, 2], [2, 3], [2] (as in the test above): each step is launched before the host reads
+    # the tokens it takes; the last decoder's only row takes its last token, so no step follows
+    assert events == ["step1", "read", "step2", "read", "step2", "read", "read"]
 
 
 @functools.cache
