@@ -24,7 +24,8 @@ bf16, no download; `--tiny`: the bundled fixtures in fp32). Parts (`--parts`):
   `--prefill-segment`, at most `--prefill-tokens` tokens per call): seconds and peak memory.
 - gpqa: 198 prompts of `prompt_len` tokens, generation lengths drawn log-normally (median 4096,
   sigma GPQA_SIGMA, cap 32768, seed 0) and divided by `--scale`, every row forced to its length;
-  wall time per config with continuous and with static batching of `--gpqa-batch` rows. The
+  wall time per config with continuous and with static batching (`--batching`) of `--gpqa-batch` rows,
+  after an untimed warm-up call whose rows stop at every phase of two windows (every step variant compiled). The
   full-size time is estimated as the measured time x scale (decode dominates; attention's KV
   grows with the length, so this is a lower bound).
 - profile: per batch and config, a running batch of the first step: ms per one-token step (graph:
@@ -207,15 +208,22 @@ def gpqa_rows(rm, name, args, emit) -> None:
     prompts = random_prompts(rm, len(lengths), args.prompt_len, 3)
     for config in args.configs:
         for step in args.steps:
-            for continuous in (True, False):
+            for batching in args.batching.split(","):
+                continuous = batching == "continuous"
                 engine = Engine(rm, config, step=step, max_batch=args.gpqa_batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, continuous=continuous, stop_at_eos=False)
+                rows = min(len(prompts), args.gpqa_batch * 3 // 2)
+                warm = [1 + k % warm_up_tokens(config) for k in range(rows)]  # rows stopping out of phase
+                timed_generate(engine, prompts[:len(warm)], warm, args.device)  # Triton compiles every step variant
+                release(args.device)
                 reset_peak(args.device)
                 seconds = timed_generate(engine, prompts, lengths, args.device)
                 emit({"part": "gpqa", "model": name, "batch": args.gpqa_batch, "config": config, "step": step,
-                      "batching": "continuous" if continuous else "static", "seconds": seconds,
+                      "batching": batching, "seconds": seconds,
                       "tokens_per_s": sum(lengths) / seconds, "estimated_full_s": seconds * args.scale,
-                      "decode_steps": engine.decode_steps, "regroups": engine.regroups, "peak_gib": peak(args.device)})
+                      "decode_steps": engine.decode_steps, "regroups": engine.regroups,
+                      "max_batch_after": engine.max_batch,  # below the batch: it ran out of memory and halved it
+                      "peak_gib": peak(args.device)})
                 del engine
                 release(args.device)
 
@@ -325,6 +333,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prefill-tokens", type=int, default=4096)
     parser.add_argument("--gpqa-prompts", type=int, default=GPQA_PROMPTS)
     parser.add_argument("--gpqa-batch", type=int, default=64)
+    parser.add_argument("--batching", default="continuous,static", help="gpqa: comma-separated, continuous and/or static")
     parser.add_argument("--scale", type=float, default=1.0, help="divide the GPQA generation lengths by this")
     parser.add_argument("--profile-steps", type=int, default=16)
     parser.add_argument("--no-hf", action="store_true", help="skip HF generate")
@@ -341,6 +350,9 @@ def main(argv=None) -> None:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise SystemExit(f"unknown parts {', '.join(unknown)}; known: {', '.join(PARTS)}")
+    unknown = sorted(set(args.batching.split(",")) - {"continuous", "static"})
+    if unknown:
+        raise SystemExit(f"unknown batching {', '.join(unknown)}; known: continuous, static")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     auto = "triton" if args.device.startswith("cuda") else "reference"

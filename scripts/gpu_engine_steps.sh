@@ -3,8 +3,9 @@
 # of the captured whole-model step and of the graph engine's tokens (CHECK_CONFIGS), then benchmarks/generation.py's
 # decode rows (an Engine's later call after a --first-tokens call: `step_ms` by difference, `step_host_ms` the host's
 # launch of a step) beside its profile rows (the fixed-batch step of the engine's running decoder), for CONFIGS on
-# MODEL at BATCH rows of PROMPT + NEW tokens; with PREV (a folder holding a previous checkout's replayssm_eval/ and
-# benchmarks/), that checkout's decode rows of PREV_CONFIGS in the same run. Logs and JSON go to $OUT/engine-steps/.
+# MODEL at BATCH rows of PROMPT + NEW tokens; with PREV (a folder holding a previous checkout's replayssm_eval/), the
+# same benchmark's decode rows of PREV_CONFIGS through that checkout's engine in the same run. Logs and JSON go to
+# $OUT/engine-steps/.
 #
 #   PREV=.prev OUT=out scripts/gpu_engine_steps.sh       # H200: about 7 minutes
 set -uo pipefail
@@ -22,6 +23,7 @@ step checks 200 . python benchmarks/gpu_check_graph.py --out "$dir/checks" --ski
 generation=(python benchmarks/generation.py --models "$MODEL" --steps graph --batches "$BATCH" --prompt-len "$PROMPT"
             --new-tokens "$NEW" --no-hf --first-tokens 16 --profile-steps 16)
 step generation_after 300 . "${generation[@]}" --parts decode,profile --configs "$CONFIGS" --out "$dir/after"
+generation[1]=$PWD/benchmarks/generation.py  # this checkout's benchmark, PREV's package
 [[ -n $PREV ]] && step generation_before 200 "$PREV" "${generation[@]}" --parts decode --configs "$PREV_CONFIGS" \
   --out "$dir/before"
 exit $status
