@@ -26,7 +26,7 @@ def test_quick_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path):
     assert all(r["tokens_per_s"] > 0 for r in rows)
     ours = [r for r in rows if r["part"] == "decode" and r["config"] != "HF generate"]
     # 8 new tokens: the first from the prefill's logits, 7 decode steps; one batch of 4 rows, never halved
-    assert all(r["decode_steps"] == 7 and r["max_batch_after"] == 4 and 0 < r["first_seconds"] < r["seconds"]
+    assert all(r["decode_steps"] == 7 and r["max_batch_after"] == 4 and r["first_seconds"] > 0
                and r["step_host_ms"] > 0 for r in ours)
     gpqa = [r for r in rows if r["part"] == "gpqa"]
     assert all(r["estimated_full_s"] == r["seconds"] * 1024 for r in gpqa)
