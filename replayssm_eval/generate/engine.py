@@ -201,11 +201,8 @@ class Engine:
         if isinstance(run.session, StaticDecoder):
             return self._advance_decoder(run, compact)
         chosen = self._choose(run)  # [B]
-        self._append_tokens(run, chosen.tolist())
-        live = run.live
+        live = self._append_tokens(run, chosen.tolist())
         if not live:
-            run.session = None
-            _collect()
             return None
         if len(live) < len(run.rows):
             keep_rows(run.session, live)
@@ -226,21 +223,24 @@ class Engine:
         if any(going_on):
             run.logits = self.step_tokens(run.session, chosen)
             self.decode_steps += 1
-        self._append_tokens(run, taken.values())
-        live = run.live
+        live = self._append_tokens(run, taken.values())
         if not live:
-            run.session = None
-            _collect()
             return None
         if compact and len(live) <= len(run.rows) // 2:
             return self._regroup(run, None)
         return run
 
-    def _append_tokens(self, run: _Batch, tokens: list[int]) -> None:
-        """Append the batch's chosen tokens to its rows; a finished row's place becomes None."""
+    def _append_tokens(self, run: _Batch, tokens: list[int]) -> list[int]:
+        """Append the batch's chosen tokens to its rows (a finished row's place becomes None); returns the running
+        rows' places, and where none runs, lets the batch's session go."""
         for k, token in enumerate(tokens):
             if run.rows[k] is not None and self._append(run.rows[k], token):
                 run.rows[k] = None
+        live = run.live
+        if not live:
+            run.session = None
+            _collect()
+        return live
 
     def _choose(self, run: _Batch) -> torch.Tensor:
         """[B] next tokens of the batch's rows (a row holding a stopped place: greedy, ignored)."""
