@@ -3,8 +3,8 @@
     python benchmarks/engine_syncs.py --out OUT                          # needs a GPU: Qwen3.5-4B, batch 256
     python benchmarks/engine_syncs.py --out OUT --configs fp32 --batch 64
 
-For each config, one `Engine(step="graph")` on the random-weight full-size model runs a 2-row warm-up, then
-"first": a call of `--new-tokens` tokens, then a `--first-tokens` call, then "later": `--new-tokens` again, all on
+For each config, one `Engine(step="graph")` on the random-weight full-size model runs a 2-row warm-up (its batch
+size's compiles only), then "first": a call of `--new-tokens` tokens (the full batch's compiles in it), then a `--first-tokens` call, then "later": `--new-tokens` again, all on
 batches of `--batch` rows of `--prompt-len`-token prompts. Per timed call: its wall seconds, and per decoder step
 variant the host milliseconds inside `StaticDecoder.step` and inside its CUDA graph's `replay` (the device runs on
 while the host launches; a launch that takes as long as a step waited for the device), and every host

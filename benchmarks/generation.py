@@ -212,8 +212,8 @@ def gpqa_rows(rm, name, args, emit) -> None:
                 continuous = batching == "continuous"
                 engine = Engine(rm, config, step=step, max_batch=args.gpqa_batch, prefill_segment=args.prefill_segment,
                                 prefill_tokens=args.prefill_tokens, continuous=continuous, stop_at_eos=False)
-                rows = min(len(prompts), args.gpqa_batch * 3 // 2)
-                warm = [1 + k % warm_up_tokens(config) for k in range(rows)]  # rows stopping out of phase
+                span = warm_up_tokens(config)
+                warm = [1 + k % span for k in range(min(len(prompts), args.gpqa_batch * 3 // 2))]  # out of phase
                 timed_generate(engine, prompts[:len(warm)], warm, args.device)  # Triton compiles every step variant
                 release(args.device)
                 reset_peak(args.device)
