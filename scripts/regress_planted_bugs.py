@@ -4,7 +4,8 @@ Each bug is one text replacement in one module of the package. For each, a tempo
 bug, and `python -m replayssm_eval regress` runs the parts that should catch it (from the copy, with `--json-output`);
 the bug is caught when that run exits 1 with a REGRESSED metric (or, with `--kernel`, a failed case). The same parts of an unpatched copy must pass first
 (a control), so a catch is the bug's doing. Prints a table bug -> caught, the first failing metrics and the seconds
-the run took; exits 1 if any bug is missed (or a control fails).
+the run took, and the largest relative move of a failing numeric metric; exits 1 if any bug is missed (or a control
+fails).
 
     python scripts/regress_planted_bugs.py                 # every bug
     python scripts/regress_planted_bugs.py --only kl_direction --only ci_dof
@@ -105,8 +106,8 @@ BUGS = (
     Bug("feedback_not_added", "ef=: the residual is kept but not added before the next rounding", "replay/state.py",
         "target = state + residual[copy]", "target = state", ("--part", "kl", "--only", "kl/tiny-qwen3.5/*ef=*")),
     Bug("round_trip_unrounded", "a round trip restores the live state without storing it in its format",
-        "kernels/round_trip.py", "return fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint))",
-        "return live.float()", ("--part", "kl", "--only", "kl/tiny-qwen3.5/*#rt=*")),
+        "kernels/round_trip.py", "return restored.copy_(fmt.decode(encode_keyed(live.float(), fmt, keys, checkpoint)))",
+        "return restored.copy_(live)", ("--part", "kl", "--only", "kl/tiny-qwen3.5/*#rt=*")),
     Bug("round_trip_prompt_late", "#rt=...@prompt applied at the end of the first call after the prompt, not its start",
         "models/session.py", "hits[:, 0] = True", "hits[:, -1] = True",
         ("--part", "kl", "--only", "kl/tiny-qwen3.5/*@prompt/*")),
@@ -129,8 +130,9 @@ def plant(root: Path, bug: Bug) -> None:
     path.write_text(text.replace(bug.old, bug.new), encoding="utf-8")
 
 
-def run_regress(root: Path, args: tuple[str, ...]) -> tuple[int, list[str], float]:
-    """Exit status, the failing metrics and the seconds of `regress args` run from the package copy in `root`."""
+def run_regress(root: Path, args: tuple[str, ...]) -> tuple[int, list[str], float, float | None]:
+    """Exit status, the failing metrics, the seconds of `regress args` run from the package copy in `root` and the
+    largest |current - baseline| / |baseline| of a failing numeric metric (None when there is none)."""
     out = root / "regress.json"
     out.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}
@@ -140,11 +142,14 @@ def run_regress(root: Path, args: tuple[str, ...]) -> tuple[int, list[str], floa
     seconds = time.perf_counter() - start
     if not out.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return proc.returncode, [f"(no result: {tail[0]})"], seconds
+        return proc.returncode, [f"(no result: {tail[0]})"], seconds, None
     result = json.loads(out.read_text())
     if isinstance(result, list):  # --kernel: one entry per conformance case
-        return proc.returncode, [f"{r['case']}: {r['message']}" for r in result if r["status"] == "FAIL"], seconds
-    return proc.returncode, [r["name"] for r in result["metrics"] if r["status"] in ("REGRESSED", "MISSING")], seconds
+        return proc.returncode, [f"{r['case']}: {r['message']}" for r in result if r["status"] == "FAIL"], seconds, None
+    failing = [r for r in result["metrics"] if r["status"] in ("REGRESSED", "MISSING")]
+    moves = [abs(r["current"] - r["baseline"]) / abs(r["baseline"]) for r in failing
+             if isinstance(r["current"], float) and isinstance(r["baseline"], float) and r["baseline"]]
+    return proc.returncode, [r["name"] for r in failing], seconds, max(moves, default=None)
 
 
 def main(argv=None) -> int:
@@ -160,7 +165,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         clean = copy_package(Path(tmp) / "clean")
         for args in dict.fromkeys(b.args for b in bugs):  # the controls: each set of parts passes unpatched
-            code, failing, seconds = run_regress(clean, args)
+            code, failing, seconds, _ = run_regress(clean, args)
             if code != 0:
                 print(f"control {' '.join(args)} fails unpatched (exit {code}): {', '.join(failing[:3])}")
                 return 1
@@ -168,17 +173,19 @@ def main(argv=None) -> int:
         for bug in bugs:
             root = copy_package(Path(tmp) / bug.name)
             plant(root, bug)
-            code, failing, seconds = run_regress(root, bug.args)
+            code, failing, seconds, move = run_regress(root, bug.args)
             caught = code == 1 and bool(failing)
             missed += not caught
-            rows.append((bug.name, "yes" if caught else "NO", len(failing), ", ".join(failing[:2]), seconds, bug.what))
+            moved = "-" if move is None else f"{move:.0%}"
+            rows.append((bug.name, "yes" if caught else "NO", len(failing), moved, ", ".join(failing[:2]), seconds,
+                         bug.what))
             print(f"{bug.name}: {'caught' if caught else 'MISSED'} ({seconds:.0f} s)", file=sys.stderr)
             shutil.rmtree(root)
     width = max(len(r[0]) for r in rows)
-    print(f"| {'bug':{width}} | caught | failing | first failing metrics | s | planted |")
-    print(f"|{'-' * (width + 2)}|--------|---------|---|---|---|")
-    for name, caught, count, first, seconds, what in rows:
-        print(f"| {name:{width}} | {caught:6} | {count:7} | {first} | {seconds:.0f} | {what} |")
+    print(f"| {'bug':{width}} | caught | failing | largest move | first failing metrics | s | planted |")
+    print(f"|{'-' * (width + 2)}|--------|---------|--------------|---|---|---|")
+    for name, caught, count, moved, first, seconds, what in rows:
+        print(f"| {name:{width}} | {caught:6} | {count:7} | {moved:>12} | {first} | {seconds:.0f} | {what} |")
     print(f"{len(rows) - missed} of {len(rows)} planted bugs caught")
     return 1 if missed else 0
 

@@ -98,6 +98,12 @@ def regress_command(config: RegressConfig) -> int:
         print(f"{len(rows)} metrics in {elapsed:.0f} s: none compared with the baseline (FAILED: a gate must check "
               f"at least one metric)")
         return 1
+    if failed and path.is_file():  # numbers of another CPU or package set move in their last bits
+        from replayssm_eval.results.provenance import machine, versions
+
+        recorded, here = compare.baseline_origin(path), compare.origin(machine(), versions())
+        if recorded != here:
+            print(f"baseline recorded on: {recorded}\nthis run on:          {here}")
     print(f"{len(rows)} metrics in {elapsed:.0f} s: " + (f"{len(failed)} REGRESSED" if failed else "no regression"))
     return 1 if failed else 0
 

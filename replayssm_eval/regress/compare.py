@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -123,6 +122,18 @@ def read_baseline(path: Path) -> dict[str, dict]:
     return data["metrics"]
 
 
+def origin(machine: dict, versions: dict) -> str:
+    """Where numbers came from, in words: the CPU (its kernels set the last bits of float results) and packages."""
+    cpu = machine.get("processor", "?") + (f" ({machine['cpu_capability']})" if machine.get("cpu_capability") else "")
+    return f"{cpu}, " + ", ".join(f"{name} {version}" for name, version in versions.items() if name != "replayssm_eval")
+
+
+def baseline_origin(path: Path) -> str:
+    """`origin` of the baseline file at `path` (read with `read_baseline` first: it checks the file)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return origin(data.get("machine", {}), data.get("versions", {}))
+
+
 def updated_metrics(rows: list[Row], current: dict, baseline: dict, accept_regressions: bool) -> dict:
     """The baseline after an update: improved and new metrics recorded, dropped ones removed,
     regressions recorded only when accepted, metrics within tolerance kept at their old value."""
@@ -139,13 +150,13 @@ def updated_metrics(rows: list[Row], current: dict, baseline: dict, accept_regre
 
 def write_baseline(path: Path, metrics: dict) -> None:
     from replayssm_eval.results.files import atomic_write_json
-    from replayssm_eval.results.provenance import git_state, versions
+    from replayssm_eval.results.provenance import git_state, machine, versions
 
     atomic_write_json(Path(path), {
         "schema_version": BASELINE_VERSION,
         "suite_version": SUITE_VERSION,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine()},
+        "machine": machine(),
         "versions": versions(),
         "git": git_state(),
         "metrics": dict(sorted(metrics.items())),

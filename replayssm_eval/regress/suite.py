@@ -19,10 +19,11 @@ Parts (metric names start with the part):
   the torch chunked form; `kernel/encode/<fmt>/<input>`: the hash of the Triton encoder's bytes (as `bits`).
 - `chunked/<family>/<config>/{y,hi}_rel_rms`: the teacher-forced chunked form against the step-by-step
   reference.
-- `kl/<model>/<config>/<start>-<end>[/ci_low|/ci_high|/reverse]`: mean KL (its 95% interval over 2
-  documents, the reverse KL) of the bundled tiny models per length bucket, through the KL driver
-  (`kl.run_kl`); `kl/formula/...`, `kl/buckets/...`: the KL formulas and bucket statistics on hand-made
-  inputs (`fixed_cases`).
+- `kl/<model>/<config>/<start>-<end>[/reverse]`: mean KL (and the reverse KL) of the bundled tiny models per
+  length bucket, through the KL driver (`kl.run_kl`); `kl/formula/...`, `kl/buckets/...`: the KL formulas and
+  bucket statistics, the t-interval among them, on hand-made inputs (`fixed_cases`). The model runs' intervals
+  are not metrics: over 2 documents the interval is the mean +- 12.7 x half the documents' difference, clipped
+  at 0, and that difference moves with the float noise another CPU's BLAS puts in the forward (docs/regress.md).
 - `stats/accuracy/...`, `stats/loop/...`: accuracy.json's statistics and the loop detector on hand-made
   inputs (`fixed_cases`).
 
@@ -91,8 +92,8 @@ class Tolerance:
     """How far a metric may move from its baseline: |current - baseline| <= atol + rtol |baseline|.
 
     exact: compared for equality (hashes, counts). lower_is_better: the direction that is an improvement
-    (errors and KL), a move beyond the tolerance the other way is a regression; None: a fixed value
-    (an interval, a p-value, a rate), a move either way is a regression.
+    (errors), a move beyond the tolerance the other way is a regression; None: a fixed value (an interval,
+    a p-value, a rate, the cost a rounding must have), a move either way is a regression.
     """
 
     rtol: float = 0.0
@@ -119,10 +120,9 @@ TOLERANCES = {
     "reference_error": Tolerance(rtol=0.03, lower_is_better=None, why="the reference's error against FP32: a few "
                                  "thousand stored elements, one rounded the other way on another CPU moves it "
                                  "< 0.5%; a dropped or wrong rounding moves it by 2x or more"),
-    "kl": Tolerance(rtol=0.1, atol=1e-6, why="the tiny models run matmuls on the CPU's BLAS: other CPUs "
-                    "change logits at 1e-6 and can flip a stored element; a format bug moves KL by far more"),
-    "kl_interval": Tolerance(rtol=0.1, atol=1e-6, lower_is_better=None, why="as kl; the t quantile of a wrong "
-                             "degrees of freedom moves the 2-document interval 3x"),
+    "kl": Tolerance(rtol=0.2, atol=1e-6, lower_is_better=None, why="the tiny models run matmuls on the CPU's "
+                    "BLAS: other CPUs change logits at 1e-6 and can flip a stored element (KL moves a few percent); "
+                    "a format bug moves KL by far more, either way (a rounding skipped costs nothing)"),
     "statistic": Tolerance(rtol=1e-5, atol=1e-6, lower_is_better=None, why="hand-made small-integer inputs: "
                            "FP32 exp/log differ between CPUs by a few ulps (< 1e-6); a wrong formula (direction, "
                            "degrees of freedom, bucket, threshold) moves a value by > 1%"),
@@ -329,8 +329,7 @@ def _chunked_case(family: str, text: str, backends: tuple[str, str], prefix: str
     return {f"{prefix}/y_rel_rms": conformance.rel_rms(y_ref, y), f"{prefix}/hi_rel_rms": conformance.rel_rms(st_ref.hi, st.hi)}
 
 
-_KL_STATISTICS = {"": ("kl_mean", "kl"), "/reverse": ("reverse_kl_mean", "kl"), "/ci_low": ("kl_ci_low", "kl_interval"),
-                  "/ci_high": ("kl_ci_high", "kl_interval")}
+_KL_STATISTICS = {"": "kl_mean", "/reverse": "reverse_kl_mean"}  # metric suffix -> bucket statistic
 
 
 def kl_cases() -> list[Case]:
@@ -340,8 +339,8 @@ def kl_cases() -> list[Case]:
     buckets = parse_buckets(KL_OPTIONS["buckets"], KL_OPTIONS["tokens"])
     cases = []
     for model, configs in KL_RUNS.items():
-        metrics = {f"kl/{model}/{ReplayConfig.parse(c).name}/{b.start}-{b.end}{suffix}": kind
-                   for c in configs for b in buckets for suffix, (_, kind) in _KL_STATISTICS.items()}
+        metrics = {f"kl/{model}/{ReplayConfig.parse(c).name}/{b.start}-{b.end}{suffix}": "kl"
+                   for c in configs for b in buckets for suffix in _KL_STATISTICS}
         cases.append(Case(metrics, lambda wanted, model=model, configs=configs: _kl_run(model, configs, wanted)))
     return cases + [_computed("statistic", fixed_cases.kl_formula_metrics), _computed("statistic", fixed_cases.kl_bucket_metrics)]
 
@@ -359,7 +358,7 @@ def _kl_run(model: str, configs: tuple[str, ...], wanted: set[str]) -> dict[str,
             run_dir = run_kl(options)
         report = read_json(run_dir / "kl.json")
     return {f"kl/{model}/{config['name']}/{b['start']}-{b['end']}{suffix}": b[key]
-            for config in report["configs"] for b in config["buckets"] for suffix, (key, _) in _KL_STATISTICS.items()}
+            for config in report["configs"] for b in config["buckets"] for suffix, key in _KL_STATISTICS.items()}
 
 
 def stats_cases() -> list[Case]:

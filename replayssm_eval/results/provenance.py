@@ -31,6 +31,20 @@ def versions() -> dict:
     }
 
 
+def machine() -> dict:
+    """The CPU that produced the numbers: BLAS and ATen pick their kernels by it, so float results differ between
+    CPUs at the last bits (the processor is /proc/cpuinfo's model name where there is one)."""
+    import torch
+
+    model = None
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text(errors="replace").splitlines()
+                      if line.startswith("model name")), None)
+    return {"platform": platform.platform(), "processor": model or platform.processor() or platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def git_state() -> dict:
     """Commit of the replayssm_eval checkout and whether it has uncommitted changes (None outside git)."""
     root = Path(__file__).resolve().parents[2]

@@ -98,6 +98,23 @@ def test_improvement_is_reported_and_recorded(tmp_path, capsys):
     assert updated["bits/nvfp4"] == data["metrics"]["bits/nvfp4"]  # parts not run are kept
 
 
+def test_a_regression_names_the_baseline_machine_when_it_differs(tmp_path, capsys):
+    baseline = tmp_path / "baseline.json"
+    data = json.loads(BASELINE.read_text())
+    data["machine"] = {"platform": "Linux", "processor": "Some Other CPU", "cpu_capability": "AVX2"}
+    data["metrics"]["format/fp16/gaussian/rel_rms"]["value"] /= 2  # the current error is 2x the recorded one
+    baseline.write_text(json.dumps(data))
+    assert main(["regress", "--baseline", str(baseline), "--part", "format"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].startswith("baseline recorded on: Some Other CPU (AVX2), python ")
+    assert lines[-2].startswith("this run on: ") and f"torch {torch.__version__}," in lines[-2]
+
+    data["metrics"]["format/fp16/gaussian/rel_rms"]["value"] *= 2
+    baseline.write_text(json.dumps(data))
+    assert main(["regress", "--baseline", str(baseline), "--part", "format"]) == 0
+    assert "recorded on" not in capsys.readouterr().out  # only a failure needs the machines side by side
+
+
 def test_update_records_a_regression_only_when_accepted(tmp_path, monkeypatch, capsys):
     baseline = tmp_path / "baseline.json"
     shutil.copy(BASELINE, baseline)
