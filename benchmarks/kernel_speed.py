@@ -365,7 +365,7 @@ class Mamba2:
 
 class GDN:
     name = "gdn"
-    step_keys = ("BLOCK_V", "BLOCK_K", "TILES", "num_warps")
+    step_keys = ("BLOCK_V", "BLOCK_K", "TILES", "WORDS", "num_warps")
     tiny = dict(HV=4, H=2, K=32, V=24)
 
     @staticmethod
@@ -425,14 +425,16 @@ class GDN:
                                lambda: self.kernels.decode_step(q, k, v, g, beta, state, config))
 
     def step_variants(self) -> list[dict]:
-        """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch)."""
+        """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch): rows
+        per tile, columns per pass, tiles per program, NVFP4 codes as words or bytes (the FP32 read ignores it), warps."""
         out = []
         k = max(16, triton.next_power_of_2(self.K))
-        for block_v in (8, 16, 32):
+        for block_v in (16, 32, 64, 128):
             for block_k in sorted({min(64, k), k}):  # K in chunks of 64, or whole
                 for tiles in sorted({1, triton.cdiv(self.V, block_v)}):
-                    for warps in ((4, 8) if block_v * block_k >= 2048 else (2, 4)):
-                        out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, num_warps=warps))
+                    for words in (False, True):
+                        for warps in ((4, 8) if block_v * block_k >= 4096 else (2, 4)):
+                            out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=words, num_warps=warps))
         return out
 
     def step_variant(self, launch, cfg: dict):

@@ -209,6 +209,7 @@ def _replay_step_kernel(
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
     CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr, COLUMNS: tl.constexpr,
+    WORDS: tl.constexpr = False,  # a reading row's NVFP4 codes as whole int32 words (a folding row's always are)
 ):
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, FOLD, SPLIT):  # some rows fold: the other launch takes this row
@@ -291,7 +292,7 @@ def _replay_step_kernel(
             sq = tl.zeros([BLOCK_V], dtype=tl.float32)
             if do_read:
                 sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr + tok, q_ptr + tok, b, bh, rows, mask_v,
-                                 read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, FOLD)
+                                 read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, WORDS)
             u = beta * (vj - d * sk - pk)
             o = d * sq + pq + qk * u
         tl.store(u_ptr + rows, u, mask=mask_v)
@@ -307,17 +308,21 @@ def fold_columns(kind: int, closed: bool, cap: int) -> bool:
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, columns: bool = False) -> dict:
     """BLOCK_V, BLOCK_K (a multiple of 16: the columns of a pass over K, the read's and a fold's by columns), TILES (v
-    blocks per program) and num_warps of `_replay_step_kernel`; columns: of a folding launch that folds by columns
-    (`fold_columns`). benchmarks/kernel_speed.py tunes the reading launch."""
+    blocks per program), WORDS (a reading row's NVFP4 codes as int32 words) and num_warps of `_replay_step_kernel`;
+    columns: of a folding launch that folds by columns (`fold_columns`). benchmarks/kernel_speed.py tunes the reading
+    launch."""
     if batch * heads < 4096:
         block_v = 16  # at least 16: the open fold's buffer sum is a tl.dot (`_fold_open`)
-        return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}
+        return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1,
+                "WORDS": False, "num_warps": 4}
     block_v = min(32, max(16, triton.next_power_of_2(dv)))
     if columns:  # one tile of 32-column passes: 138 registers at K = V = 128 (four tiles: 236)
-        return {"BLOCK_V": block_v, "BLOCK_K": min(32, max(16, triton.next_power_of_2(dk))), "TILES": 1, "num_warps": 4}
+        return {"BLOCK_V": block_v, "BLOCK_K": min(32, max(16, triton.next_power_of_2(dk))), "TILES": 1,
+                "WORDS": False, "num_warps": 4}
     # many sequences: the H200 sweep's best FP32-read launch at K = V = 128, batch 256 (BENCHMARKS.md)
     block_k = min(64, max(16, triton.next_power_of_2(dk)))
-    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": min(4, triton.cdiv(dv, block_v)), "num_warps": 4}
+    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": min(4, triton.cdiv(dv, block_v)), "WORDS": False,
+            "num_warps": 4}
 
 
 def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tuple[int, int, int]:
