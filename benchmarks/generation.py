@@ -217,11 +217,14 @@ def gpqa_rows(rm, name, args, emit) -> None:
                 timed_generate(engine, prompts[:len(warm)], warm, args.device)  # Triton compiles every step variant
                 release(args.device)
                 reset_peak(args.device)
+                admitted = lambda: getattr(engine, "admitted", 0)  # noqa: E731 (0: an engine before free places, PREV)
+                counts = engine.decode_steps, engine.regroups, admitted()  # the warm-up's, left out below
                 seconds = timed_generate(engine, prompts, lengths, args.device)
                 emit({"part": "gpqa", "model": name, "batch": args.gpqa_batch, "config": config, "step": step,
                       "batching": batching, "seconds": seconds,
                       "tokens_per_s": sum(lengths) / seconds, "estimated_full_s": seconds * args.scale,
-                      "decode_steps": engine.decode_steps, "regroups": engine.regroups,
+                      "decode_steps": engine.decode_steps - counts[0], "regroups": engine.regroups - counts[1],
+                      "admitted": admitted() - counts[2],
                       "max_batch_after": engine.max_batch,  # below the batch: it ran out of memory and halved it
                       "peak_gib": peak(args.device)})
                 del engine

@@ -29,16 +29,18 @@ The steps "reference", "triton" and "static" run a session (`decode.decode_sessi
 leave it and join it through `batch_rows.keep_rows` and `batch_rows.join`. Step "graph" runs the
 whole model's one-token step on fixed buffers (`models.model_graph.StaticDecoder`, a CUDA graph
 per variant on CUDA): the new rows' first step is the eager Triton step (bit for bit the static
-step), and a join builds a new decoder (`StaticDecoder.rows` of the running rows, joined with the
-new rows, `StaticDecoder.from_session`) sized for the longest remaining budget, its KV columns
-right-aligned at the shared next column. A stopped row keeps its place in the decoder, masked and
-ignored, until the next join, or, when no refill is coming, until at most half the decoder's rows
-run: then the running rows move to a smaller decoder. Its KV, conv and SSM states are its own, so
-it reaches no other row's tokens or states except as any batch neighbour does (the batch shape of
-the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and captures new
-graphs, so it waits for many free places rather than one. A decoder's step is launched before the host reads
-the tokens it takes (`Engine._advance_decoder`): the device runs it while the host appends them and checks
-the stops, so no step waits on the host. "static" and "graph" take one fixed-window config for
+step). A stopped row keeps its place in the decoder, masked and ignored; new rows take such places
+(`StaticDecoder.admit`: their KV right-aligned at the shared next column, their states copied into the
+places' fixed buffers, so no running row moves and no graph is captured) where their tokens fit left of
+that column. Otherwise a join builds a new decoder (`StaticDecoder.rows` of the running rows, joined
+with the new rows, `StaticDecoder.from_session`) sized for the longest remaining budget, and so does a
+decoder whose columns run out under an admitted row with budget left. When no refill is coming and at
+most half the decoder's rows run, the running rows move to a smaller decoder. A row's KV, conv and SSM
+states are its own, so it reaches no other row's tokens or states except as any batch neighbour does
+(the batch shape of the matmuls, which a fixed decoder keeps fixed). Each regroup copies the states and
+captures new graphs, so it waits for many free places rather than one. A decoder's step is launched before
+the host reads the tokens it takes (`Engine._advance_decoder`): the device runs it while the host appends
+them and checks the stops, so no step waits on the host. "static" and "graph" take one fixed-window config for
 every layer (not speculative or mixed: `kernels.static_step.check_static_config`), with round trips of every kind,
 each row's at its own positions (`kernels.static_step.Trips`).
 
@@ -135,6 +137,7 @@ class Engine:
         self.refill = refill or max(1, max_batch // 8)
         self.decode_steps = 0  # one-token steps of the running batch (counted for benchmarks)
         self.regroups = 0  # decoders built by step "graph" (each copies the rows' states and captures graphs)
+        self.admitted = 0  # rows step "graph" put into a running decoder's stopped places (no regroup)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_gen_toks, until=(), seq_ids=None, order=None, sampling=None,
@@ -194,9 +197,9 @@ class Engine:
         """Append each row's token (`_choose`); the stopped rows leave; one step for the others.
 
         Step "graph" (`_advance_decoder`): a stopped row keeps its place in the decoder, masked (its tokens are
-        ignored; rows share no values), until the next refill regroups the batch, or, with `compact` (no refill
-        coming), until at most half the decoder's rows run: then the running rows move to a smaller decoder.
-        Regrouping copies every state and captures new graphs: worth it only for many rows.
+        ignored; rows share no values), until a new row takes it or a refill regroups the batch, or, with `compact`
+        (no refill coming), until at most half the decoder's rows run: then the running rows move to a smaller
+        decoder. Regrouping copies every state and captures new graphs: worth it only for many rows.
         """
         if isinstance(run.session, StaticDecoder):
             return self._advance_decoder(run, compact)
@@ -216,10 +219,14 @@ class Engine:
         """`_advance` of a decoder, one step ahead of the host: the step that takes this token is launched before the
         host reads the tokens back, so the device runs it while the host appends them and checks the stops (a fixed
         decoder holds a stopped row's place anyway: it takes its last token in vain). The step is skipped where every
-        row takes its last token (max_gen_toks); a compaction regroups after the step, from the stepped logits."""
+        row takes its last token (max_gen_toks); a compaction regroups after the step, from the stepped logits, and a
+        decoder whose columns ran out regroups before it."""
+        going_on = self._going_on(run)
+        if any(going_on) and run.session.written == run.session.max_len:
+            run = self._regroup(run, None)  # an admitted row outlives the decoder's columns: one sized for it
+            going_on = self._going_on(run)
         chosen = self._choose(run)  # [B]
         taken = _HostCopy(chosen)
-        going_on = [i is not None and len(self._rows[i].tokens) + 1 < self._rows[i].max_gen_toks for i in run.rows]
         if any(going_on):
             run.logits = self.step_tokens(run.session, chosen)
             self.decode_steps += 1
@@ -229,6 +236,10 @@ class Engine:
         if compact and len(live) <= len(run.rows) // 2:
             return self._regroup(run, None)
         return run
+
+    def _going_on(self, run: _Batch) -> list[bool]:
+        """Per place, whether its row runs past the token it takes now (not its last by max_gen_toks)."""
+        return [i is not None and len(self._rows[i].tokens) + 1 < self._rows[i].max_gen_toks for i in run.rows]
 
     def _append_tokens(self, run: _Batch, tokens: list[int]) -> list[int]:
         """Append the batch's chosen tokens to its rows (a finished row's place becomes None); returns the running
@@ -274,15 +285,31 @@ class Engine:
         return self._advance(_Batch(session, list(new), logits))
 
     def _join(self, run: _Batch | None, started: _Batch | None) -> _Batch | None:
-        """The running rows followed by the started ones (step "graph": in a new decoder)."""
+        """The running rows followed by the started ones (step "graph": in the running decoder's stopped places where
+        they fit, else in a new decoder)."""
         if started is None or (run is None and self.step != "graph"):
             return run if started is None else started
         if self.step == "graph":
-            return self._regroup(run, started)
+            return run if run is not None and self._admit(run, started) else self._regroup(run, started)
         session = join([run.session, started.session])
         run.session = started.session = None
         _collect()
         return _Batch(session, run.rows + started.rows, torch.cat([run.logits, started.logits]))
+
+    def _admit(self, run: _Batch, started: _Batch) -> bool:
+        """The started rows into the first stopped places of run's decoder (`StaticDecoder.admit`: no running row
+        moves, no graph is captured); False, changing nothing, where there are too few places or the rows do not
+        fit."""
+        slots = [k for k, row in enumerate(run.rows) if row is None][:len(started.rows)]
+        if len(slots) < len(started.rows) or not run.session.admit(slots, started.session):
+            return False
+        for slot, row in zip(slots, started.rows):
+            run.rows[slot] = row
+        run.logits[torch.tensor(slots, device=run.logits.device)] = started.logits
+        started.session = None
+        _collect()
+        self.admitted += len(slots)
+        return True
 
     def _regroup(self, run: _Batch | None, started: _Batch | None) -> _Batch:
         """A new decoder of run's running rows then started's rows (`StaticDecoder.rows` / `from_session`), sized for

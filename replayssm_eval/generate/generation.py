@@ -21,7 +21,8 @@ keyed by seq_id, sample index and position), each SSM layer through the decode s
 - "graph": the whole model's step on fixed buffers (Hugging Face's StaticCache for attention,
   `models.model_graph.StaticDecoder`), captured as a CUDA graph on CUDA and replayed per token;
   elsewhere the same step runs eagerly. The configs of "static". Rows leave
-  and join as under the other steps: the engine regroups them into a new decoder (`engine`).
+  and join as under the other steps: new rows take stopped rows' places in the running decoder where
+  they fit, else the engine regroups the rows into a new decoder (`engine`).
 
 A row stops at the eos token or once its text contains a stop string, or at `max_gen_toks`; with
 a `max_batch` below the number of prompts, a stopped row leaves the batch and a waiting prompt

@@ -172,6 +172,44 @@ class StaticState:
                    hi if in_place else torch.zeros_like(hi) if fold_out is None else fold_out,
                    list(host_count), trips)
 
+    def put_rows(self, rows: torch.Tensor, state: ReplayState, host_count: list[int],
+                 positions: list[int] | None = None) -> None:
+        """Rows `rows` ([n] int64, on the buffers' device) take over the n sequences of `state` (this layer's
+        ReplayState with its packed read copy, e.g. a session's after its first decode step), in place: both stored
+        copies, the packed copy, the ring, the window phase (host_count: state's count as host ints), the checkpoint
+        index, the seq_ids and their Philox keys; with round trips inside the decode, each row's position (a round
+        trip due there comes first at the next step, as `from_replay_state` has it for a continued state). The
+        buffers keep their addresses, so a CUDA graph that steps them stays valid."""
+        put = lambda old, new: old.index_copy_(0, rows, new.to(old.dtype))  # noqa: E731
+        put(self.hi, state.hi)
+        if self.lo is not self.hi:
+            put(self.lo, state.lo)
+        for name in ("data", "scales", "global_scale"):
+            old = getattr(self.packed, name)
+            if old is not None and old is not self.hi:  # an FP32 shared copy encodes as S_hi itself
+                put(old, getattr(state.lo_packed, name))
+        for name, t in self.buffer.items():
+            put(t, state.buffer[name])
+        put(self.count, state.schedule.count)
+        put(self.checkpoint, state.checkpoint)
+        seq_ids = state.seq_ids.to(device=self.hi.device, dtype=torch.int64)
+        put(self.seq_ids, seq_ids)
+        self.keys[:, rows] = torch.stack([sr_keys_device(self.config.seed, self.layer, seq_ids, RECUR_COPY),
+                                          sr_keys_device(self.config.seed, self.layer, seq_ids, READ_COPY)])
+        slots = rows.tolist()
+        for slot, count in zip(slots, host_count):
+            self.host_count[slot] = count
+        if self.trips is not None:
+            trip = self.config.round_trip
+            position = torch.tensor(positions, dtype=torch.int64, device=self.hi.device)  # [n]
+            due = trip.hits(position)  # [n]
+            put(self.trips.position, position)
+            put(self.trips.due, due)
+            if self.trips.keys is not None:
+                put(self.trips.keys, sr_keys_device(self.config.seed, self.layer, seq_ids, ROUND_TRIP_COPY))
+            for slot, pos, hit in zip(slots, positions, due.tolist()):
+                self.trips.host_position[slot], self.trips.host_due[slot] = pos, hit
+
     @property
     def folds_next(self) -> str:
         """The next step's variant, "none", "some" or "all" rows fold after it (from host_count: no device read)."""

@@ -7,16 +7,19 @@
 
     kept = decoder.rows([0, 2])              # rows of a running batch, as a dynamic-cache session (copies)
     decoder = StaticDecoder.from_session(rm, batch_rows.join([kept, new]), steps=..., graphs=True)
+    decoder.admit([1], new)                  # or: new rows into stopped places of the running decoder
 
-The second form is how the engine's continuous batching (`generate.engine`, step "graph") regroups
-rows: `rows` copies the chosen rows out (KV columns written so far, without the leading columns
-none of them uses; conv and recurrent states; every SSM layer's ReplayState: both stored copies,
-the packed read copy, the ring buffer, the window phase, the checkpoint index that counts the
-Philox draws, the seq_ids that key them); `from_session` copies a session's rows in, each row's
-tokens ending at the shared next column (the mask closes the columns left of a row's tokens), its
-positions continuing from its own token count. The ReplayStates move into the static step's
-buffers at the first step, bit for bit (`StaticStepSession`), so a row's numbers do not change
-when it moves to another decoder; only the batch it shares matmuls with does.
+The last two forms are how the engine's continuous batching (`generate.engine`, step "graph") regroups
+rows or puts new ones into free places: `rows` copies the chosen rows out (KV columns written so far,
+without the leading columns none of them uses; conv and recurrent states; every SSM layer's ReplayState:
+both stored copies, the packed read copy, the ring buffer, the window phase, the checkpoint index that
+counts the Philox draws, the seq_ids that key them); `from_session` copies a session's rows in, each
+row's tokens ending at the shared next column (the mask closes the columns left of a row's tokens), its
+positions continuing from its own token count. The ReplayStates move into the static step's buffers at
+the first step, bit for bit (`StaticStepSession`), so a row's numbers do not change when it moves to
+another decoder; only the batch it shares matmuls with does. `admit` makes the same copies into some
+places of a decoder that has stepped (its buffers keep their addresses: the captured graphs stay valid),
+where the rows' tokens fit left of the next column.
 
 Every tensor a step reads or writes has a fixed address:
 - attention layers: Hugging Face's `StaticCache` (keys and values [B, heads, max_len, d] written
@@ -139,6 +142,38 @@ class StaticDecoder:
                                "attention_mask": mask[:, start:]})
         return session
 
+    def admit(self, slots: list[int], session: ReplaySession) -> bool:
+        """Put the rows of `session` into this decoder's places `slots` (one each, in order), dropping the rows held
+        there: what `from_session` does for a whole batch, for some places of a running decoder. Each row's tokens end
+        at the shared next column (the mask closes the columns left of them), its positions continue from its own
+        token count, and its states take over the places' fixed buffers (`StaticState.put_rows`), so the captured
+        graphs stay valid and no other row moves. session: as `from_session` takes it. Returns False, changing
+        nothing, where the rows do not fit: more columns than written so far, or the SSM layers not in their fixed
+        buffers yet (no step since this decoder was built). A row whose budget outlasts max_len is the caller's to
+        move on when the columns run out."""
+        width = session.tokens
+        if len(slots) != session.seq_ids.shape[0]:
+            raise ValueError(f"{len(slots)} places for the {session.seq_ids.shape[0]} rows of the session")
+        if width > self.written or not self.session.static or set(self.session.static) != set(session.states):
+            return False
+        device = self.attend.device
+        index = torch.tensor(slots, dtype=torch.long, device=device)
+        mask = session.attention_mask
+        mask = torch.ones(len(slots), width, dtype=torch.long, device=device) if mask is None else mask.to(device)
+        start = self.written - width
+        _rows_into_static(session.cache, self.session.cache, index, start, self.written)
+        self.attend[index] = False
+        self.attend[index, 0, 0, start:self.written] = mask.bool()
+        self.position[index] = mask.sum(-1, keepdim=True)
+        seq_ids = self.session.seq_ids.clone()
+        seq_ids[slots] = session.seq_ids.to(seq_ids.device)
+        self.session.seq_ids = seq_ids
+        positions = mask.sum(-1).tolist()  # real tokens fed, prompt included (round trips inside the decode)
+        for layer, static in self.session.static.items():
+            state = session.states[layer]
+            static.put_rows(index, state, state.schedule.count.tolist(), positions)
+        return True
+
     def prefill(self) -> torch.Tensor:
         """Feed the prompt (eager); returns the last logits [B, V]."""
         if self.ids is None:
@@ -228,6 +263,21 @@ def _into_static(dynamic, static, width: int) -> None:
         elif not isinstance(dst, (LinearAttentionCacheLayerMixin, DummyLayer)):
             raise ValueError(f"cache layer {type(dst).__name__} has no fixed-buffer continuation here; "
                              "use step 'triton'")
+
+
+def _rows_into_static(dynamic, static, index: torch.Tensor, start: int, end: int) -> None:
+    """A dynamic cache's rows (KV [n, H, end - start, D], conv and recurrent states) into rows `index` of a StaticCache
+    in use, KV at columns [start, end) (the columns left of start keep other tokens' values: the mask closes them)."""
+    for src, dst in zip(dynamic.layers, static.layers):
+        if isinstance(dst, LinearAttentionCacheLayerMixin):
+            for i in range(dst.number_of_states):
+                for ours, theirs in ((dst.conv_states[i], src.conv_states[i]),
+                                     (dst.recurrent_states[i], src.recurrent_states[i])):
+                    if theirs is not None:
+                        ours.index_copy_(0, index, theirs.to(ours.dtype))
+        if isinstance(dst, StaticLayer):
+            dst.keys[index, :, start:end] = src.keys
+            dst.values[index, :, start:end] = src.values
 
 
 def _dynamic_rows(static, rm: ReplayModel, index: torch.Tensor, start: int, end: int) -> DynamicCache:

@@ -314,3 +314,37 @@ def test_zero_rows_writes_the_chosen_rows_only(device):
         chosen = rows.bool()
         assert torch.equal(t[chosen], torch.zeros_like(t[chosen]))
         assert torch.equal(t[~chosen], before[~chosen])
+
+
+@pytest.mark.parametrize("family", ["gdn", "mamba2", pytest.param("kda", marks=pytest.mark.slow)])
+def test_rows_put_into_a_running_state_step_as_in_a_state_of_their_own(family, device):
+    """`put_rows` (a new row taking a stopped row's place in a running decoder): after one step of a state, rows of
+    another state (other seq_ids, other phases) take two of its places; stepped on, they keep the bits of their own
+    state (outputs, stored copies, packed copy, ring, phase, checkpoint), and the other rows theirs."""
+    config = "nvfp4/fp16sr@4"
+    setup, dims = AWKWARD[family]
+    make, _, first = setup(config, device, **dims)
+    cfg = ReplayConfig.parse(config)
+    ref = _at_phases(first, cfg.window, True)
+    static = StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
+    stay = [0, 2, 3]
+    alone = _rows(static, stay)
+    other = _at_phases(dataclasses.replace(first, seq_ids=first.seq_ids + 1000), cfg.window, False)
+    newcomers = _rows(StaticState.from_replay_state(family, other, other.lo_packed, cfg, other.schedule.count.tolist()),
+                      [3, 0])
+    gen = torch.Generator().manual_seed(1)
+    inputs = tuple(t.contiguous() for t in make(gen))
+    static.step(inputs, static.folds_next)
+    alone.step(tuple(t[torch.tensor(stay, device=device)] if t.dim() > 1 else t for t in inputs), alone.folds_next)
+    slots = [4, 1]
+    static.put_rows(torch.tensor(slots, device=device), newcomers.replay_state(), newcomers.host_count)
+    assert [static.host_count[s] for s in slots] == newcomers.host_count
+    for _ in range(cfg.window + 1):  # every row folds once
+        inputs = tuple(t.contiguous() for t in make(gen))
+        y = static.step(inputs, static.folds_next)
+        for rows, own in ((slots, newcomers), (stay, alone)):
+            index = torch.tensor(rows, device=device)
+            y_own = own.step(tuple(t[index] if t.dim() > 1 else t for t in inputs), own.folds_next)
+            assert torch.equal(y[index], y_own)
+            _assert_rows(static, own, rows)
+            assert torch.equal(static.seq_ids[index], own.seq_ids) and torch.equal(static.keys[:, index], own.keys)

@@ -3,10 +3,11 @@
 Each prompt generated alone (one row, one prefill call) is the ground truth; the engine runs the
 same prompts with two rows at once, prompts fed in 4-token segments, rows of different lengths
 leaving and joining the batch, and must give the same tokens per prompt (same seq_ids, so the
-same SR bits). Step "graph" (the whole model's step on fixed buffers, regrouped into a new decoder
-when rows join or most have left) gives the tokens of step "triton" under the same batching, on each SSM
-family, and so does step "static" on KDA; both take round trips at the prompt's end (a prefix-cache hit)
-and every 3 tokens, each row at its own positions. Then: the order of entry changes nothing, an
+same SR bits). Step "graph" (the whole model's step on fixed buffers; new rows take stopped rows' places
+where they fit, else the rows regroup into a new decoder, as when most have left) gives the tokens of step
+"triton" under the same batching, on each SSM family, and so does step "static" on KDA; both take round trips
+at the prompt's end (a prefix-cache hit) and every 3 tokens, each row at its own positions. Then: the order of
+entry changes nothing, an
 out-of-memory step is recovered by halving the batch (also under step "graph"), and a batch that does not
 fit is refused before any work. A decoder's step is launched before the host reads the tokens it takes.
 """
@@ -109,12 +110,39 @@ def test_graph_step_is_launched_before_the_host_reads_the_tokens_it_takes(monkey
 
 
 @functools.cache
-def triton_tokens(name: str, config: str):
-    """Step "triton"'s tokens of GRAPH_TEXTS under the batching of the graph tests."""
+def triton_tokens(name: str, config: str, texts: tuple = GRAPH_TEXTS, limits: tuple = tuple(GRAPH_LIMITS)):
+    """Step "triton"'s tokens of `texts` under the batching of the graph tests."""
     rm = tiny_model(name)
     gens = Engine(rm, config, step="triton", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False).generate(
-        prompts(rm, GRAPH_TEXTS), max_gen_toks=GRAPH_LIMITS)
+        prompts(rm, texts), max_gen_toks=list(limits))
     return [g.tokens for g in gens]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,config", [
+    ("tiny-qwen3.5", "nvfp4/fp16sr@2#rt=int8:axis=headdim@every:3"),  # GDN; round trips inside the decode
+    ("tiny-nemotron-h", "shared:nvfp4@2"),  # Mamba-2, one stored copy
+    ("tiny-kimi-linear", "nvfp4/fp16sr@2"),  # KDA
+])
+def test_graph_step_puts_new_rows_into_stopped_places(name, config, monkeypatch):
+    """A new row whose tokens fit left of the next column joins the running decoder in a stopped row's place (no row
+    moves, no new decoder); a row whose budget outlasts the decoder's columns moves to a new one when they run out.
+    Every row gets step "triton"'s tokens under the same batching."""
+    rm = tiny_model(name)
+    decoders = []
+    from_session = StaticDecoder.from_session.__func__
+    monkeypatch.setattr(StaticDecoder, "from_session", classmethod(
+        lambda cls, *args, **kwargs: decoders.append(from_session(cls, *args, **kwargs)) or decoders[-1]))
+    engine = Engine(rm, config, step="graph", max_batch=2, prefill_segment=4, refill=1, stop_at_eos=False)
+    graph = engine.generate(prompts(rm), max_gen_toks=LIMITS)
+    # byte-level prompts of 42, 51, 5, 22 and 37 tokens: rows 0 and 1 share a decoder of 52 + 4 columns; row 2 (6
+    # columns after its first step) takes row 1's place, row 3 (23) row 0's; the columns run out under rows 2 and 3,
+    # which move to a decoder of their own; row 4 (38 columns) is wider than its 25 written: a new decoder, then
+    # row 2 alone
+    assert engine.admitted == 2
+    assert [(d.batch, d.max_len) for d in decoders] == [(2, 56), (2, 26), (2, 41), (1, 41)]
+    assert [g.tokens for g in graph] == triton_tokens(name, config, TEXTS, tuple(LIMITS))
+    assert [g.gen_tokens for g in graph] == LIMITS
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "tiny-nemotron-h" else pytest.mark.slow)

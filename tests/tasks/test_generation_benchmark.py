@@ -30,4 +30,6 @@ def test_quick_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path):
                and r["step_host_ms"] > 0 for r in ours)
     gpqa = [r for r in rows if r["part"] == "gpqa"]
     assert all(r["estimated_full_s"] == r["seconds"] * 1024 for r in gpqa)
+    for batching in ("continuous", "static"):  # the timed call's steps, not its warm-up's (which differ per config)
+        assert len({r["decode_steps"] for r in gpqa if r["batching"] == batching}) == 1
     assert "by CPU time" in (tmp_path / "profile_tiny-nemotron-h_nvfp4_scalehead_fp16sr_b4.txt").read_text()
