@@ -158,8 +158,7 @@ class StaticState:
         data = hi if config.shared and in_place else own(packed.data)  # FP32 encodes as itself
         packed = PackedState(packed.format, packed.shape, data, own(packed.scales), own(packed.global_scale))
         seq_ids = state.seq_ids.to(device=hi.device, dtype=torch.int64).clone()
-        keys = torch.stack([sr_keys_device(config.seed, state.layer, seq_ids, RECUR_COPY),
-                            sr_keys_device(config.seed, state.layer, seq_ids, READ_COPY)])
+        keys = _copy_keys(config, state.layer, seq_ids)
         trips = None
         if positions is not None and config.round_trip is not None and not config.round_trip.prompt:
             trip = config.round_trip
@@ -172,14 +171,15 @@ class StaticState:
                    hi if in_place else torch.zeros_like(hi) if fold_out is None else fold_out,
                    list(host_count), trips)
 
-    def put_rows(self, rows: torch.Tensor, state: ReplayState, host_count: list[int],
+    def put_rows(self, slots: list[int], state: ReplayState, host_count: list[int],
                  positions: list[int] | None = None) -> None:
-        """Rows `rows` ([n] int64, on the buffers' device) take over the n sequences of `state` (this layer's
-        ReplayState with its packed read copy, e.g. a session's after its first decode step), in place: both stored
-        copies, the packed copy, the ring, the window phase (host_count: state's count as host ints), the checkpoint
-        index, the seq_ids and their Philox keys; with round trips inside the decode, each row's position (a round
-        trip due there comes first at the next step, as `from_replay_state` has it for a continued state). The
-        buffers keep their addresses, so a CUDA graph that steps them stays valid."""
+        """Rows `slots` take over the n sequences of `state` (this layer's ReplayState with its packed read copy,
+        e.g. a session's after its first decode step), in place: both stored copies, the packed copy, the ring, the
+        window phase (host_count: state's count as host ints), the checkpoint index, the seq_ids and their Philox
+        keys; with round trips inside the decode, each row's position (a round trip due there comes first at the
+        next step, as `from_replay_state` has it for a continued state). The buffers keep their addresses, so a CUDA
+        graph that steps them stays valid."""
+        rows = torch.tensor(slots, dtype=torch.int64, device=self.hi.device)
         put = lambda old, new: old.index_copy_(0, rows, new.to(old.dtype))  # noqa: E731
         put(self.hi, state.hi)
         if self.lo is not self.hi:
@@ -194,9 +194,7 @@ class StaticState:
         put(self.checkpoint, state.checkpoint)
         seq_ids = state.seq_ids.to(device=self.hi.device, dtype=torch.int64)
         put(self.seq_ids, seq_ids)
-        self.keys[:, rows] = torch.stack([sr_keys_device(self.config.seed, self.layer, seq_ids, RECUR_COPY),
-                                          sr_keys_device(self.config.seed, self.layer, seq_ids, READ_COPY)])
-        slots = rows.tolist()
+        self.keys[:, rows] = _copy_keys(self.config, self.layer, seq_ids)
         for slot, count in zip(slots, host_count):
             self.host_count[slot] = count
         if self.trips is not None:
@@ -313,6 +311,12 @@ class StaticState:
             old = getattr(packed, name)
             if old is not None:
                 _put(old, getattr(new, name), rows)
+
+
+def _copy_keys(config: ReplayConfig, layer: int, seq_ids: torch.Tensor) -> torch.Tensor:
+    """[2, B] int64: the Philox keys of the recurrence and the read copy of sequences seq_ids [B] (on the device)."""
+    return torch.stack([sr_keys_device(config.seed, layer, seq_ids, RECUR_COPY),
+                        sr_keys_device(config.seed, layer, seq_ids, READ_COPY)])
 
 
 def folds_in_place(config: ReplayConfig) -> bool:

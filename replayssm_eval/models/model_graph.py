@@ -164,14 +164,15 @@ class StaticDecoder:
         _rows_into_static(session.cache, self.session.cache, index, start, self.written)
         self.attend[index] = False
         self.attend[index, 0, 0, start:self.written] = mask.bool()
-        self.position[index] = mask.sum(-1, keepdim=True)
+        real = mask.sum(-1)  # [n] real tokens fed, prompt included
+        self.position[index] = real[:, None]
         seq_ids = self.session.seq_ids.clone()
         seq_ids[slots] = session.seq_ids.to(seq_ids.device)
         self.session.seq_ids = seq_ids
-        positions = mask.sum(-1).tolist()  # real tokens fed, prompt included (round trips inside the decode)
+        positions = real.tolist()  # round trips inside the decode
         for layer, static in self.session.static.items():
             state = session.states[layer]
-            static.put_rows(index, state, state.schedule.count.tolist(), positions)
+            static.put_rows(slots, state, state.schedule.count.tolist(), positions)
         return True
 
     def prefill(self) -> torch.Tensor:

@@ -337,7 +337,7 @@ def test_rows_put_into_a_running_state_step_as_in_a_state_of_their_own(family, d
     static.step(inputs, static.folds_next)
     alone.step(tuple(t[torch.tensor(stay, device=device)] if t.dim() > 1 else t for t in inputs), alone.folds_next)
     slots = [4, 1]
-    static.put_rows(torch.tensor(slots, device=device), newcomers.replay_state(), newcomers.host_count)
+    static.put_rows(slots, newcomers.replay_state(), newcomers.host_count)
     assert [static.host_count[s] for s in slots] == newcomers.host_count
     for _ in range(cfg.window + 1):  # every row folds once
         inputs = tuple(t.contiguous() for t in make(gen))
