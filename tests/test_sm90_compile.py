@@ -70,6 +70,8 @@ def cases() -> list:
     mx8, mx8sr = int(Kind.MX8), int(Kind.MX8SR)
     # modelopt:int8-hadamard: INT8 blocks of 32 along head_dim, rotated by H_32 along head_dim (FP64 butterflies)
     modelopt = dict(KIND=int(Kind.INT8), GROUP=tile, MAX=127.0, ROWS=1, COLS=32, AXIS=1, ROT=32)
+    # stepquant:dualaxis6 (codes within +-31, factors over the whole head of 128 columns in FP64)
+    dual = dict(GROUP=int(Group.DUAL), MAX=31.0, ROWS=1, COLS=128, AXIS=1)
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
@@ -130,6 +132,12 @@ def cases() -> list:
         # Pimba's MX8: mx8sr along K / mx8 along V in blocks of 16 (programs of 32 v columns)
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": mx8sr, "HI_RANDOM": sr32, "LO_KIND": mx8,
                                             "LO_GROUP": none, "LO_AXIS": 1}, GDN_FLAGS),
+        # stepquant:dualaxis6 at window 1: a shared checkpoint in whole-head programs
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            **{f"HI_{k}": v for k, v in dual.items()}}, GDN_FLAGS),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            **{f"HI_{k}": v for k, v in dual.items()}},
+         {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
                                        BLOCK_K=64, TILES=4, COLUMNS=False)),
@@ -205,6 +213,9 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_P": 64, "SHARED": True,
                                                   **{("RECUR" if k == "KIND" else f"RECUR_{k}"): v
                                                      for k, v in modelopt.items()}}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_L": 1, "BLOCK_P": 128, "SHARED": True,
+                                                  "RECUR": int(Kind.INT8),
+                                                  **{f"RECUR_{k}": v for k, v in {**dual, "COLS": 80}.items()}}),
         # fp8sr:axis=headdim,rot=hadamard:16 (the whole head) / nvfp4:scale=row,rot=hadamard:8 (along d_state)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": int(Kind.FP8SR), "RECUR_GROUP": row,
                                                   "RECUR_MAX": 448.0, "RECUR_RANDOM": sr8, "RECUR_AXIS": 1,

@@ -29,7 +29,8 @@ tensor of uint32 values, x's shape) replaces Philox; a format uses bits [K-1:0] 
 another assignment of words to elements (`formats.ElementwiseFormat`).
 
 Kernels. `fmt.kernel_codec` (`codec.KernelCodec`, None where torch rounds the format) is all a Triton kernel reads of a
-format: element kind, scale group (`rowcol` included: column factors, then row scales), scale max, block, axis,
+format: element kind, scale group (`rowcol` included: column factors, then row scales; `dualaxis`' row and column
+factors), scale max, block, axis,
 rotation, random-word layout, SR rounds and bits, and what the kernels can do with it. `device` holds the Triton
 device codecs (roundings, encoders, decoders) every kernel calls;
 `triton` the one-launch encoders `encode_triton` and `quantize_triton`.

@@ -8,10 +8,13 @@ A new format that rounds like one of the kinds below is its class plus its codec
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
     group   the group of the FP32 global scale (`Group`): none, per row of the blocked axis, per head,
             per leading index (tensor), per tile of rows x cols of the oriented head (block:N, tile:RxC), or per row
-            of the head divided by its column factors (rowcol: c_j = max_i |x_ij| over the head's rows, 1 where 0)
-    max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise)
+            of the head divided by its column factors (rowcol: c_j = max_i |x_ij| over the head's rows, 1 where 0),
+            or none but STEPQuant's FP16 factors r_i per row and c_j per column of the head (dual: `dual_axis`; kind
+            INT8, codes within +-max)
+    max     scaled elementwise kinds: the scale is s = amax / max over the group (1.0 otherwise); dual: q
     rows    group tile: the tile's rows of the oriented head [R, C] (0: all R; 1 for block:N)
-    cols    group tile: the tile's columns along the blocked axis (0: all C; N for block:N)
+    cols    group tile: the tile's columns along the blocked axis (0: all C; N for block:N); dual: the head's C, the
+            divisor of its row means (`tile_codec` sets it from the state's dims; 0 in `fmt.kernel_codec`)
     block   elements per E4M3 / E8M0 block scale or shared exponent along the blocked axis (16 NVFP4 and MX8, 32 MX;
             1 without)
     axis    the blocked axis (`layout.AXES`): "dstate" (codes along the state's last dim) or "headdim"
@@ -28,7 +31,7 @@ A new format that rounds like one of the kinds below is its class plus its codec
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -73,6 +76,7 @@ class Group(enum.IntEnum):
     TENSOR = 3
     TILE = 4
     ROWCOL = 5
+    DUAL = 6
 
     @property
     def scale(self) -> str:
@@ -167,9 +171,10 @@ class KernelCodec:
     @property
     def packed(self) -> bool:
         """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
-        the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles or column
-        factors)."""
-        return self.natural and self.kind not in _BLOCK_EXPONENT_KINDS and self.group not in (Group.TILE, Group.ROWCOL)
+        the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles, column
+        factors or dual-axis factors)."""
+        return (self.natural and self.kind not in _BLOCK_EXPONENT_KINDS
+                and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL))
 
     @property
     def head_span(self) -> int:
@@ -177,9 +182,9 @@ class KernelCodec:
         kernels' programs hold all of d_state and a slab of head_dim: along d_state (axis=dstate) a format row is one
         head_dim index, a head all of them, a scale tile `rows` of them; along head_dim (axis=headdim) a row or head
         scale spans them all, a scale tile or block `cols`, an MX / NVFP4 block and a rotation run their size. Column
-        factors (rowcol) span the whole head along either axis."""
+        factors (rowcol) and dual-axis factors span the whole head along either axis."""
         if self.axis == "dstate":
-            return {Group.HEAD: 0, Group.ROWCOL: 0, Group.TILE: self.rows}.get(self.group, 1)
+            return {Group.HEAD: 0, Group.ROWCOL: 0, Group.DUAL: 0, Group.TILE: self.rows}.get(self.group, 1)
         group = {Group.NONE: 1, Group.TILE: self.cols}.get(self.group, 0)
         return 0 if group == 0 else max(group, self.block, self.rot)
 
@@ -193,10 +198,12 @@ class KernelCodec:
         loop: its scale groups, blocks and rotation runs lie inside the program's tile. No tensor-wide scale; scale
         tiles, blocks and rotation runs of power-of-two sizes (or the whole axis), so that they align with the
         power-of-two slabs; a group or run spanning more than one head_dim index needs whole_head (a program that can
-        hold the whole head; it then holds the whole head, or slabs of whole spans)."""
-        if self.group == Group.TENSOR:
+        hold the whole head; it then holds the whole head, or slabs of whole spans). Dual-axis factors need the head's
+        C (`cols`, set by `tile_codec` from the state's dims)."""
+        if self.group == Group.TENSOR or (self.group == Group.DUAL and not self.cols):
             return False
-        if any(n & (n - 1) for n in (self.rows, self.cols, self.rot)):
+        sizes = (self.rot,) if self.group == Group.DUAL else (self.rows, self.cols, self.rot)
+        if any(n & (n - 1) for n in sizes):
             return False
         return whole_head or not self.spans(1)
 
@@ -251,8 +258,11 @@ FP32_CODEC = KernelCodec(Kind.FP32)  # what a kernel stores where torch rounds t
 def tile_codec(fmt, whole_head: bool = True, dims: tuple[int, int] | None = None) -> KernelCodec | None:
     """fmt's codec when a kernel program rounds it in-loop (`KernelCodec.in_tile`), else None: torch rounds it. dims:
     the state's (head_dim, d_state), where rotation runs that do not tile their axis leave it to torch, whose encode
-    names the mismatch (`KernelCodec.fits`); None for a codec alone."""
+    names the mismatch (`KernelCodec.fits`), and which give dual-axis factors their head's C; None for a codec alone
+    (dual-axis factors: torch rounds them)."""
     codec = fmt.kernel_codec
+    if codec is not None and codec.group == Group.DUAL:
+        codec = None if dims is None else replace(codec, cols=dims[0] if codec.axis == "headdim" else dims[1])
     if codec is None or not codec.in_tile(whole_head) or (dims is not None and not codec.fits(*dims)):
         return None
     return codec

@@ -13,6 +13,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
+    dual_axis_tile(x, QMAX, COLS)                                  STEPQuant's dual-axis codes of a whole head
     state_bits(key, counter, col, KIND, RANDOM)                    the random fields of a stored copy
     seeded_bits(seed, counter, col, KIND, RANDOM)                  the random fields of `quantize(x, seed=...)`
     layout_bits(key, counter, col, KIND, RANDOM, N_ROUNDS)         both: Philox words in a format's word layout
@@ -37,10 +38,10 @@ cvt per element, same values as the decoders above):
 
 A kernel takes a format as the constexprs of its `KernelCodec` (`codec.args`): KIND (the `Kind`
 numbering, constexprs FP32 ... MX8SR here), GROUP (`Group`: GROUP_NONE, GROUP_ROW, GROUP_HEAD,
-GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile` also ROWS, COLS
-(`codec.tile`) and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to orient its tile);
-a stochastic kind's random words also RANDOM, one tuple constexpr (`codec.random`: WORDS, `Words`: WORDS_ELEMENT ...
-WORDS_OCTET; ROUNDS, the Philox rounds of `seeded_bits`; BITS, the format's `bits=`).
+GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL, GROUP_DUAL), MAX and ORDER (`Order`: ORDER_DIV, ORDER_MUL); `round_tile`
+also ROWS, COLS (`codec.tile`) and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE or AXIS_HEADDIM, tells a kernel how to
+orient its tile); a stochastic kind's random words also RANDOM, one tuple constexpr (`codec.random`: WORDS, `Words`:
+WORDS_ELEMENT ... WORDS_OCTET; ROUNDS, the Philox rounds of `seeded_bits`; BITS, the format's `bits=`).
 
 Random fields: the roundings of `round_kind` and `mx8_tile` read each element's random bits as a field of the most bits
 its kind's format accepts (13 FP16 SR, 20 E4M3 SR, 32 integer and MX8 SR), where `sr_field` places the K = BITS bits
@@ -55,14 +56,15 @@ import math
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats import microexponent, philox, rounding
+from replayssm_eval.formats import dual_axis, microexponent, philox, rounding
 from replayssm_eval.formats.codec import Group, Kind, Order, Words
 from replayssm_eval.formats.formats import FP8Format, IntFormat
 
 # the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
 (FP32, BF16, FP16, FP16SR, FP8, FP8SR, FP8E5M2, NVFP4, MXFP8, MXFP4, INT8, INT16, INT8SR, INT16SR, FP16SR_SOFT, MX8,
  MX8SR) = (tl.constexpr(int(k)) for k in Kind)
-GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL = (tl.constexpr(int(g)) for g in Group)
+(GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL,
+ GROUP_DUAL) = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
 AXIS_DSTATE, AXIS_HEADDIM = tl.constexpr(0), tl.constexpr(1)  # `KernelCodec.basis`'s AXIS
@@ -83,6 +85,7 @@ _MX8_BLOCK, _MX8_MANTISSA, _MX8_QMAX = (tl.constexpr(v) for v in (microexponent.
 # the random field of each stochastic kind (FP16 SR: _FP16_SR_BITS): the most `bits=` its format accepts (`sr_field`)
 _E4M3_SR_FIELD, _INT_SR_FIELD, _MX8_SR_FIELD = (tl.constexpr(fmt.SR_BITS[base][1]) for fmt, base in (
     (FP8Format, "fp8sr"), (IntFormat, "int8sr"), (microexponent.MicroexponentFormat, "mx8sr")))
+_FACTOR_MIN, _FACTOR_MAX = tl.constexpr(dual_axis.SCALE_MIN), tl.constexpr(dual_axis.SCALE_MAX)  # dual-axis factors
 _ROT_STAGES = tl.constexpr(16)  # butterfly stages `hadamard_tile` unrolls at most (ROT up to 2^16)
 
 
@@ -444,6 +447,36 @@ def column_factors(x):
 
 
 @triton.jit
+def _fp16_factor(s):
+    """A dual-axis factor as stored (`dual_axis.fp16_scale`): s clamped to [2^-14, 65504], NaN kept, rounded to FP16."""
+    s = tl.where(s < _FACTOR_MIN, _FACTOR_MIN, s)
+    return round_fp16(tl.where(s > _FACTOR_MAX, _FACTOR_MAX, s))
+
+
+@triton.jit
+def dual_axis_tile(x, QMAX: tl.constexpr, COLS: tl.constexpr):
+    """`DualAxisFormat.quantize` of x [R, C], a whole oriented head (padding zero) of COLS columns: row factors
+    r = F(sqrt(mean |x|)) [R, 1], column factors c0 = F(max |x| / r / QMAX) [1, C], codes z0 = clip(RNE(x / (r c0))),
+    the fixed-code update c = F(sum v x / sum v^2) (v = r z0; c0 where the sum is 0), codes z and the value z (r c);
+    NaN throughout where the head holds Inf or NaN. The mean, sqrt, sums and quotients are FP64 as in the torch
+    format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU); the sums run in another order than
+    torch's, which changes a factor only where an FP64 sum lies within its last bits of an FP32 rounding boundary."""
+    a = tl.abs(x)
+    bad = tl.max(tl.max(((a != a) | (a == float("inf"))).to(tl.int32), axis=1, keep_dims=True), axis=0, keep_dims=True)
+    zero = tl.zeros_like(x)
+    r = _fp16_factor(tl.sqrt(tl.sum(a.to(tl.float64), axis=1, keep_dims=True) / COLS).to(tl.float32))  # [R, 1]
+    wide = tl.max(tl.math.div_rn(a, r + zero), axis=0, keep_dims=True)  # [1, C] max_i |x_ij| / r_i
+    c0 = _fp16_factor((wide.to(tl.float64) / QMAX).to(tl.float32))
+    v = (r * round_int(tl.math.div_rn(x, (r * c0) + zero), QMAX)).to(tl.float64)  # [R, C] r_i z0_ij, exact
+    num = tl.sum(v * x.to(tl.float64), axis=0, keep_dims=True)  # [1, C]
+    den = tl.sum(v * v, axis=0, keep_dims=True)
+    c = tl.where(den > 0, _fp16_factor((num / tl.where(den > 0, den, 1.0)).to(tl.float32)), c0)
+    s = (r * c) + zero  # [R, C] exact: a product of two FP16 values
+    y = round_int(tl.math.div_rn(x, s), QMAX) * s
+    return tl.where(bad != 0, float("nan"), y)
+
+
+@triton.jit
 def nvfp4_tile(x, amax, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """NVFP4 of x [BLOCK_R, BLOCK_C] in TransformerEngine's order of operations (amax [BLOCK_R, 1]).
 
@@ -611,13 +644,16 @@ def round_tile(x, bits, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constex
     whole tile (GROUP_HEAD), a scale tile's over its ROWS x COLS (GROUP_TILE, `codec.tile`: the program holds whole
     tiles, or the whole head where a tile is taller than BLOCK_R), a row's of x / c over C (GROUP_ROWCOL, the tile
     holding the whole head: y = x / c by the column factors c, its row scale, then (q * s) * c, in `ScaledFormat`'s
-    and `NVFP4Format`'s order). ROT > 1: rotated by H_ROT along C before and rotated back after (`hadamard_tile`; the
+    and `NVFP4Format`'s order), or STEPQuant's factors of the whole head (GROUP_DUAL, `dual_axis_tile`: COLS the
+    head's columns, MAX its q). ROT > 1: rotated by H_ROT along C before and rotated back after (`hadamard_tile`; the
     program holds whole runs, padding whole runs of zeros)."""
     if ROT > 1:
         x = hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)
     if GROUP == GROUP_TILE:
         y = quantize_tile(x, bits, scale_tile_amax(x, ROWS, COLS, ORDER, BLOCK_R, BLOCK_C), KIND, GROUP, MAX, ORDER,
                           BLOCK_R, BLOCK_C)
+    elif GROUP == GROUP_DUAL:
+        y = dual_axis_tile(x, MAX, COLS)
     elif GROUP == GROUP_ROWCOL:
         col = column_factors(x)  # [1, BLOCK_C]
         xc = tl.math.div_rn(x, col + tl.zeros_like(x))  # x / c

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from replayssm_eval.formats import layout
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind
 from replayssm_eval.formats.formats import StateFormat
 from replayssm_eval.formats.packed import PackedState
 
@@ -54,7 +55,8 @@ class DualAxisFormat(StateFormat):
         c_j  = F(sum_i v_ij x_ij / sum_i v_ij^2), v_ij = r_i * z0_ij   (Appendix C.1's fixed-code update of Eq. 14;
                c0_j where the denominator is 0)
         z    = clip(round(x / (r_i * c_j)), -q, q)   round half to even; r_i * c_j is exact in FP32
-    m, the sums and the update are FP64. A head holding Inf or NaN decodes to NaN throughout.
+    m, the sums and the update are FP64. A head holding Inf or NaN decodes to NaN throughout. The chunked kernels
+    round it in whole-head programs (`kernel_codec`, `device.dual_axis_tile`).
     Packed: data uint8 `[..., H, ceil(R * C * width / 8)]`, the codes z + q of each head's row-major `[R, C]`
     as `width`-bit fields (`pack_codes`); global_scale FP16 r `[..., H, R]`; col_scale FP16 c `[..., H, C]`.
     """
@@ -78,6 +80,11 @@ class DualAxisFormat(StateFormat):
     def bits_per_element(self) -> float:
         """Code bits (the row and column factors, scales over a whole axis, not counted)."""
         return float(self.width)
+
+    @property
+    def kernel_codec(self) -> KernelCodec:
+        """Codes within +-q (INT8 holds every width) and the head's two factor vectors (`Group.DUAL`)."""
+        return KernelCodec(Kind.INT8, Group.DUAL, float(self.qmax), axis=self.axis)
 
     def storage_bytes(self, shape) -> int:
         *lead, h, r, c = layout.oriented_shape(shape, self.axis)

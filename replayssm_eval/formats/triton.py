@@ -2,7 +2,8 @@
 
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
 flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
-`quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit. Both read the format's
+`quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit (not for dual-axis factors, which only
+whole-head programs round: `device.round_tile`). Both read the format's
 `kernel_codec` only (fp16sr's word layouts and conversions, and the SR formats' `rounds=` and `bits=`, included).
 Group amax reductions over more than a row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before
 the launch, in torch (`encode_triton`'s head scales in one amax launch of their own, `head_amax`), as do scale=rowcol's
@@ -86,6 +87,9 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     codec = fmt.kernel_codec
     if codec is None:
         raise NotImplementedError(f"quantize_triton does not cover format '{fmt.name}' (it has no `kernel_codec`)")
+    if codec.group == Group.DUAL:
+        raise NotImplementedError(f"quantize_triton does not cover format '{fmt.name}': its dual-axis factors span a "
+                                  "whole head, which the chunked kernels' whole-head programs round (`tile_codec`)")
     xo = layout.orient(layout.as_bhpn(x), codec.axis).contiguous()  # [B, H, R, C]
     if codec.rot > 1:
         xo = rotate_runs(xo, codec.rot, codec.axis)

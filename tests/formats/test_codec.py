@@ -100,7 +100,11 @@ def _check_codec(fmt, device_name, bits_equal, states=None):
     words = state_random_bits(keys, checkpoint, tuple(x.shape[1:]), fmt.lane_words)  # [B, H, P, N] `replay.keys` words
     bits = {"random_bits": words} if fmt.is_stochastic else {}
     want = fmt.quantize(x, **bits)
-    bits_equal(quantize_triton(x.to(device_name), fmt, **bits).cpu(), want)
+    if codec.group == Group.DUAL:  # whole-head factors: only the in-tile rounding
+        with pytest.raises(NotImplementedError, match="whole head"):
+            quantize_triton(x.to(device_name), fmt)
+    else:
+        bits_equal(quantize_triton(x.to(device_name), fmt, **bits).cpu(), want)
     if fmt.is_stochastic:  # Philox-`rounds=` words from a seed, counters past 2^32
         seeded = {"seed": 2**35 + 17, "offset": 2**32 - 77}
         bits_equal(quantize_triton(x.to(device_name), fmt, **seeded).cpu(), fmt.quantize(x, **seeded))
@@ -113,10 +117,12 @@ def _check_codec(fmt, device_name, bits_equal, states=None):
             assert (a is None) == (b is None), name
             if a is not None:
                 assert torch.equal(a.cpu().view(torch.uint8), b.view(torch.uint8)), name
-    if tile_codec(fmt) is not None:  # one program per state of one head, as the chunked kernels with head scales
+    tiled = tile_codec(fmt, dims=tuple(x.shape[-2:]))
+    if tiled is not None:  # one program per state of one head, as the chunked kernels with head scales
         xs = x[:, :1].contiguous()  # [B, 1, P, N]
         tile_bits = {"random_bits": words[:, :1]} if fmt.is_stochastic else {}
-        bits_equal(round_tile_in_kernel(xs.to(device_name), codec, keys, checkpoint).cpu(), fmt.quantize(xs, **tile_bits))
+        got = round_tile_in_kernel(xs.to(device_name), tiled, keys, checkpoint).cpu()
+        bits_equal(got, fmt.quantize(xs, **tile_bits))
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -211,6 +217,40 @@ def test_rowcol_codec_awkward_values(spec, device, bits_equal):
         assert not torch.equal(q, v) and torch.equal(got[1:], (q * step) * xo[0])
 
 
+def _dual_axis_states(axis: str, shape=(5, 2, 24, 40)) -> torch.Tensor:
+    """[B, H, P, N] states for `dualaxis`, built in the oriented view [B, H, R, C] (transposed along head_dim), head 0
+    of each state awkward: state 0 a zero row, a zero column, -0.0, subnormals and a row whose factor falls below
+    2^-14 beside normal rows; state 1 values near 1e10 (factors clamped at 65504, codes saturating); state 2 values
+    near 1e-12 (every factor clamped at 2^-14, codes of zero); state 3 all zero; state 4 a NaN and an Inf in head 0,
+    none in head 1."""
+    xo = _states(shape)
+    xo[0, 0, 1] = 0.0
+    xo[0, 0, :, 7] = 0.0
+    xo[0, 0, 2, 3], xo[0, 0, 4, 9], xo[0, 0, 5, 11] = -0.0, 1e-42, -(2.0 ** -130)
+    xo[0, 0, 6] = torch.randn(shape[3]) * 1e-10
+    xo[1, 0] = torch.randn(shape[2:]) * 1e10
+    xo[2, 0] = torch.randn(shape[2:]) * 1e-12
+    xo[3, 0] = 0.0
+    xo[4, 0, 3, 5], xo[4, 0, 6, 1] = float("nan"), float("inf")
+    return xo.transpose(-1, -2).contiguous() if axis == "headdim" else xo
+
+
+@pytest.mark.parametrize("spec", ["dualaxis", "dualaxis:width=3", "dualaxis:width=8", "dualaxis:axis=dstate",
+                                  "dualaxis:axis=dstate,width=7", "dualaxis:rot=hadamard:8",
+                                  "dualaxis:axis=dstate,width=4,rot=hadamard:4"])
+def test_dual_axis_codec_awkward_values(spec, device, bits_equal):
+    """STEPQuant's dual-axis codes in the kernels' whole-head tile (`device.dual_axis_tile`: FP64 means, sums and
+    quotients, FP16 factors clamped to [2^-14, 65504]) == the torch format on zero rows and columns, -0.0, subnormals,
+    clamped factors, saturated codes, an all-zero head and heads holding NaN or Inf, C = 24 or 40 (not a power of two),
+    along either axis, rotated or not, bit for bit; quantize_triton refuses it (only whole-head programs round it)."""
+    fmt = get_format(spec)
+    x = _dual_axis_states(fmt.axis)
+    _check_codec(fmt, device, bits_equal, x)
+    y = fmt.quantize(x)
+    assert torch.isnan(y[4, 0]).all() and not torch.isnan(y[4, 1]).any()
+    assert not y[3, 0].any() and not y[2, 0].any()  # all zero; every |x| / 2^-28 rounds to a zero code
+
+
 @pytest.mark.parametrize("spec", ["int8", "fp8:scale=head", "nvfp4", "nvfp4:scale=row", "int16sr:axis=headdim",
                                   "fp8:scale=head,order=mul"])
 def test_in_tile_rounding_of_non_finite_groups(spec, device, bits_equal):
@@ -246,6 +286,14 @@ def test_capabilities():
         assert rowcol.in_tile(whole_head=True) and not rowcol.in_tile(whole_head=False) and rowcol.spans(128)
     assert get_format("int16:scale=rowcol,order=mul").kernel_codec == KernelCodec(Kind.INT16, Group.ROWCOL, 32767.0,
                                                                                    order=Order.MUL)
+    # dual-axis factors: the whole head, its C from the state's dims (none given: torch rounds), never packed
+    dual = get_format("dualaxis:width=5")
+    assert dual.kernel_codec == KernelCodec(Kind.INT8, Group.DUAL, 15.0, axis="headdim")
+    assert not dual.kernel_codec.packed and tile_codec(dual) is None and not dual.kernel_codec.in_tile(whole_head=True)
+    assert tile_codec(dual, dims=(80, 128)).cols == 80
+    assert tile_codec(get_format("dualaxis:axis=dstate"), dims=(80, 128)).cols == 128
+    sized = tile_codec(dual, True, (40, 24))  # C = 40, not a power of two: still in the tile
+    assert sized.head_span == 0 and sized.in_tile(whole_head=True) and tile_codec(dual, False, (40, 24)) is None
     # SR rounds= and bits=: the codec's, the kinds' defaults filled in (so default formats compare as before)
     assert get_format("fp16sr:rounds=7,bits=8").kernel_codec == KernelCodec(Kind.FP16SR, rounds=7, bits=8)
     assert get_format("fp16sr:rounds=7,bits=8").kernel_codec.random == (int(Words.ELEMENT), 7, 8)

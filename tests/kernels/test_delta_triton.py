@@ -87,14 +87,17 @@ def round_in_kernel(x, codec, key, checkpoint, bk, bv, programs=1):
                                   "int8:scale=rowcol,order=mul", "fp8sr:axis=headdim,scale=rowcol",
                                   # SR with non-default rounds= and bits=
                                   "fp16sr:rounds=7,bits=8", "int8sr:scale=block:16,bits=5", "fp8sr:bits=20",
-                                  "mx8sr:bits=32"])
+                                  "mx8sr:bits=32",
+                                  # dual-axis factors over the 24 v columns or the 40 k rows (the whole head)
+                                  "dualaxis", "dualaxis:axis=dstate,width=3"])
 def test_in_kernel_rounding_is_bit_exact(spec, device):
     """`store_round` inside a kernel == write_checkpoint (fmt.quantize with the Philox bits of `replay.keys`)."""
     cfg = ReplayConfig(read=spec, recur=spec, window=4, seed=7)
     x = torch.randn(1, 3, 24, 40) * torch.logspace(-3, 2, 40)  # [B, HV, V, K], rows of mixed magnitude
     x[0, 1, 3] = 0.0
     key = sr_keys(7, 2, torch.tensor([5], device=device), 0)  # [1] int64, loaded in-kernel as the kernels do
-    y = round_in_kernel(x.to(device), tile_codec(cfg.recur_format), key, torch.tensor([9], device=device), 64, 32)
+    codec = tile_codec(cfg.recur_format, dims=(24, 40))
+    y = round_in_kernel(x.to(device), codec, key, torch.tensor([9], device=device), 64, 32)
     want, _ = write_checkpoint(x, cfg, 2, torch.tensor([5]), torch.tensor([9]))  # the torch rounding, on CPU
     assert torch.equal(y, want), f"{spec}: {(y != want).sum().item()} of {y.numel()} elements differ"
 
@@ -199,13 +202,13 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
     "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
             "int16sr:scale=head/int8@4", "int16sr@1"],
     "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6",
-            "int8sr/int16:order=mul@3", "vllm:int8", "pimba:mx8sr"],
+            "int8sr/int16:order=mul@3", "vllm:int8", "pimba:mx8sr", "stepquant:dualaxis6"],
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
     == the torch chunked form, up to the roundings FP32 noise flips (`one_column_share` of the outputs); awkward
     sizes (V = 40: two v-blocks, or the whole head for head scales) with one segment per launch; window 1 (`int16sr`,
-    `vllm:int8`, `pimba:mx8sr`: a rounding after every token) in one-row windows."""
+    `vllm:int8`, `pimba:mx8sr`, `stepquant:dualaxis6`: a rounding after every token) in one-row windows."""
     mod = FAMILIES[fam]
     inputs = delta_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
     o_ref, st_ref = mod.chunked(*inputs, text)
@@ -231,6 +234,8 @@ def test_chunked_triton_quantized(fam, text, device):
     ("mx8sr/mx8sr:axis=headdim@4", True),  # MX8 blocks of 16 along K = 40 and V = 40, the last ones short
     # two-axis scales: column factors over V = 40 (the whole head in the program) or over K = 40 (axis=headdim)
     ("nvfp4:scale=rowcol/int8sr:axis=headdim,scale=rowcol@4", True),
+    # dual-axis factors over V = 40 or K = 40 (the whole head in the program)
+    ("dualaxis/dualaxis:axis=dstate,width=8@4", True),
     # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
     ("fp16sr:rounds=7,bits=8/int8sr:scale=block:16,bits=5@4", True),
     ("fp8sr:bits=20/mx8sr:axis=headdim,bits=3@4", False),
@@ -243,8 +248,9 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, devi
     (both copies rounded in the kernel)."""
     mod = FAMILIES[fam]
     cfg = ReplayConfig.parse(text)
-    assert None not in (tile_codec(cfg.recur_format), tile_codec(cfg.read_format))
     sizes = {**AWKWARD[fam], "dk": 40} if awkward else SMALL[fam]
+    dims = (sizes["dv"], sizes["dk"])
+    assert None not in (tile_codec(cfg.recur_format, dims=dims), tile_codec(cfg.read_format, dims=dims))
     inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **sizes)
     _, rounded = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg))
     _, fold = mod.RULE.chunk.chunked_triton(mod.RULE.prepare(*inputs, cfg), rounded=False)

@@ -152,6 +152,8 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", "read/recur", marks=SLOW),
     ("int8:axis=headdim,scale=block:8,rot=hadamard:8/mxfp4:axis=headdim@4", "read/recur"),  # along V, rotated
     ("mx8sr/mx8:axis=headdim@4", "read/recur"),  # MX8 blocks of 16 along K = 24 and V = 40, the last ones short
+    ("dualaxis:width=8/dualaxis:axis=dstate@4", "read/recur"),  # dual-axis factors over V = 40 or K = 24
+    ("stepquant:dualaxis6", "recur"),  # window 1: one-row windows
 ])
 def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     """The torch rounding between one-segment launches, forced on formats the kernel rounds: outputs, stored copies,
@@ -161,7 +163,9 @@ def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     inputs = delta_inputs("gdn", batch=2, seqlen=12, dtype=torch.float32, device=device, **AWKWARD)
     start = phased_start("gdn", inputs, cfg, warmup=(0, 3), dtype=torch.float32)
     x = cut(inputs, 3)
-    assert None not in (tile_codec(cfg.recur_format), tile_codec(cfg.read_format)), "the kernel must round both copies"
+    dims = (AWKWARD["dv"], AWKWARD["dk"])
+    assert None not in (tile_codec(cfg.recur_format, dims=dims), tile_codec(cfg.read_format, dims=dims)), \
+        "the kernel must round both copies"
     with one_segment_launches():
         o_in, st_in = chunked(*x, start, cfg, backend="triton")
     forced = [getattr(cfg, f"{copy}_format") for copy in by_torch.split("/")]

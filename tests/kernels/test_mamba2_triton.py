@@ -62,6 +62,9 @@ def _phased(inputs, config, pre, device):
     ("nvfp4:scale=rowcol/int16sr:axis=headdim,scale=rowcol,order=mul@4", 3, 24),
     ("shared:fp8sr:axis=headdim,max=240@4", 1, 24),
     pytest.param("int8:rot=hadamard:8/mxfp4:axis=headdim@4", 1, 24, marks=pytest.mark.slow),
+    # dual-axis factors over the whole head (C = head_dim 20 or d_state 24); STEPQuant's preset, window 1
+    ("dualaxis/dualaxis:axis=dstate,width=8@4", 3, 24),
+    ("stepquant:dualaxis6", 1, 24),
 ])
 def test_chunked_triton_matches_torch(text, groups, d_state, device):
     config = ReplayConfig.parse(text)
@@ -180,6 +183,9 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
     ("fp16sr:words=octet,rounds=7,bits=8/int8sr:scale=block:8,bits=5@3", "read/recur", {"d_state": 23}),
     ("fp8sr:bits=20/mx8sr:axis=headdim,bits=32@3", "read/recur", _WIDE),
+    # dual-axis factors over head_dim 40 or d_state 40 (programs holding the whole head); STEPQuant's preset
+    ("dualaxis:width=3/dualaxis:axis=dstate,width=8@3", "read/recur", _WIDE),
+    ("stepquant:dualaxis6", "recur", {}),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
@@ -283,7 +289,7 @@ def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     ("fp16sr/int16:scale=tensor@1", None),  # a tensor scale: torch rounds the read copy
     ("shared:fp8:scale=tile:32x0@1", 32), ("sglang:fp8", 32),  # scale tiles of 32 head_dim rows
     ("shared:int8sr:axis=headdim,scale=block:32@1", 32), ("shared:int8:axis=headdim,scale=block:64@1", None),
-    ("shared:nvfp4:scale=rowcol@1", None),  # column factors over the whole head
+    ("shared:nvfp4:scale=rowcol@1", None), ("stepquant:dualaxis6", None),  # factors over the whole head
 ])
 def test_token_rows(text, rows):
     """Which one-token configs the token scan runs (programs of 16 head_dim rows, or 32 where a scale tile, block or

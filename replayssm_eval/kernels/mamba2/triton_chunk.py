@@ -14,9 +14,10 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   scale=row|head|none|rowcol and scale=block:N|tile:RxC of power-of-two sizes (or 0) along d_state (`pimba:int8sr`,
   `sglang:fp8`) or head_dim (axis=headdim); nvfp4 (scale=row|head|rowcol), mxfp8, mxfp4 and Pimba's mx8 / mx8sr on
   either axis (SR with any bits= and rounds=); and any of these with rot=hadamard:N (runs of N along the format's
-  axis, N a power of two dividing that dim). A program holds 16 rows of the head, or the whole head for tiles of
-  more than 16 rows, for two-axis scales (rowcol: column factors over the head) and for anything spanning more than
-  16 head_dim rows along head_dim (row scales, long blocks). A head scale along d_state without rotation keeps the
+  axis, N a power of two dividing that dim); STEPQuant's dualaxis (row and column factors over the head). A program
+  holds 16 rows of the head, or the whole head for tiles of more than 16 rows, for two-axis scales (rowcol: column
+  factors over the head; dualaxis) and for anything spanning more than 16 head_dim rows along head_dim (row scales,
+  long blocks). A head scale along d_state without rotation keeps the
   programs of 16 rows: a recurrence copy's (and a read copy's beside it) on a GPU by exchanging the head's amax
   between the head's programs at each fold (`head_exchange`; programs are numbered in start order), else (the
   interpreter) in a program holding the whole head; a read copy's alone, which never feeds the fold, from the amax
