@@ -105,7 +105,7 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
     pytest.param("nvfp4:axis=headdim,scale=tensor/fp16sr@4", marks=SLOW),
     pytest.param("fp16/nvfp4:scale=tensor@3#closed", marks=SLOW),
     pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
-    # formats without a kernel codec (`StateFormat.kernel_codec` None)
+    # tensor scales and tiles of other than power-of-two sizes, rotated or not (`tile_codec` None)
     "int8:axis=headdim,scale=tile:3x8,rot=hadamard:8/fp32@4",
     pytest.param("nvfp4:scale=tensor,rot=hadamard:8/fp32@4#closed", marks=SLOW),
     "shared:int16sr:scale=tensor,bits=8@4", "fp8:scale=block:16,max=240/fp8sr:scale=tensor,rounds=7,bits=8@4",

@@ -95,7 +95,7 @@ def test_chunked_triton_matches_torch(text, groups, d_state, device):
     ("fp32/nvfp4:axis=headdim,scale=tensor@3", 1, 24),
     ("nvfp4:scale=tensor/nvfp4:scale=tensor@4#spec=3:0.6", 3, 24),
     ("fp16/int8:scale=tile:4x6@4", 1, 24),
-    # formats without a kernel codec (`StateFormat.kernel_codec` None)
+    # tensor scales and tiles of other than power-of-two sizes, rotated or not (`tile_codec` None)
     ("int8:rot=hadamard:8/int16sr:scale=tensor,rounds=7,bits=8@4", 1, 24),
     ("shared:fp8sr:axis=headdim,scale=tile:2x6,max=240@4", 1, 24),
     ("int8:scale=tile:3x5/fp16sr@4", 3, 24),

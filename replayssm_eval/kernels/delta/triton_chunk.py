@@ -126,11 +126,12 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
     a two-axis (rowcol, dualaxis) scale, a row scale along V, or a scale tile, block or rotation run of more than one
     v column with V > 128; scale tiles, blocks or rotation runs of other than power-of-two sizes; rotation runs that
-    do not tile K or V; formats without a kernel codec, such as error feedback, ef=) is rounded by torch between
-    one-segment launches. A program holds all of K and 32 v columns, or the whole head where a copy's scale groups
-    (column and dual-axis factors included), blocks along V or rotation runs along V span more; a head scale of a
-    natural-basis format spans the head's programs where they can exchange its amax (`exchange_programs`: compiled
-    code on a GPU holding every program of the launch at once), else it takes the whole head too.
+    do not tile K or V) is rounded by torch between one-segment launches (a config with error feedback, ef=, the one
+    option without a kernel codec, runs the torch backend: `chunked_backend`). A program holds all of K and 32 v
+    columns, or the whole head where a copy's scale groups (column and dual-axis factors included), blocks along V or
+    rotation runs along V span more; a head scale of a natural-basis format spans the head's programs where they can
+    exchange its amax (`exchange_programs`: compiled code on a GPU holding every program of the launch at once), else
+    it takes the whole head too.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with

@@ -20,14 +20,14 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    int16 / int16sr with scale=row|none|block:N (|head|tile:RxC|rowcol), N, R, C powers of two or 0, along K
    or (axis=headdim) along V; nvfp4 with scale=row (|head|rowcol); mxfp8, mxfp4 and Pimba's mx8 / mx8sr along K or V
    (SR with any bits= and rounds=); and any of these with
-   rot=hadamard:N (runs of N along K or V, N a power of two dividing that dim; `modelopt:int8-hadamard`).
-   `rowcol`, tiles of more than 32 v rows and anything spanning more than one v column along V (row scales,
-   blocks, rotation runs with axis=headdim) need the whole head in one program (used when V <= 128); so does `head`,
-   unless the head's 32-column programs exchange its amax at each fold (`delta.triton_chunk.head_programs`: on a GPU
-   that holds every program of the launch at once).
+   rot=hadamard:N (runs of N along K or V, N a power of two dividing that dim; `modelopt:int8-hadamard`); STEPQuant's
+   dualaxis along K or V. `rowcol`, `dualaxis`, tiles of more than 32 v rows and anything spanning more than one v
+   column along V (row scales, blocks, rotation runs with axis=headdim) need the whole head in one program (used when
+   V <= 128); so does `head`, unless the head's 32-column programs exchange its amax at each fold
+   (`head_exchange.exchange_programs`: on a GPU that holds every program of the launch at once).
    A copy in a format whose scale group no single program sees (nvfp4:scale=tensor,
-   fp8 and int scale=tensor, spans across v columns with V > 128, tiles of other sizes) or without a
-   kernel codec is stored as the FP32 fold and rounded by torch
+   fp8 and int scale=tensor, spans across v columns with V > 128, tiles of other sizes) is stored as the FP32 fold
+   and rounded by torch
    (`write_checkpoint`'s encoding, keys and checkpoint indices) for the sequences that folded,
    between launches of one segment each: both copies feed the next segment.
 """

@@ -22,15 +22,14 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   between the head's programs at each fold (`head_exchange`; programs are numbered in start order), else (the
   interpreter) in a program holding the whole head; a read copy's alone, which never feeds the fold, from the amax
   of the fold programs' tiles (`triton_phases`). The other formats (tensor-wide scales, tiles of other sizes,
-  rotation runs that do not tile their dim, formats without a kernel
-  codec) are rounded by torch with `write_checkpoint`'s encoding, keys and checkpoint
-  indices. A read copy (split config) in two passes per block of segments, exact because S_lo
+  rotation runs that do not tile their dim) are rounded by torch with `write_checkpoint`'s encoding, keys and
+  checkpoint indices. A read copy (split config) in two passes per block of segments, exact because S_lo
   never feeds the fold: the kernel reads S_hi only and stores every FP32 fold, then torch rounds
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
   (`_read_outside`). A recurrence copy or shared checkpoint feeds the next segment, so the kernel
   runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
-  folded before the next launch (`_scan`). FP64 compute falls back to the torch backend, with a
-  warning.
+  folded before the next launch (`_scan`). FP64 compute, and error feedback (ef=, the one option without a kernel
+  codec), fall back to the torch backend, with a warning.
 The kernel computes in FP32 (`tile_dot.dot`; one-token windows take one row, not 16): the fold in FP32 FMAs
 (input_precision "ieee"), so the stored copies' bits do not depend on the launch; a segment's products over d_state
 (B . C and the checkpoint terms) as three TF32 tensor-core products ("tf32x3", FP32-level error), read from memory
