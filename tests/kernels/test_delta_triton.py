@@ -202,13 +202,13 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
     "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
             "int16sr:scale=head/int8@4", "int16sr@1"],
     "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6",
-            "int8sr/int16:order=mul@3", "vllm:int8", "pimba:mx8sr", "stepquant:dualaxis6"],
+            "int8sr/int16:order=mul@3", "vllm:int8", "pimba:mx8sr"],
 }))
 def test_chunked_triton_quantized(fam, text, device):
     """In-kernel rounding (row and head scales, fp16sr, fp8sr) and torch-rounded copies (a tensor-wide NVFP4 scale):
     == the torch chunked form, up to the roundings FP32 noise flips (`one_column_share` of the outputs); awkward
     sizes (V = 40: two v-blocks, or the whole head for head scales) with one segment per launch; window 1 (`int16sr`,
-    `vllm:int8`, `pimba:mx8sr`, `stepquant:dualaxis6`: a rounding after every token) in one-row windows."""
+    `vllm:int8`, `pimba:mx8sr`: a rounding after every token) in one-row windows."""
     mod = FAMILIES[fam]
     inputs = delta_inputs(fam, batch=2, seqlen=10, dtype=torch.float32, device=device, **AWKWARD[fam])
     o_ref, st_ref = mod.chunked(*inputs, text)
