@@ -27,7 +27,7 @@ ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
 def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
     from replayssm_eval.formats import triton as formats
-    from replayssm_eval.formats.codec import Group, Kind, Order, Words
+    from replayssm_eval.formats.codec import Group, Kind, Order, Residual, Words
     from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk_module
     from replayssm_eval.kernels.gdn import triton_step as gdn_step_module
     from replayssm_eval.kernels.kda import triton_chunk as kda_chunk_module
@@ -45,9 +45,9 @@ def cases() -> list:
     # `KernelCodec.random` (words, Philox rounds, bits): a deterministic kind's; non-default rounds= and bits=
     plain, paired, sr8, sr32 = (element, 10, 0), (pair, 10, 13), (element, 7, 8), (element, 10, 32)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
-                     HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, LO_KIND=nvfp4,
-                     LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0, LO_AXIS=0, LO_ROT=1,
-                     PROGRAMS=1, DOT="ieee")
+                     HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, HI_EF=0,
+                     LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0,
+                     LO_AXIS=0, LO_ROT=1, LO_EF=0, PROGRAMS=1, DOT="ieee")
     exchange = {"fold_ptr": "*i32", "rhi_ptr": "*i32", "count_ptr": "*i32"}  # `shared_head_amax`
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
@@ -132,6 +132,12 @@ def cases() -> list:
         # Pimba's MX8: mx8sr along K / mx8 along V in blocks of 16 (programs of 32 v columns)
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": mx8sr, "HI_RANDOM": sr32, "LO_KIND": mx8,
                                             "LO_GROUP": none, "LO_AXIS": 1}, GDN_FLAGS),
+        # error feedback: an FP32 residual beside the fp16sr copy, a BF16 one beside NVFP4; a shared INT8 checkpoint's
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_EF": int(Residual.FP32), "LO_EF": int(Residual.BF16)},
+         GDN_FLAGS),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            "HI_GROUP": row, "HI_MAX": 127.0, "HI_EF": int(Residual.BF16)},
+         {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         # stepquant:dualaxis6 at window 1: a shared checkpoint in whole-head programs
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "SHARED": True, "HI_KIND": int(Kind.INT8),
                                             **{f"HI_{k}": v for k, v in dual.items()}}, GDN_FLAGS),

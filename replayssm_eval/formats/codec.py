@@ -2,7 +2,7 @@
 
 Every Triton kernel (the chunked and step kernels of each family, the static step, `encode_triton`,
 `quantize_triton`) reads a format through its `fmt.kernel_codec`, never through the format's class.
-A format without one (None: error feedback, ef=, and rot= over it) is rounded by torch.
+A format without one is rounded by torch.
 A new format that rounds like one of the kinds below is its class plus its codec.
 
     kind    one element's rounding and stored code (`Kind`, the numbering of `formats.device`)
@@ -26,6 +26,9 @@ A new format that rounds like one of the kinds below is its class plus its codec
             `rounds=`; a stored copy's keyed words are Philox4x32-10 whatever it is, `replay.keys`)
     bits    stochastic kinds: K, the random bits of each word the rounding adds below the kept LSB (the formats'
             `bits=`; 0 given: the kind's default, `SR_BITS`); 0 for the other kinds
+    ef      error feedback (`Residual`, the formats' `ef=`): the copy rounds the state plus the residual it keeps and
+            keeps the new one, in FP32 or BF16; the delta-rule chunked kernels carry it, every other kernel leaves
+            such a config to torch (never `packed`)
 """
 
 from __future__ import annotations
@@ -106,6 +109,15 @@ class Words(enum.IntEnum):
     OCTET = 4
 
 
+class Residual(enum.IntEnum):
+    """The error-feedback residual a stored copy keeps (`feedback.Feedback`; values are the Triton constexprs of
+    `formats.device`): none, FP32, or BF16 (round to nearest even)."""
+
+    NONE = 0
+    FP32 = 1
+    BF16 = 2
+
+
 class Order(enum.IntEnum):
     """Operand order of a scaled elementwise kind's scale (values are the Triton constexprs of `formats.device`).
 
@@ -150,6 +162,7 @@ class KernelCodec:
     rot: int = 1
     rounds: int = philox.N_ROUNDS
     bits: int = 0
+    ef: Residual = Residual.NONE
 
     def __post_init__(self) -> None:
         if not self.stochastic and (self.rounds != philox.N_ROUNDS or self.bits):
@@ -172,9 +185,9 @@ class KernelCodec:
     def packed(self) -> bool:
         """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
         the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles, column
-        factors or dual-axis factors)."""
+        factors or dual-axis factors), without error feedback."""
         return (self.natural and self.kind not in _BLOCK_EXPONENT_KINDS
-                and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL))
+                and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL) and self.ef == Residual.NONE)
 
     @property
     def head_span(self) -> int:

@@ -14,6 +14,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
     dual_axis_tile(x, QMAX, COLS)                                  STEPQuant's dual-axis codes of a whole head
+    feedback_residual(target, stored, EF)                          the residual an `ef=` copy keeps
     state_bits(key, counter, col, KIND, RANDOM)                    the random fields of a stored copy
     seeded_bits(seed, counter, col, KIND, RANDOM)                  the random fields of `quantize(x, seed=...)`
     layout_bits(key, counter, col, KIND, RANDOM, N_ROUNDS)         both: Philox words in a format's word layout
@@ -57,7 +58,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import dual_axis, microexponent, philox, rounding
-from replayssm_eval.formats.codec import Group, Kind, Order, Words
+from replayssm_eval.formats.codec import Group, Kind, Order, Residual, Words
 from replayssm_eval.formats.formats import FP8Format, IntFormat
 
 # the numberings of `codec.Kind`, `Group`, `Order` and `Words` (globals read inside @triton.jit must be constexpr)
@@ -66,6 +67,7 @@ from replayssm_eval.formats.formats import FP8Format, IntFormat
 (GROUP_NONE, GROUP_ROW, GROUP_HEAD, GROUP_TENSOR, GROUP_TILE, GROUP_ROWCOL,
  GROUP_DUAL) = (tl.constexpr(int(g)) for g in Group)
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
+RESIDUAL_NONE, RESIDUAL_FP32, RESIDUAL_BF16 = (tl.constexpr(int(r)) for r in Residual)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
 AXIS_DSTATE, AXIS_HEADDIM = tl.constexpr(0), tl.constexpr(1)  # `KernelCodec.basis`'s AXIS
 
@@ -474,6 +476,16 @@ def dual_axis_tile(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     s = (r * c) + zero  # [R, C] exact: a product of two FP16 values
     y = round_int(tl.math.div_rn(x, s), QMAX) * s
     return tl.where(bad != 0, float("nan"), y)
+
+
+@triton.jit
+def feedback_residual(target, stored, EF: tl.constexpr):
+    """The residual a copy with error feedback keeps after rounding target to stored (`Feedback.residual`): their
+    difference in FP32 (RESIDUAL_FP32) or rounded to BF16 (RESIDUAL_BF16, RNE)."""
+    e = target - stored
+    if EF == RESIDUAL_BF16:
+        e = round_bf16(e)
+    return e
 
 
 @triton.jit

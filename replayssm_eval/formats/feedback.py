@@ -7,16 +7,18 @@ rounding in the stated precision, and adds it to the state before the next round
 
 all in FP32, `precision` rounding to nearest even (bf16) or keeping FP32. The format itself rounds as its
 inner format; the residual lives with the stored state (`replay.state`), which applies the rule above at
-every checkpoint write. The residual counts in the bytes of a state (2 or 4 per element).
+every checkpoint write (the delta-rule chunked kernels in their loop: `kernel_codec`'s `ef`). The residual counts in
+the bytes of a state (2 or 4 per element).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from replayssm_eval.formats import layout
+from replayssm_eval.formats.codec import KernelCodec, Residual
 from replayssm_eval.formats.formats import StateFormat, WrappedFormat
 
 FEEDBACK = ("none", "fp32", "bf16")
@@ -46,6 +48,12 @@ class Feedback(WrappedFormat):
     @property
     def bits_per_element(self) -> float:
         return self.inner.bits_per_element + 8.0 * _DTYPES[self.precision].itemsize
+
+    @property
+    def kernel_codec(self) -> KernelCodec | None:
+        """The inner format's codec with the residual's precision (`Residual`), None where the inner has none."""
+        codec = self.inner.kernel_codec
+        return None if codec is None else replace(codec, ef=Residual[self.precision.upper()])
 
     def storage_bytes(self, shape) -> int:
         return self.inner.storage_bytes(shape) + layout.prod(shape) * _DTYPES[self.precision].itemsize

@@ -64,10 +64,10 @@ def feedback_copies(config: ReplayConfig) -> dict[int, object]:
     return {copy: fmt for copy, fmt in copies.items() if fmt.feedback}
 
 
-def chunked_backend(config: ReplayConfig, backend: str, family: str) -> str:
+def chunked_backend(config: ReplayConfig, backend: str, family: str, carried: bool = False) -> str:
     """The chunked backend that runs `config`: "torch", with a warning, where "triton" was asked for a config with
-    error feedback (the Triton kernels do not carry the residuals), else `backend`."""
-    if backend == "triton" and feedback_copies(config):
+    error feedback whose residuals the family's Triton kernels do not carry (`carried`: they do), else `backend`."""
+    if backend == "triton" and feedback_copies(config) and not carried:
         warnings.warn(f"{family} chunked backend='triton' runs the torch backend: the Triton kernels do not carry "
                       f"the error-feedback residuals (ef=) of {config.name!r}", stacklevel=3)
         return "torch"

@@ -258,6 +258,38 @@ def test_chunked_triton_unrounded_folds_round_to_stored(fam, text, awkward, devi
 
 
 @FAM
+@pytest.mark.parametrize("text", [
+    "int8:ef=fp32/fp16sr:ef=bf16@4",  # each copy its own residual, in FP32 and BF16
+    "shared:nvfp4:scale=row,ef=bf16@4#closed",
+    "fp16/int8sr:scale=block:8,ef=fp32@4",  # only the recurrence copy keeps one
+    "dualaxis:ef=fp32/fp8:axis=headdim,rot=hadamard:8,ef=bf16@4",  # whole-head factors; a rotated copy
+])
+def test_chunked_triton_feedback_rounds_fold_plus_residual(fam, text, device):
+    """A copy with error feedback (`ef=`) rounds fold + residual in the kernel and keeps the new residual: one fold's
+    copies and residuals are write_checkpoint of the launch's own FP32 fold with the call's starting residuals (those
+    of the prefill write, not zero), bit for bit; the Triton path runs without falling back to torch."""
+    rule = FAMILIES[fam].RULE
+    cfg = ReplayConfig.parse(text)
+    inputs = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **{**AWKWARD[fam], "dk": 40})
+    p = rule.prepare(*inputs, cfg)
+    assert shared.feedback_in_kernel(p)
+    residual = {copy: t.cpu().clone() for copy, t in p.state.residual.items()}
+    assert residual and all(t.abs().max() > 0 for t in residual.values())
+    _, fold = rule.chunk.chunked_triton(rule.prepare(*inputs, cfg), rounded=False)
+    _, rounded = rule.chunk.chunked_triton(p)
+    hi, lo = write_checkpoint(fold.hi.cpu(), cfg, 0, rounded.seq_ids.cpu(), rounded.checkpoint.cpu(), residual)
+    assert_bits_equal(rounded.hi.cpu(), hi)
+    assert_bits_equal(rounded.lo.cpu(), lo)
+    for copy, want in residual.items():
+        assert_bits_equal(rounded.residual[copy].cpu(), want)
+    o_ref, st_ref = FAMILIES[fam].chunked(*inputs, cfg)
+    o, st = triton_no_fallback(FAMILIES[fam].chunked, *inputs, cfg)
+    assert_close("o", o_ref, o, 1e-5, flips=one_column_share(inputs))
+    for copy in residual:  # a residual holds its fold's FP32 noise: the noise of the state, not of the residual
+        mostly_equal(f"residual[{copy}]", st_ref.residual[copy], st.residual[copy], noise=1e-5 * st_ref.hi.abs().max())
+
+
+@FAM
 @pytest.mark.parametrize("recur", ["fp8:axis=headdim,rot=hadamard:8", "bf16:rot=hadamard:8",
                                    "int8sr:scale=block:8,rot=hadamard:8"])
 def test_rotated_recurrence_copy_rounds_its_own_fold(fam, recur, device):

@@ -1,10 +1,14 @@
 """Error feedback (`ef=fp32|bf16`): a hand-written recurrence that keeps the residual itself, the chunked form
-against the step reference, the residual carried across calls, and the Triton paths that refuse it."""
+against the step reference, the residual carried across calls, and the Triton paths that refuse it or leave it to
+torch (the delta-rule chunked kernels carry it: tests/kernels/test_delta_triton.py)."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from replayssm_eval.formats import get_format
+from replayssm_eval.formats.codec import Residual
 from replayssm_eval.kernels import mamba2
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY
@@ -138,6 +142,11 @@ def test_triton_paths_refuse_or_fall_back():
     with pytest.raises(ValueError, match="decode_step does not carry the error-feedback residuals"):
         mamba2.decode_step(x[:, :1], dt[:, :1], A, B[:, :1], C[:, :1], D, s0, "int8:ef=fp32")
     q, k, v, g, beta, h0 = delta_inputs("gdn", batch=1, seqlen=1, dtype=torch.float32)
+    # a delta-rule copy with feedback that torch rounds between launches (a tensor-wide scale): the torch backend
+    with pytest.warns(UserWarning, match="runs the torch backend.*error-feedback"):
+        o, st = FAMILIES["gdn"].chunked(q, k, v, g, beta, h0, "fp16/int8:scale=tensor,ef=fp32@1", backend="triton")
+    o_ref, ref = FAMILIES["gdn"].chunked(q, k, v, g, beta, h0, "fp16/int8:scale=tensor,ef=fp32@1")
+    assert torch.equal(o, o_ref) and torch.equal(st.residual[RECUR_COPY], ref.residual[RECUR_COPY])
     with pytest.raises(ValueError, match="decode_step does not carry the error-feedback residuals"):
         FAMILIES["gdn"].decode_step_triton(q, k, v, g, beta, h0, "shared:int8:ef=bf16@4")
     with pytest.raises(ValueError, match="keeps error-feedback residuals"):
@@ -149,7 +158,10 @@ def test_triton_paths_refuse_or_fall_back():
 def test_grammar_and_bytes():
     fmt = get_format("int8:ef=bf16,scale=head")
     assert fmt.name == "int8:scale=head,ef=bf16" and get_format(fmt.name) == fmt and fmt.feedback == "bf16"
-    assert fmt.kernel_codec is None and get_format("int8").feedback is None
+    inner = get_format("int8:scale=head").kernel_codec  # the inner format's codec with the residual, never packed
+    assert fmt.kernel_codec == dataclasses.replace(inner, ef=Residual.BF16)
+    assert inner.packed and not fmt.kernel_codec.packed and get_format("int8").feedback is None
+    assert get_format("int8:scale=tensor,ef=fp32").kernel_codec.ef == Residual.FP32
     assert fmt.storage_bytes((2, 4, 8)) == get_format("int8:scale=head").storage_bytes((2, 4, 8)) + 2 * 64
     assert fmt.bits_per_element == 8 + 16 and get_format("nvfp4:ef=fp32").bits_per_element == 4.5 + 32
     assert ReplayConfig.parse("int8:ef=fp32@1").name == "int8:ef=fp32"

@@ -24,6 +24,7 @@ from replayssm_eval.kernels.delta._common import checkpoint_kv, prepare_inputs, 
 from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.fixed_step import fixed_step
 from replayssm_eval.kernels.delta.reference import decode, fold_closed, fold_open, speculative_decode
+from replayssm_eval.kernels.delta.triton_chunk import feedback_in_kernel
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.replay.state import ReplayState, chunked_backend, refuse_feedback
 
@@ -80,7 +81,8 @@ class DeltaRule:
             raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids,
                          compute_dtype=compute_dtype)
-        return self.chunk.chunked_triton(p) if chunked_backend(p.config, backend, "delta-rule") == "triton" \
+        carried = backend == "triton" and feedback_in_kernel(p)
+        return self.chunk.chunked_triton(p) if chunked_backend(p.config, backend, "delta-rule", carried) == "triton" \
             else chunked_torch(p)
 
     def decode_step_triton(self, q, k, v, g, beta, initial_state, config, *, layer_idx=0, seq_ids=None):

@@ -5,14 +5,16 @@ per-channel one); what is the same for both lives here: the state layout [B, HV,
 are the same, so are
 
 - the jit helpers `store_round` (in-kernel rounding of a stored copy, Philox
-  bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `load_copies` and
-  `round_copies` (a program's tile of both stored copies), and `forward_substitution`, the chunked
-  kernels' delta rule with rounded buffered u's;
+  bits `tl.randint(key, (checkpoint << 32) + element)` as `replay.keys`), `load_copies`,
+  `round_copies` (a program's tile of both stored copies), `load_residuals` and `store_residuals` (their
+  error-feedback residuals), and `forward_substitution`, the chunked kernels' delta rule with rounded
+  buffered u's;
 - the host side of the chunked kernels: which copies round in-kernel (each format's `tile_codec`),
-  the launch configuration, and the loop over segment blocks with the torch rounding between
-  one-segment launches of a copy no program can round (`run_segments`).
+  whether they carry the call's residuals (`feedback_in_kernel`), the launch configuration, and the loop
+  over segment blocks with the torch rounding between one-segment launches of a copy no program can
+  round (`run_segments`).
 A kernel takes a format as its codec's constexprs (`KernelCodec.args`: KIND, GROUP, MAX, ORDER; `KernelCodec.tile`:
-ROWS, COLS; `KernelCodec.basis`: AXIS, ROT; `KernelCodec.random`: RANDOM).
+ROWS, COLS; `KernelCodec.basis`: AXIS, ROT; `KernelCodec.random`: RANDOM; `KernelCodec.ef`: EF).
 The step kernels' shared pieces are `triton_step`.
 """
 
@@ -23,13 +25,15 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
-from replayssm_eval.formats.device import AXIS_HEADDIM, GROUP_HEAD, quantize_tile, round_tile, state_bits
+from replayssm_eval.formats.device import (
+    AXIS_HEADDIM, GROUP_HEAD, RESIDUAL_NONE, feedback_residual, quantize_tile, round_tile, state_bits,
+)
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.replay.state import ReplayState, round_folded
+from replayssm_eval.replay.state import ReplayState, feedback_copies, round_folded
 
 _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales and scale tiles taller than _BV)
 _BV = 32  # v columns per program where no scale group spans more (fewer where V is smaller)
@@ -95,30 +99,66 @@ def load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED: tl.constexpr):
 
 
 @triton.jit
-def round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, tile, fold_no,
+def load_residuals(res_hi_ptr, res_lo_ptr, state_idx, smask, SHARED: tl.constexpr, HI_EF: tl.constexpr,
+                   LO_EF: tl.constexpr):
+    """The error-feedback residuals (e_hi, e_lo) of a program's tile, [BK, BV] from [B, HV, V, K] as `load_copies`;
+    zero for a copy without feedback (and for S_lo when SHARED: a shared checkpoint keeps one residual, e_hi)."""
+    e_hi = tl.zeros(state_idx.shape, tl.float32)
+    e_lo = tl.zeros(state_idx.shape, tl.float32)
+    if HI_EF != RESIDUAL_NONE:
+        e_hi = tl.load(res_hi_ptr + state_idx, mask=smask, other=0.0)
+    if (LO_EF != RESIDUAL_NONE) and (not SHARED):
+        e_lo = tl.load(res_lo_ptr + state_idx, mask=smask, other=0.0)
+    return e_hi, e_lo
+
+
+@triton.jit
+def store_residuals(res_hi_ptr, res_lo_ptr, state_idx, smask, e_hi, e_lo, SHARED: tl.constexpr,
+                    HI_EF: tl.constexpr, LO_EF: tl.constexpr):
+    """Write back the residuals `load_residuals` read (the copies with feedback only)."""
+    if HI_EF != RESIDUAL_NONE:
+        tl.store(res_hi_ptr + state_idx, e_hi, mask=smask)
+    if (LO_EF != RESIDUAL_NONE) and (not SHARED):
+        tl.store(res_lo_ptr + state_idx, e_lo, mask=smask)
+
+
+@triton.jit
+def round_copies(folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, tile, fold_no,
                  SHARED: tl.constexpr,
                  HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
                  HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr,
-                 HI_ROT: tl.constexpr,
+                 HI_ROT: tl.constexpr, HI_EF: tl.constexpr,
                  LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
                  LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr,
-                 LO_ROT: tl.constexpr, PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero. fold_no: the fold's number in
-    the launch (from 1); with PROGRAMS > 1 each head-scaled copy exchanges its amax (`store_round`), the recurrence
-    copy's first."""
+                 LO_ROT: tl.constexpr, LO_EF: tl.constexpr, PROGRAMS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero, and their error-feedback
+    residuals: a copy with feedback (HI_EF, LO_EF: `Residual`) rounds folded + e and keeps the new residual
+    (`feedback_residual`), as `replay.state`'s checkpoint write. fold_no: the fold's number in the launch (from 1);
+    with PROGRAMS > 1 each head-scaled copy exchanges its amax (`store_round`), the recurrence copy's first.
+    Returns (s_hi, s_lo, e_hi, e_lo)."""
     HI_X: tl.constexpr = (HI_GROUP == GROUP_HEAD) and (PROGRAMS > 1)  # exchanges per fold, each copy's
     LO_X: tl.constexpr = (LO_GROUP == GROUP_HEAD) and (PROGRAMS > 1) and (not SHARED)
     rnd = (fold_no - 1) * (HI_X + LO_X) + 1  # this fold's first exchange
-    s_hi = store_round(folded, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, HI_KIND, HI_GROUP,
+    target = folded
+    if HI_EF != RESIDUAL_NONE:
+        target = folded + e_hi
+    s_hi = store_round(target, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, HI_KIND, HI_GROUP,
                        HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, PROGRAMS, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
+    if HI_EF != RESIDUAL_NONE:
+        e_hi = tl.where(smask, feedback_residual(target, s_hi, HI_EF), 0.0)
     if SHARED:
         s_lo = s_hi
     else:
-        s_lo = store_round(folded, key_lo, checkpoint, elem, exch_ptr, count_ptr, bh, rnd + HI_X, tile, LO_KIND,
+        target = folded
+        if LO_EF != RESIDUAL_NONE:
+            target = folded + e_lo
+        s_lo = store_round(target, key_lo, checkpoint, elem, exch_ptr, count_ptr, bh, rnd + HI_X, tile, LO_KIND,
                            LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
-    return s_hi, s_lo
+        if LO_EF != RESIDUAL_NONE:
+            e_lo = tl.where(smask, feedback_residual(target, s_lo, LO_EF), 0.0)
+    return s_hi, s_lo, e_hi, e_lo
 
 
 def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
@@ -126,8 +166,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
     a two-axis (rowcol, dualaxis) scale, a row scale along V, or a scale tile, block or rotation run of more than one
     v column with V > 128; scale tiles, blocks or rotation runs of other than power-of-two sizes; rotation runs that
-    do not tile K or V) is rounded by torch between one-segment launches (a config with error feedback, ef=, the one
-    option without a kernel codec, runs the torch backend: `chunked_backend`). A program holds all of K and 32 v
+    do not tile K or V) is rounded by torch between one-segment launches. A copy with error feedback (ef=) rounds in
+    the loop with its residual (`round_copies`); where such a copy is one torch rounds, the call runs the torch
+    backend (`feedback_in_kernel`, `replay.state.chunked_backend`). A program holds all of K and 32 v
     columns, or the whole head where a copy's scale groups (column and dual-axis factors included), blocks along V or
     rotation runs along V span more; a head scale of a natural-basis format spans the head's programs where they can
     exchange its amax (`exchange_programs`: compiled code on a GPU holding every program of the launch at once), else
@@ -141,11 +182,8 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     """
     if p.dtype != torch.float32:
         raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
-    cfg = p.config
     dv = p.v.shape[-1]
-    whole_head = dv <= _MAX_HEAD_V
-    dims = (dv, p.k.shape[-1])  # (head_dim, d_state) of the [V, K] head
-    codecs = [tile_codec(fmt, whole_head, dims) for fmt in (cfg.recur_format, cfg.read_format)]
+    codecs = copy_codecs(p)
     head_scaled = any(c is not None and c.group == Group.HEAD for c in codecs)
     spans = any(c is not None and c.spans(_BV) and c.group != Group.HEAD for c in codecs)
     launch = chunked_launch_config(p.k.shape[-1], dv, spans)
@@ -158,6 +196,21 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     if not rounded:
         codecs = [FP32_CODEC] * 2
     return chunked(p, codecs[0], codecs[1], launch)
+
+
+def copy_codecs(p: Prepared) -> list[KernelCodec | None]:
+    """The codecs of (S_hi, S_lo) the loop rounds (`tile_codec` on the [V, K] head, whole in one program for
+    V <= 128), None for a copy torch rounds."""
+    dv = p.v.shape[-1]
+    return [tile_codec(fmt, dv <= _MAX_HEAD_V, (dv, p.k.shape[-1])) for fmt in (p.config.recur_format,
+                                                                                p.config.read_format)]
+
+
+def feedback_in_kernel(p: Prepared) -> bool:
+    """Whether the chunked kernels carry the call's error-feedback residuals: every copy that keeps one (`ef=`)
+    rounds in the loop (a copy torch rounds between launches would need its residual there too)."""
+    codecs = copy_codecs(p)
+    return all(codecs[copy] is not None for copy in feedback_copies(p.config))
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
@@ -178,7 +231,8 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     """Walk the segments in launches of `kernel` (the family's `_chunked_kernel`) over blocks of segments.
 
     inputs: the family's leading kernel arguments; the kernel then takes fold, last, the checkpoint index at the
-    block start, keys_hi, keys_lo, hi, lo, o, u, the exchange's slots and counters, NS, the block start, HV, K, V and
+    block start, keys_hi, keys_lo, hi, lo, the copies' error-feedback residuals (read and written in place where the
+    codec's `ef` says), o, u, the exchange's slots and counters, NS, the block start, HV, K, V and
     the shared constexprs; grid (v-blocks, value heads, sequences). A copy
     without an in-kernel store (codec None) makes every launch one segment: the kernel keeps that copy's FP32 fold and
     `round_folded` rounds it for the sequences that folded before the next launch (the next segment's u's and outputs
@@ -192,6 +246,8 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     keys_hi = sr_keys(cfg.seed, p.layer, p.seq_ids, RECUR_COPY)
     keys_lo = sr_keys(cfg.seed, p.layer, p.seq_ids, READ_COPY)
     outside = [(hi, cfg.recur_format, keys_hi)] if hi_codec is None else []  # (copy, format, keys) rounded by torch
+    # error-feedback residuals [B, HV, V, K], updated in place (`feedback_in_kernel`: every copy with one is in-loop)
+    res_hi, res_lo = (st.residual[copy].contiguous() if copy in st.residual else hi for copy in (RECUR_COPY, READ_COPY))
     if lo_codec is None and not cfg.shared:
         outside.append((lo, cfg.read_format, keys_lo))
     o_pad = torch.empty(bsz, nv, seg.num, lp, dv, device=p.q.device)
@@ -220,13 +276,13 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
         if programs > 1 and start:
             count.zero_()
         kernel[grid](
-            *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, o_pad, u_pad, exch, count,
+            *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, res_hi, res_lo, o_pad, u_pad, exch, count,
             seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
             HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_RANDOM=hi_codec.random,
-            HI_ROWS=hi_rows, HI_COLS=hi_cols, HI_AXIS=hi_axis, HI_ROT=hi_rot,
+            HI_ROWS=hi_rows, HI_COLS=hi_cols, HI_AXIS=hi_axis, HI_ROT=hi_rot, HI_EF=int(hi_codec.ef),
             LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_RANDOM=lo_codec.random,
-            LO_ROWS=lo_rows, LO_COLS=lo_cols, LO_AXIS=lo_axis, LO_ROT=lo_rot,
+            LO_ROWS=lo_rows, LO_COLS=lo_cols, LO_AXIS=lo_axis, LO_ROT=lo_rot, LO_EF=int(lo_codec.ef),
             PROGRAMS=programs, DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:
@@ -234,4 +290,7 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     o_seg = o_pad[..., : seg.length, :].movedim(1, 3)  # [B, NS, L, HV, V]
     u_seg = u_pad[..., : seg.length, :].movedim(1, 3)
     o_tok = o_seg.reshape(-1, nv, dv)[seg.tok_index.flatten()].view(bsz, seqlen, nv, dv)
+    for copy, res in zip((RECUR_COPY, READ_COPY), (res_hi, res_lo)):
+        if copy in st.residual:
+            st.residual[copy] = res
     return o_tok, state_after(p, seg, hi, lo, st.checkpoint + p.plan.num_folds, u_seg)

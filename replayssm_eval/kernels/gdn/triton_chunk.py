@@ -21,7 +21,8 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    or (axis=headdim) along V; nvfp4 with scale=row (|head|rowcol); mxfp8, mxfp4 and Pimba's mx8 / mx8sr along K or V
    (SR with any bits= and rounds=); and any of these with
    rot=hadamard:N (runs of N along K or V, N a power of two dividing that dim; `modelopt:int8-hadamard`); STEPQuant's
-   dualaxis along K or V. `rowcol`, `dualaxis`, tiles of more than 32 v rows and anything spanning more than one v
+   dualaxis along K or V; each with error feedback (ef=: the copy's residual loaded, fed into its rounding and
+   stored back, `delta.triton_chunk.round_copies`). `rowcol`, `dualaxis`, tiles of more than 32 v rows and anything spanning more than one v
    column along V (row scales, blocks, rotation runs with axis=headdim) need the whole head in one program (used when
    V <= 128); so does `head`, unless the head's 32-column programs exchange its amax at each fold
    (`head_exchange.exchange_programs`: on a GPU that holds every program of the launch at once).
@@ -42,7 +43,7 @@ from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared, keep_checkpoint
 from replayssm_eval.kernels.delta.chunked import Segments, pad_segments, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
-    forward_substitution, load_copies, round_copies,
+    forward_substitution, load_copies, load_residuals, round_copies, store_residuals,
 )
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
@@ -51,19 +52,23 @@ from replayssm_eval.replay.buffer_round import BUF_FP32
 @triton.jit
 def _chunked_kernel(
     k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr, exch_ptr, count_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, res_hi_ptr, res_lo_ptr, o_ptr, u_ptr,
+    exch_ptr, count_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
     HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr, HI_ROT: tl.constexpr,
+    HI_EF: tl.constexpr,
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
     LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
+    LO_EF: tl.constexpr,
     PROGRAMS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
     # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at
-    # the end; exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`head_exchange.shared_head_amax`)
+    # the end, and so are res_hi, res_lo, the copies' error-feedback residuals (HI_EF, LO_EF; else unread);
+    # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`head_exchange.shared_head_amax`)
     b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
     hv = tl.program_id(1)
     tile = tl.program_id(0)
@@ -74,6 +79,7 @@ def _chunked_kernel(
     kmask = ks < K
     bh = b * HV + hv
     state_idx, smask, elem, s_hi, s_lo = load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
+    e_hi, e_lo = load_residuals(res_hi_ptr, res_lo_ptr, state_idx, smask, SHARED, HI_EF, LO_EF)
     checkpoint = tl.load(ckpt_ptr + b)
     first = checkpoint
     key_hi = tl.load(key_hi_ptr + b)
@@ -121,16 +127,18 @@ def _chunked_kernel(
                 else:
                     folded = d_end * s_hi + dot(tl.trans(kd), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh,
-                                          tile, checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER,
-                                          HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND, LO_GROUP, LO_MAX,
-                                          LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
+                s_hi, s_lo, e_hi, e_lo = round_copies(
+                    folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, tile,
+                    checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS,
+                    HI_AXIS, HI_ROT, HI_EF, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS,
+                    LO_ROT, LO_EF, PROGRAMS, BK, BV)
             out = row[:, None] * V + vs[None, :]
             tl.store(o_ptr + out, o, mask=vmask[None, :])
             tl.store(u_ptr + out, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
     if not SHARED:
         tl.store(lo_ptr + state_idx, s_lo, mask=smask)
+    store_residuals(res_hi_ptr, res_lo_ptr, state_idx, smask, e_hi, e_lo, SHARED, HI_EF, LO_EF)
 
 
 def chunked_triton(p: Prepared, *, rounded: bool = True):

@@ -28,7 +28,7 @@ from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
-    forward_substitution, load_copies, round_copies,
+    forward_substitution, load_copies, load_residuals, round_copies, store_residuals,
 )
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
@@ -37,18 +37,22 @@ from replayssm_eval.replay.buffer_round import BUF_FP32
 @triton.jit
 def _chunked_kernel(
     u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr, a_ptr,
-    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, o_ptr, u_ptr, exch_ptr, count_ptr,
+    fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, res_hi_ptr, res_lo_ptr, o_ptr, u_ptr,
+    exch_ptr, count_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
     HI_RANDOM: tl.constexpr, HI_ROWS: tl.constexpr, HI_COLS: tl.constexpr, HI_AXIS: tl.constexpr, HI_ROT: tl.constexpr,
+    HI_EF: tl.constexpr,
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
     LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
+    LO_EF: tl.constexpr,
     PROGRAMS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
     # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
-    # hi, lo [B, HV, V, K] read at the start and written at the end. With a buffer dtype (BUF) u0, whi, wlo hold the
+    # hi, lo [B, HV, V, K] read at the start and written at the end, and so are res_hi, res_lo, the copies'
+    # error-feedback residuals (HI_EF, LO_EF; else unread). With a buffer dtype (BUF) u0, whi, wlo hold the
     # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `forward_substitution` (else unused);
     # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`head_exchange.shared_head_amax`)
     b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
@@ -61,6 +65,7 @@ def _chunked_kernel(
     kmask = ks < K
     bh = b * HV + hv
     state_idx, smask, elem, s_hi, s_lo = load_copies(hi_ptr, lo_ptr, b, hv, vs, ks, HV, K, V, SHARED)
+    e_hi, e_lo = load_residuals(res_hi_ptr, res_lo_ptr, state_idx, smask, SHARED, HI_EF, LO_EF)
     checkpoint = tl.load(ckpt_ptr + b)
     first = checkpoint
     key_hi = tl.load(key_hi_ptr + b)
@@ -101,15 +106,17 @@ def _chunked_kernel(
                 else:
                     folded = d_end[:, None] * s_hi + dot(tl.trans(k_end), u, DOT)
                 checkpoint += 1
-                s_hi, s_lo = round_copies(folded, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh,
-                                          tile, checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER,
-                                          HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, LO_KIND, LO_GROUP, LO_MAX,
-                                          LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
+                s_hi, s_lo, e_hi, e_lo = round_copies(
+                    folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, exch_ptr, count_ptr, bh, tile,
+                    checkpoint - first, SHARED, HI_KIND, HI_GROUP, HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS,
+                    HI_AXIS, HI_ROT, HI_EF, LO_KIND, LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS,
+                    LO_ROT, LO_EF, PROGRAMS, BK, BV)
             tl.store(o_ptr + rv, o, mask=vmask[None, :])
             tl.store(u_ptr + rv, u, mask=vmask[None, :])
     tl.store(hi_ptr + state_idx, s_hi, mask=smask)
     if not SHARED:
         tl.store(lo_ptr + state_idx, s_lo, mask=smask)
+    store_residuals(res_hi_ptr, res_lo_ptr, state_idx, smask, e_hi, e_lo, SHARED, HI_EF, LO_EF)
 
 
 def chunked_triton(p: Prepared, *, rounded: bool = True):
