@@ -147,6 +147,9 @@ def test_triton_paths_refuse_or_fall_back():
         o, st = FAMILIES["gdn"].chunked(q, k, v, g, beta, h0, "fp16/int8:scale=tensor,ef=fp32@1", backend="triton")
     o_ref, ref = FAMILIES["gdn"].chunked(q, k, v, g, beta, h0, "fp16/int8:scale=tensor,ef=fp32@1")
     assert torch.equal(o, o_ref) and torch.equal(st.residual[RECUR_COPY], ref.residual[RECUR_COPY])
+    rule = FAMILIES["gdn"].RULE
+    with pytest.raises(ValueError, match="do not carry the error-feedback residual of a copy torch rounds"):
+        rule.chunk.chunked_triton(rule.prepare(q, k, v, g, beta, h0, "fp16/int8:scale=tensor,ef=fp32@1"))
     with pytest.raises(ValueError, match="decode_step does not carry the error-feedback residuals"):
         FAMILIES["gdn"].decode_step_triton(q, k, v, g, beta, h0, "shared:int8:ef=bf16@4")
     with pytest.raises(ValueError, match="keeps error-feedback residuals"):

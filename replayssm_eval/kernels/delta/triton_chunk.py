@@ -182,6 +182,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     """
     if p.dtype != torch.float32:
         raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
+    if not feedback_in_kernel(p):
+        raise ValueError(f"the chunked Triton kernels do not carry the error-feedback residual of a copy torch rounds "
+                         f"between launches ({p.config.name!r}); accepted: backend='torch'")
     dv = p.v.shape[-1]
     codecs = copy_codecs(p)
     head_scaled = any(c is not None and c.group == Group.HEAD for c in codecs)
