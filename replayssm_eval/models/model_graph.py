@@ -85,10 +85,8 @@ class StaticDecoder:
         if not session.states or not all(isinstance(s, ReplayState) for s in session.states.values()):
             raise ValueError("a decoder continues rows whose SSM layers hold ReplayStates: run one decode step "
                              "after the prompt first")
-        width, batch = session.tokens, session.seq_ids.shape[0]
-        device = rm.model.device
-        mask = session.attention_mask
-        mask = torch.ones(batch, width, dtype=torch.long, device=device) if mask is None else mask.to(device)
+        width = session.tokens
+        mask = _token_mask(session, rm.model.device)
         decoder = cls.__new__(cls)
         decoder.ids, decoder.prompt_mask = None, None
         decoder._buffers(rm, session.config, session.seq_ids, mask, width + steps, graphs)
@@ -156,10 +154,8 @@ class StaticDecoder:
             raise ValueError(f"{len(slots)} places for the {session.seq_ids.shape[0]} rows of the session")
         if width > self.written or not self.session.static or set(self.session.static) != set(session.states):
             return False
-        device = self.attend.device
-        index = torch.tensor(slots, dtype=torch.long, device=device)
-        mask = session.attention_mask
-        mask = torch.ones(len(slots), width, dtype=torch.long, device=device) if mask is None else mask.to(device)
+        index = torch.tensor(slots, dtype=torch.long, device=self.attend.device)
+        mask = _token_mask(session, self.attend.device)
         start = self.written - width
         _rows_into_static(session.cache, self.session.cache, index, start, self.written)
         self.attend[index] = False
@@ -264,6 +260,14 @@ def _into_static(dynamic, static, width: int) -> None:
         elif not isinstance(dst, (LinearAttentionCacheLayerMixin, DummyLayer)):
             raise ValueError(f"cache layer {type(dst).__name__} has no fixed-buffer continuation here; "
                              "use step 'triton'")
+
+
+def _token_mask(session: ReplaySession, device) -> torch.Tensor:
+    """[B, T] int64 mask of a session's real tokens (1 everywhere where it has no attention mask), on device."""
+    mask = session.attention_mask
+    if mask is None:
+        return torch.ones(session.seq_ids.shape[0], session.tokens, dtype=torch.long, device=device)
+    return mask.to(device)
 
 
 def _rows_into_static(dynamic, static, index: torch.Tensor, start: int, end: int) -> None:

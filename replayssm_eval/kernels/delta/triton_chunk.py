@@ -182,11 +182,11 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     """
     if p.dtype != torch.float32:
         raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
-    if not feedback_in_kernel(p):
+    codecs = copy_codecs(p)
+    if not _carries_feedback(codecs, p.config):
         raise ValueError(f"the chunked Triton kernels do not carry the error-feedback residual of a copy torch rounds "
                          f"between launches ({p.config.name!r}); accepted: backend='torch'")
     dv = p.v.shape[-1]
-    codecs = copy_codecs(p)
     head_scaled = any(c is not None and c.group == Group.HEAD for c in codecs)
     spans = any(c is not None and c.spans(_BV) and c.group != Group.HEAD for c in codecs)
     launch = chunked_launch_config(p.k.shape[-1], dv, spans)
@@ -212,8 +212,12 @@ def copy_codecs(p: Prepared) -> list[KernelCodec | None]:
 def feedback_in_kernel(p: Prepared) -> bool:
     """Whether the chunked kernels carry the call's error-feedback residuals: every copy that keeps one (`ef=`)
     rounds in the loop (a copy torch rounds between launches would need its residual there too)."""
-    codecs = copy_codecs(p)
-    return all(codecs[copy] is not None for copy in feedback_copies(p.config))
+    return _carries_feedback(copy_codecs(p), p.config)
+
+
+def _carries_feedback(codecs: list[KernelCodec | None], config) -> bool:
+    """Whether every copy of `config` that keeps a residual has an in-loop codec among codecs (S_hi's, S_lo's)."""
+    return all(codecs[copy] is not None for copy in feedback_copies(config))
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
