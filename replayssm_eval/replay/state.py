@@ -135,12 +135,16 @@ def write_checkpoint_packed(
 
 def write_read_copy_packed(
     state: torch.Tensor, config: ReplayConfig, layer: int, seq_ids: torch.Tensor, checkpoint: torch.Tensor,
+    residual: dict[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, object]:
     """`write_checkpoint_packed`'s (S_lo, lo_packed) alone, the same bits, for a kernel that rounded S_hi itself (a
-    shared checkpoint's S_lo is S_hi, so then its copy); a config with error feedback is refused."""
-    refuse_feedback(config, "write_read_copy_packed")
+    shared checkpoint's S_lo is S_hi, so then its copy). residual: where that copy keeps an error-feedback residual,
+    {copy: its residual before this rounding [B, H, P, N]}, replaced by the rounding's (as `write_checkpoint`)."""
     fmt, copy = (config.recur_format, RECUR_COPY) if config.shared else (config.read_format, READ_COPY)
-    return _encode(state.float(), fmt, config.seed, layer, seq_ids, checkpoint, copy, None)
+    if fmt.feedback and residual is None:
+        raise ValueError(f"the read copy of {config.name!r} keeps an error-feedback residual (ef=) and "
+                         "write_read_copy_packed was given none; accepted: residual={copy: its residual}")
+    return _encode(state.float(), fmt, config.seed, layer, seq_ids, checkpoint, copy, residual)
 
 
 def _use_triton(state: torch.Tensor, fmt) -> bool:

@@ -18,11 +18,12 @@ from replayssm_eval.formats.device import (
     E2M1_F16_SCALE, e2m1_decode, e2m1_f16, e2m1_f16_hi, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, e5m2_fast,
 )
 from replayssm_eval.replay.config import ReplayConfig
+from replayssm_eval.replay.state import write_checkpoint
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
 from replayssm_eval.kernels.mamba2 import triton_chunk, triton_phases, triton_step
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 
-from tests.helpers.compare import assert_close, mostly_equal
+from tests.helpers.compare import assert_bits_equal, assert_close, mostly_equal
 from tests.helpers.device import TEST_DEVICE
 from tests.helpers.kernel_checks import triton_no_fallback
 from tests.helpers.mamba2 import mamba2_inputs, phased_state, sliced
@@ -290,6 +291,7 @@ def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     ("shared:fp8:scale=tile:32x0@1", 32), ("sglang:fp8", 32),  # scale tiles of 32 head_dim rows
     ("shared:int8sr:axis=headdim,scale=block:32@1", 32), ("shared:int8:axis=headdim,scale=block:64@1", None),
     ("shared:nvfp4:scale=rowcol@1", None), ("stepquant:dualaxis6", None),  # factors over the whole head
+    ("shared:int8:ef=fp32@1", 16), ("fp16/int8:scale=tensor,ef=fp32@1", None),  # error feedback: the residuals too
 ])
 def test_token_rows(text, rows):
     """Which one-token configs the token scan runs (programs of 16 head_dim rows, or 32 where a scale tile, block or
@@ -297,6 +299,44 @@ def test_token_rows(text, rows):
     config = ReplayConfig.parse(text)
     assert triton_chunk.token_scan_rows(config, (80, 128), 1) == rows
     assert triton_chunk.token_scan_rows(config, (80, 128), 2) is None
+
+
+@pytest.mark.parametrize("text, pre, tokens", [
+    ("fp16sr:ef=bf16/int8:ef=fp32@4", [5, 6], 3),  # each copy its own residual, in BF16 and FP32
+    ("nvfp4:ef=fp32/fp16sr@4", [5, 6], 3),  # a head-scaled read copy with feedback: the one loop, not the phases
+    ("int8:scale=tensor/fp16sr:ef=bf16@4", [5, 6], 3),  # the read copy rounded by torch after the kernel
+    ("fp8:ef=bf16/int8:scale=tensor@4", [5, 6], 3),  # the recurrence copy rounded by torch between one-segment launches
+    ("shared:int8:ef=fp32@1", [1, 2], 1),  # one-token windows: the token scan, residuals in registers
+    ("nvfp4:scale=row,ef=bf16/dualaxis:axis=dstate,ef=fp32@1", [1, 2], 1),  # the one loop's whole-head programs
+])
+def test_chunked_triton_feedback_rounds_fold_plus_residual(text, pre, tokens, device, monkeypatch):
+    """A copy with error feedback (`ef=`) rounds fold + residual in the kernel and keeps the new residual. Each
+    sequence folds once in the call, from residuals its prefill left (not zero): both copies and residuals are
+    write_checkpoint of the kernel's own FP32 fold with the starting residuals, bit for bit, and the packed read
+    copy decodes to S_lo; against the torch chunked form to FP32 flips."""
+    config = ReplayConfig.parse(text)
+    inputs = tuple(t.to(device) for t in _small(tokens=max(pre) + tokens))
+    state = _phased(inputs, config, pre, device)
+    assert triton_chunk.feedback_in_kernel(config, state.hi.shape[2:])
+    assert not triton_chunk.runs_in_phases(config, state.hi.shape[2:])
+    residual = {copy: t.clone() for copy, t in state.residual.items()}
+    assert residual and all(t.abs().max() > 0 for t in residual.values())
+    folds = []
+    packed = triton_chunk.write_read_copy_packed
+    monkeypatch.setattr(triton_chunk, "write_read_copy_packed", lambda fold, *a: folds.append(fold) or packed(fold, *a))
+    main = sliced(inputs, max(pre), max(pre) + tokens)[:6]
+    y, st = triton_no_fallback(chunked, *main, state, config)
+    assert torch.equal(st.checkpoint, state.checkpoint + 1) and len(folds) == 1
+    hi, lo = write_checkpoint(folds[0], config, 0, st.seq_ids, st.checkpoint, residual)
+    assert_bits_equal(st.hi, hi)
+    assert_bits_equal(st.lo, lo)
+    for copy, want in residual.items():
+        assert_bits_equal(st.residual[copy], want)
+    assert torch.equal(config.read_format.decode(st.lo_packed), st.lo)
+    y_ref, st_ref = chunked(*main, state, config)
+    assert_close("y", y_ref, y, 1e-5, flips=0.01)
+    for copy in residual:  # a residual holds its fold's FP32 noise: the noise of the state, not of the residual
+        mostly_equal(f"residual[{copy}]", st_ref.residual[copy], st.residual[copy], noise=1e-5 * st_ref.hi.abs().max())
 
 
 def test_rotation_runs_that_do_not_tile_head_dim_are_refused(device):

@@ -28,8 +28,9 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
   (`_read_outside`). A recurrence copy or shared checkpoint feeds the next segment, so the kernel
   runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
-  folded before the next launch (`_scan`). FP64 compute, and error feedback (ef=, the one option without a kernel
-  codec), fall back to the torch backend, with a warning.
+  folded before the next launch (`_scan`). Error feedback (ef=) rounds fold + residual in the one loop and the token
+  scan, the residuals read and written in place (`feedback_in_kernel`; not in the phases); FP64 compute, and a copy
+  with feedback that torch rounds, fall back to the torch backend, with a warning.
 The kernel computes in FP32 (`tile_dot.dot`; one-token windows take one row, not 16): the fold in FP32 FMAs
 (input_precision "ieee"), so the stored copies' bits do not depend on the launch; a segment's products over d_state
 (B . C and the checkpoint terms) as three TF32 tensor-core products ("tf32x3", FP32-level error), read from memory
@@ -46,7 +47,9 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
-from replayssm_eval.formats.device import GROUP_HEAD, quantize_tile, round_state_tile, state_bits
+from replayssm_eval.formats.device import (
+    GROUP_HEAD, RESIDUAL_NONE, feedback_residual, quantize_tile, round_state_tile, state_bits,
+)
 from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
@@ -58,7 +61,9 @@ from replayssm_eval.kernels.tile_dot import add_dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
-from replayssm_eval.replay.state import ReplayState, encode_keyed, round_folded, write_read_copy_packed
+from replayssm_eval.replay.state import (
+    ReplayState, encode_keyed, feedback_copies, round_folded, write_read_copy_packed,
+)
 
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
 
@@ -81,18 +86,32 @@ def _round_copy(folded, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.const
 
 
 @triton.jit
+def _feedback_target(folded, res_ptr, res_pre_ptr, off, mask, EF: tl.constexpr, PACKED: tl.constexpr):
+    """What a copy rounds from the fold tile: folded plus its error-feedback residual (EF: `Residual`), kept in
+    res_pre too where the copy is the packed one (PACKED), for `write_read_copy_packed`; folded without feedback."""
+    target = folded
+    if EF != RESIDUAL_NONE:
+        e = tl.load(res_ptr + off, mask=mask, other=0.0)
+        if PACKED:
+            tl.store(res_pre_ptr + off, e, mask=mask)
+        target = folded + e
+    return target
+
+
+@triton.jit
 def _chunk_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # padded segment grid: [B, S, L, H, P], [B, S, L, G, N] x2, [B, S, L, H], [B, S, L], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,
     out_ptr, g_lo_ptr,  # LO_OUTSIDE: folds [B, SLOTS, H, P, N] (segment s in slot s - OUT0 + 1), g_read [B, S, L, H]
     exch_ptr, count_ptr, ticket_ptr,  # PROGRAMS > 1: [B * H, 2, PROGRAMS], [B * H] (`shared_head_amax`); [1]
+    res_hi_ptr, res_lo_ptr, res_pre_ptr,  # error-feedback residuals [B, H, P, N] in place; the packed copy's before the newest fold
     S, S0, S1, OUT0, SLOTS, L, H, P, N, G, HPG, TILES, skip,  # this launch runs segments [S0, S1) of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
     RECUR_ROT: tl.constexpr,
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
     READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
-    READ_ROT: tl.constexpr,
+    READ_ROT: tl.constexpr, RECUR_EF: tl.constexpr, READ_EF: tl.constexpr,
     SHARED: tl.constexpr, LO_OUTSIDE: tl.constexpr, SKIP: tl.constexpr, DOT: tl.constexpr, READ_DOT: tl.constexpr,
     BUF: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     CHUNK_N: tl.constexpr,
@@ -141,27 +160,35 @@ def _chunk_scan_kernel(
             tl.debug_barrier()  # the fold's chunks come back through other threads
             folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
             counter = ((ck + s + 1) << 32) + elem
-            hi, rnd = _round_copy(folded, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
+            target = _feedback_target(folded, res_hi_ptr, res_pre_ptr, state_off, mask_s, RECUR_EF, SHARED)
+            hi, rnd = _round_copy(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
                                   exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
                                   RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
+            if RECUR_EF != RESIDUAL_NONE:
+                tl.store(res_hi_ptr + state_off, feedback_residual(target, hi, RECUR_EF), mask=mask_s)
             if LO_OUTSIDE:
                 slot = b.to(tl.int64) * SLOTS + s - OUT0 + 1
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif not SHARED:
-                lo, rnd = _round_copy(folded, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
+                target = _feedback_target(folded, res_lo_ptr, res_pre_ptr, state_off, mask_s, READ_EF, True)
+                lo, rnd = _round_copy(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
                                       exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
                                       READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
+                if READ_EF != RESIDUAL_NONE:
+                    tl.store(res_lo_ptr + state_off, feedback_residual(target, lo, READ_EF), mask=mask_s)
                 tl.store(lo_ptr + state_off, lo, mask=mask_s)
             tl.store(hi_ptr + state_off, hi, mask=mask_s)
             tl.debug_barrier()  # the next segment reads the copies back through other threads
         s += 1
 
 
-def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases, outside=None):
+def _chunk_scan(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs, span, phases, outside=None):
     """The segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds): in phases given the call's
     `PhaseState` (a head-scaled read copy, `triton_phases.phased`; lo, the S_lo given, is then read only), else
     (phases None) in one loop over the segments. hi, lo ([B, H, P, N] fp32), pre (the FP32 pre-image of the newest
-    fold) and y (the [B, S, L, H, P] output grid) are updated in place.
+    fold) and y (the [B, S, L, H, P] output grid) are updated in place; so are res = (res_hi, res_lo, res_pre), the
+    copies' error-feedback residuals [B, H, P, N] where their codecs' `ef` says and the packed copy's residual before
+    the newest fold (the one loop only: `feedback_in_kernel` keeps configs with feedback out of the phases).
 
     outside: None (both copies rounded in the loop),
     or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read copy rounded after the kernel: tokens that read
@@ -196,8 +223,9 @@ def _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span,
     count = torch.zeros(batch * H + 1, dtype=torch.int32, device=hi.device)  # the exchange's counters, the ticket
     _chunk_scan_kernel[(batch * H * tiles,)](
         px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, out, g_lo, exch, count, count[-1:],
-        S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, tiles, float(skip or 0.0),
-        **recur.constexprs("RECUR"), **read.constexprs("READ"), SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None, BUF=buffer_kind(config),
+        *res, S, span[0], span[1], first, out.shape[1], L, H, P, N, G, H // G, tiles, float(skip or 0.0),
+        **recur.constexprs("RECUR"), **read.constexprs("READ"), RECUR_EF=int(recur.ef), READ_EF=int(read.ef),
+        SHARED=config.shared, LO_OUTSIDE=outside is not None, SKIP=skip is not None, BUF=buffer_kind(config),
         PROGRAMS=programs, BLOCK_L=window_rows(L), BLOCK_P=block_p, BLOCK_N=block_n,
         CHUNK_N=min(CHUNK_COLUMNS, block_n),
         DOT=launch["DOT"], READ_DOT=launch["READ_DOT"], num_warps=launch["num_warps"], maxnreg=launch["maxnreg"],
@@ -231,8 +259,18 @@ def _launched(codecs: tuple) -> tuple[KernelCodec, KernelCodec]:
 
 def runs_in_phases(config, dims: tuple[int, int]) -> bool:
     """Whether a call of `config` on states of dims (head_dim, d_state) runs in `triton_phases`' phases (a head-scaled
-    read copy beside a recurrence copy the loop rounds or torch does), else in the one loop."""
-    return phased(_launched(_codecs(config, dims)), config.shared)
+    read copy beside a recurrence copy the loop rounds or torch does), else in the one loop. A config with error
+    feedback takes the one loop: the phases round the read copies with head amaxes of the folds, not of fold plus
+    residual, and carry no residual."""
+    return not feedback_copies(config) and phased(_launched(_codecs(config, dims)), config.shared)
+
+
+def feedback_in_kernel(config, dims: tuple[int, int]) -> bool:
+    """Whether the chunked kernels carry the error-feedback residuals of a call of `config` on states of dims
+    (head_dim, d_state): every copy that keeps one (`ef=`) rounds in the loop (a copy torch rounds between launches or
+    after the kernel would need its residual there; `replay.state.chunked_backend` then runs the torch backend)."""
+    codecs = dict(zip((RECUR_COPY, READ_COPY), _codecs(config, dims)))
+    return all(codecs[copy] is not None for copy in feedback_copies(config))
 
 
 def token_scan_rows(config, dims: tuple[int, int], length: int) -> int | None:
@@ -243,7 +281,7 @@ def token_scan_rows(config, dims: tuple[int, int], length: int) -> int | None:
     return token_rows((recur,) if config.shared else (recur, read)) if length == 1 else None
 
 
-def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, phases, outside=None) -> None:
+def _scan(grid, A, hi, lo, pre, res, y, inp: Inputs, seg, keys, codecs, span, phases, outside=None) -> None:
     """`_chunk_scan` over span. A recurrence copy the loop cannot round (codecs[0] None) takes one launch per segment
     that keeps the FP32 fold in S_hi, which `round_folded` rounds for the sequences that folded before the next
     launch (exactly `write_checkpoint`'s rounding; a shared checkpoint's S_lo is the same tensor)."""
@@ -251,14 +289,15 @@ def _scan(grid, A, hi, lo, pre, y, inp: Inputs, seg, keys, codecs, span, phases,
     checkpoint = state.checkpoint.contiguous()
     recur, read = codecs
     if recur is not None:
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases, outside)
+        _chunk_scan(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs, span, phases, outside)
         return
     for s in range(*span):
-        _chunk_scan(grid, A, hi, lo, pre, y, checkpoint, keys, config, _launched(codecs), (s, s + 1), phases, outside)
+        _chunk_scan(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, _launched(codecs), (s, s + 1), phases,
+                    outside)
         round_folded(hi, config.recur_format, keys[:, 0], checkpoint + s + 1, seg.folds[:, s], seg.folds_host[s])
 
 
-def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
+def _read_outside(grid, A, hi, pre, res, y, inp: Inputs, seg, keys, recur) -> None:
     """Split config whose read format the loop cannot round (tensor scale, non-power-of-two tiles, no kernel codec):
     exact in two passes, because S_lo never feeds the fold. Per block of segments: (1) the kernel reads S_hi only,
     rounds S_hi (`_scan`) and stores every FP32 fold; (2) torch rounds the block's folds to S_lo at once
@@ -278,7 +317,8 @@ def _read_outside(grid, A, hi, pre, y, inp: Inputs, seg, keys, recur) -> None:
     for s0 in range(0, S, block):
         s1 = min(S, s0 + block)
         k = s1 - s0
-        _scan(grid, A, hi, hi, pre, y, inp, seg, keys, (recur, FP32_CODEC), (s0, s1), None, outside=(out, g_lo, s0))
+        _scan(grid, A, hi, hi, pre, res, y, inp, seg, keys, (recur, FP32_CODEC), (s0, s1), None,
+              outside=(out, g_lo, s0))
         fold = seg.folds[:, s0:s1]  # [B, k]
         if any(any(f) for f in seg.folds_host[s0:s1]):
             new = out[:, 1:k + 1]  # [B, k, H, P, N]
@@ -318,30 +358,38 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     in_phases = rows is None and runs_in_phases(config, (head_dim, d_state))
     lo_by_torch = read_outside or in_phases  # the last S_lo from torch (the phases round it for the segments' reads)
     lo = hi if config.shared else state.lo.clone().contiguous()  # updated in place where the loop rounds it
+    # error-feedback residuals (`feedback_in_kernel`: of copies the kernels round), updated in place; the packed
+    # copy's residual before the newest fold, for its encoding below
+    residual = {copy: t.contiguous() for copy, t in state.residual.items()}
+    packed_copy = RECUR_COPY if config.shared else READ_COPY
+    res = (residual.get(RECUR_COPY, hi), residual.get(READ_COPY, hi),
+           torch.zeros_like(hi) if packed_copy in residual else hi)
+    packed_residual = lambda index: {packed_copy: res[2][index]} if packed_copy in residual else None  # noqa: E731
     if read_outside:
-        _read_outside(grid, A, hi, pre, y_grid, inp, seg, keys, recur)
+        _read_outside(grid, A, hi, pre, res, y_grid, inp, seg, keys, recur)
     elif rows is not None:  # one-token windows whose copies round in 16-row programs: the state in registers
-        scan_tokens(grid, A, hi, lo, pre, y_grid, state.checkpoint.contiguous(), keys, config, _launched((recur, read)),
-                    rows)
+        scan_tokens(grid, A, hi, lo, pre, res, y_grid, state.checkpoint.contiguous(), keys, config,
+                    _launched((recur, read)), rows)
     else:
         phases = PhaseState(seg.num_folds, seg.segments, heads) if in_phases else None
-        _scan(grid, A, hi, lo, pre, y_grid, inp, seg, keys, (recur, read), (0, seg.segments), phases)
+        _scan(grid, A, hi, lo, pre, res, y_grid, inp, seg, keys, (recur, read), (0, seg.segments), phases)
     y = torch.gather(y_grid.view(batch, -1, heads, head_dim), 1, seg.index[..., None, None].expand(-1, -1, heads, head_dim))
     y = y + inp.D[:, None] * inp.x_skip
     packed = state.lo_packed
     rows = [b for b, folds in enumerate(seg.folds_host[0]) if folds]  # sequences that wrote a checkpoint
     if len(rows) == batch:  # no selection: seq_ids stays the tensor whose keys `sr_keys` remembers
         new_lo, packed = write_read_copy_packed(pre, config, state.layer, state.seq_ids,
-                                                state.checkpoint + seg.num_folds)
+                                                state.checkpoint + seg.num_folds, packed_residual(slice(None)))
         if lo_by_torch:
             lo = new_lo
     elif rows:
         index = torch.tensor(rows).to(hi.device, non_blocking=True)
         new_lo, new_packed = write_read_copy_packed(pre[index], config, state.layer, state.seq_ids[index],
-                                                    (state.checkpoint + seg.num_folds)[index])
+                                                    (state.checkpoint + seg.num_folds)[index], packed_residual(index))
         packed = merge_packed(packed, new_packed, index, batch)
         if lo_by_torch:
             lo[index] = new_lo
     buffer = seg.new_buffers({"x": inp.x, "B": inp.B, "dt": inp.dt}, state.buffer, after.count)
-    out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed)
+    out = ReplayState(hi, lo, buffer, after, state.checkpoint + seg.num_folds, state.seq_ids, state.layer, packed,
+                      residual)
     return y.to(inp.out_dtype), out

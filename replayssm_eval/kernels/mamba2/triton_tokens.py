@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import KernelCodec
-from replayssm_eval.formats.device import round_state_tile, state_bits
+from replayssm_eval.formats.device import RESIDUAL_NONE, feedback_residual, round_state_tile, state_bits
 from replayssm_eval.kernels.mamba2.triton_phases import PROGRAM_ROWS, fold_weights
 from replayssm_eval.kernels.tile_dot import add_dot
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -46,13 +46,14 @@ def _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, s, S, H
 def _token_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # the grid of one-entry segments: [B, S, 1, H, P], [B, S, 1, G, N] x2, [B, S, 1, H], [B, S, 1], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,  # [H]; S_hi, S_lo, the newest pre-image [B, H, P, N] (in place: pre at the last fold); y [B, S, 1, H, P]; [B]; [B, 2]
+    res_hi_ptr, res_lo_ptr, res_pre_ptr,  # error-feedback residuals [B, H, P, N] in place; the packed copy's before the last fold
     S, H, P, N, G, HPG, skip,
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
     RECUR_ROT: tl.constexpr,
     READ: tl.constexpr, READ_GROUP: tl.constexpr, READ_MAX: tl.constexpr, READ_ORDER: tl.constexpr,
     READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
-    READ_ROT: tl.constexpr,
+    READ_ROT: tl.constexpr, RECUR_EF: tl.constexpr, READ_EF: tl.constexpr,
     SHARED: tl.constexpr, SKIP: tl.constexpr, BUF: tl.constexpr, DOT: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -74,6 +75,12 @@ def _token_scan_kernel(
     lo = hi
     if not SHARED:
         lo = tl.load(lo_ptr + seq + elem, mask=mask_s, other=0.0)
+    e_hi = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)  # the copies' error-feedback residuals, zero without
+    e_lo = e_hi
+    if RECUR_EF != RESIDUAL_NONE:
+        e_hi = tl.load(res_hi_ptr + seq + elem, mask=mask_s, other=0.0)
+    if (READ_EF != RESIDUAL_NONE) and (not SHARED):
+        e_lo = tl.load(res_lo_ptr + seq + elem, mask=mask_s, other=0.0)
     following = _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, 0, S, H, P, N, G, h, g, offs_p,
                               offs_n)
     s = 0
@@ -102,18 +109,36 @@ def _token_scan_kernel(
             pre = add_dot(g_seg * hi, xt, keys, DOT)
             if following[5] == 0:  # the next token does not fold: this is the call's newest pre-image
                 tl.store(pre_ptr + seq + elem, pre, mask=mask_s)
+                if SHARED and (RECUR_EF != RESIDUAL_NONE):  # and the packed copy's residual before it
+                    tl.store(res_pre_ptr + seq + elem, e_hi, mask=mask_s)
+                if (not SHARED) and (READ_EF != RESIDUAL_NONE):
+                    tl.store(res_pre_ptr + seq + elem, e_lo, mask=mask_s)
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_state_tile(pre, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
+            target = pre
+            if RECUR_EF != RESIDUAL_NONE:
+                target = pre + e_hi
+            hi = round_state_tile(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                                   RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                                   BLOCK_P, BLOCK_N)
+            if RECUR_EF != RESIDUAL_NONE:
+                e_hi = feedback_residual(target, hi, RECUR_EF)
             if not SHARED:  # a shared checkpoint's outputs read hi only
-                lo = round_state_tile(pre, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
+                target = pre
+                if READ_EF != RESIDUAL_NONE:
+                    target = pre + e_lo
+                lo = round_state_tile(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
                                       READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
                                       BLOCK_P, BLOCK_N)
+                if READ_EF != RESIDUAL_NONE:
+                    e_lo = feedback_residual(target, lo, READ_EF)
         s += 1
     tl.store(hi_ptr + seq + elem, hi, mask=mask_s)
     if not SHARED:
         tl.store(lo_ptr + seq + elem, lo, mask=mask_s)
+    if RECUR_EF != RESIDUAL_NONE:
+        tl.store(res_hi_ptr + seq + elem, e_hi, mask=mask_s)
+    if (READ_EF != RESIDUAL_NONE) and (not SHARED):
+        tl.store(res_lo_ptr + seq + elem, e_lo, mask=mask_s)
 
 
 def token_rows(codecs: tuple[KernelCodec, ...]) -> int | None:
@@ -138,11 +163,12 @@ def token_launch_config(stochastic: bool, rows: int) -> dict:
     return {"num_warps": 8 * rows // PROGRAM_ROWS, "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
 
 
-def scan_tokens(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs: tuple[KernelCodec, KernelCodec],
+def scan_tokens(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs: tuple[KernelCodec, KernelCodec],
                 rows: int) -> None:
     """Every one-token segment of `grid` = (px, pB, pC, pdt, read_hi, folds) in one launch of programs of `rows`
-    head_dim rows (`token_rows`). hi, lo (S_lo; the same tensor for a shared checkpoint) and pre ([B, H, P, N] fp32)
-    and the y grid [B, S, 1, H, P] are updated in place."""
+    head_dim rows (`token_rows`). hi, lo (S_lo; the same tensor for a shared checkpoint) and pre ([B, H, P, N] fp32),
+    res = (res_hi, res_lo, res_pre) (the copies' error-feedback residuals where their codecs' `ef` says, and the
+    packed copy's before the last fold) and the y grid [B, S, 1, H, P] are updated in place."""
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
@@ -151,9 +177,10 @@ def scan_tokens(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs: tuple
     skip = config.skip_read_below
     launch = token_launch_config(recur.stochastic or read.stochastic, rows)  # a shared checkpoint's read codec is its own
     _token_scan_kernel[(triton.cdiv(P, rows), batch * H)](
-        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, S, H, P, N, G, H // G,
+        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, *res, S, H, P, N, G, H // G,
         float(skip or 0.0),
-        **recur.constexprs("RECUR"), **read.constexprs("READ"), SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=rows,
+        **recur.constexprs("RECUR"), **read.constexprs("READ"), RECUR_EF=int(recur.ef), READ_EF=int(read.ef),
+        SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=rows,
         BLOCK_N=max(16, triton.next_power_of_2(N)), num_warps=launch["num_warps"],
         maxnreg=launch["maxnreg"],
     )
