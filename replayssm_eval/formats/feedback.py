@@ -7,7 +7,7 @@ rounding in the stated precision, and adds it to the state before the next round
 
 all in FP32, `precision` rounding to nearest even (bf16) or keeping FP32. The format itself rounds as its
 inner format; the residual lives with the stored state (`replay.state`), which applies the rule above at
-every checkpoint write (the delta-rule chunked kernels in their loop: `kernel_codec`'s `ef`). The residual counts in
+every checkpoint write (the chunked kernels in their loop: `kernel_codec`'s `ef`). The residual counts in
 the bytes of a state (2 or 4 per element).
 """
 

@@ -1,9 +1,9 @@
 """Static one-token decode step: every stored tensor preallocated and updated in place, no host sync.
 
 `StaticState` holds one SSM layer's ReplayState in fixed buffers: the recurrence copy S_hi, the
-read copy S_lo and its packed encoding, the ring buffer, and per row the window phase (`count`),
-the checkpoint index and the Philox keys of both copies (computed on the device from the
-sequence ids, `replay.device_keys`). `step(...)` decodes one token for every row with the
+read copy S_lo and its packed encoding, the copies' error-feedback residuals (`ef=`), the ring
+buffer, and per row the window phase (`count`), the checkpoint index and the Philox keys of both
+copies (computed on the device from the sequence ids, `replay.device_keys`). `step(...)` decodes one token for every row with the
 family's fixed-buffer step (`KernelFamily.fixed_step`: its single-token Triton kernel) and
 leaves the state where the family's `decode_step` would leave it, bit for bit (docs/semantics.md,
 decode semantics).
@@ -49,7 +49,7 @@ configs and FP64 are refused (`check_static_config`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,7 +63,7 @@ from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, ROUND_TRIP_COPY
 from replayssm_eval.replay.schedule import ScheduleState
-from replayssm_eval.replay.state import ReplayState, encode_keyed
+from replayssm_eval.replay.state import ReplayState, encode_keyed, encode_target
 
 
 def folds_of(counts: list[int], window: int) -> str:
@@ -118,7 +118,8 @@ class StaticState:
     fold_out: [B, H, P, N] fp32, the FP32 fold the kernel writes for folding rows (hi itself with an
     FP32 recurrence copy);
     host_count: count as host ints, advanced arithmetically (never read from the device);
-    trips: the round trips inside the decode (None: the config has none, or they are taken elsewhere).
+    trips: the round trips inside the decode (None: the config has none, or they are taken elsewhere);
+    residual: the error-feedback residuals {copy: [B, H, P, N] fp32} of the copies that keep one (`ef=`).
     """
 
     family: str
@@ -135,6 +136,7 @@ class StaticState:
     fold_out: torch.Tensor
     host_count: list[int]
     trips: Trips | None = None
+    residual: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_replay_state(cls, family: str, state: ReplayState, packed: PackedState, config: ReplayConfig,
@@ -169,13 +171,13 @@ class StaticState:
         return cls(family, config, state.layer, hi, lo, packed, {k: v.contiguous().clone() for k, v in state.buffer.items()},
                    state.schedule.count.clone(), state.checkpoint.clone(), seq_ids, keys,
                    hi if in_place else torch.zeros_like(hi) if fold_out is None else fold_out,
-                   list(host_count), trips)
+                   list(host_count), trips, {copy: own(t) for copy, t in state.residual.items()})
 
     def put_rows(self, slots: list[int], state: ReplayState, host_count: list[int],
                  positions: list[int] | None = None) -> None:
         """Rows `slots` take over the n sequences of `state` (this layer's ReplayState with its packed read copy,
-        e.g. a session's after its first decode step), in place: both stored copies, the packed copy, the ring, the
-        window phase (host_count: state's count as host ints), the checkpoint index, the seq_ids and their Philox
+        e.g. a session's after its first decode step), in place: both stored copies, their error-feedback residuals,
+        the packed copy, the ring, the window phase (host_count: state's count as host ints), the checkpoint index, the seq_ids and their Philox
         keys; with round trips inside the decode, each row's position (a round trip due there comes first at the
         next step, as `from_replay_state` has it for a continued state). The buffers keep their addresses, so a CUDA
         graph that steps them stays valid."""
@@ -184,6 +186,8 @@ class StaticState:
         put(self.hi, state.hi)
         if self.lo is not self.hi:
             put(self.lo, state.lo)
+        for copy, t in self.residual.items():
+            put(t, state.residual[copy])
         for name in ("data", "scales", "global_scale"):
             old = getattr(self.packed, name)
             if old is not None and old is not self.hi:  # an FP32 shared copy encodes as S_hi itself
@@ -228,7 +232,8 @@ class StaticState:
         """A ReplayState over these buffers (views, not copies: it follows every later step)."""
         zeros = torch.zeros_like(self.count)
         schedule = ScheduleState(self.count, zeros, torch.zeros_like(self.count, dtype=torch.bool), zeros)
-        return ReplayState(self.hi, self.lo, self.buffer, schedule, self.checkpoint, self.seq_ids, self.layer, self.packed)
+        return ReplayState(self.hi, self.lo, self.buffer, schedule, self.checkpoint, self.seq_ids, self.layer, self.packed,
+                           self.residual)
 
     def step(self, inputs: tuple, folds: str, trips: bool = False) -> torch.Tensor:
         """`step_device`, then advance the host values: one decode token of every row."""
@@ -299,14 +304,22 @@ class StaticState:
                packed: PackedState | None) -> None:
         """Encode fold_out's rows `rows` (None: all) in `fmt` with copy `copy`'s Philox keys into `packed`'s fields
         (None: the encoding is not kept) and its decoding into `decoded`, in place: one Triton launch where
-        `encode_triton` covers the format (`packed_codec`), else torch's encode, decode and selects."""
+        `encode_triton` covers the format (`packed_codec`), else torch's encode, decode and selects. A copy with
+        error feedback rounds fold_out plus its residual and keeps the new residual (as `write_checkpoint`)."""
         keys = self.keys[copy] if fmt.is_stochastic else None
-        codec = packed_codec(fmt)
+        codec = packed_codec(fmt)  # None with feedback: `KernelCodec.packed`
         if codec is not None and (rows is None or codec.group != Group.TENSOR):
             encode_triton(self.fold_out, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
             return
-        new = encode_keyed(self.fold_out, fmt, keys, checkpoint)
-        _put(decoded, fmt.decode(new), rows)
+        if fmt.feedback:
+            target = self.fold_out + self.residual[copy]
+            new = encode_target(target, fmt, keys, checkpoint)
+            stored = fmt.decode(new)
+            _put(self.residual[copy], fmt.residual(target, stored), rows)
+        else:
+            new = encode_keyed(self.fold_out, fmt, keys, checkpoint)
+            stored = fmt.decode(new)
+        _put(decoded, stored, rows)
         for name in ("data", "scales", "global_scale") if packed is not None else ():
             old = getattr(packed, name)
             if old is not None:

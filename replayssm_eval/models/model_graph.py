@@ -315,4 +315,5 @@ def _state_rows(state: ReplayState, index: torch.Tensor) -> ReplayState:
     schedule = dataclasses.replace(state.schedule, **{f.name: pick(getattr(state.schedule, f.name))
                                                       for f in dataclasses.fields(state.schedule)})
     return ReplayState(pick(state.hi), pick(state.lo), {k: pick(v) for k, v in state.buffer.items()}, schedule,
-                       pick(state.checkpoint), pick(state.seq_ids), state.layer, packed)
+                       pick(state.checkpoint), pick(state.seq_ids), state.layer, packed,
+                       {copy: pick(t) for copy, t in state.residual.items()})

@@ -19,7 +19,7 @@ import torch
 
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.round_trip import round_trip
-from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed, zero_residual
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_in_place
 from replayssm_eval.models.session import ReplaySession, at_least_fp32
 
@@ -104,9 +104,10 @@ class StaticStepSession(ReplaySession):
                 initial = round_trip(family, inputs, at_least_fp32(initial), self.config, layer_idx, seq_ids, rows)
         state = family.replay_state(inputs, initial, self.config, layer_idx, seq_ids)
         packed = state.lo_packed
-        if not isinstance(initial, ReplayState):  # the anchor: checkpoint 0's packed read copy
-            packed = write_checkpoint_packed(family.stored_layout(initial).float(), self.config, layer_idx, seq_ids,
-                                             state.checkpoint)[2]
+        if not isinstance(initial, ReplayState):  # the anchor: checkpoint 0's packed read copy, from zero residuals
+            anchor_state = family.stored_layout(initial).float()
+            packed = write_checkpoint_packed(anchor_state, self.config, layer_idx, seq_ids, state.checkpoint,
+                                             zero_residual(self.config, tuple(anchor_state.shape), device))[2]
         if packed is None:
             raise ValueError(f"layer {layer_idx}'s carried state has no packed read copy; the static step starts from "
                              "the FP32 anchor or a state written by the decode step")

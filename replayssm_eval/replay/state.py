@@ -74,14 +74,6 @@ def chunked_backend(config: ReplayConfig, backend: str, family: str, carried: bo
     return backend
 
 
-def refuse_feedback(config: ReplayConfig | str, path: str) -> None:
-    """A one-line ValueError where `path` (a Triton step) is asked to run a config with error feedback."""
-    config = config if isinstance(config, ReplayConfig) else ReplayConfig.parse(config)
-    if feedback_copies(config):
-        raise ValueError(f"{path} does not carry the error-feedback residuals (ef=) of {config.name!r}; accepted: the "
-                         "torch kernels (chunked with backend='torch', decode_reference)")
-
-
 def zero_residual(config: ReplayConfig, shape: tuple[int, ...], device) -> dict[int, torch.Tensor]:
     """The residuals before a copy's first rounding: zeros [B, H, P, N] for each copy with feedback."""
     return {copy: torch.zeros(shape, device=device) for copy in feedback_copies(config)}
@@ -168,11 +160,17 @@ def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy, residual):
 
 def encode_keyed(state, fmt, keys, checkpoint):
     """`_encode` with the copy's Philox keys given ([B] int64 `sr_keys`, None for deterministic formats); a format
-    with error feedback is refused (the residual is `write_checkpoint`'s)."""
+    with error feedback is refused (the residual is `write_checkpoint`'s, or see `encode_target`)."""
     if fmt.feedback:
         raise ValueError(f"state format '{fmt.name}' keeps an error-feedback residual that this path does not carry; "
                          "accepted: the torch kernels (backend='torch', the chunked or reference engine)")
     return _encode_keyed(state, fmt, keys, checkpoint)
+
+
+def encode_target(target, fmt, keys, checkpoint):
+    """`encode_keyed` of a rounding target that holds the copy's error-feedback residual already (state + e, as
+    `write_checkpoint` forms it); the caller keeps the new residual, `fmt.residual(target, fmt.decode(packed))`."""
+    return _encode_keyed(target, fmt, keys, checkpoint)
 
 
 def _encode_keyed(state, fmt, keys, checkpoint, decoded=None):

@@ -16,13 +16,14 @@ from replayssm_eval.formats import PackedState
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import sr_keys
-from replayssm_eval.replay.state import ReplayState
+from replayssm_eval.replay.state import ReplayState, feedback_copies
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, check_static_family, folds_of
 from replayssm_eval.kernels.step_variants import step_launches, step_variant
 
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",
            "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3", "int8/int16sr:scale=head@3",
-           "shared:fp16sr:words=octet,cvt=soft@3")
+           "shared:fp16sr:words=octet,cvt=soft@3",
+           "int8:ef=fp32/fp16sr:ef=bf16@3")  # error feedback: each copy's residual, rounded with its fold
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789, 31, 2**40 + 3], dtype=torch.int64)
 
@@ -68,6 +69,9 @@ def _assert_same(static: StaticState, ref, config):
     assert torch.equal(static.lo, ref.lo)
     assert torch.equal(static.count, ref.schedule.count)
     assert torch.equal(static.checkpoint, ref.checkpoint)
+    assert static.residual.keys() == ref.residual.keys() == set(feedback_copies(config))
+    for copy, t in ref.residual.items():
+        assert torch.equal(static.residual[copy], t), f"residual {copy}"
     for name in ref.buffer:
         assert torch.equal(static.buffer[name], ref.buffer[name]), name
     for name in ("data", "scales", "global_scale"):
@@ -228,7 +232,8 @@ def _rows(static: StaticState, rows: list[int]) -> StaticState:
                                                                      st.lo_packed.global_scale)))
     sub = ReplayState(st.hi[index], st.lo[index], {k: v[index] for k, v in st.buffer.items()},
                       dataclasses.replace(st.schedule, count=st.schedule.count[index]),
-                      st.checkpoint[index], st.seq_ids[index], st.layer)
+                      st.checkpoint[index], st.seq_ids[index], st.layer,
+                      residual={copy: t[index] for copy, t in st.residual.items()})
     return StaticState.from_replay_state(static.family, sub, packed, static.config,
                                          [static.host_count[i] for i in rows])
 
@@ -239,6 +244,8 @@ def _assert_rows(static: StaticState, sub: StaticState, rows: list[int]):
         assert torch.equal(getattr(static, name)[index], getattr(sub, name)), name
     for name, t in static.buffer.items():
         assert torch.equal(t[index], sub.buffer[name]), name
+    for copy, t in static.residual.items():
+        assert torch.equal(t[index], sub.residual[copy]), f"residual {copy}"
     for name in ("data", "scales", "global_scale"):
         a, b = getattr(static.packed, name), getattr(sub.packed, name)
         assert (a is None) == (b is None) and (a is None or torch.equal(a[index], b)), name
@@ -316,12 +323,14 @@ def test_zero_rows_writes_the_chosen_rows_only(device):
         assert torch.equal(t[~chosen], before[~chosen])
 
 
-@pytest.mark.parametrize("family", ["gdn", "mamba2", pytest.param("kda", marks=pytest.mark.slow)])
-def test_rows_put_into_a_running_state_step_as_in_a_state_of_their_own(family, device):
+@pytest.mark.parametrize("family, config", [
+    ("gdn", "nvfp4/fp16sr@4"), ("mamba2", "nvfp4/fp16sr@4"), pytest.param("kda", "nvfp4/fp16sr@4", marks=pytest.mark.slow),
+    ("mamba2", "int8:ef=fp32/fp16sr:ef=bf16@4"),  # the copies' error-feedback residuals move with their rows
+])
+def test_rows_put_into_a_running_state_step_as_in_a_state_of_their_own(family, config, device):
     """`put_rows` (a new row taking a stopped row's place in a running decoder): after one step of a state, rows of
     another state (other seq_ids, other phases) take two of its places; stepped on, they keep the bits of their own
-    state (outputs, stored copies, packed copy, ring, phase, checkpoint), and the other rows theirs."""
-    config = "nvfp4/fp16sr@4"
+    state (outputs, stored copies and residuals, packed copy, ring, phase, checkpoint), and the other rows theirs."""
     setup, dims = AWKWARD[family]
     make, _, first = setup(config, device, **dims)
     cfg = ReplayConfig.parse(config)

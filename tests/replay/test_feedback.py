@@ -1,6 +1,7 @@
 """Error feedback (`ef=fp32|bf16`): a hand-written recurrence that keeps the residual itself, the chunked form
-against the step reference, the residual carried across calls, and the Triton paths that refuse it or leave it to
-torch (the delta-rule chunked kernels carry it: tests/kernels/test_delta_triton.py)."""
+against the step reference, the residual carried across calls, and the Triton paths: the steps carry it, the chunked
+kernels carry it where they round the copy (tests/kernels/test_delta_triton.py, test_mamba2_triton.py) and leave the
+call to torch elsewhere."""
 
 import dataclasses
 
@@ -12,9 +13,9 @@ from replayssm_eval.formats.codec import Residual
 from replayssm_eval.kernels import mamba2
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY
-from replayssm_eval.replay.state import feedback_copies, write_checkpoint
+from replayssm_eval.replay.state import feedback_copies, write_checkpoint, write_read_copy_packed
 
-from tests.helpers.compare import assert_close, assert_same_state
+from tests.helpers.compare import assert_close, assert_same_state, mostly_equal
 from tests.helpers.delta import FAMILIES, cut, delta_inputs, phased_start
 from tests.helpers.mamba2 import mamba2_inputs, phased_state, sliced
 
@@ -133,6 +134,38 @@ def test_speculative_reference_matches_step_reference(fam):
     assert all(torch.equal(st_ref.residual[c], st.residual[c]) for c in (RECUR_COPY, READ_COPY))
 
 
+@pytest.mark.parametrize("fam", ["mamba2", *FAMILIES])
+def test_triton_steps_carry_the_residuals(fam):
+    """Single-token Triton steps with error feedback from the FP32 anchor (checkpoint 0's packed read copy from zero
+    residuals), folding every third step: outputs, stored copies and copies plus residuals those of the step
+    reference in FP32, to FP32 summation noise; the packed read copy decodes to S_lo."""
+    cfg = ReplayConfig.parse("int8:ef=fp32/fp16sr:ef=bf16@3")
+    if fam == "mamba2":
+        *inputs, s0 = mamba2_inputs(batch=2, tokens=7, dtype=torch.float32)
+        step = lambda t, st: mamba2.decode_step(*sliced((*inputs, s0), t, t + 1)[:6], st, cfg)  # noqa: E731
+        ref_step = lambda t, st: mamba2.decode_reference(*sliced((*inputs, s0), t, t + 1)[:6], st, cfg,  # noqa: E731
+                                                         compute_dtype=torch.float32)
+    else:
+        *inputs, s0 = delta_inputs(fam, batch=2, seqlen=7, dtype=torch.float32)
+        step = lambda t, st: FAMILIES[fam].decode_step_triton(*cut(inputs, t, t + 1), st, cfg)  # noqa: E731
+        ref_step = lambda t, st: FAMILIES[fam].decode_reference(*cut(inputs, t, t + 1), st, cfg,  # noqa: E731
+                                                                compute_dtype=torch.float32)
+    st = ref = s0
+    for t in range(7):
+        out, st = step(t, st)
+        out_ref, ref = ref_step(t, ref)
+        assert_close(f"output {t}", out_ref, out, 1e-5, flips=0.01)
+        for name, copy in (("hi", RECUR_COPY), ("lo", READ_COPY)):
+            mostly_equal(f"{name} {t}", getattr(ref, name), getattr(st, name))
+            # a flipped rounding moves the residual by the copy's step the other way: what the copy keeps, stored
+            # value plus residual, stays within FP32 noise of the reference's
+            mostly_equal(f"{name} + residual {t}", getattr(ref, name) + ref.residual[copy],
+                         getattr(st, name) + st.residual[copy])
+        assert torch.equal(cfg.read_format.decode(st.lo_packed), st.lo)
+    assert torch.equal(st.checkpoint, torch.full_like(st.checkpoint, 2))
+    assert all(t.abs().max() > 0 for t in st.residual.values())
+
+
 def test_triton_paths_refuse_or_fall_back():
     x, dt, A, B, C, D, s0 = mamba2_inputs(batch=1, tokens=3, dtype=torch.float32)
     # a Mamba-2 copy with feedback that torch rounds between launches (a tensor-wide scale): the torch backend
@@ -140,8 +173,6 @@ def test_triton_paths_refuse_or_fall_back():
         y, st = mamba2.chunked(x, dt, A, B, C, D, s0, "fp16/int8:scale=tensor,ef=fp32@1", backend="triton")
     y_ref, ref = mamba2.chunked(x, dt, A, B, C, D, s0, "fp16/int8:scale=tensor,ef=fp32@1")
     assert torch.equal(y, y_ref) and torch.equal(st.residual[RECUR_COPY], ref.residual[RECUR_COPY])
-    with pytest.raises(ValueError, match="decode_step does not carry the error-feedback residuals"):
-        mamba2.decode_step(x[:, :1], dt[:, :1], A, B[:, :1], C[:, :1], D, s0, "int8:ef=fp32")
     q, k, v, g, beta, h0 = delta_inputs("gdn", batch=1, seqlen=1, dtype=torch.float32)
     # a delta-rule copy with feedback that torch rounds between launches (a tensor-wide scale): the torch backend
     with pytest.warns(UserWarning, match="runs the torch backend.*error-feedback"):
@@ -151,10 +182,10 @@ def test_triton_paths_refuse_or_fall_back():
     rule = FAMILIES["gdn"].RULE
     with pytest.raises(ValueError, match="do not carry the error-feedback residual of a copy torch rounds"):
         rule.chunk.chunked_triton(rule.prepare(q, k, v, g, beta, h0, "fp16/int8:scale=tensor,ef=fp32@1"))
-    with pytest.raises(ValueError, match="decode_step does not carry the error-feedback residuals"):
-        FAMILIES["gdn"].decode_step_triton(q, k, v, g, beta, h0, "shared:int8:ef=bf16@4")
     with pytest.raises(ValueError, match="keeps error-feedback residuals"):
         write_checkpoint(s0, ReplayConfig.parse("int8:ef=fp32"), 0, torch.tensor([0]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="keeps an error-feedback residual .* write_read_copy_packed was given none"):
+        write_read_copy_packed(s0, ReplayConfig.parse("fp16:ef=bf16/fp32"), 0, torch.tensor([0]), torch.tensor([0]))
     with pytest.raises(ValueError, match="carries error-feedback residuals of copies \\[\\]"):
         mamba2.chunked(x, dt, A, B, C, D, mamba2.chunked(x, dt, A, B, C, D, s0, "fp32/int8@1")[1], "fp32/int8:ef=fp32@1")
 

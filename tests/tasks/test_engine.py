@@ -76,6 +76,8 @@ GRAPH_LIMITS = [3, 1, 4, 2]
     pytest.param("tiny-nemotron-h", "shared:nvfp4@2", marks=pytest.mark.slow),  # shared; Mamba-2
     pytest.param("tiny-nemotron-h", "nvfp4/fp8sr@2", marks=pytest.mark.slow),
     pytest.param("tiny-kimi-linear", "nvfp4/fp16sr@2", marks=pytest.mark.slow),  # KDA
+    # error feedback: the residuals kept in the fixed buffers, moved with joining rows and regrouped ones
+    pytest.param("tiny-nemotron-h", "int8:ef=fp32/fp16sr:ef=bf16@2", marks=pytest.mark.slow),
 ])
 def test_graph_step_with_continuous_batching_gives_the_triton_step_tokens(name, config, monkeypatch):
     rm = tiny_model(name)

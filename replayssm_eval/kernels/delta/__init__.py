@@ -26,7 +26,7 @@ from replayssm_eval.kernels.delta.fixed_step import fixed_step
 from replayssm_eval.kernels.delta.reference import decode, fold_closed, fold_open, speculative_decode
 from replayssm_eval.kernels.delta.triton_chunk import feedback_in_kernel
 from replayssm_eval.kernels.family import KernelFamily
-from replayssm_eval.replay.state import ReplayState, chunked_backend, refuse_feedback
+from replayssm_eval.replay.state import ReplayState, chunked_backend
 
 BACKENDS = ("torch", "triton")
 
@@ -89,7 +89,6 @@ class DeltaRule:
         """One decode token (T = 1) for B sequences at their own phases, one launch of the family's single-token
         kernel (`delta.triton_step.decode_step`). Arguments as `decode_reference` with T = 1; returns (o [B, 1, HV, V]
         FP32, ReplayState with lo_packed)."""
-        refuse_feedback(config, "decode_step")
         p = self.prepare(q, k, v, g, beta, initial_state, config, layer_idx=layer_idx, seq_ids=seq_ids)
         return shared_step.decode_step(p, q, initial_state, self.step.launch_replay_step)
 

@@ -24,7 +24,7 @@ from replayssm_eval.formats.device import (
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
 from replayssm_eval.kernels.step_variants import step_variant
 from replayssm_eval.replay.buffer_round import buffer_kind
-from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed, zero_residual
 
 
 @triton.jit
@@ -163,8 +163,8 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
 
     Non-flush rows read the packed read copy (ReplayState.lo_packed, written here at every checkpoint; a state
     without one is packed from its decoded read copy, which must round-trip exactly) and the buffer; flush rows read
-    S_hi and the buffer, and the folded FP32 state is rounded to both copies and the read copy packed by
-    `write_checkpoint_packed`. q: the token's q [B, 1, H, K] as given. Returns (o [B, 1, HV, V] FP32, ReplayState
+    S_hi and the buffer, and the folded FP32 state is rounded to both copies (with their error-feedback residuals,
+    where the config keeps them) and the read copy packed by `write_checkpoint_packed`. q: the token's q [B, 1, H, K] as given. Returns (o [B, 1, HV, V] FP32, ReplayState
     with lo_packed).
     """
     cfg, st = p.config, p.state
@@ -172,8 +172,9 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
         raise ValueError(f"decode_step_triton decodes one token: q has T={p.q.shape[1]}, expected 1")
     fmt = read_copy_format(cfg)
     packed = st.lo_packed
-    if isinstance(initial_state, torch.Tensor):
-        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint)[2]
+    if isinstance(initial_state, torch.Tensor):  # checkpoint 0's packed copy, rounded from zero residuals
+        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint,
+                                         zero_residual(cfg, tuple(st.hi.shape), st.hi.device))[2]
     elif packed is None:
         packed = fmt.encode(st.lo.contiguous())
         if not torch.equal(fmt.decode(packed), st.lo):
@@ -199,7 +200,11 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     hi_out, lo_out, ckpt = st.hi, st.lo, st.checkpoint.clone()
     if folds:
         idx = fold.nonzero().flatten()
-        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1)
+        residual = {copy: t[idx] for copy, t in st.residual.items()}  # the folding rows' error-feedback residuals
+        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[idx], cfg, p.layer, p.seq_ids[idx], ckpt[idx] + 1,
+                                                             residual)
+        for copy, t in residual.items():
+            st.residual[copy][idx] = t  # the call's own copies (`prepare`)
         hi_out = hi_out.clone()
         hi_out[idx] = new_hi
         lo_out = hi_out if cfg.shared else lo_out.clone()
@@ -210,7 +215,7 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
         for t in buf.values():
             t[idx] = 0
     state = ReplayState(hi=hi_out, lo=lo_out, buffer=buf, schedule=p.schedule_after, checkpoint=ckpt,
-                        seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed)
+                        seq_ids=p.seq_ids, layer=p.layer, lo_packed=packed, residual=st.residual)
     return o[:, None], state
 
 

@@ -23,7 +23,7 @@ from replayssm_eval.kernels.mamba2.fixed_step import fixed_step
 from replayssm_eval.kernels.mamba2.chunked import chunked_torch
 from replayssm_eval.kernels.mamba2.reference import decode_reference, live_state, speculative_decode_reference
 from replayssm_eval.replay.schedule import plan_tokens
-from replayssm_eval.replay.state import chunked_backend, refuse_feedback
+from replayssm_eval.replay.state import chunked_backend
 
 BACKENDS = ("torch", "triton")
 
@@ -49,7 +49,6 @@ def decode_step(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_id
     """`decode_step_triton` in the family call convention: one token, x [B, 1, H, P], ...; y [B, 1, H, P]."""
     if x.shape[1] != 1:
         raise ValueError(f"decode_step decodes one token: x has T={x.shape[1]}, expected 1")
-    refuse_feedback(config, "decode_step")
     y, state = triton_step.decode_step_triton(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, initial_state, config,
                                           layer_idx=layer_idx, seq_ids=seq_ids)
     return y[:, None], state

@@ -366,7 +366,8 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
     (or the FP32 state at the anchor). Returns y [B, H, P] and the ReplayState after the token.
 
     Non-flush sequences read the packed read copy and the buffer; flush sequences read S_hi and the
-    buffer, the kernel writes their FP32 fold and `write_checkpoint_packed` rounds it to both copies.
+    buffer, the kernel writes their FP32 fold and `write_checkpoint_packed` rounds it to both copies (with their
+    error-feedback residuals, where the config keeps them).
     """
     inp = prepare_inputs(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state, config, layer_idx, seq_ids,
                    compute_dtype)
@@ -386,12 +387,17 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
     if len(fold):
         checkpoint = checkpoint.clone()
         checkpoint[fold] += 1
-        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[fold], cfg, st.layer, st.seq_ids[fold], checkpoint[fold])
+        residual = {copy: t[fold] for copy, t in st.residual.items()}  # the folding rows' error-feedback residuals
+        new_hi, new_lo, new_packed = write_checkpoint_packed(folded[fold], cfg, st.layer, st.seq_ids[fold],
+                                                             checkpoint[fold], residual)
+        for copy, t in residual.items():
+            st.residual[copy][fold] = t  # the call's own copies (`prepare_inputs`)
         hi, lo = hi.clone(), lo.clone()
         hi[fold], lo[fold] = new_hi, new_lo
         lo = hi if cfg.shared else lo
         packed = merge_packed(packed, new_packed, fold, x.shape[0])
-    return y.to(inp.out_dtype), ReplayState(hi, lo, buffer, after, checkpoint, st.seq_ids, st.layer, packed)
+    return y.to(inp.out_dtype), ReplayState(hi, lo, buffer, after, checkpoint, st.seq_ids, st.layer, packed,
+                                            st.residual)
 
 
 def verify_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, compute_dtype=torch.float32):
