@@ -185,9 +185,10 @@ class KernelCodec:
     def packed(self) -> bool:
         """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
         the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles, column
-        factors or dual-axis factors), without error feedback."""
+        factors or dual-axis factors). Error feedback keeps its inner format's layout: the encoder rounds the
+        target it is given (state + residual), the residual being the caller's."""
         return (self.natural and self.kind not in _BLOCK_EXPONENT_KINDS
-                and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL) and self.ef == Residual.NONE)
+                and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL))
 
     @property
     def head_span(self) -> int:

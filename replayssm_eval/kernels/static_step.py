@@ -63,7 +63,7 @@ from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, ROUND_TRIP_COPY
 from replayssm_eval.replay.schedule import ScheduleState
-from replayssm_eval.replay.state import ReplayState, encode_keyed, encode_target
+from replayssm_eval.replay.state import ReplayState, encode_target
 
 
 def folds_of(counts: list[int], window: int) -> str:
@@ -305,25 +305,22 @@ class StaticState:
         """Encode fold_out's rows `rows` (None: all) in `fmt` with copy `copy`'s Philox keys into `packed`'s fields
         (None: the encoding is not kept) and its decoding into `decoded`, in place: one Triton launch where
         `encode_triton` covers the format (`packed_codec`), else torch's encode, decode and selects. A copy with
-        error feedback rounds fold_out plus its residual and keeps the new residual (as `write_checkpoint`)."""
+        error feedback rounds fold_out plus its residual and keeps the new residual (as `write_checkpoint`), in the
+        rows `rows` too."""
         keys = self.keys[copy] if fmt.is_stochastic else None
-        codec = packed_codec(fmt)  # None with feedback: `KernelCodec.packed`
+        target = self.fold_out + self.residual[copy] if fmt.feedback else self.fold_out  # [B, H, P, N]
+        codec = packed_codec(fmt)
         if codec is not None and (rows is None or codec.group != Group.TENSOR):
-            encode_triton(self.fold_out, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
-            return
-        if fmt.feedback:
-            target = self.fold_out + self.residual[copy]
-            new = encode_target(target, fmt, keys, checkpoint)
-            stored = fmt.decode(new)
-            _put(self.residual[copy], fmt.residual(target, stored), rows)
+            encode_triton(target, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
         else:
-            new = encode_keyed(self.fold_out, fmt, keys, checkpoint)
-            stored = fmt.decode(new)
-        _put(decoded, stored, rows)
-        for name in ("data", "scales", "global_scale") if packed is not None else ():
-            old = getattr(packed, name)
-            if old is not None:
-                _put(old, getattr(new, name), rows)
+            new = encode_target(target, fmt, keys, checkpoint)
+            _put(decoded, fmt.decode(new), rows)
+            for name in ("data", "scales", "global_scale") if packed is not None else ():
+                old = getattr(packed, name)
+                if old is not None:
+                    _put(old, getattr(new, name), rows)
+        if fmt.feedback:  # decoded holds the new copy in the rows that rounded
+            _put(self.residual[copy], fmt.residual(target, decoded), rows)
 
 
 def _copy_keys(config: ReplayConfig, layer: int, seq_ids: torch.Tensor) -> torch.Tensor:

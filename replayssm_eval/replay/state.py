@@ -168,8 +168,8 @@ def encode_keyed(state, fmt, keys, checkpoint):
 
 
 def encode_target(target, fmt, keys, checkpoint):
-    """`encode_keyed` of a rounding target that holds the copy's error-feedback residual already (state + e, as
-    `write_checkpoint` forms it); the caller keeps the new residual, `fmt.residual(target, fmt.decode(packed))`."""
+    """`encode_keyed` of a rounding target, which for a format with error feedback holds the copy's residual already
+    (state + e, as `write_checkpoint` forms it): the caller keeps the new one, `fmt.residual(target, decoded)`."""
     return _encode_keyed(target, fmt, keys, checkpoint)
 
 

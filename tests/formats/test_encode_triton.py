@@ -8,6 +8,7 @@ from replayssm_eval.formats import triton as formats_triton
 from replayssm_eval.formats.codec import packed_codec
 from replayssm_eval.formats.triton import encode_triton, head_amax
 from replayssm_eval.replay import state as state_mod
+from replayssm_eval.replay.state import feedback_copies
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, sr_keys, state_random_bits
 
@@ -16,9 +17,10 @@ from tests.helpers.nvfp4 import tie_rows
 ELEMENTWISE = ["fp32", "bf16", "fp16", "fp16sr", "fp16sr:words=pair,bits=7"]
 FP8 = [f"{base}:scale={scale}" for base in ("fp8", "fp8sr", "fp8e5m2") for scale in ("row", "head", "tensor", "none")] + [
     "fp8:scale=head,max=240", "fp8sr:max=240", "fp8sr:scale=head,bits=20"]
-NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")]
+NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")] + ["nvfp4:scale=row,ef=bf16"]
 INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none", "int16sr:rounds=7,bits=32"]
 MUL = ["int16:order=mul", "int8sr:scale=head,order=mul", "fp8:scale=tensor,order=mul", "int16:scale=none,order=mul"]
+FEEDBACK = ["fp16sr:ef=fp32", "int8sr:scale=head,ef=bf16", "fp8:ef=fp32"]  # the inner format's layout, under its name
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
 
 
@@ -105,7 +107,7 @@ def _check(spec, hpn, device):
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK)
 def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 
@@ -271,6 +273,25 @@ def test_write_checkpoint_packed_triton_path(recur, read, shared, device, monkey
         assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
     packed_equal(got[2], want[2])
     packed_equal(lo_packed, want[2])
+
+
+def test_write_checkpoint_packed_triton_path_with_feedback(device, monkeypatch):
+    """With error feedback the encoder rounds state + residual in the inner format's layout: the same (S_hi, S_lo,
+    lo_packed) and new residuals as torch on CPU, from non-zero residuals."""
+    cfg = ReplayConfig(read="nvfp4:scale=head,ef=bf16", recur="int8sr:ef=fp32", shared=False, seed=99)
+    x = _states((2, 3, 32), seed=5)
+    seq_ids, checkpoint = torch.arange(6) * 7 + 1, torch.tensor([0, 3, 1, 2**21, 5, 8])
+    gen = torch.Generator().manual_seed(2)
+    start = {copy: 1e-2 * torch.randn(x.shape, generator=gen) for copy in feedback_copies(cfg)}
+    want_residual = {copy: t.clone() for copy, t in start.items()}
+    want = state_mod.write_checkpoint_packed(x, cfg, 2, seq_ids, checkpoint, want_residual)
+    monkeypatch.setattr(state_mod, "_use_triton", lambda state, fmt: packed_codec(fmt) is not None)
+    residual = {copy: t.to(device) for copy, t in start.items()}
+    got = state_mod.write_checkpoint_packed(x.to(device), cfg, 2, seq_ids.to(device), checkpoint.to(device), residual)
+    for a, b in zip((*got[:2], *residual.values()), (*want[:2], *want_residual.values())):
+        assert torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
+    packed_equal(got[2], want[2])
+    assert not torch.equal(want_residual[READ_COPY], start[READ_COPY])
 
 
 def test_encode_triton_nvfp4_order_of_operations(device):

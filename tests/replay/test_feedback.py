@@ -193,9 +193,9 @@ def test_triton_paths_refuse_or_fall_back():
 def test_grammar_and_bytes():
     fmt = get_format("int8:ef=bf16,scale=head")
     assert fmt.name == "int8:scale=head,ef=bf16" and get_format(fmt.name) == fmt and fmt.feedback == "bf16"
-    inner = get_format("int8:scale=head").kernel_codec  # the inner format's codec with the residual, never packed
+    inner = get_format("int8:scale=head").kernel_codec  # the inner format's codec with the residual, its layout
     assert fmt.kernel_codec == dataclasses.replace(inner, ef=Residual.BF16)
-    assert inner.packed and not fmt.kernel_codec.packed and get_format("int8").feedback is None
+    assert inner.packed and fmt.kernel_codec.packed and get_format("int8").feedback is None
     assert get_format("int8:scale=tensor,ef=fp32").kernel_codec.ef == Residual.FP32
     assert fmt.storage_bytes((2, 4, 8)) == get_format("int8:scale=head").storage_bytes((2, 4, 8)) + 2 * 64
     assert fmt.bits_per_element == 8 + 16 and get_format("nvfp4:ef=fp32").bits_per_element == 4.5 + 32
