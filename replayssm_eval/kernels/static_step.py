@@ -3,10 +3,10 @@
 `StaticState` holds one SSM layer's ReplayState in fixed buffers: the recurrence copy S_hi, the
 read copy S_lo and its packed encoding, the copies' error-feedback residuals (`ef=`), the ring
 buffer, and per row the window phase (`count`), the checkpoint index and the Philox keys of both
-copies (computed on the device from the sequence ids, `replay.device_keys`). `step(...)` decodes one token for every row with the
-family's fixed-buffer step (`KernelFamily.fixed_step`: its single-token Triton kernel) and
-leaves the state where the family's `decode_step` would leave it, bit for bit (docs/semantics.md,
-decode semantics).
+copies (computed on the device from the sequence ids, `replay.device_keys`). `step(...)` decodes
+one token for every row with the family's fixed-buffer step (`KernelFamily.fixed_step`: its
+single-token Triton kernel) and leaves the state where the family's `decode_step` would leave it,
+bit for bit (docs/semantics.md, decode semantics).
 
 Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
@@ -177,8 +177,8 @@ class StaticState:
                  positions: list[int] | None = None) -> None:
         """Rows `slots` take over the n sequences of `state` (this layer's ReplayState with its packed read copy,
         e.g. a session's after its first decode step), in place: both stored copies, their error-feedback residuals,
-        the packed copy, the ring, the window phase (host_count: state's count as host ints), the checkpoint index, the seq_ids and their Philox
-        keys; with round trips inside the decode, each row's position (a round trip due there comes first at the
+        the packed copy, the ring, the window phase (host_count: state's count as host ints), the checkpoint index,
+        the seq_ids and their Philox keys; with round trips inside the decode, each row's position (a round trip due there comes first at the
         next step, as `from_replay_state` has it for a continued state). The buffers keep their addresses, so a CUDA
         graph that steps them stays valid."""
         rows = torch.tensor(slots, dtype=torch.int64, device=self.hi.device)
@@ -232,8 +232,8 @@ class StaticState:
         """A ReplayState over these buffers (views, not copies: it follows every later step)."""
         zeros = torch.zeros_like(self.count)
         schedule = ScheduleState(self.count, zeros, torch.zeros_like(self.count, dtype=torch.bool), zeros)
-        return ReplayState(self.hi, self.lo, self.buffer, schedule, self.checkpoint, self.seq_ids, self.layer, self.packed,
-                           self.residual)
+        return ReplayState(self.hi, self.lo, self.buffer, schedule, self.checkpoint, self.seq_ids, self.layer,
+                           self.packed, self.residual)
 
     def step(self, inputs: tuple, folds: str, trips: bool = False) -> torch.Tensor:
         """`step_device`, then advance the host values: one decode token of every row."""

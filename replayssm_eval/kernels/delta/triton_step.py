@@ -164,8 +164,8 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     Non-flush rows read the packed read copy (ReplayState.lo_packed, written here at every checkpoint; a state
     without one is packed from its decoded read copy, which must round-trip exactly) and the buffer; flush rows read
     S_hi and the buffer, and the folded FP32 state is rounded to both copies (with their error-feedback residuals,
-    where the config keeps them) and the read copy packed by `write_checkpoint_packed`. q: the token's q [B, 1, H, K] as given. Returns (o [B, 1, HV, V] FP32, ReplayState
-    with lo_packed).
+    where the config keeps them) and the read copy packed by `write_checkpoint_packed`. q: the token's q [B, 1, H, K]
+    as given. Returns (o [B, 1, HV, V] FP32, ReplayState with lo_packed).
     """
     cfg, st = p.config, p.state
     if p.q.shape[1] != 1:
