@@ -54,8 +54,8 @@ def cases() -> list:
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
                         RECUR_EF=0, READ_EF=0, SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PROGRAMS=1,
                         BLOCK_L=16, BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
-    fold_chain = {k: v for k, v in mamba2_chunk.items() if k.startswith("RECUR") and k != "RECUR_EF" or k in (
-        "SKIP", "DOT", "BLOCK_L", "BLOCK_P")}
+    fold_chain = {k: v for k, v in mamba2_chunk.items() if k.startswith("RECUR") or k in ("SKIP", "DOT", "BLOCK_L",
+                                                                                          "BLOCK_P")}
     fold_chain.update(READ_ORDER=div, BUF=0, BLOCK_N=32)
     round_slots = dict(READ=nvfp4, READ_GROUP=head, READ_MAX=1.0, READ_ORDER=div, READ_RANDOM=plain, BLOCK_P=16,
                        BLOCK_N=128)
@@ -230,7 +230,7 @@ def cases() -> list:
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": mx8sr, "RECUR_RANDOM": sr8, "READ": mx8,
                                                   "READ_GROUP": none, "READ_AXIS": 1}),
         # error feedback: FP32 and BF16 residuals of split copies, the recurrence copy's beside a read copy torch
-        # rounds, and a shared INT8 checkpoint's in the token scan's registers
+        # rounds, a shared INT8 checkpoint's in the token scan's registers, the phases' fold chain's
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR_EF": int(Residual.FP32),
                                                   "READ_EF": int(Residual.BF16)}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp32, "READ_GROUP": none,
@@ -238,6 +238,7 @@ def cases() -> list:
         (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": int(Kind.INT8), "RECUR_GROUP": row,
                                             "RECUR_MAX": 127.0, "RECUR_RANDOM": plain, "RECUR_EF": int(Residual.BF16),
                                             "SHARED": True, "BUF": 0}),
+        (mamba2_phases._fold_chain_kernel, {**fold_chain, "RECUR_EF": int(Residual.FP32)}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
         # the two launches of a step where some rows fold

@@ -223,6 +223,7 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     ("nvfp4/fp16sr@4#spec=3:0.6", {}),  # speculative plans: tokens that read S_hi
     ("nvfp4/int16:scale=tensor@3", {}),  # S_hi by torch between one-segment launches
     ("nvfp4/mx8sr:axis=headdim,bits=5@4", {"head_dim": 40}),  # MX8 blocks of 16 along head_dim 40
+    ("nvfp4/int8:ef=bf16@3", _WIDE),  # the recurrence copy's error-feedback residual through the fold chain
 ])
 def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     """The phased scan of a head-scaled read copy (folds, read copies, then every segment's outputs at once) against
@@ -241,6 +242,8 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     y_one, st_one = triton_no_fallback(chunked, *main, state, config)
     assert_close("y", y_one, y, 2e-6)
     assert torch.equal(st.hi, st_one.hi) and torch.equal(st.lo, st_one.lo)
+    assert st.residual.keys() == st_one.residual.keys()
+    assert all(torch.equal(t, st_one.residual[copy]) for copy, t in st.residual.items())
     assert torch.equal(st.checkpoint, st_one.checkpoint) and st.checkpoint.min() >= 1
     assert st.checkpoint.max() > st.checkpoint.min(), "sequences at different phases"
     for f in ("data", "scales", "global_scale"):
@@ -304,6 +307,7 @@ def test_token_rows(text, rows):
 @pytest.mark.parametrize("text, pre, tokens", [
     ("fp16sr:ef=bf16/int8:ef=fp32@4", [5, 6], 3),  # each copy its own residual, in BF16 and FP32
     ("nvfp4:ef=fp32/fp16sr@4", [5, 6], 3),  # a head-scaled read copy with feedback: the one loop, not the phases
+    ("nvfp4/fp16sr:ef=bf16@4", [5, 6], 3),  # the default with a recurrence residual: the phases' fold chain
     ("int8:scale=tensor/fp16sr:ef=bf16@4", [5, 6], 3),  # the read copy rounded by torch after the kernel
     ("fp8:ef=bf16/int8:scale=tensor@4", [5, 6], 3),  # the recurrence copy rounded by torch between one-segment launches
     ("shared:int8:ef=fp32@1", [1, 2], 1),  # one-token windows: the token scan, residuals in registers
@@ -318,7 +322,7 @@ def test_chunked_triton_feedback_rounds_fold_plus_residual(text, pre, tokens, de
     inputs = tuple(t.to(device) for t in _small(tokens=max(pre) + tokens))
     state = _phased(inputs, config, pre, device)
     assert triton_chunk.feedback_in_kernel(config, state.hi.shape[2:])
-    assert not triton_chunk.runs_in_phases(config, state.hi.shape[2:])
+    assert triton_chunk.runs_in_phases(config, state.hi.shape[2:]) == (text == "nvfp4/fp16sr:ef=bf16@4")
     residual = {copy: t.clone() for copy, t in state.residual.items()}
     assert residual and all(t.abs().max() > 0 for t in residual.values())
     folds = []

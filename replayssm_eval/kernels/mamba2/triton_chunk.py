@@ -28,9 +28,10 @@ Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> p
   the block's folds to S_lo at once and adds the checkpoint term of the tokens that read S_lo
   (`_read_outside`). A recurrence copy or shared checkpoint feeds the next segment, so the kernel
   runs one segment per launch keeping the FP32 fold, and torch rounds S_hi of the sequences that
-  folded before the next launch (`_scan`). Error feedback (ef=) rounds fold + residual in the one loop and the token
-  scan, the residuals read and written in place (`feedback_in_kernel`; not in the phases); FP64 compute, and a copy
-  with feedback that torch rounds, fall back to the torch backend, with a warning.
+  folded before the next launch (`_scan`). Error feedback (ef=) rounds fold + residual in the one loop, the token
+  scan and the phases' fold chain (a read copy with feedback takes the one loop), the residuals read and written in
+  place (`feedback_in_kernel`); FP64 compute, and a copy with feedback that torch rounds, fall back to the torch
+  backend, with a warning.
 The kernel computes in FP32 (`tile_dot.dot`; one-token windows take one row, not 16): the fold in FP32 FMAs
 (input_precision "ieee"), so the stored copies' bits do not depend on the launch; a segment's products over d_state
 (B . C and the checkpoint terms) as three TF32 tensor-core products ("tf32x3", FP32-level error), read from memory
@@ -188,7 +189,7 @@ def _chunk_scan(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs, 
     (phases None) in one loop over the segments. hi, lo ([B, H, P, N] fp32), pre (the FP32 pre-image of the newest
     fold) and y (the [B, S, L, H, P] output grid) are updated in place; so are res = (res_hi, res_lo, res_pre), the
     copies' error-feedback residuals [B, H, P, N] where their codecs' `ef` says and the packed copy's residual before
-    the newest fold (the one loop only: `feedback_in_kernel` keeps configs with feedback out of the phases).
+    the newest fold (the phases: S_hi's only, `runs_in_phases`).
 
     outside: None (both copies rounded in the loop),
     or (out [B, slots, H, P, N], g_lo [B, S, L, H], first) for a read copy rounded after the kernel: tokens that read
@@ -196,7 +197,7 @@ def _chunk_scan(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs, 
     out[:, s - first + 1].
     """
     if phases is not None:
-        scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases)
+        scan_in_phases(grid, A, hi, lo, pre, res[0], y, checkpoint, keys, config, codecs, span, phases)
         return
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
@@ -259,10 +260,10 @@ def _launched(codecs: tuple) -> tuple[KernelCodec, KernelCodec]:
 
 def runs_in_phases(config, dims: tuple[int, int]) -> bool:
     """Whether a call of `config` on states of dims (head_dim, d_state) runs in `triton_phases`' phases (a head-scaled
-    read copy beside a recurrence copy the loop rounds or torch does), else in the one loop. A config with error
+    read copy beside a recurrence copy the loop rounds or torch does), else in the one loop. A read copy with error
     feedback takes the one loop: the phases round the read copies with head amaxes of the folds, not of fold plus
-    residual, and carry no residual."""
-    return not feedback_copies(config) and phased(_launched(_codecs(config, dims)), config.shared)
+    residual (the fold chain carries the recurrence copy's residual)."""
+    return READ_COPY not in feedback_copies(config) and phased(_launched(_codecs(config, dims)), config.shared)
 
 
 def feedback_in_kernel(config, dims: tuple[int, int]) -> bool:

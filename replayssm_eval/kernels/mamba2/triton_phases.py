@@ -29,7 +29,9 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, KernelCodec
-from replayssm_eval.formats.device import quantize_tile, round_state_tile, state_bits, tile_amax
+from replayssm_eval.formats.device import (
+    RESIDUAL_NONE, feedback_residual, quantize_tile, round_state_tile, state_bits, tile_amax,
+)
 from replayssm_eval.kernels.tile_dot import add_dot, dot, dot_acc, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 
@@ -58,11 +60,12 @@ def fold_weights(dt, cs, skip, SKIP: tl.constexpr, BLOCK_L: tl.constexpr):
 def _fold_chain_kernel(
     x_ptr, b_ptr, dt_ptr, fold_ptr,  # the padded segment grid: [B, S, L, H, P], [B, S, L, G, N], [B, S, L, H], [B, S]
     A_ptr, hi_ptr, pre_ptr, ck_ptr, key_ptr,  # [H]; S_hi and the newest pre-image [B, H, P, N] (carried); [B]; [B, 2]
+    res_ptr,  # RECUR_EF: S_hi's error-feedback residual [B, H, P, N], in place
     hi_slots_ptr, pre_slots_ptr, amax_ptr,  # [B, K + 1, H, P, N] x2; [B, K, H, TILES] each tile's amax of each fold
     S, S0, S1, L, H, P, N, G, HPG, TILES, skip,  # this launch folds segments [S0, S1) = K of the S in the grid
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
-    RECUR_ROT: tl.constexpr, READ_ORDER: tl.constexpr,
+    RECUR_ROT: tl.constexpr, RECUR_EF: tl.constexpr, READ_ORDER: tl.constexpr,
     SKIP: tl.constexpr, BUF: tl.constexpr, DOT: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -84,6 +87,9 @@ def _fold_chain_kernel(
     pre = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)
     tl.store(hi_slots_ptr + slot_off, hi, mask=mask_s)
     tl.store(pre_slots_ptr + slot_off, pre, mask=mask_s)
+    e = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)  # S_hi's error-feedback residual, zero without
+    if RECUR_EF != RESIDUAL_NONE:
+        e = tl.load(res_ptr + state_off, mask=mask_s, other=0.0)
     s = S0
     while s < S1:  # a while loop: the interpreter cannot take range() of a runtime scalar
         if tl.load(fold_ptr + b * S + s) != 0:
@@ -101,9 +107,14 @@ def _fold_chain_kernel(
                 keys = round_buffered(keys * w[:, None], BUF)
             pre = add_dot(g_seg * hi, xt, keys, DOT)
             counter = ((ck + s + 1) << 32) + elem
-            hi = round_state_tile(pre, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
+            target = pre
+            if RECUR_EF != RESIDUAL_NONE:
+                target = pre + e
+            hi = round_state_tile(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                                   RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                                   BLOCK_P, BLOCK_N)
+            if RECUR_EF != RESIDUAL_NONE:
+                e = feedback_residual(target, hi, RECUR_EF)
             slot = slot_off + (s - S0 + 1).to(tl.int64) * H * P * N
             tl.store(hi_slots_ptr + slot, hi, mask=mask_s)
             tl.store(pre_slots_ptr + slot, pre, mask=mask_s)
@@ -112,6 +123,8 @@ def _fold_chain_kernel(
         s += 1
     tl.store(hi_ptr + state_off, hi, mask=mask_s)
     tl.store(pre_ptr + state_off, pre, mask=mask_s)
+    if RECUR_EF != RESIDUAL_NONE:
+        tl.store(res_ptr + state_off, e, mask=mask_s)
 
 
 @triton.jit
@@ -252,10 +265,12 @@ class PhaseState:
         self.head_amax = torch.zeros(len(num_folds), segments, heads, dtype=torch.float32, device=num_folds.device)
 
 
-def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, span, phases: PhaseState) -> None:
+def scan_in_phases(grid, A, hi, lo, pre, res_hi, y, checkpoint, keys, config, codecs, span,
+                   phases: PhaseState) -> None:
     """The phases over the segments span = (s0, s1) of `grid` = (px, pB, pC, pdt, read_hi, folds), in blocks of
-    segments whose slots fit _SLOT_ELEMENTS. hi and pre ([B, H, P, N] fp32: S_hi and the newest fold's pre-image) and
-    y (the [B, S, L, H, P] output grid) are updated in place; lo (the S_lo given) is read only."""
+    segments whose slots fit _SLOT_ELEMENTS. hi and pre ([B, H, P, N] fp32: S_hi and the newest fold's pre-image),
+    res_hi (S_hi's error-feedback residual where its codec's `ef` says) and y (the [B, S, L, H, P] output grid) are
+    updated in place; lo (the S_lo given) is read only."""
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
@@ -271,9 +286,9 @@ def scan_in_phases(grid, A, hi, lo, pre, y, checkpoint, keys, config, codecs, sp
         pre_slots = torch.empty_like(hi_slots)
         tile_maxima = torch.empty(batch, k, H, tiles_p * tiles_n, dtype=torch.float32, device=hi.device)
         _fold_chain_kernel[(tiles_n, tiles_p, batch * H)](
-            px, pB, pdt, folds, A, hi, pre, checkpoint, keys, hi_slots, pre_slots, tile_maxima,
+            px, pB, pdt, folds, A, hi, pre, checkpoint, keys, res_hi, hi_slots, pre_slots, tile_maxima,
             S, s0, s0 + k, L, H, P, N, G, H // G, tiles_p * tiles_n, float(skip or 0.0),
-            **recur.constexprs("RECUR"), READ_ORDER=int(read.order), BUF=buffer_kind(config), BLOCK_N=launch["FOLD_N"],
+            **recur.constexprs("RECUR"), RECUR_EF=int(recur.ef), READ_ORDER=int(read.order), BUF=buffer_kind(config), BLOCK_N=launch["FOLD_N"],
             num_warps=launch["fold_warps"], **common,
         )
         phases.head_amax[:, s0:s0 + k] = tile_maxima.amax(-1)
