@@ -27,6 +27,7 @@ ARG_TYPES = {  # every other pointer is *fp32, every other scalar i32
 def cases() -> list:
     """(kernel, constexprs[, argument types]): representative launches of each kernel (imported here: real @triton.jit only)."""
     from replayssm_eval.formats import triton as formats
+    from replayssm_eval.formats import triton_dual_axis as formats_dual
     from replayssm_eval.formats.codec import Group, Kind, Order, Residual, Words
     from replayssm_eval.kernels.gdn import triton_chunk as gdn_chunk_module
     from replayssm_eval.kernels.gdn import triton_step as gdn_step_module
@@ -73,6 +74,7 @@ def cases() -> list:
     # stepquant:dualaxis6 (codes within +-31, factors over the whole head of 128 columns in FP64)
     dual = dict(GROUP=int(Group.DUAL), MAX=31.0, ROWS=1, COLS=128, AXIS=1)
     encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
+    dual_encode = {"r_ptr": "*i16", "c_ptr": "*i16", "codes_ptr": "*u8"}
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
     # decode attention: Qwen3.5-4B's geometry in bf16 (64-column blocks, one split), Nemotron-3-Nano-4B's (32, two
@@ -97,6 +99,11 @@ def cases() -> list:
          {"data_ptr": "*i8"}),
         (formats._encode_kernel, dict(KIND=int(Kind.FP16SR_SOFT), GROUP=none, MAX=1.0, ORDER=div, RANDOM=paired, **encode),
          {"data_ptr": "*fp16"}),
+        # stepquant:dualaxis6 on Mamba-2's [80, 128] heads (rows along d_state) and width 3 on GDN's, some states taken
+        (formats_dual._dual_axis_encode_kernel, dict(P=80, N=128, QMAX=31.0, WIDTH=6, AXIS=1, TAKE=True, DECODED=True,
+                                                     BLOCK_P=128, BLOCK_N=128, BYTES=512), dual_encode),
+        (formats_dual._dual_axis_encode_kernel, dict(P=128, N=128, QMAX=3.0, WIDTH=3, AXIS=0, TAKE=False,
+                                                     DECODED=False, BLOCK_P=128, BLOCK_N=128, BYTES=512), dual_encode),
         (formats._quantize_kernel, dict(KIND=fp16sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=(octet, 7, 8), SOURCE=2,
                                         BLOCK_R=16, BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
         (formats._quantize_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=sr32, SOURCE=2,

@@ -286,3 +286,12 @@ def packed_codec(fmt) -> KernelCodec | None:
     """fmt's codec when the kernels encode and decode its packed layout (`KernelCodec.packed`), else None."""
     codec = fmt.kernel_codec
     return codec if codec is not None and codec.packed else None
+
+
+def encoder_codec(fmt) -> KernelCodec | None:
+    """fmt's codec when `encode_triton` writes its packed layout: the packed codecs, and dual-axis factors in the
+    state's basis (which the step kernels read decoded), else None."""
+    codec = fmt.kernel_codec
+    if codec is None or not (codec.packed or (codec.group == Group.DUAL and codec.rot == 1)):
+        return None
+    return codec

@@ -457,12 +457,21 @@ def _fp16_factor(s):
 
 @triton.jit
 def dual_axis_tile(x, QMAX: tl.constexpr, COLS: tl.constexpr):
-    """`DualAxisFormat.quantize` of x [R, C], a whole oriented head (padding zero) of COLS columns: row factors
+    """`DualAxisFormat.quantize` of x [R, C], a whole oriented head (padding zero) of COLS columns: the value z (r c)
+    of its codes z (`dual_axis_codes`), NaN throughout where the head holds Inf or NaN."""
+    z, r, c, bad = dual_axis_codes(x, QMAX, COLS)
+    return tl.where(bad != 0, float("nan"), z * ((r * c) + tl.zeros_like(x)))
+
+
+@triton.jit
+def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
+    """STEPQuant's codes of x [R, C], a whole oriented head (padding zero) of COLS columns: row factors
     r = F(sqrt(mean |x|)) [R, 1], column factors c0 = F(max |x| / r / QMAX) [1, C], codes z0 = clip(RNE(x / (r c0))),
-    the fixed-code update c = F(sum v x / sum v^2) (v = r z0; c0 where the sum is 0), codes z and the value z (r c);
-    NaN throughout where the head holds Inf or NaN. The mean, sqrt, sums and quotients are FP64 as in the torch
-    format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU); the sums run in another order than
-    torch's, which changes a factor only where an FP64 sum lies within its last bits of an FP32 rounding boundary."""
+    the fixed-code update c = F(sum v x / sum v^2) (v = r z0; c0 where the sum is 0) and the codes z = clip(RNE(x /
+    (r c))). Returns (z [R, C] FP32 integers, 0 for NaN; r [R, 1]; c [1, C]; bad [1, 1], non-zero where the head
+    holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and quotients are FP64 as in the torch format (IEEE division and square root:
+    `div.rn.f64`, `sqrt.rn.f64` on a GPU); the sums run in another order than torch's, which changes a factor only
+    where an FP64 sum lies within its last bits of an FP32 rounding boundary."""
     a = tl.abs(x)
     bad = tl.max(tl.max(((a != a) | (a == float("inf"))).to(tl.int32), axis=1, keep_dims=True), axis=0, keep_dims=True)
     zero = tl.zeros_like(x)
@@ -473,9 +482,7 @@ def dual_axis_tile(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     num = tl.sum(v * x.to(tl.float64), axis=0, keep_dims=True)  # [1, C]
     den = tl.sum(v * v, axis=0, keep_dims=True)
     c = tl.where(den > 0, _fp16_factor((num / tl.where(den > 0, den, 1.0)).to(tl.float32)), c0)
-    s = (r * c) + zero  # [R, C] exact: a product of two FP16 values
-    y = round_int(tl.math.div_rn(x, s), QMAX) * s
-    return tl.where(bad != 0, float("nan"), y)
+    return round_int(tl.math.div_rn(x, (r * c) + zero), QMAX), r, c, bad
 
 
 @triton.jit

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import layout
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, packed_codec
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, encoder_codec
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
     INT16SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile,
@@ -28,6 +28,7 @@ from replayssm_eval.formats.device import (
 from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
 from replayssm_eval.formats.rotation import rotate_runs
+from replayssm_eval.formats.triton_dual_axis import launch_dual_axis_encode, packed_bytes
 
 _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # SOURCE: where quantize_triton's words come from
 TAKE_SLOTS = 16  # `encode_triton(take=)`: programs per row block; program s takes taken states s, s + 16, ...
@@ -268,7 +269,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     state's Philox key and checkpoint index, and the result equals
     `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N), fmt.lane_words))`;
     deterministic formats ignore them and equal `fmt.encode(x)`. Head scales take one amax launch first (of the
-    `take` rows only), tensor-wide scales one torch amax reduction; row scales are reduced in the kernel.
+    `take` rows only), tensor-wide scales one torch amax reduction; row scales are reduced in the kernel. Dual-axis
+    factors take one program per head (`triton_dual_axis`).
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
@@ -276,17 +278,19 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     and written (not with scale=tensor, whose one scale spans every state), by `TAKE_SLOTS` programs per
     row block that take them in turn: the grid does not grow with B nor depend on how many are taken.
     """
-    codec = packed_codec(fmt)
+    codec = encoder_codec(fmt)
     if codec is None:
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
                                   "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
                                   "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
-                                  "tensor or none; nvfp4 with axis=dstate and scale head, tensor or row)")
+                                  "tensor or none; nvfp4 with axis=dstate and scale head, tensor or row), and dualaxis")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
     lead = layout.shape3(shape)[:-3]
     group = codec.group
+    if group == Group.DUAL:
+        return _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded)
     if take is not None and group == Group.TENSOR:
         raise ValueError(f"take= rounds some states only; format '{fmt.name}' scales over all of them")
     fields = {"data": None, "scales": None, "global_scale": None}  # name: (shape, dtype) of each packed field
@@ -331,6 +335,19 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
             DECODED=decoded is not None,
         )
     return PackedState(fmt.name, shape, data, scales, gs)
+
+
+def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
+    """`encode_triton` of x4 [B, H, P, N] (the state of `shape`) in a dual-axis format: one program per head."""
+    *lead, h, rows, cols = layout.oriented_shape(shape, codec.axis)
+    fields = {"data": ((*lead, h, packed_bytes(rows, cols, codec)), torch.uint8),
+              "global_scale": ((*lead, h, rows), torch.float16), "col_scale": ((*lead, h, cols), torch.float16)}
+    data, r, c = (_field(name, spec, None if out is None else getattr(out, name), x4.device)
+                  for name, spec in fields.items())
+    if decoded is not None:
+        decoded = _field("decoded", (shape, torch.float32), decoded, x4.device)
+    launch_dual_axis_encode(x4, codec, data, r, c, take, decoded)
+    return PackedState(fmt.name, shape, data, None, r, c)
 
 
 def _field(name: str, spec: tuple | None, given: torch.Tensor | None, device) -> torch.Tensor | None:

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from replayssm_eval.formats import PackedState
-from replayssm_eval.formats.codec import Group, packed_codec
+from replayssm_eval.formats.codec import Group, encoder_codec
 from replayssm_eval.formats.triton import encode_triton
 from replayssm_eval.kernels.family import get_family
 from replayssm_eval.kernels.round_trip import stored_and_restored
@@ -158,7 +158,7 @@ class StaticState:
         lo = hi if config.shared else state.lo.float().contiguous().clone()
         own = lambda t: None if t is None else t.contiguous().clone()  # noqa: E731
         data = hi if config.shared and in_place else own(packed.data)  # FP32 encodes as itself
-        packed = PackedState(packed.format, packed.shape, data, own(packed.scales), own(packed.global_scale))
+        packed = PackedState(packed.format, packed.shape, data, *(own(t) for t in packed.tensors()[1:]))
         seq_ids = state.seq_ids.to(device=hi.device, dtype=torch.int64).clone()
         keys = _copy_keys(config, state.layer, seq_ids)
         trips = None
@@ -188,7 +188,7 @@ class StaticState:
             put(self.lo, state.lo)
         for copy, t in self.residual.items():
             put(t, state.residual[copy])
-        for name in ("data", "scales", "global_scale"):
+        for name in PackedState.FIELDS:
             old = getattr(self.packed, name)
             if old is not None and old is not self.hi:  # an FP32 shared copy encodes as S_hi itself
                 put(old, getattr(state.lo_packed, name))
@@ -304,18 +304,18 @@ class StaticState:
                packed: PackedState | None) -> None:
         """Encode fold_out's rows `rows` (None: all) in `fmt` with copy `copy`'s Philox keys into `packed`'s fields
         (None: the encoding is not kept) and its decoding into `decoded`, in place: one Triton launch where
-        `encode_triton` covers the format (`packed_codec`), else torch's encode, decode and selects. A copy with
+        `encode_triton` covers the format (`encoder_codec`), else torch's encode, decode and selects. A copy with
         error feedback rounds fold_out plus its residual and keeps the new residual (as `write_checkpoint`), in the
         rows `rows` too."""
         keys = self.keys[copy] if fmt.is_stochastic else None
         target = self.fold_out + self.residual[copy] if fmt.feedback else self.fold_out  # [B, H, P, N]
-        codec = packed_codec(fmt)
+        codec = encoder_codec(fmt)
         if codec is not None and (rows is None or codec.group != Group.TENSOR):
             encode_triton(target, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
         else:
             new = encode_target(target, fmt, keys, checkpoint)
             _put(decoded, fmt.decode(new), rows)
-            for name in ("data", "scales", "global_scale") if packed is not None else ():
+            for name in PackedState.FIELDS if packed is not None else ():
                 old = getattr(packed, name)
                 if old is not None:
                     _put(old, getattr(new, name), rows)

@@ -17,10 +17,11 @@ from replayssm_eval.kernels.static_step import FOLDS, StaticState
 
 def _tensors(state: StaticState) -> list[torch.Tensor]:
     """Every device tensor a step writes (S_lo is S_hi when shared)."""
-    packed = [t for t in (state.packed.data, state.packed.scales, state.packed.global_scale) if t is not None]
+    packed = [t for t in state.packed.tensors() if t is not None]
     lo = [] if state.lo is state.hi else [state.lo]
     trips = [] if state.trips is None else [state.trips.position, state.trips.due]
-    return [state.hi, *lo, *packed, *state.buffer.values(), state.count, state.checkpoint, state.fold_out, *trips]
+    return [state.hi, *lo, *packed, *state.residual.values(), *state.buffer.values(), state.count, state.checkpoint,
+            state.fold_out, *trips]
 
 
 def variants(state: StaticState) -> list[tuple[str, bool]]:

@@ -310,8 +310,7 @@ def _state_rows(state: ReplayState, index: torch.Tensor) -> ReplayState:
     pick = lambda t: None if t is None else t[index]  # noqa: E731
     packed = state.lo_packed
     if packed is not None:
-        packed = PackedState(packed.format, (len(index), *packed.shape[1:]), pick(packed.data), pick(packed.scales),
-                             pick(packed.global_scale))
+        packed = PackedState(packed.format, (len(index), *packed.shape[1:]), *(pick(t) for t in packed.tensors()))
     schedule = dataclasses.replace(state.schedule, **{f.name: pick(getattr(state.schedule, f.name))
                                                       for f in dataclasses.fields(state.schedule)})
     return ReplayState(pick(state.hi), pick(state.lo), {k: pick(v) for k, v in state.buffer.items()}, schedule,

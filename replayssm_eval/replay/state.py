@@ -4,10 +4,10 @@ A checkpoint is written at prefill (checkpoint 0) and at every flush: the FP32 s
 independently to the recurrence format (S_hi) and to the read format (S_lo); with a shared
 checkpoint one cast serves both. Stochastic rounding draws its bits from `replay.keys`.
 CUDA states are encoded by `formats.triton.encode_triton` (one launch per copy, same bits) where it
-covers the format (`packed_codec`); CPU states and the other formats use the torch `fmt.encode`.
+covers the format (`encoder_codec`); CPU states and the other formats use the torch `fmt.encode`.
 A copy in a format with error feedback (`ef=`, `formats.feedback`) keeps the residual of its last
-rounding in `ReplayState.residual` and adds it to S before its next rounding; the torch kernels carry
-it through every checkpoint write, the Triton kernels refuse such a config.
+rounding in `ReplayState.residual` and adds it to S before its next rounding, at every checkpoint write
+of every kernel (the chunked Triton kernels where they round the copy, else the call runs on torch).
 All tensors here use the formats' layout `[B, H, P, N]` (GDN passes its `[B, HV, K, V]` state
 transposed to `[B, HV, V, K]`).
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_eval.formats.codec import packed_codec
+from replayssm_eval.formats.codec import encoder_codec
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
 from replayssm_eval.replay.schedule import ScheduleState
@@ -141,7 +141,7 @@ def write_read_copy_packed(
 
 def _use_triton(state: torch.Tensor, fmt) -> bool:
     """Encode with the one-launch Triton encoder: CUDA states in the formats it covers (CPU keeps torch)."""
-    return state.is_cuda and packed_codec(fmt) is not None
+    return state.is_cuda and encoder_codec(fmt) is not None
 
 
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy, residual):

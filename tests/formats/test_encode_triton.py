@@ -5,7 +5,7 @@ import torch
 
 from replayssm_eval.formats import PackedState, get_format, layout, rounding
 from replayssm_eval.formats import triton as formats_triton
-from replayssm_eval.formats.codec import packed_codec
+from replayssm_eval.formats.codec import encoder_codec, packed_codec
 from replayssm_eval.formats.triton import encode_triton, head_amax
 from replayssm_eval.replay import state as state_mod
 from replayssm_eval.replay.state import feedback_copies
@@ -21,6 +21,7 @@ NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")] + ["nvfp
 INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none", "int16sr:rounds=7,bits=32"]
 MUL = ["int16:order=mul", "int8sr:scale=head,order=mul", "fp8:scale=tensor,order=mul", "int16:scale=none,order=mul"]
 FEEDBACK = ["fp16sr:ef=fp32", "int8sr:scale=head,ef=bf16", "fp8:ef=fp32"]  # the inner format's layout, under its name
+DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
 
 
@@ -76,7 +77,7 @@ def _field_equal(name, a, b):
 
 def packed_equal(got, want):
     assert got.format == want.format and got.shape == want.shape
-    for name in ("data", "scales", "global_scale"):
+    for name in PackedState.FIELDS:
         _field_equal(name, getattr(got, name).cpu() if getattr(got, name) is not None else None, getattr(want, name))
 
 
@@ -107,7 +108,7 @@ def _check(spec, hpn, device):
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK + DUAL)
 def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 
@@ -159,7 +160,7 @@ def test_encode_triton_transposed_input(spec, device):
 
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
-            "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul"]
+            "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3"]
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -183,14 +184,13 @@ def _check_in_place(spec, device):
     want, old = _reference(fmt, x, keys, checkpoint), _reference(fmt, old_x, keys, checkpoint)
     take = torch.tensor([True, False, True, True, False, True])
     for rows in (take, None):
-        out = PackedState(old.format, old.shape, *(None if t is None else t.clone().to(device) for t in
-                                                   (old.data, old.scales, old.global_scale)))
-        decoded = fmt.decode(old).to(device)
+        out = PackedState(old.format, old.shape, *(None if t is None else t.clone().to(device) for t in old.tensors()))
+        decoded = fmt.decode(old).to(device).contiguous()
         got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device),
                                take=None if rows is None else rows.to(device), out=out, decoded=decoded)
         assert got.data is out.data
         sel = torch.ones(6, dtype=torch.bool) if rows is None else rows
-        for name in ("data", "scales", "global_scale"):
+        for name in PackedState.FIELDS:
             field = getattr(got, name)
             if field is not None:
                 expected = torch.where(sel.view(-1, *[1] * (field.dim() - 1)), getattr(want, name), getattr(old, name))
@@ -213,7 +213,7 @@ def test_encode_triton_in_place_refuses_a_wrong_target_and_a_tensor_scale_with_t
 def _nan_canonical(packed):
     """Fields with NaN payloads and signs erased (those differ between backends and torch's casts)."""
     out = []
-    for t in (packed.data, packed.scales, packed.global_scale):
+    for t in packed.tensors():
         if t is None:
             out.append(None)
         elif t.dtype == torch.uint8:
@@ -225,7 +225,7 @@ def _nan_canonical(packed):
     return out
 
 
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL)
 def test_encode_triton_non_finite(spec, device):
     fmt = get_format(spec)
     x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
@@ -244,11 +244,13 @@ def test_encode_triton_rejects(device):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
     for spec in ("int8sr:axis=headdim,bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
                  "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8", "fp16:rot=hadamard:32",
-                 "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
+                 "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1", "dualaxis:rot=hadamard:4"):
         assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):
             encode_triton(x, get_format(spec))
     assert packed_codec(get_format("fp8:max=240")) is not None
+    # dual-axis: the encoder writes it, the step kernels read it decoded
+    assert packed_codec(get_format("dualaxis")) is None and encoder_codec(get_format("dualaxis")) is not None
     with pytest.raises(ValueError, match="keys"):
         encode_triton(x, get_format("fp8sr"))
     with pytest.raises(ValueError, match="2 entries"):

@@ -381,6 +381,20 @@ def test_decode_step_matches_reference(text, device):
     assert torch.equal(tri.checkpoint, ref.checkpoint) and tri.checkpoint.min() >= 1
 
 
+@pytest.mark.parametrize("text", ["fp16/int8:axis=headdim@2", "stepquant:dualaxis6"])
+def test_decode_step_from_the_anchor_matches_reference(text, device):
+    """Steps from the FP32 anchor with a recurrence copy along head_dim, whose decoded S_hi is a transposed view:
+    each fold is written where the kernel writes it (contiguous), so the copies follow the reference's."""
+    x, dt, A, B, C, D, s0 = (t.to(device) for t in _small(tokens=6))
+    tri = ref = s0
+    for n in range(6):
+        y_ref, ref = decode_reference(*sliced((x, dt, A, B, C, D, s0), n, n + 1)[:6], ref, text)
+        y, tri = decode_step_triton(x[:, n], dt[:, n], A, B[:, n], C[:, n], D, tri, text)
+        assert_close(f"y[{n}]", y_ref[:, 0], y, 1e-5, flips=0.01)
+        assert_close(f"hi[{n}]", ref.hi, tri.hi, 1e-5, flips=0.01)
+    assert not tri.hi.is_contiguous() and tri.checkpoint.min() >= 3
+
+
 @pytest.mark.parametrize("read_hi", [False, True])
 def test_verify_matches_reference(read_hi, device):
     """O for T = 3 drafts after h committed entries equals step decoding of the drafts without a flush."""

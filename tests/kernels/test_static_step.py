@@ -23,7 +23,8 @@ from replayssm_eval.kernels.step_variants import step_launches, step_variant
 CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:fp8sr@4", "nvfp4/fp16sr@3#buf=bf16",
            "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3", "int8/int16sr:scale=head@3",
            "shared:fp16sr:words=octet,cvt=soft@3",
-           "int8:ef=fp32/fp16sr:ef=bf16@3")  # error feedback: each copy's residual, rounded with its fold
+           "int8:ef=fp32/fp16sr:ef=bf16@3",  # error feedback: each copy's residual, rounded with its fold
+           "stepquant:dualaxis6")  # dual-axis factors: one encoder program per head, read decoded
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789, 31, 2**40 + 3], dtype=torch.int64)
 
@@ -74,7 +75,7 @@ def _assert_same(static: StaticState, ref, config):
         assert torch.equal(static.residual[copy], t), f"residual {copy}"
     for name in ref.buffer:
         assert torch.equal(static.buffer[name], ref.buffer[name]), name
-    for name in ("data", "scales", "global_scale"):
+    for name in PackedState.FIELDS:
         a, b = getattr(static.packed, name), getattr(ref.lo_packed, name)
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
 
@@ -228,8 +229,7 @@ def _rows(static: StaticState, rows: list[int]) -> StaticState:
     """Rows `rows` of a static state as a static state of their own (copies)."""
     st, index = static.replay_state(), torch.tensor(rows, device=static.hi.device)
     packed = PackedState(st.lo_packed.format, (len(rows), *st.lo_packed.shape[1:]),
-                         *(None if t is None else t[index] for t in (st.lo_packed.data, st.lo_packed.scales,
-                                                                     st.lo_packed.global_scale)))
+                         *(None if t is None else t[index] for t in st.lo_packed.tensors()))
     sub = ReplayState(st.hi[index], st.lo[index], {k: v[index] for k, v in st.buffer.items()},
                       dataclasses.replace(st.schedule, count=st.schedule.count[index]),
                       st.checkpoint[index], st.seq_ids[index], st.layer,
@@ -246,7 +246,7 @@ def _assert_rows(static: StaticState, sub: StaticState, rows: list[int]):
         assert torch.equal(t[index], sub.buffer[name]), name
     for copy, t in static.residual.items():
         assert torch.equal(t[index], sub.residual[copy]), f"residual {copy}"
-    for name in ("data", "scales", "global_scale"):
+    for name in PackedState.FIELDS:
         a, b = getattr(static.packed, name), getattr(sub.packed, name)
         assert (a is None) == (b is None) and (a is None or torch.equal(a[index], b)), name
 
@@ -326,6 +326,7 @@ def test_zero_rows_writes_the_chosen_rows_only(device):
 @pytest.mark.parametrize("family, config", [
     ("gdn", "nvfp4/fp16sr@4"), ("mamba2", "nvfp4/fp16sr@4"), pytest.param("kda", "nvfp4/fp16sr@4", marks=pytest.mark.slow),
     ("mamba2", "int8:ef=fp32/fp16sr:ef=bf16@4"),  # the copies' error-feedback residuals move with their rows
+    ("gdn", "stepquant:dualaxis6"),  # dual-axis column factors (col_scale) move with their rows
 ])
 def test_rows_put_into_a_running_state_step_as_in_a_state_of_their_own(family, config, device):
     """`put_rows` (a new row taking a stopped row's place in a running decoder): after one step of a state, rows of

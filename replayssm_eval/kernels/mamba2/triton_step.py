@@ -139,7 +139,7 @@ def _replay(x, B, dt, C_q, count, read_hi, fold, A, state, config):
     read, group, (data, scales, gs), nb = read_layout(state, config)
     y = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)
     do_fold = bool(fold.any())
-    out = torch.empty_like(state.hi) if do_fold else y
+    out = _fold_out(state) if do_fold else y
     block_p = min(32, max(16, triton.next_power_of_2(P)))
     skip = config.skip_read_below
     _replay_kernel[(batch, H, triton.cdiv(P, block_p))](
@@ -348,12 +348,18 @@ def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fol
     batch, _, H, P = x.shape
     y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
     folds = "none" if fold is None else step_variant(fold)
-    out = torch.empty_like(state.hi) if folds != "none" else y
+    out = _fold_out(state) if folds != "none" else y
     read_hi = read_hi.to(torch.int8)
     launch_replay_step(x, B, dt, C, count, read_hi, read_hi if fold is None else fold.to(torch.int8), A,
                        state.hi.contiguous(), read_layout(state, config), y, out, folds=folds,
                        skip=config.skip_read_below, buf_kind=buffer_kind(config), launch=launch)
     return y, (out if folds != "none" else None)
+
+
+def _fold_out(state: ReplayState) -> torch.Tensor:
+    """The FP32 folds [B, H, P, N] a kernel writes, contiguous as it writes them (not `empty_like` of S_hi, which a
+    format decoding along head_dim leaves a transposed view)."""
+    return torch.empty(state.hi.shape, dtype=torch.float32, device=state.hi.device)
 
 
 def _check_fp32(inp: Inputs):
