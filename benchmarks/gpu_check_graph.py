@@ -14,7 +14,8 @@ their buffers, and every 5 tokens, which each row takes at its own positions ins
 each must hold bit for bit:
 - whole model: `StaticDecoder` replaying its CUDA graphs equals the same decoder run eagerly and
   the eager Triton step session on a Hugging Face StaticCache: tokens, last logits and every SSM
-  layer's carried state (both stored copies, packed read copy, ring buffer, phases, checkpoints);
+  layer's carried state (both stored copies and their error-feedback residuals, packed read copy, ring buffer,
+  phases, checkpoints);
 - per layer: step="static" (each SSM layer's step a CUDA graph, HF's dynamic cache) equals
   step="triton": tokens, logits, states;
 - continuous batching: `Engine(step="graph")` with rows leaving and joining (ENGINE_LIMITS, two
@@ -50,6 +51,7 @@ from transformers import AutoModelForCausalLM, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from replayssm_eval.generate.decode import decode_session, left_pad, sequence_id
+from replayssm_eval.formats import PackedState
 from replayssm_eval.generate.engine import Engine
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.models import ReplayModel, load_model
@@ -60,7 +62,9 @@ from replayssm_eval.models.session import ReplaySession
 CHECK_MODELS = ("tiny-nemotron-h", "tiny-qwen3.5", "tiny-kimi-linear")
 CHECK_CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@4", "shared:fp8sr@4",
                  "nvfp4/fp16sr@4#rt=int8:axis=headdim@prompt",  # a prefix-cache hit: round trip before the buffers
-                 "nvfp4/fp8sr@4#rt=int8:axis=headdim@every:5")  # pages of 5 tokens: round trips inside the buffers
+                 "nvfp4/fp8sr@4#rt=int8:axis=headdim@every:5",  # pages of 5 tokens: round trips inside the buffers
+                 "int8:ef=fp32/fp16sr:ef=bf16@4",  # error feedback: the residuals in the fixed buffers and graphs
+                 "stepquant:dualaxis6")  # dual-axis factors: the one-launch encoder at every step
 CHECK_PROMPTS = ("ROMEO:\nBut soft, what light through yonder", "KING HENRY:\nOnce", "To be")
 CHECK_TOKENS = 12
 ENGINE_LIMITS = (12, 1, 20, 6)  # per CHECK_PROMPTS row and one more: rows leave at different steps
@@ -75,7 +79,10 @@ def same_states(ours: dict, eager: dict) -> bool:
         a = ours[layer]
         tensors = [(a.hi, b.hi), (a.lo, b.lo), (a.checkpoint, b.checkpoint), (a.schedule.count, b.schedule.count)]
         tensors += [(a.buffer[k], b.buffer[k]) for k in b.buffer]
-        for name in ("data", "scales", "global_scale"):
+        if a.residual.keys() != b.residual.keys():
+            return False
+        tensors += [(a.residual[copy], b.residual[copy]) for copy in b.residual]
+        for name in PackedState.FIELDS:
             x, y = getattr(a.lo_packed, name), getattr(b.lo_packed, name)
             if (x is None) != (y is None):
                 return False
