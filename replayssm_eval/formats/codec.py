@@ -27,8 +27,8 @@ A new format that rounds like one of the kinds below is its class plus its codec
     bits    stochastic kinds: K, the random bits of each word the rounding adds below the kept LSB (the formats'
             `bits=`; 0 given: the kind's default, `SR_BITS`); 0 for the other kinds
     ef      error feedback (`Residual`, the formats' `ef=`): the copy rounds the state plus the residual it keeps and
-            keeps the new one, in FP32 or BF16; the delta-rule chunked kernels carry it, every other kernel leaves
-            such a config to torch (never `packed`)
+            keeps the new one, in FP32 or BF16; the chunked kernels carry it in their loops, the encoder rounds the
+            state plus residual it is given (the inner format's packed layout)
 """
 
 from __future__ import annotations
