@@ -53,7 +53,8 @@ def cases() -> list:
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
-                        RECUR_EF=0, READ_EF=0, SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3", PROGRAMS=1,
+                        RECUR_EF=0, READ_EF=0, SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3",
+                        PROGRAMS=1,
                         BLOCK_L=16, BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
     fold_chain = {k: v for k, v in mamba2_chunk.items() if k.startswith("RECUR") or k in ("SKIP", "DOT", "BLOCK_L",
                                                                                           "BLOCK_P")}

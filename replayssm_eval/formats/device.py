@@ -13,7 +13,8 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
-    dual_axis_tile(x, QMAX, COLS)                                  STEPQuant's dual-axis codes of a whole head
+    dual_axis_tile, dual_axis_codes (x, QMAX, COLS)                STEPQuant's dual-axis codes of a whole head
+    feedback_target(x, e, EF)                                      what an `ef=` copy rounds: x + e
     feedback_residual(target, stored, EF)                          the residual an `ef=` copy keeps
     state_bits(key, counter, col, KIND, RANDOM)                    the random fields of a stored copy
     seeded_bits(seed, counter, col, KIND, RANDOM)                  the random fields of `quantize(x, seed=...)`
@@ -469,9 +470,10 @@ def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     r = F(sqrt(mean |x|)) [R, 1], column factors c0 = F(max |x| / r / QMAX) [1, C], codes z0 = clip(RNE(x / (r c0))),
     the fixed-code update c = F(sum v x / sum v^2) (v = r z0; c0 where the sum is 0) and the codes z = clip(RNE(x /
     (r c))). Returns (z [R, C] FP32 integers, 0 for NaN; r [R, 1]; c [1, C]; bad [1, 1], non-zero where the head
-    holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and quotients are FP64 as in the torch format (IEEE division and square root:
-    `div.rn.f64`, `sqrt.rn.f64` on a GPU); the sums run in another order than torch's, which changes a factor only
-    where an FP64 sum lies within its last bits of an FP32 rounding boundary."""
+    holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and quotients are
+    FP64 as in the torch format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU); the sums run
+    in another order than torch's, which changes a factor only where an FP64 sum lies within its last bits of an FP32
+    rounding boundary."""
     a = tl.abs(x)
     bad = tl.max(tl.max(((a != a) | (a == float("inf"))).to(tl.int32), axis=1, keep_dims=True), axis=0, keep_dims=True)
     zero = tl.zeros_like(x)
@@ -483,6 +485,15 @@ def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     den = tl.sum(v * v, axis=0, keep_dims=True)
     c = tl.where(den > 0, _fp16_factor((num / tl.where(den > 0, den, 1.0)).to(tl.float32)), c0)
     return round_int(tl.math.div_rn(x, (r * c) + zero), QMAX), r, c, bad
+
+
+@triton.jit
+def feedback_target(x, e, EF: tl.constexpr):
+    """What a copy with error feedback (EF: `Residual`) rounds: the state x plus its residual e; x itself without
+    feedback (no add: x's zeros keep their sign)."""
+    if EF != RESIDUAL_NONE:
+        x = x + e
+    return x
 
 
 @triton.jit

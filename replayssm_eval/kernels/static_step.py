@@ -178,9 +178,9 @@ class StaticState:
         """Rows `slots` take over the n sequences of `state` (this layer's ReplayState with its packed read copy,
         e.g. a session's after its first decode step), in place: both stored copies, their error-feedback residuals,
         the packed copy, the ring, the window phase (host_count: state's count as host ints), the checkpoint index,
-        the seq_ids and their Philox keys; with round trips inside the decode, each row's position (a round trip due there comes first at the
-        next step, as `from_replay_state` has it for a continued state). The buffers keep their addresses, so a CUDA
-        graph that steps them stays valid."""
+        the seq_ids and their Philox keys; with round trips inside the decode, each row's position (a round trip due
+        there comes first at the next step, as `from_replay_state` has it for a continued state). The buffers keep
+        their addresses, so a CUDA graph that steps them stays valid."""
         rows = torch.tensor(slots, dtype=torch.int64, device=self.hi.device)
         put = lambda old, new: old.index_copy_(0, rows, new.to(old.dtype))  # noqa: E731
         put(self.hi, state.hi)

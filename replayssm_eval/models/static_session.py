@@ -19,7 +19,7 @@ import torch
 
 from replayssm_eval.kernels.family import KernelFamily
 from replayssm_eval.kernels.round_trip import round_trip
-from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed, zero_residual
+from replayssm_eval.replay.state import ReplayState, write_read_copy_packed, zero_residual
 from replayssm_eval.kernels.static_step import StaticState, check_static_config, folds_in_place
 from replayssm_eval.models.session import ReplaySession, at_least_fp32
 
@@ -106,8 +106,8 @@ class StaticStepSession(ReplaySession):
         packed = state.lo_packed
         if not isinstance(initial, ReplayState):  # the anchor: checkpoint 0's packed read copy, from zero residuals
             anchor_state = family.stored_layout(initial).float()
-            packed = write_checkpoint_packed(anchor_state, self.config, layer_idx, seq_ids, state.checkpoint,
-                                             zero_residual(self.config, tuple(anchor_state.shape), device))[2]
+            packed = write_read_copy_packed(anchor_state, self.config, layer_idx, seq_ids, state.checkpoint,
+                                            zero_residual(self.config, tuple(anchor_state.shape), device))[1]
         if packed is None:
             raise ValueError(f"layer {layer_idx}'s carried state has no packed read copy; the static step starts from "
                              "the FP32 anchor or a state written by the decode step")

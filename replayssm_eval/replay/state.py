@@ -64,6 +64,12 @@ def feedback_copies(config: ReplayConfig) -> dict[int, object]:
     return {copy: fmt for copy, fmt in copies.items() if fmt.feedback}
 
 
+def carries_feedback(codecs, config: ReplayConfig) -> bool:
+    """Whether a kernel with these in-loop codecs (S_hi's, S_lo's: a `KernelCodec`, None for a copy torch rounds)
+    carries every residual of `config` (`feedback_copies`): each copy that keeps one rounds in the loop."""
+    return all(codecs[copy] is not None for copy in feedback_copies(config))
+
+
 def chunked_backend(config: ReplayConfig, backend: str, family: str, carried: bool = False) -> str:
     """The chunked backend that runs `config`: "torch", with a warning, where "triton" was asked for a config with
     error feedback whose residuals the family's Triton kernels do not carry (`carried`: they do), else `backend`."""

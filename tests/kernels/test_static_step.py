@@ -324,7 +324,8 @@ def test_zero_rows_writes_the_chosen_rows_only(device):
 
 
 @pytest.mark.parametrize("family, config", [
-    ("gdn", "nvfp4/fp16sr@4"), ("mamba2", "nvfp4/fp16sr@4"), pytest.param("kda", "nvfp4/fp16sr@4", marks=pytest.mark.slow),
+    ("gdn", "nvfp4/fp16sr@4"), ("mamba2", "nvfp4/fp16sr@4"),
+    pytest.param("kda", "nvfp4/fp16sr@4", marks=pytest.mark.slow),
     ("mamba2", "int8:ef=fp32/fp16sr:ef=bf16@4"),  # the copies' error-feedback residuals move with their rows
     ("gdn", "stepquant:dualaxis6"),  # dual-axis column factors (col_scale) move with their rows
 ])

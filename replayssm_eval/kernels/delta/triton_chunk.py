@@ -26,14 +26,15 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
 from replayssm_eval.formats.device import (
-    AXIS_HEADDIM, GROUP_HEAD, RESIDUAL_NONE, feedback_residual, quantize_tile, round_tile, state_bits,
+    AXIS_HEADDIM, GROUP_HEAD, RESIDUAL_NONE, feedback_residual, feedback_target, quantize_tile, round_tile,
+    state_bits,
 )
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
-from replayssm_eval.replay.state import ReplayState, feedback_copies, round_folded
+from replayssm_eval.replay.state import ReplayState, carries_feedback, round_folded
 
 _MAX_HEAD_V = 128  # largest V one program holds whole (needed by head scales and scale tiles taller than _BV)
 _BV = 32  # v columns per program where no scale group spans more (fewer where V is smaller)
@@ -139,9 +140,7 @@ def round_copies(folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, ex
     HI_X: tl.constexpr = (HI_GROUP == GROUP_HEAD) and (PROGRAMS > 1)  # exchanges per fold, each copy's
     LO_X: tl.constexpr = (LO_GROUP == GROUP_HEAD) and (PROGRAMS > 1) and (not SHARED)
     rnd = (fold_no - 1) * (HI_X + LO_X) + 1  # this fold's first exchange
-    target = folded
-    if HI_EF != RESIDUAL_NONE:
-        target = folded + e_hi
+    target = feedback_target(folded, e_hi, HI_EF)
     s_hi = store_round(target, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, HI_KIND, HI_GROUP,
                        HI_MAX, HI_ORDER, HI_RANDOM, HI_ROWS, HI_COLS, HI_AXIS, HI_ROT, PROGRAMS, BK, BV)
     s_hi = tl.where(smask, s_hi, 0.0)
@@ -150,9 +149,7 @@ def round_copies(folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, ex
     if SHARED:
         s_lo = s_hi
     else:
-        target = folded
-        if LO_EF != RESIDUAL_NONE:
-            target = folded + e_lo
+        target = feedback_target(folded, e_lo, LO_EF)
         s_lo = store_round(target, key_lo, checkpoint, elem, exch_ptr, count_ptr, bh, rnd + HI_X, tile, LO_KIND,
                            LO_GROUP, LO_MAX, LO_ORDER, LO_RANDOM, LO_ROWS, LO_COLS, LO_AXIS, LO_ROT, PROGRAMS, BK, BV)
         s_lo = tl.where(smask, s_lo, 0.0)
@@ -183,7 +180,7 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     if p.dtype != torch.float32:
         raise ValueError(f"backend='triton' computes in FP32, got compute_dtype={p.dtype}; use backend='torch' for FP64")
     codecs = copy_codecs(p)
-    if not _carries_feedback(codecs, p.config):
+    if not carries_feedback(codecs, p.config):
         raise ValueError(f"the chunked Triton kernels do not carry the error-feedback residual of a copy torch rounds "
                          f"between launches ({p.config.name!r}); accepted: backend='torch'")
     dv = p.v.shape[-1]
@@ -212,12 +209,7 @@ def copy_codecs(p: Prepared) -> list[KernelCodec | None]:
 def feedback_in_kernel(p: Prepared) -> bool:
     """Whether the chunked kernels carry the call's error-feedback residuals: every copy that keeps one (`ef=`)
     rounds in the loop (a copy torch rounds between launches would need its residual there too)."""
-    return _carries_feedback(copy_codecs(p), p.config)
-
-
-def _carries_feedback(codecs: list[KernelCodec | None], config) -> bool:
-    """Whether every copy of `config` that keeps a residual has an in-loop codec among codecs (S_hi's, S_lo's)."""
-    return all(codecs[copy] is not None for copy in feedback_copies(config))
+    return carries_feedback(copy_codecs(p), p.config)
 
 
 def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:

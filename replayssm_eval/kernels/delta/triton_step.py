@@ -24,7 +24,7 @@ from replayssm_eval.formats.device import (
 from replayssm_eval.kernels.delta._common import Prepared, to_format_layout
 from replayssm_eval.kernels.step_variants import step_variant
 from replayssm_eval.replay.buffer_round import buffer_kind
-from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed, zero_residual
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed, write_read_copy_packed, zero_residual
 
 
 @triton.jit
@@ -173,8 +173,8 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     fmt = read_copy_format(cfg)
     packed = st.lo_packed
     if isinstance(initial_state, torch.Tensor):  # checkpoint 0's packed copy, rounded from zero residuals
-        packed = write_checkpoint_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint,
-                                         zero_residual(cfg, tuple(st.hi.shape), st.hi.device))[2]
+        packed = write_read_copy_packed(to_format_layout(initial_state), cfg, p.layer, p.seq_ids, st.checkpoint,
+                                        zero_residual(cfg, tuple(st.hi.shape), st.hi.device))[1]
     elif packed is None:
         packed = fmt.encode(st.lo.contiguous())
         if not torch.equal(fmt.decode(packed), st.lo):

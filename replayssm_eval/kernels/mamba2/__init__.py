@@ -39,7 +39,7 @@ def chunked(x, dt, A, B, C, D, initial_state, config, *, layer_idx=0, seq_ids=No
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     inp = prepare_inputs(x, dt, A, B, C, D, initial_state, config, layer_idx, seq_ids, compute_dtype)
     plan, after = plan_tokens(inp.config, inp.state.schedule, inp.x.shape[1], inp.state.seq_ids)
-    carried = triton_chunk.feedback_in_kernel(inp.config, (inp.dims[3], inp.dims[5]))
+    carried = backend == "triton" and triton_chunk.feedback_in_kernel(inp.config, (inp.dims[3], inp.dims[5]))
     if chunked_backend(inp.config, backend, "mamba2", carried) == "triton":
         return triton_chunk.chunked_triton_prepared(inp, plan, after)
     return chunked_torch(inp, plan, after)

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
 from replayssm_eval.formats.device import (
-    GROUP_HEAD, RESIDUAL_NONE, feedback_residual, quantize_tile, round_state_tile, state_bits,
+    GROUP_HEAD, RESIDUAL_NONE, feedback_residual, feedback_target, quantize_tile, round_state_tile, state_bits,
 )
 from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
@@ -63,7 +63,7 @@ from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buff
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.schedule import TokenPlan
 from replayssm_eval.replay.state import (
-    ReplayState, encode_keyed, feedback_copies, round_folded, write_read_copy_packed,
+    ReplayState, carries_feedback, encode_keyed, feedback_copies, round_folded, write_read_copy_packed,
 )
 
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
@@ -88,15 +88,15 @@ def _round_copy(folded, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.const
 
 @triton.jit
 def _feedback_target(folded, res_ptr, res_pre_ptr, off, mask, EF: tl.constexpr, PACKED: tl.constexpr):
-    """What a copy rounds from the fold tile: folded plus its error-feedback residual (EF: `Residual`), kept in
-    res_pre too where the copy is the packed one (PACKED), for `write_read_copy_packed`; folded without feedback."""
-    target = folded
+    """What a copy rounds from the fold tile (`feedback_target`): folded plus its error-feedback residual (EF:
+    `Residual`), which goes to res_pre too where the copy is the packed one (PACKED), for `write_read_copy_packed`;
+    folded without feedback."""
+    e = folded
     if EF != RESIDUAL_NONE:
         e = tl.load(res_ptr + off, mask=mask, other=0.0)
         if PACKED:
             tl.store(res_pre_ptr + off, e, mask=mask)
-        target = folded + e
-    return target
+    return feedback_target(folded, e, EF)
 
 
 @triton.jit
@@ -270,8 +270,7 @@ def feedback_in_kernel(config, dims: tuple[int, int]) -> bool:
     """Whether the chunked kernels carry the error-feedback residuals of a call of `config` on states of dims
     (head_dim, d_state): every copy that keeps one (`ef=`) rounds in the loop (a copy torch rounds between launches or
     after the kernel would need its residual there; `replay.state.chunked_backend` then runs the torch backend)."""
-    codecs = dict(zip((RECUR_COPY, READ_COPY), _codecs(config, dims)))
-    return all(codecs[copy] is not None for copy in feedback_copies(config))
+    return carries_feedback(_codecs(config, dims), config)
 
 
 def token_scan_rows(config, dims: tuple[int, int], length: int) -> int | None:

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
-    RESIDUAL_NONE, feedback_residual, quantize_tile, round_state_tile, state_bits, tile_amax,
+    RESIDUAL_NONE, feedback_residual, feedback_target, quantize_tile, round_state_tile, state_bits, tile_amax,
 )
 from replayssm_eval.kernels.tile_dot import add_dot, dot, dot_acc, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -107,9 +107,7 @@ def _fold_chain_kernel(
                 keys = round_buffered(keys * w[:, None], BUF)
             pre = add_dot(g_seg * hi, xt, keys, DOT)
             counter = ((ck + s + 1) << 32) + elem
-            target = pre
-            if RECUR_EF != RESIDUAL_NONE:
-                target = pre + e
+            target = feedback_target(pre, e, RECUR_EF)
             hi = round_state_tile(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                                   RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                                   BLOCK_P, BLOCK_N)
@@ -288,7 +286,8 @@ def scan_in_phases(grid, A, hi, lo, pre, res_hi, y, checkpoint, keys, config, co
         _fold_chain_kernel[(tiles_n, tiles_p, batch * H)](
             px, pB, pdt, folds, A, hi, pre, checkpoint, keys, res_hi, hi_slots, pre_slots, tile_maxima,
             S, s0, s0 + k, L, H, P, N, G, H // G, tiles_p * tiles_n, float(skip or 0.0),
-            **recur.constexprs("RECUR"), RECUR_EF=int(recur.ef), READ_ORDER=int(read.order), BUF=buffer_kind(config), BLOCK_N=launch["FOLD_N"],
+            **recur.constexprs("RECUR"), RECUR_EF=int(recur.ef), READ_ORDER=int(read.order), BUF=buffer_kind(config),
+            BLOCK_N=launch["FOLD_N"],
             num_warps=launch["fold_warps"], **common,
         )
         phases.head_amax[:, s0:s0 + k] = tile_maxima.amax(-1)

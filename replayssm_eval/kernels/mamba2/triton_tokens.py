@@ -19,7 +19,9 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import KernelCodec
-from replayssm_eval.formats.device import RESIDUAL_NONE, feedback_residual, round_state_tile, state_bits
+from replayssm_eval.formats.device import (
+    RESIDUAL_NONE, feedback_residual, feedback_target, round_state_tile, state_bits,
+)
 from replayssm_eval.kernels.mamba2.triton_phases import PROGRAM_ROWS, fold_weights
 from replayssm_eval.kernels.tile_dot import add_dot
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -114,18 +116,14 @@ def _token_scan_kernel(
                 if (not SHARED) and (READ_EF != RESIDUAL_NONE):
                     tl.store(res_pre_ptr + seq + elem, e_lo, mask=mask_s)
             counter = ((ck + s + 1) << 32) + elem
-            target = pre
-            if RECUR_EF != RESIDUAL_NONE:
-                target = pre + e_hi
+            target = feedback_target(pre, e_hi, RECUR_EF)
             hi = round_state_tile(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
                                   RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
                                   BLOCK_P, BLOCK_N)
             if RECUR_EF != RESIDUAL_NONE:
                 e_hi = feedback_residual(target, hi, RECUR_EF)
             if not SHARED:  # a shared checkpoint's outputs read hi only
-                target = pre
-                if READ_EF != RESIDUAL_NONE:
-                    target = pre + e_lo
+                target = feedback_target(pre, e_lo, READ_EF)
                 lo = round_state_tile(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
                                       READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
                                       BLOCK_P, BLOCK_N)
