@@ -100,6 +100,11 @@ def cases() -> list:
          {"data_ptr": "*i8"}),
         (formats._encode_kernel, dict(KIND=int(Kind.FP16SR_SOFT), GROUP=none, MAX=1.0, ORDER=div, RANDOM=paired, **encode),
          {"data_ptr": "*fp16"}),
+        # scale tiles: SGLang's FP8 pool of some states, Pimba's INT8+SR blocks of 32
+        (formats._encode_kernel, dict(KIND=fp8, GROUP=tile, MAX=240.0, ORDER=div, RANDOM=plain,
+                                      **{**encode, "TAKE": True, "DECODED": True})),
+        (formats._encode_kernel, dict(KIND=int8sr, GROUP=tile, MAX=127.0, ORDER=div, RANDOM=sr32, **encode),
+         {"data_ptr": "*i8"}),
         # stepquant:dualaxis6 on Mamba-2's [80, 128] heads (rows along d_state) and width 3 on GDN's, some states taken
         (formats_dual._dual_axis_encode_kernel, dict(P=80, N=128, QMAX=31.0, WIDTH=6, AXIS=1, TAKE=True, DECODED=True,
                                                      BLOCK_P=128, BLOCK_N=128, BYTES=512), dual_encode),

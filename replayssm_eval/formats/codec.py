@@ -289,9 +289,12 @@ def packed_codec(fmt) -> KernelCodec | None:
 
 
 def encoder_codec(fmt) -> KernelCodec | None:
-    """fmt's codec when `encode_triton` writes its packed layout: the packed codecs, and dual-axis factors in the
-    state's basis (which the step kernels read decoded), else None."""
+    """fmt's codec when `encode_triton` writes its packed layout: the packed codecs, dual-axis factors in the state's
+    basis and scale tiles of an elementwise kind along d_state (both of which the step kernels read decoded), else
+    None."""
     codec = fmt.kernel_codec
-    if codec is None or not (codec.packed or (codec.group == Group.DUAL and codec.rot == 1)):
+    tiles = codec is not None and codec.group == Group.TILE and codec.natural and codec.block == 1 and (
+        codec.kind not in _BLOCK_EXPONENT_KINDS)
+    if codec is None or not (codec.packed or tiles or (codec.group == Group.DUAL and codec.rot == 1)):
         return None
     return codec

@@ -130,7 +130,7 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 @triton.jit
 def _encode_kernel(
     x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_seq, n_rows, n_cols,
-    group_rows,
+    group_rows, tile_rows, tile_cols,
     KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TAKE: tl.constexpr, BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
 ):
@@ -146,22 +146,25 @@ def _encode_kernel(
         while k < n_taken:  # a while loop: the interpreter cannot take range() of a runtime scalar
             b = tl.sum(tl.where((taken != 0) & (rank == k), seqs, 0), axis=0)
             _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols,
-                         group_rows, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C, DECODED)
+                         group_rows, tile_rows, tile_cols, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C, DECODED)
             k += tl.num_programs(0)
     else:
         _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, tl.program_id(0), n_rows,
-                     n_cols, group_rows, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C, DECODED)
+                     n_cols, group_rows, tile_rows, tile_cols, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C,
+                     DECODED)
 
 
 @triton.jit
 def _encode_rows(
-    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols, group_rows,
-    KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
+    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols, group_rows, tile_rows,
+    tile_cols, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
 ):
     """Encode row block program_id(1) of sequence b. amax: [B * n_rows // group_rows] (head and tensor groups,
-    reduced by torch); key, ck: [B] Philox key and checkpoint (SR kinds, their words read through RANDOM's word
-    layout and bits); dec: [B, n_rows, n_cols] FP32, DECODED: the decoded value is stored there too."""
+    reduced by torch), or each scale tile's (GROUP_TILE: tiles of tile_rows x tile_cols of a head's group_rows rows,
+    `_tile_index`), which the tile's first element stores in scales; key, ck: [B] Philox key and checkpoint (SR
+    kinds, their words read through RANDOM's word layout and bits); dec: [B, n_rows, n_cols] FP32, DECODED: the
+    decoded value is stored there too."""
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
@@ -177,6 +180,9 @@ def _encode_rows(
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
     if GROUP == GROUP_ROW:
         amax = row_amax(x, mask, ORDER)
+    elif GROUP == GROUP_TILE:
+        tile = _tile_index(row_g, cols, group_rows, n_cols, tile_rows, tile_cols)
+        amax = tl.load(amax_ptr + tile, mask=mask, other=1.0)  # [BLOCK_R, BLOCK_C]
     elif GROUP != GROUP_NONE:
         amax = tl.load(amax_ptr + group, mask=row_ok, other=1.0)[:, None]
     first = row_ok & (row_g % group_rows == 0)  # the row that stores its group's global scale
@@ -197,7 +203,10 @@ def _encode_rows(
             tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
-        if GROUP != GROUP_NONE:
+        if GROUP == GROUP_TILE:  # a tile's scale from its first element
+            corner = mask & ((row_g % group_rows) % tile_rows == 0)[:, None] & (cols % tile_cols == 0)[None, :]
+            tl.store(scales_ptr + _tile_index(row_g, cols, group_rows, n_cols, tile_rows, tile_cols), s, mask=corner)
+        elif GROUP != GROUP_NONE:
             tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
         q = round_kind(v, bits, KIND)
         if DECODED:  # the decoded element is q, on the format's grid, times the scale
@@ -218,6 +227,16 @@ def _encode_rows(
             tl.store(out, q.to(tl.int16), mask=mask)
         else:
             tl.store(out, q, mask=mask)
+
+
+@triton.jit
+def _tile_index(row_g, cols, head_rows, n_cols, tile_rows, tile_cols):
+    """[BLOCK_R, BLOCK_C] index in the flat [B, H, Rt, Ct] scale tiles of each element (row_g: [BLOCK_R] row of
+    [B * H * head_rows]; cols: [BLOCK_C] column) under tiles of tile_rows x tile_cols (edge tiles shorter)."""
+    n_tr = (head_rows + tile_rows - 1) // tile_rows
+    n_tc = (n_cols + tile_cols - 1) // tile_cols
+    row_tile = row_g // head_rows * n_tr + row_g % head_rows // tile_rows  # [BLOCK_R] the head's tile row
+    return row_tile[:, None] * n_tc + (cols // tile_cols)[None, :]
 
 
 @triton.jit
@@ -269,8 +288,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     state's Philox key and checkpoint index, and the result equals
     `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N), fmt.lane_words))`;
     deterministic formats ignore them and equal `fmt.encode(x)`. Head scales take one amax launch first (of the
-    `take` rows only), tensor-wide scales one torch amax reduction; row scales are reduced in the kernel. Dual-axis
-    factors take one program per head (`triton_dual_axis`).
+    `take` rows only), tensor-wide scales one torch amax reduction and scale tiles one torch tile maximum (of every
+    state); row scales are reduced in the kernel. Dual-axis factors take one program per head (`triton_dual_axis`).
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
@@ -283,7 +302,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
                                   "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
                                   "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
-                                  "tensor or none; nvfp4 with axis=dstate and scale head, tensor or row), and dualaxis")
+                                  "tensor, none, block:N or tile:RxC; nvfp4 with axis=dstate and scale head, tensor "
+                                  "or row), and dualaxis")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -300,17 +320,22 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         n_blocks = -(-n // codec.block)
         fields["data"] = (*lead, h, p, n_blocks * codec.block // 2), torch.uint8
         fields["scales"] = (*lead, h, p, n_blocks), torch.uint8
-    if group != Group.NONE:
+    tile = (codec.rows or p, codec.cols or n) if group == Group.TILE else (1, 1)  # a scale tile's rows, columns
+    if group == Group.TILE:
+        fields["scales"] = (*lead, h, -(-p // tile[0]), -(-n // tile[1])), torch.float32
+    elif group != Group.NONE:
         fields["global_scale"] = tuple(layout.group_shape(shape, group.scale)), torch.float32
     data, scales, gs = (_field(name, spec, None if out is None else getattr(out, name), x.device)
                         for name, spec in fields.items())
     if decoded is not None:
         decoded = _field("decoded", (shape, torch.float32), decoded, x.device)
-    amax = None  # row scales are reduced in the kernel, head scales by `head_amax`, tensor scales by torch first
+    amax = None  # row scales are reduced in the kernel, head scales by `head_amax`, tensor and tile scales by torch
     if group == Group.HEAD:
         amax = head_amax(x4, take, skip_nan=codec.order == Order.MUL)  # [B * H]
     elif group == Group.TENSOR:
         amax = _group_amax(x4, codec).reshape(-1)  # [B]
+    elif group == Group.TILE:
+        amax = layout.tile_max(layout.magnitudes(x4, codec.order == Order.MUL), *tile).reshape(-1)  # [B * H * Rt * Ct]
     if not fmt.is_stochastic:
         keys = checkpoint = None
     elif keys is None or checkpoint is None:
@@ -329,8 +354,9 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
             x4, data.view(torch.int16) if codec.kind == Kind.BF16 else data, x4 if scales is None else scales,
             x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
             x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
-            x4 if decoded is None else decoded, n_seq, h * p, n, {Group.HEAD: p, Group.TENSOR: h * p}.get(group, 1),
-            *codec.args, RANDOM=codec.random, BLOCK_R=block_r, BLOCK_C=block_c,
+            x4 if decoded is None else decoded, n_seq, h * p, n,
+            {Group.HEAD: p, Group.TENSOR: h * p, Group.TILE: p}.get(group, 1), *tile, *codec.args,
+            RANDOM=codec.random, BLOCK_R=block_r, BLOCK_C=block_c,
             TAKE=take is not None, BLOCK_B=1 if take is None else triton.next_power_of_2(n_seq),
             DECODED=decoded is not None,
         )

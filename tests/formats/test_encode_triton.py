@@ -21,8 +21,12 @@ NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")] + ["nvfp
 INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none", "int16sr:rounds=7,bits=32"]
 MUL = ["int16:order=mul", "int8sr:scale=head,order=mul", "fp8:scale=tensor,order=mul", "int16:scale=none,order=mul"]
 FEEDBACK = ["fp16sr:ef=fp32", "int8sr:scale=head,ef=bf16", "fp8:ef=fp32"]  # the inner format's layout, under its name
+TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32", "int8:scale=tile:3x5", "int16sr:scale=tile:2x0",
+        "fp8sr:scale=block:8,order=mul", "int16:scale=tile:0x1,order=mul", "fp8e5m2:scale=tile:4x16",
+        "int8:scale=block:16,ef=bf16"]  # scale tiles: edge tiles shorter, tiles taller than the head
 DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
-SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)]}  # (H, P, N) per sequence
+SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)],
+          "tile": [(3, 5, 33), (2, 40, 24)]}  # (H, P, N) per sequence
 
 
 def _ties_fp(h, p, n, g):
@@ -113,6 +117,14 @@ def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 
 
+@pytest.mark.parametrize("hpn", SHAPES["tile"], ids=str)
+@pytest.mark.parametrize("spec", TILE)
+def test_encode_triton_scale_tiles_bit_exact(spec, hpn, device):
+    """Scale tiles (the tile maxima reduced by torch, each tile's scale stored by its first element): heads of 40
+    rows under 32-row tiles, 33 columns under blocks of 32 and 8, tiles of 3 x 5."""
+    _check(spec, hpn, device)
+
+
 @pytest.mark.parametrize("hpn", SHAPES["nvfp4"], ids=str)
 @pytest.mark.parametrize("spec", NVFP4)
 def test_encode_triton_nvfp4_bit_exact(spec, hpn, device):
@@ -160,7 +172,8 @@ def test_encode_triton_transposed_input(spec, device):
 
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
-            "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3"]
+            "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3",
+            "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16"]
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -225,7 +238,7 @@ def _nan_canonical(packed):
     return out
 
 
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL + TILE)
 def test_encode_triton_non_finite(spec, device):
     fmt = get_format(spec)
     x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
@@ -242,15 +255,16 @@ def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
-    for spec in ("int8sr:axis=headdim,bits=8", "int16:axis=headdim", "fp8:scale=block:16", "fp8:axis=headdim",
-                 "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8", "fp16:rot=hadamard:32",
-                 "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1", "dualaxis:rot=hadamard:4"):
+    for spec in ("int8sr:axis=headdim,bits=8", "int16:axis=headdim", "fp8:axis=headdim,scale=block:16",
+                 "fp8:axis=headdim", "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8",
+                 "fp16:rot=hadamard:32", "int8:scale=block:32,rot=hadamard:32", "mx8sr", "dualaxis:rot=hadamard:4"):
         assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):
             encode_triton(x, get_format(spec))
     assert packed_codec(get_format("fp8:max=240")) is not None
-    # dual-axis: the encoder writes it, the step kernels read it decoded
-    assert packed_codec(get_format("dualaxis")) is None and encoder_codec(get_format("dualaxis")) is not None
+    # dual-axis factors and scale tiles: the encoder writes them, the step kernels read them decoded
+    for spec in ("dualaxis", "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1"):
+        assert packed_codec(get_format(spec)) is None and encoder_codec(get_format(spec)) is not None
     with pytest.raises(ValueError, match="keys"):
         encode_triton(x, get_format("fp8sr"))
     with pytest.raises(ValueError, match="2 entries"):

@@ -24,7 +24,8 @@ CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:
            "nvfp4/fp32@3", "nvfp4:scale=tensor/fp16sr@3", "int8/int16sr:scale=head@3",
            "shared:fp16sr:words=octet,cvt=soft@3",
            "int8:ef=fp32/fp16sr:ef=bf16@3",  # error feedback: each copy's residual, rounded with its fold
-           "stepquant:dualaxis6")  # dual-axis factors: one encoder program per head, read decoded
+           "stepquant:dualaxis6",  # dual-axis factors: one encoder program per head, read decoded
+           "fp8:scale=tile:2x0,max=240/int8sr:scale=block:16@2")  # scale tiles: the encoder's, read decoded
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789, 31, 2**40 + 3], dtype=torch.int64)
 
