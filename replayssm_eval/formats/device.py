@@ -10,6 +10,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
     round_state_tile                                               round_tile of a [head_dim, d_state] tile, oriented
     mx8_tile(x, fields, SR, BLOCK_R, BLOCK_C)                      Pimba's MX8 (`MicroexponentFormat`) of a tile
+    mx8_codes, mx8_bytes                                           its codes and packed bytes (the encoder)
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
@@ -602,21 +603,24 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
 
 
 @triton.jit
-def mx8_tile(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Pimba's MX8 of x [BLOCK_R, BLOCK_C] (`MicroexponentFormat`: blocks of 16 along C share the exponent E, pairs
-    the microexponent mu; padding zero; a block longer than BLOCK_C is the whole padded row), bit for bit, in integers:
-    |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) (SR: + f / 2^F, f the random field of F = 32 bits,
-    `sr_field`) is (mant + 2^(d - 1)) >> d (SR: (mant + f << (d - F)) >> d, or ((mant << (F - d)) + f) >> F where
-    d < F) with d = 23 - e + E - mu - 5 >= 18, and the value m * 2^(E - mu - 5) is built from its FP32 bits
-    (subnormal below 2^-126). Zeros and subnormals read e = -127 in the maxima, below every E >= -126, as the torch
-    form's."""
+def mx8_codes(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Pimba's MX8 codes of x [BLOCK_R, BLOCK_C] (`MicroexponentFormat`: blocks of 16 along C share the exponent E,
+    pairs the microexponent mu; padding zero; a block longer than BLOCK_C is the whole padded row), bit for bit, in
+    integers: |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) (SR: + f / 2^F, f the random field of
+    F = 32 bits, `sr_field`) is (mant + 2^(d - 1)) >> d (SR: (mant + f << (d - F)) >> d, or ((mant << (F - d)) + f)
+    >> F where d < F) with d = 23 - e + E - mu - 5 >= 18. Zeros and subnormals read e = -127 in the maxima, below
+    every E >= -126, as the torch form's. A block holding Inf or NaN (bad) codes as the torch form's: m = 0 and
+    mu = 1 throughout, E = -126.
+
+    Returns (m [BLOCK_R, NB, MB // 2, 2] int32, neg (x < 0 and m > 0, alike), mu [BLOCK_R, NB, MB // 2, 1] int32,
+    E [BLOCK_R, NB, 1, 1] int32, bad alike), NB = BLOCK_C // MB blocks of MB = min(16, BLOCK_C)."""
     MB: tl.constexpr = _MX8_BLOCK if _MX8_BLOCK < BLOCK_C else BLOCK_C
     u = tl.reshape(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
     field = u >> 23
-    e = field - 127  # floor(log2 |x|) of a normal x; -127 for zeros and subnormals
+    bad = tl.max(tl.max((field == 255).to(tl.int32), axis=3), axis=2)[:, :, None, None]  # the block holds Inf or NaN
+    e = tl.where(bad != 0, -127, field - 127)  # floor(log2 |x|) of a normal x; -127 for zeros and subnormals
     big = tl.max(tl.max(e, axis=3), axis=2)  # [BLOCK_R, BLOCK_C // MB]
     big = tl.where(big < -126, -126, big)[:, :, None, None]
-    bad = tl.max(tl.max((field == 255).to(tl.int32), axis=3), axis=2)[:, :, None, None]  # the block holds Inf or NaN
     mu = (tl.max(e, axis=3)[:, :, :, None] < big).to(tl.int32)  # [BLOCK_R, BLOCK_C // MB, MB // 2, 1]
     mant = tl.where(field == 0, u & 0x7FFFFF, (u & 0x7FFFFF) | 0x800000).to(tl.int64)
     d = 23 - tl.where(field == 0, -126, e) + big - mu - _MX8_MANTISSA + 1
@@ -628,16 +632,37 @@ def mx8_tile(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.con
         m = ((mant << down) + (f << up)) >> (d + down)
     else:
         m = (mant + (tl.full(d.shape, 1, tl.int64) << (d - 1))) >> d
-    m = tl.where(m > _MX8_QMAX, _MX8_QMAX, m).to(tl.int32)
+    m = tl.where(bad != 0, 0, tl.where(m > _MX8_QMAX, _MX8_QMAX, m)).to(tl.int32)
+    neg = tl.reshape(x < 0.0, (BLOCK_R, BLOCK_C // MB, MB // 2, 2)) & (m > 0)
+    return m, neg, mu, big, bad
+
+
+@triton.jit
+def mx8_tile(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Pimba's MX8 of x [BLOCK_R, BLOCK_C] (`mx8_codes`), bit for bit: m * 2^(E - mu - 5) built from its FP32 bits
+    (subnormal below 2^-126), NaN throughout a block holding Inf or NaN."""
+    m, neg, mu, big, bad = mx8_codes(x, fields, SR, BLOCK_R, BLOCK_C)
     a = big - mu - _MX8_MANTISSA + 1  # log2 of the step, >= -132
     mf = m.to(tl.float32).to(tl.int32, bitcast=True)
     normal = (mf >> 23) + a >= 1
     sub = m << tl.where(a + 149 > 31, 31, a + 149)  # m * 2^a = sub * 2^-149 where it is below 2^-126
     q = tl.where(m == 0, 0, tl.where(normal, mf + (a << 23), sub))
-    neg = tl.reshape(x < 0.0, (BLOCK_R, BLOCK_C // MB, MB // 2, 2)) & (m > 0)
     q = q.to(tl.float32, bitcast=True)
     q = tl.where(neg, -q, q)
     return tl.reshape(tl.where(bad != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
+
+
+@triton.jit
+def mx8_bytes(m, neg, mu, big, bad, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """`MicroexponentFormat`'s packed bytes [BLOCK_R, BLOCK_C] (int32) of `mx8_codes`' fields: byte b = sign << 6 | m,
+    bit 7 of byte 2j pair j's microexponent, of byte 2j+1 bit j of the exponent field (E + 127, 255 for a bad
+    block)."""
+    MB: tl.constexpr = _MX8_BLOCK if _MX8_BLOCK < BLOCK_C else BLOCK_C
+    field = tl.where(bad != 0, 255, big + 127)  # [BLOCK_R, NB, 1, 1]
+    j = tl.arange(0, MB // 2)[None, None, :, None]
+    lane = tl.arange(0, 2)[None, None, None, :]
+    spare = tl.where(lane == 0, mu, (field >> j) & 1)  # [BLOCK_R, NB, MB // 2, 2]
+    return tl.reshape(neg.to(tl.int32) << 6 | m | spare << 7, (BLOCK_R, BLOCK_C))
 
 
 @triton.jit

@@ -22,8 +22,9 @@ from replayssm_eval.formats import layout
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, encoder_codec
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
-    INT16SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, nvfp4_tile, pair_odd, quantize_tile,
-    round_kind, row_amax, scale_elements, seeded_bits, sr_field, state_bits,
+    INT16SR, MX8, MX8SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, mx8_bytes, mx8_codes,
+    mx8_tile, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax, scale_elements, seeded_bits, sr_field,
+    state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
@@ -173,7 +174,8 @@ def _encode_rows(
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
-    if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR):
+    if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR) | (
+            KIND == MX8SR):
         # key and checkpoint: SR kinds only
         bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, RANDOM)
     group = row_g // group_rows  # [BLOCK_R] global scale group
@@ -201,6 +203,15 @@ def _encode_rows(
         if DECODED:
             y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
             tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+    elif (KIND == MX8) | (KIND == MX8SR):  # a byte per element of the row padded to whole blocks of 16
+        n_bytes = (n_cols + 15) // 16 * 16
+        m, neg, mu, big, bad = mx8_codes(x, bits, KIND == MX8SR, BLOCK_R, BLOCK_C)
+        tl.store(data_ptr + row_g[:, None] * n_bytes + cols[None, :],
+                 mx8_bytes(m, neg, mu, big, bad, BLOCK_R, BLOCK_C).to(tl.uint8),
+                 mask=row_ok[:, None] & (cols[None, :] < n_bytes))
+        if DECODED:
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mx8_tile(x, bits, KIND == MX8SR, BLOCK_R,
+                                                                                 BLOCK_C), mask=mask)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         if GROUP == GROUP_TILE:  # a tile's scale from its first element
@@ -303,7 +314,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
                                   "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
                                   "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
                                   "tensor, none, block:N or tile:RxC; nvfp4 with axis=dstate and scale head, tensor "
-                                  "or row), and dualaxis")
+                                  "or row; mx8 and mx8sr with axis=dstate), and dualaxis")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -316,6 +327,8 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     fields = {"data": None, "scales": None, "global_scale": None}  # name: (shape, dtype) of each packed field
     if codec.block == 1:
         fields["data"] = shape, codec.data_dtype
+    elif codec.kind in (Kind.MX8, Kind.MX8SR):  # a byte per element, rows padded to whole blocks
+        fields["data"] = (*lead, h, p, codec.padded(n)), torch.uint8
     else:  # NVFP4: two codes per byte, one E4M3 scale per block
         n_blocks = -(-n // codec.block)
         fields["data"] = (*lead, h, p, n_blocks * codec.block // 2), torch.uint8
