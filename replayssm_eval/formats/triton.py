@@ -348,7 +348,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     elif group == Group.TENSOR:
         amax = _group_amax(x4, codec).reshape(-1)  # [B]
     elif group == Group.TILE:
-        amax = layout.tile_max(layout.magnitudes(x4, codec.order == Order.MUL), *tile).reshape(-1)  # [B * H * Rt * Ct]
+        amax = _tile_amax(x4, codec, *tile)  # [B * H * Rt * Ct]
     if not fmt.is_stochastic:
         keys = checkpoint = None
     elif keys is None or checkpoint is None:
@@ -387,6 +387,17 @@ def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
         decoded = _field("decoded", (shape, torch.float32), decoded, x4.device)
     launch_dual_axis_encode(x4, codec, data, r, c, take, decoded)
     return PackedState(fmt.name, shape, data, None, r, c)
+
+
+def _tile_amax(x4: torch.Tensor, codec: KernelCodec, rows: int, cols: int) -> torch.Tensor:
+    """`layout.tile_max` of x4's magnitudes `[B, H, P, N]` per scale tile of rows x cols, flat `[B * H * Rt * Ct]`.
+    Where cols divides N and NaN propagates (ORDER_DIV), each row's block maxima come from a max and a min over a
+    view (no |x| or padded copy of the state), and only those are tiled."""
+    if codec.order == Order.MUL or x4.shape[-1] % cols:
+        return layout.tile_max(layout.magnitudes(x4, codec.order == Order.MUL), rows, cols).reshape(-1)
+    blocks = x4.unflatten(-1, (-1, cols))  # [B, H, P, Ct, cols]
+    block_max = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg())  # [B, H, P, Ct] max |x|, NaN kept
+    return layout.tile_max(block_max, rows, 1).reshape(-1)
 
 
 def _field(name: str, spec: tuple | None, given: torch.Tensor | None, device) -> torch.Tensor | None:

@@ -27,7 +27,7 @@ TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32", "int8:scale=tile
 MX8 = ["mx8", "mx8sr", "mx8sr:bits=12,rounds=7", "mx8sr:ef=bf16"]  # Pimba's MX8: a byte per element, rows padded
 DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)],
-          "tile": [(3, 5, 33), (2, 40, 24)]}  # (H, P, N) per sequence
+          "tile": [(3, 5, 33), (2, 40, 24), (1, 6, 64)]}  # (H, P, N) per sequence
 
 
 def _ties_fp(h, p, n, g):
@@ -122,7 +122,8 @@ def test_encode_triton_bit_exact(spec, hpn, device):
 @pytest.mark.parametrize("spec", TILE)
 def test_encode_triton_scale_tiles_bit_exact(spec, hpn, device):
     """Scale tiles (the tile maxima reduced by torch, each tile's scale stored by its first element): heads of 40
-    rows under 32-row tiles, 33 columns under blocks of 32 and 8, tiles of 3 x 5."""
+    rows under 32-row tiles, 33 columns under blocks of 32 and 8, tiles of 3 x 5; blocks that divide the row (their
+    maxima from a max and a min of a view) and that do not."""
     _check(spec, hpn, device)
 
 
