@@ -10,7 +10,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     quantize_tile, round_tile, round_kind, nvfp4_tile              a format's rounding of a tile, by `KernelCodec`
     round_state_tile                                               round_tile of a [head_dim, d_state] tile, oriented
     mx8_tile(x, fields, SR, BLOCK_R, BLOCK_C)                      Pimba's MX8 (`MicroexponentFormat`) of a tile
-    mx8_codes, mx8_bytes                                           its codes and packed bytes (the encoder)
+    mx8_codes, mx8_values, mx8_bytes                               its codes, their values, its packed bytes
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
@@ -639,9 +639,15 @@ def mx8_codes(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.co
 
 @triton.jit
 def mx8_tile(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Pimba's MX8 of x [BLOCK_R, BLOCK_C] (`mx8_codes`), bit for bit: m * 2^(E - mu - 5) built from its FP32 bits
-    (subnormal below 2^-126), NaN throughout a block holding Inf or NaN."""
+    """Pimba's MX8 of x [BLOCK_R, BLOCK_C] (`mx8_codes`, `mx8_values`), bit for bit."""
     m, neg, mu, big, bad = mx8_codes(x, fields, SR, BLOCK_R, BLOCK_C)
+    return mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def mx8_values(m, neg, mu, big, bad, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[BLOCK_R, BLOCK_C] values of `mx8_codes`' fields: m * 2^(E - mu - 5) built from its FP32 bits (subnormal below
+    2^-126), NaN throughout a block holding Inf or NaN."""
     a = big - mu - _MX8_MANTISSA + 1  # log2 of the step, >= -132
     mf = m.to(tl.float32).to(tl.int32, bitcast=True)
     normal = (mf >> 23) + a >= 1

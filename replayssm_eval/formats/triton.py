@@ -23,7 +23,7 @@ from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, encode
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
     INT16SR, MX8, MX8SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, mx8_bytes, mx8_codes,
-    mx8_tile, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax, scale_elements, seeded_bits, sr_field,
+    mx8_values, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax, scale_elements, seeded_bits, sr_field,
     state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
@@ -210,8 +210,8 @@ def _encode_rows(
                  mx8_bytes(m, neg, mu, big, bad, BLOCK_R, BLOCK_C).to(tl.uint8),
                  mask=row_ok[:, None] & (cols[None, :] < n_bytes))
         if DECODED:
-            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mx8_tile(x, bits, KIND == MX8SR, BLOCK_R,
-                                                                                 BLOCK_C), mask=mask)
+            y = mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C)
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         if GROUP == GROUP_TILE:  # a tile's scale from its first element
