@@ -2,7 +2,8 @@
 # The fixed-buffer decode step (`--step graph`'s) per fold variant, before and after a change, side by side in one
 # run on one GPU, and the whole model on it. PARTS picks (default "speed tests engine"):
 #   speed   benchmarks/static_step_speed.py from a previous checkout (PREV, a folder holding its replayssm_eval/ and
-#           benchmarks/) and from this one, with the "some rows fold" step's kernel profile (FAMILIES, default all)
+#           benchmarks/) and from this one, with the "some rows fold" step's kernel profile (FAMILIES, default all;
+#           CONFIGS, default the script's)
 #   tests   the static step's, encode_triton's and the delta-rule steps' tests on the GPU
 #   checks  gpu_check_graph.py's checks on the bundled tiny models (graphs against eager, bit for bit)
 #   graph   gpu_check_graph.py's fixed-batch speed of Qwen3.5-4B at batch 256 (`fp32` beside
@@ -13,13 +14,15 @@
 #
 #   PREV=.prev OUT=out scripts/gpu_static_step.sh                                  # H200: about 7 minutes
 #   PARTS="speed tests checks" FAMILIES=gdn,kda PREV=.prev OUT=out scripts/gpu_static_step.sh
+#   PARTS="speed tests" FAMILIES=mamba2,gdn CONFIGS=sglang:fp8,pimba:mx8sr PREV=.prev OUT=out scripts/gpu_static_step.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FILTER='^ *[-=]*$|^\s+(aten|cuda|void|Memcpy|Memset|Activity|triton_|_)'  # the profiles' noise
 source scripts/gpu_steps.sh static-step
 PARTS=" ${PARTS:-speed tests engine} "
 part() { [[ $PARTS == *" $1 "* ]]; }
-speed=(python benchmarks/static_step_speed.py --profile --families "${FAMILIES:-gdn,mamba2,kda}")
+speed=(python benchmarks/static_step_speed.py --profile --families "${FAMILIES:-gdn,mamba2,kda}"
+       ${CONFIGS:+--configs "$CONFIGS"})
 if part speed; then
   [[ -n $PREV ]] && step speed_before 150 "$PREV" "${speed[@]}" --out "$dir/speed_before.json"
   step speed_after 150 . "${speed[@]}" --out "$dir/speed_after.json"
