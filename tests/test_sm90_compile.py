@@ -105,9 +105,12 @@ def cases() -> list:
                                       **{**encode, "TAKE": True, "DECODED": True})),
         (formats._encode_kernel, dict(KIND=int8sr, GROUP=tile, MAX=127.0, ORDER=div, RANDOM=sr32, **encode),
          {"data_ptr": "*i8"}),
-        # Pimba's MX8 + SR bytes, some states taken, the decoded copy written
+        # Pimba's MX8 + SR bytes and MXFP4 nibbles, some states taken, the decoded copy written
         (formats._encode_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=sr32,
                                       **{**encode, "TAKE": True, "DECODED": True}), {"data_ptr": "*u8"}),
+        (formats._encode_kernel, dict(KIND=mxfp4, GROUP=none, MAX=1.0, ORDER=div, RANDOM=plain,
+                                      **{**encode, "TAKE": True, "DECODED": True}),
+         {"data_ptr": "*u8", "scales_ptr": "*u8"}),
         # stepquant:dualaxis6 on Mamba-2's [80, 128] heads (rows along d_state) and width 3 on GDN's, some states taken
         (formats_dual._dual_axis_encode_kernel, dict(P=80, N=128, QMAX=31.0, WIDTH=6, AXIS=1, TAKE=True, DECODED=True,
                                                      BLOCK_P=128, BLOCK_N=128, BYTES=512), dual_encode),

@@ -290,11 +290,11 @@ def packed_codec(fmt) -> KernelCodec | None:
 
 def encoder_codec(fmt) -> KernelCodec | None:
     """fmt's codec when `encode_triton` writes its packed layout: the packed codecs, and, which the step kernels read
-    decoded, dual-axis factors in the state's basis, scale tiles of an elementwise kind along d_state and Pimba's MX8
+    decoded, dual-axis factors in the state's basis, and scale tiles and block exponents (MXFP8, MXFP4, Pimba's MX8)
     along d_state; else None."""
     codec = fmt.kernel_codec
     if codec is None:
         return None
-    tiles = codec.group == Group.TILE and codec.natural and codec.block == 1 and codec.kind not in _BLOCK_EXPONENT_KINDS
-    mx8 = codec.kind in (Kind.MX8, Kind.MX8SR) and codec.natural
-    return codec if codec.packed or tiles or mx8 or (codec.group == Group.DUAL and codec.rot == 1) else None
+    tiles = codec.group == Group.TILE and codec.natural and codec.block == 1
+    blocks = codec.kind in _BLOCK_EXPONENT_KINDS and codec.natural
+    return codec if codec.packed or tiles or blocks or (codec.group == Group.DUAL and codec.rot == 1) else None

@@ -11,6 +11,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     round_state_tile                                               round_tile of a [head_dim, d_state] tile, oriented
     mx8_tile(x, fields, SR, BLOCK_R, BLOCK_C)                      Pimba's MX8 (`MicroexponentFormat`) of a tile
     mx8_codes, mx8_values, mx8_bytes                               its codes, their values, its packed bytes
+    mx_elements(x, KIND, BLOCK_R, BLOCK_C)                         MXFP8 / MXFP4 elements, block scales and bytes
     hadamard_tile(x, ROT, BLOCK_R, BLOCK_C)                        `rot=hadamard:ROT` on runs along the tile's columns
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
@@ -573,25 +574,8 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
         q, s_b, s_dec = nvfp4_tile(x, amax, BLOCK_R, BLOCK_C)
         y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
     elif (KIND == MXFP8) or (KIND == MXFP4):
-        MB: tl.constexpr = _MX_BLOCK if _MX_BLOCK < BLOCK_C else BLOCK_C
-        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // MB, MB))
-        ab = tl.abs(xb)
-        bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
-        bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
-        EMAX: tl.constexpr = 2 if KIND == MXFP4 else 8
-        code = _exponent(bmax) - EMAX + 127
-        code = tl.where(code < 0, 0, tl.where(code > 254, 254, code))
-        code = tl.where(bmax == 0.0, 127, code)
-        # X = 2^(code - 127) and 1/X, both exact FP32 (2^-127 is subnormal: built from its bits)
-        scale = tl.where(code == 0, (1 << 22) + tl.zeros_like(code), (code << 23)).to(tl.float32, bitcast=True)
-        inv = tl.where(code == 254, (1 << 22) + tl.zeros_like(code), ((254 - code) << 23)).to(tl.float32, bitcast=True)
-        v = xb * inv[:, :, None]
-        if KIND == MXFP4:
-            q = round_e2m1(v)
-        else:
-            q = round_e4m3(v)
-        q = q * scale[:, :, None]
-        y = tl.reshape(tl.where(bad[:, :, None] != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
+        q, scale, _ = mx_elements(x, KIND, BLOCK_R, BLOCK_C)
+        y = tl.reshape(q * scale[:, :, None], (BLOCK_R, BLOCK_C))
     elif (KIND == MX8) or (KIND == MX8SR):
         y = mx8_tile(x, bits, KIND == MX8SR, BLOCK_R, BLOCK_C)
     else:
@@ -600,6 +584,32 @@ def quantize_tile(x, bits, amax, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: t
         if GROUP != GROUP_NONE:
             y = y * s
     return y
+
+
+@triton.jit
+def mx_elements(x, KIND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """MXFP8 / MXFP4 of x [BLOCK_R, BLOCK_C] (`MXFormat`: blocks of MB = min(32, BLOCK_C) along C, padding zero):
+    (q [BLOCK_R, NB, MB] the rounded elements x / X on the E4M3 / E2M1 grid, NaN throughout a block holding Inf or
+    NaN; X [BLOCK_R, NB], exact FP32; code [BLOCK_R, NB] int32, X's E8M0 byte, 255 for such a block)."""
+    MB: tl.constexpr = _MX_BLOCK if _MX_BLOCK < BLOCK_C else BLOCK_C
+    xb = tl.reshape(x, (BLOCK_R, BLOCK_C // MB, MB))
+    ab = tl.abs(xb)
+    bmax = tl.max(tl.where(ab != ab, 0.0, ab), axis=2)
+    bad = tl.max(((ab != ab) | (ab == float("inf"))).to(tl.int32), axis=2)
+    EMAX: tl.constexpr = 2 if KIND == MXFP4 else 8
+    code = _exponent(bmax) - EMAX + 127
+    code = tl.where(code < 0, 0, tl.where(code > 254, 254, code))
+    code = tl.where(bmax == 0.0, 127, code)
+    # X = 2^(code - 127) and 1/X, both exact FP32 (2^-127 is subnormal: built from its bits)
+    scale = tl.where(code == 0, (1 << 22) + tl.zeros_like(code), (code << 23)).to(tl.float32, bitcast=True)
+    inv = tl.where(code == 254, (1 << 22) + tl.zeros_like(code), ((254 - code) << 23)).to(tl.float32, bitcast=True)
+    v = xb * inv[:, :, None]
+    if KIND == MXFP4:
+        q = round_e2m1(v)
+    else:
+        q = round_e4m3(v)
+    q = tl.where(bad[:, :, None] != 0, float("nan"), q)
+    return q, scale, tl.where(bad != 0, 255, code)
 
 
 @triton.jit

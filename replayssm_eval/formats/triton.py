@@ -22,8 +22,8 @@ from replayssm_eval.formats import layout
 from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, encoder_codec
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
-    INT16SR, MX8, MX8SR, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes, mx8_bytes, mx8_codes,
-    mx8_values, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax, scale_elements, seeded_bits, sr_field,
+    INT16SR, MX8, MX8SR, MXFP4, MXFP8, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes,
+    mx_elements, mx8_bytes, mx8_codes, mx8_values, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax, scale_elements, seeded_bits, sr_field,
     state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
@@ -203,6 +203,24 @@ def _encode_rows(
         if DECODED:
             y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
             tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+    elif (KIND == MXFP8) | (KIND == MXFP4):  # E4M3 bytes or E2M1 nibbles of the row padded to blocks of 32
+        q, scale, code = mx_elements(x, KIND, BLOCK_R, BLOCK_C)  # [BLOCK_R, NB, 32], [BLOCK_R, NB], alike
+        n_padded = (n_cols + 31) // 32 * 32
+        if KIND == MXFP8:
+            tl.store(data_ptr + row_g[:, None] * n_padded + cols[None, :],
+                     tl.reshape(e4m3_encode(q), (BLOCK_R, BLOCK_C)).to(tl.uint8),
+                     mask=row_ok[:, None] & (cols[None, :] < n_padded))
+        else:
+            lo, hi = tl.split(tl.reshape(e2m1_encode(q), (BLOCK_R, BLOCK_C // 2, 2)))  # elements 2j, 2j + 1
+            j = tl.arange(0, BLOCK_C // 2)
+            tl.store(data_ptr + row_g[:, None] * (n_padded // 2) + j[None, :], (lo | (hi << 4)).to(tl.uint8),
+                     mask=row_ok[:, None] & (j[None, :] < n_padded // 2))
+        k = tl.arange(0, BLOCK_C // 32)
+        tl.store(scales_ptr + row_g[:, None] * (n_padded // 32) + k[None, :], code.to(tl.uint8),
+                 mask=row_ok[:, None] & (k[None, :] < n_padded // 32))
+        if DECODED:
+            y = tl.reshape(q * scale[:, :, None], (BLOCK_R, BLOCK_C))
+            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
     elif (KIND == MX8) | (KIND == MX8SR):  # a byte per element of the row padded to whole blocks of 16
         n_bytes = (n_cols + 15) // 16 * 16
         m, neg, mu, big, bad = mx8_codes(x, bits, KIND == MX8SR, BLOCK_R, BLOCK_C)
@@ -314,7 +332,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
                                   "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
                                   "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
                                   "tensor, none, block:N or tile:RxC; nvfp4 with axis=dstate and scale head, tensor "
-                                  "or row; mx8 and mx8sr with axis=dstate), and dualaxis")
+                                  "or row; mxfp8, mxfp4, mx8 and mx8sr with axis=dstate), and dualaxis")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     n_seq, h, p, n = x4.shape
     shape = tuple(x.shape)
@@ -329,6 +347,9 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         fields["data"] = shape, codec.data_dtype
     elif codec.kind in (Kind.MX8, Kind.MX8SR):  # a byte per element, rows padded to whole blocks
         fields["data"] = (*lead, h, p, codec.padded(n)), torch.uint8
+    elif codec.kind in (Kind.MXFP8, Kind.MXFP4):  # E4M3 bytes or E2M1 nibbles, one E8M0 scale per block
+        fields["data"] = (*lead, h, p, codec.padded(n) // (2 if codec.kind == Kind.MXFP4 else 1)), torch.uint8
+        fields["scales"] = (*lead, h, p, codec.padded(n) // codec.block), torch.uint8
     else:  # NVFP4: two codes per byte, one E4M3 scale per block
         n_blocks = -(-n // codec.block)
         fields["data"] = (*lead, h, p, n_blocks * codec.block // 2), torch.uint8

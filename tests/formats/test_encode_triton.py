@@ -24,7 +24,7 @@ FEEDBACK = ["fp16sr:ef=fp32", "int8sr:scale=head,ef=bf16", "fp8:ef=fp32"]  # the
 TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32", "int8:scale=tile:3x5", "int16sr:scale=tile:2x0",
         "fp8sr:scale=block:8,order=mul", "int16:scale=tile:0x1,order=mul", "fp8e5m2:scale=tile:4x16",
         "int8:scale=block:16,ef=bf16"]  # scale tiles: edge tiles shorter, tiles taller than the head
-MX8 = ["mx8", "mx8sr", "mx8sr:bits=12,rounds=7", "mx8sr:ef=bf16"]  # Pimba's MX8: a byte per element, rows padded
+MX = ["mx8", "mx8sr", "mx8sr:bits=12,rounds=7", "mx8sr:ef=bf16", "mxfp8", "mxfp4", "mxfp4:ef=fp32"]  # block exponents
 DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)],
           "tile": [(3, 5, 33), (2, 40, 24), (1, 6, 64)]}  # (H, P, N) per sequence
@@ -113,7 +113,7 @@ def _check(spec, hpn, device):
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK + MX8 + DUAL)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK + MX + DUAL)
 def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 
@@ -175,7 +175,7 @@ def test_encode_triton_transposed_input(spec, device):
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
             "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3",
-            "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16", "mx8sr"]
+            "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16", "mx8sr", "mxfp4"]
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -233,14 +233,14 @@ def _nan_canonical(packed):
             out.append(None)
         elif t.dtype == torch.uint8:
             t = t.cpu()
-            out.append(torch.where((t & 0x7F) == 0x7F, 0x7F, t) if packed.format[:3] in ("fp8", "nvf") else t)
+            out.append(torch.where((t & 0x7F) == 0x7F, 0x7F, t) if packed.format[:3] in ("fp8", "nvf", "mxf") else t)
         else:
             t = t.cpu().float()
             out.append(torch.where(t.isnan(), float("nan"), t).nan_to_num(nan=1234.5))
     return out
 
 
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL + TILE + MX8)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL + TILE + MX)
 def test_encode_triton_non_finite(spec, device):
     fmt = get_format(spec)
     x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
@@ -259,7 +259,7 @@ def test_encode_triton_rejects(device):
         encode_triton(x, get_format("nvfp4:axis=headdim"))
     for spec in ("int8sr:axis=headdim,bits=8", "int16:axis=headdim", "fp8:axis=headdim,scale=block:16",
                  "fp8:axis=headdim", "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8",
-                 "fp16:rot=hadamard:32", "int8:scale=block:32,rot=hadamard:32", "mx8sr:axis=headdim", "mxfp8",
+                 "fp16:rot=hadamard:32", "int8:scale=block:32,rot=hadamard:32", "mx8sr:axis=headdim", "mxfp8:axis=headdim",
                  "dualaxis:rot=hadamard:4"):
         assert packed_codec(get_format(spec)) is None
         with pytest.raises(NotImplementedError, match="does not cover"):
