@@ -23,8 +23,8 @@ from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, encode
 from replayssm_eval.formats.device import (
     BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
     INT16SR, MX8, MX8SR, MXFP4, MXFP8, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes,
-    mx_elements, mx8_bytes, mx8_codes, mx8_values, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax, scale_elements, seeded_bits, sr_field,
-    state_bits,
+    mx_elements, mx8_bytes, mx8_codes, mx8_values, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax,
+    scale_elements, seeded_bits, sr_field, state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
