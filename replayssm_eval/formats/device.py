@@ -18,6 +18,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     dual_axis_tile, dual_axis_codes (x, QMAX, COLS)                STEPQuant's dual-axis codes of a whole head
     feedback_target(x, e, EF)                                      what an `ef=` copy rounds: x + e
     feedback_residual(target, stored, EF)                          the residual an `ef=` copy keeps
+    sub_rn(a, b)                                                   a - b never contracted into an FMA
     state_bits(key, counter, col, KIND, RANDOM)                    the random fields of a stored copy
     seeded_bits(seed, counter, col, KIND, RANDOM)                  the random fields of `quantize(x, seed=...)`
     layout_bits(key, counter, col, KIND, RANDOM, N_ROUNDS)         both: Philox words in a format's word layout
@@ -72,6 +73,7 @@ from replayssm_eval.formats.formats import FP8Format, IntFormat
 ORDER_DIV, ORDER_MUL = (tl.constexpr(int(o)) for o in Order)
 RESIDUAL_NONE, RESIDUAL_FP32, RESIDUAL_BF16 = (tl.constexpr(int(r)) for r in Residual)
 WORDS_ELEMENT, WORDS_PAIR, WORDS_DUO, WORDS_QUAD, WORDS_OCTET = (tl.constexpr(int(w)) for w in Words)
+_INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)  # TRITON_INTERPRET, as triton.jit reads it
 AXIS_DSTATE, AXIS_HEADDIM = tl.constexpr(0), tl.constexpr(1)  # `KernelCodec.basis`'s AXIS
 
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _MAGIC) - _MAGIC rounds 0 <= y < 2^22 to an integer, ties to even
@@ -490,6 +492,19 @@ def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
+def sub_rn(a, b):
+    """a - b in FP32, rounded once by itself. A GPU compiler contracts a - p * q into one FMA where b = p * q is a
+    decoded value (codes times scale), which skips b's rounding: `sub.rn.f32` has an explicit rounding mode, which
+    the compiler never contracts (`mul` + `sub.rn`, not `fma`, in sm_90's SASS). The interpreter subtracts as is."""
+    if _INTERPRETED:
+        d = a - b
+    else:
+        d = tl.inline_asm_elementwise("sub.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    return d
+
+
+@triton.jit
 def feedback_target(x, e, EF: tl.constexpr):
     """What a copy with error feedback (EF: `Residual`) rounds: the state x plus its residual e; x itself without
     feedback (no add: x's zeros keep their sign)."""
@@ -502,7 +517,7 @@ def feedback_target(x, e, EF: tl.constexpr):
 def feedback_residual(target, stored, EF: tl.constexpr):
     """The residual a copy with error feedback keeps after rounding target to stored (`Feedback.residual`): their
     difference in FP32 (RESIDUAL_FP32) or rounded to BF16 (RESIDUAL_BF16, RNE)."""
-    e = target - stored
+    e = sub_rn(target, stored)
     if EF == RESIDUAL_BF16:
         e = round_bf16(e)
     return e
