@@ -63,7 +63,7 @@ from replayssm_eval.kernels.mamba2 import triton_step as mamba2_triton  # noqa: 
 from replayssm_eval.models.presets import PRESETS, full_size_preset  # noqa: E402
 from replayssm_eval.replay.config import ReplayConfig  # noqa: E402
 from replayssm_eval.replay.schedule import ScheduleState  # noqa: E402
-from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed  # noqa: E402
+from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed, zero_residual  # noqa: E402
 
 WINDOW = 16
 MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
@@ -241,12 +241,15 @@ def _schedule(batch: int, count: int, device) -> ScheduleState:
 
 
 def anchored_state(s0: torch.Tensor, config: str, buffer: dict, count: int) -> ReplayState:
-    """Layer-0 ReplayState of sequences 0..B-1: checkpoint 0 written from s0, `buffer` at window phase `count`."""
+    """Layer-0 ReplayState of sequences 0..B-1: checkpoint 0 written from s0 (and zero error-feedback residuals),
+    `buffer` at window phase `count`."""
     batch, device = s0.shape[0], s0.device
     seq_ids = torch.arange(batch, device=device)
     ckpt = torch.zeros(batch, dtype=torch.int64, device=device)
-    hi, lo, packed = write_checkpoint_packed(s0, ReplayConfig.parse(config), 0, seq_ids, ckpt)
-    return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed)
+    cfg = ReplayConfig.parse(config)
+    residual = zero_residual(cfg, tuple(s0.shape), device)
+    hi, lo, packed = write_checkpoint_packed(s0, cfg, 0, seq_ids, ckpt, residual)
+    return ReplayState(hi, lo, buffer, _schedule(batch, count, device), ckpt, seq_ids, 0, packed, residual)
 
 
 def _valid(t: torch.Tensor, count: int) -> torch.Tensor:
