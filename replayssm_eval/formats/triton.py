@@ -234,7 +234,7 @@ def _encode_rows(
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         if GROUP == GROUP_TILE:  # a tile's scale from its first element
             corner = mask & ((row_g % group_rows) % tile_rows == 0)[:, None] & (cols % tile_cols == 0)[None, :]
-            tl.store(scales_ptr + _tile_index(row_g, cols, group_rows, n_cols, tile_rows, tile_cols), s, mask=corner)
+            tl.store(scales_ptr + tile, s, mask=corner)
         elif GROUP != GROUP_NONE:
             tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
         q = round_kind(v, bits, KIND)
