@@ -74,7 +74,7 @@ def cases() -> list:
     modelopt = dict(KIND=int(Kind.INT8), GROUP=tile, MAX=127.0, ROWS=1, COLS=32, AXIS=1, ROT=32)
     # stepquant:dualaxis6 (codes within +-31, factors over the whole head of 128 columns in FP64)
     dual = dict(GROUP=int(Group.DUAL), MAX=31.0, ROWS=1, COLS=128, AXIS=1)
-    encode = dict(BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
+    encode = dict(AXIS=0, ROT=1, BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     dual_encode = {"r_ptr": "*i16", "c_ptr": "*i16", "codes_ptr": "*u8"}
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
                        BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
@@ -116,6 +116,12 @@ def cases() -> list:
                                                      BLOCK_P=128, BLOCK_N=128, BYTES=512), dual_encode),
         (formats_dual._dual_axis_encode_kernel, dict(P=128, N=128, QMAX=3.0, WIDTH=3, AXIS=0, TAKE=False,
                                                      DECODED=False, BLOCK_P=128, BLOCK_N=128, BYTES=512), dual_encode),
+        # modelopt:int8-hadamard's flush (codes along head_dim, rotated) and NVFP4 along head_dim with column factors
+        (formats._encode_kernel, dict(KIND=int(Kind.INT8), GROUP=tile, MAX=127.0, ORDER=div, RANDOM=plain,
+                                      **{**encode, "AXIS": 1, "ROT": 32, "TAKE": True, "DECODED": True}),
+         {"data_ptr": "*i8"}),
+        (formats._encode_kernel, dict(KIND=nvfp4, GROUP=int(Group.ROWCOL), MAX=1.0, ORDER=div, RANDOM=plain,
+                                      **{**encode, "AXIS": 1, "DECODED": True})),
         (formats._quantize_kernel, dict(KIND=fp16sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=(octet, 7, 8), SOURCE=2,
                                         BLOCK_R=16, BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
         (formats._quantize_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=sr32, SOURCE=2,

@@ -142,7 +142,7 @@ SR_BITS = {Kind.FP16SR: rounding.FP16_SR_BITS, Kind.FP16SR_SOFT: rounding.FP16_S
            Kind.MX8SR: rounding.MX8_SR_BITS}
 
 
-# kinds whose blocks share an exponent, which the kernels round in a tile but do not encode or decode packed
+# kinds whose blocks share an exponent, which the step kernels do not decode packed
 _BLOCK_EXPONENT_KINDS = (Kind.MXFP8, Kind.MXFP4, Kind.MX8, Kind.MX8SR)
 
 
@@ -183,9 +183,9 @@ class KernelCodec:
 
     @property
     def packed(self) -> bool:
-        """Whether `encode_triton` writes, and the step kernels decode, the packed encoding: a natural codec in a kind
-        the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles, column
-        factors or dual-axis factors). Error feedback keeps its inner format's layout: the encoder rounds the
+        """Whether the step kernels decode the packed encoding (`encode_triton` writes every codec's): a natural codec
+        in a kind the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles, column
+        factors or dual-axis factors); the others they read as the decoded FP32 copy. Error feedback keeps its inner format's layout: the encoder rounds the
         target it is given (state + residual), the residual being the caller's."""
         return (self.natural and self.kind not in _BLOCK_EXPONENT_KINDS
                 and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL))
@@ -286,15 +286,3 @@ def packed_codec(fmt) -> KernelCodec | None:
     """fmt's codec when the kernels encode and decode its packed layout (`KernelCodec.packed`), else None."""
     codec = fmt.kernel_codec
     return codec if codec is not None and codec.packed else None
-
-
-def encoder_codec(fmt) -> KernelCodec | None:
-    """fmt's codec when `encode_triton` writes its packed layout: the packed codecs, and, which the step kernels read
-    decoded, dual-axis factors in the state's basis, and scale tiles and block exponents (MXFP8, MXFP4, Pimba's MX8)
-    along d_state; else None."""
-    codec = fmt.kernel_codec
-    if codec is None:
-        return None
-    tiles = codec.group == Group.TILE and codec.natural and codec.block == 1
-    blocks = codec.kind in _BLOCK_EXPONENT_KINDS and codec.natural
-    return codec if codec.packed or tiles or blocks or (codec.group == Group.DUAL and codec.rot == 1) else None

@@ -1,15 +1,17 @@
 """Triton versions of the state formats' encoders: `encode_triton` and `quantize_triton`, kernels on `device`.
 
 `encode_triton(x, fmt, keys, checkpoint)` equals `fmt.encode` field by field (the packed checkpoint a
-flush writes; Philox keyed per state as `replay.keys`), in one launch after any head/tensor amax.
+flush writes; Philox keyed per state as `replay.keys`), in one launch after any group reduction, for every format
+with a `kernel_codec`.
 `quantize_triton(x, fmt, ...)` equals `fmt.quantize(x, ...)` bit for bit (not for dual-axis factors, which only
 whole-head programs round: `device.round_tile`). Both read the format's
 `kernel_codec` only (fp16sr's word layouts and conversions, and the SR formats' `rounds=` and `bits=`, included).
 Group amax reductions over more than a row (FP8 and integer head/tensor/tile scales, NVFP4 global scales) run before
 the launch, in torch (`encode_triton`'s head scales in one amax launch of their own, `head_amax`), as do scale=rowcol's
-column factors (`quantize_triton` rounds x / c by rows in the kernel and multiplies c back); row maxima, block maxima,
-scales, rounding and Philox (`tl.randint(seed, offset + flat index, rounds)`, or the word layout's `tl.randint4x`
-calls: `device.seeded_bits`) run in the kernel; a rotation (`rot=`) runs in torch around it (`rotation.rotate_runs`).
+column factors (the kernels round x / c by rows and multiply c back); row maxima, block maxima, scales, rounding and
+Philox (`tl.randint(seed, offset + flat index, rounds)`, or the word layout's `tl.randint4x` calls:
+`device.seeded_bits`) run in the kernel. A rotation (`rot=`) runs in torch before the kernel (`rotation.rotate_runs`),
+and after it in torch (`quantize_triton`) or in the kernel (`encode_triton`'s decoded copy: `device.hadamard_tile`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import layout
-from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order, encoder_codec
+from replayssm_eval.formats.codec import Group, KernelCodec, Kind, Order
 from replayssm_eval.formats.device import (
-    BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_TILE, INT8, INT8SR, INT16,
-    INT16SR, MX8, MX8SR, MXFP4, MXFP8, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode, magnitudes,
-    mx_elements, mx8_bytes, mx8_codes, mx8_values, nvfp4_tile, pair_odd, quantize_tile, round_kind, row_amax,
-    scale_elements, seeded_bits, sr_field, state_bits,
+    AXIS_HEADDIM, BF16, FP8, FP8E5M2, FP8SR, FP16, FP16SR, FP16SR_SOFT, GROUP_NONE, GROUP_ROW, GROUP_ROWCOL, GROUP_TILE,
+    INT8, INT8SR, INT16, INT16SR, MX8, MX8SR, MXFP4, MXFP8, NVFP4, ORDER_MUL, e2m1_encode, e4m3_encode, e5m2_encode,
+    hadamard_tile, magnitudes, mx_elements, mx8_bytes, mx8_codes, mx8_values, nvfp4_tile, pair_odd, quantize_tile,
+    round_kind, row_amax, scale_elements, seeded_bits, sr_field, state_bits,
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
@@ -130,14 +132,16 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
 
 @triton.jit
 def _encode_kernel(
-    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_seq, n_rows, n_cols,
-    group_rows, tile_rows, tile_cols,
+    x_ptr, data_ptr, scales_ptr, gs_ptr, cs_ptr, amax_ptr, col_ptr, key_ptr, ck_ptr, take_ptr, dec_ptr, n_seq,
+    n_rows, n_cols, head_rows, group_rows, tile_rows, tile_cols,
     KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TAKE: tl.constexpr, BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
+    AXIS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TAKE: tl.constexpr,
+    BLOCK_B: tl.constexpr, DECODED: tl.constexpr,
 ):
-    # x: [B, n_rows, n_cols] FP32 (n_rows = H * P); program (s, t) encodes row block t (BLOCK_R whole rows) of
-    # sequence s, or, TAKE, of the taken sequences s, s + S, s + 2 S, ... in order (S programs on axis 0);
-    # take: [B] int8, TAKE: only sequences with take[b] != 0 are read and written (B = n_seq <= BLOCK_B)
+    # x: [B, H, P, N] FP32, read as the oriented rows [B, n_rows, n_cols] (n_rows = H * R, `_encode_rows`); program
+    # (s, t) encodes row block t (BLOCK_R whole rows) of sequence s, or, TAKE, of the taken sequences s, s + S,
+    # s + 2 S, ... in order (S programs on axis 0); take: [B] int8, TAKE: only sequences with take[b] != 0 are read
+    # and written (B = n_seq <= BLOCK_B)
     if TAKE:  # the grid's size does not depend on how many states are taken (a CUDA graph replays it)
         seqs = tl.arange(0, BLOCK_B)
         taken = (tl.load(take_ptr + seqs, mask=seqs < n_seq, other=0) != 0).to(tl.int32)
@@ -146,41 +150,59 @@ def _encode_kernel(
         k = tl.program_id(0)
         while k < n_taken:  # a while loop: the interpreter cannot take range() of a runtime scalar
             b = tl.sum(tl.where((taken != 0) & (rank == k), seqs, 0), axis=0)
-            _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols,
-                         group_rows, tile_rows, tile_cols, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C, DECODED)
+            _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, cs_ptr, amax_ptr, col_ptr, key_ptr, ck_ptr, dec_ptr, b,
+                         n_rows, n_cols, head_rows, group_rows, tile_rows, tile_cols, KIND, GROUP, MAX, ORDER, RANDOM,
+                         AXIS, ROT, BLOCK_R, BLOCK_C, DECODED)
             k += tl.num_programs(0)
     else:
-        _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, tl.program_id(0), n_rows,
-                     n_cols, group_rows, tile_rows, tile_cols, KIND, GROUP, MAX, ORDER, RANDOM, BLOCK_R, BLOCK_C,
-                     DECODED)
+        _encode_rows(x_ptr, data_ptr, scales_ptr, gs_ptr, cs_ptr, amax_ptr, col_ptr, key_ptr, ck_ptr, dec_ptr,
+                     tl.program_id(0), n_rows, n_cols, head_rows, group_rows, tile_rows, tile_cols, KIND, GROUP, MAX,
+                     ORDER, RANDOM, AXIS, ROT, BLOCK_R, BLOCK_C, DECODED)
 
 
 @triton.jit
 def _encode_rows(
-    x_ptr, data_ptr, scales_ptr, gs_ptr, amax_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols, group_rows, tile_rows,
-    tile_cols, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
+    x_ptr, data_ptr, scales_ptr, gs_ptr, cs_ptr, amax_ptr, col_ptr, key_ptr, ck_ptr, dec_ptr, b, n_rows, n_cols,
+    head_rows, group_rows, tile_rows, tile_cols, KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr,
+    ORDER: tl.constexpr, RANDOM: tl.constexpr, AXIS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, DECODED: tl.constexpr,
 ):
-    """Encode row block program_id(1) of sequence b. amax: [B * n_rows // group_rows] (head and tensor groups,
-    reduced by torch), or each scale tile's (GROUP_TILE: tiles of tile_rows x tile_cols of a head's group_rows rows,
-    `_tile_index`), which the tile's first element stores in scales; key, ck: [B] Philox key and checkpoint (SR
-    kinds, their words read through RANDOM's word layout and bits); dec: [B, n_rows, n_cols] FP32, DECODED: the
-    decoded value is stored there too."""
+    """Encode row block program_id(1) of sequence b: rows of the oriented view [H * R, C] (head_rows = R; AXIS_HEADDIM:
+    row r of a head is its d_state index r, read with stride R along head_dim), x already rotated (ROT > 1: the
+    decoded copy is rotated back here). amax: [B * n_rows // group_rows] (head and tensor groups, reduced by torch),
+    or each scale tile's (GROUP_TILE: tiles of tile_rows x tile_cols of a head's group_rows rows, `_tile_index`),
+    which the tile's first element stores in scales; col: [B * H * C] scale=rowcol's column factors (torch's), which
+    each head's first row stores in cs; key, ck: [B] Philox key and checkpoint (SR kinds, their words read through
+    RANDOM's word layout and bits); dec: [B, H, P, N] FP32, DECODED: the decoded value is stored there too.
+    Element codes and decoded values lie in the state's layout, packed rows (NVFP4, MX) and scales in the oriented."""
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols[None, :] < n_cols)
-    elem = rows[:, None].to(tl.int64) * n_cols + cols[None, :]  # [BLOCK_R, BLOCK_C] index in [H, P, N]
-    row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * P]
+    head = rows // head_rows  # [BLOCK_R]
+    if AXIS == AXIS_HEADDIM:  # [BLOCK_R, BLOCK_C] index in [H, P, N] of oriented element (r, c): (c, r) of the head
+        elem = (head.to(tl.int64) * head_rows * n_cols + rows % head_rows)[:, None] + cols[None, :] * head_rows
+        col = (rows % head_rows)[:, None]  # [BLOCK_R, 1] the elements' index along the state's last dim
+    else:
+        elem = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+        col = cols[None, :]  # [1, BLOCK_C]
+    row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * R]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
+    dec = dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem
+    factor = tl.full((BLOCK_R, BLOCK_C), 1.0, tl.float32)
+    if GROUP == GROUP_ROWCOL:  # x / c by the head's column factors; the head's first row stores them
+        at = (b.to(tl.int64) * n_rows // head_rows + head)[:, None] * n_cols + cols[None, :]
+        factor = tl.load(col_ptr + at, mask=mask, other=1.0)  # [BLOCK_R, BLOCK_C]
+        tl.store(cs_ptr + at, factor, mask=mask & (rows % head_rows == 0)[:, None])
+        x = tl.math.div_rn(x, factor)
     bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
     if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR) | (
             KIND == MX8SR):
         # key and checkpoint: SR kinds only
-        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, cols[None, :], KIND, RANDOM)
+        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, col, KIND, RANDOM)
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
-    if GROUP == GROUP_ROW:
+    if (GROUP == GROUP_ROW) | (GROUP == GROUP_ROWCOL):
         amax = row_amax(x, mask, ORDER)
     elif GROUP == GROUP_TILE:
         tile = _tile_index(row_g, cols, group_rows, n_cols, tile_rows, tile_cols)
@@ -202,7 +224,7 @@ def _encode_rows(
         tl.store(gs_ptr + group[:, None], s_dec, mask=first[:, None])
         if DECODED:
             y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
-            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+            _store_decoded(dec, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
     elif (KIND == MXFP8) | (KIND == MXFP4):  # E4M3 bytes or E2M1 nibbles of the row padded to blocks of 32
         q, scale, code = mx_elements(x, KIND, BLOCK_R, BLOCK_C)  # [BLOCK_R, NB, 32], [BLOCK_R, NB], alike
         n_padded = (n_cols + 31) // 32 * 32
@@ -220,7 +242,7 @@ def _encode_rows(
                  mask=row_ok[:, None] & (k[None, :] < n_padded // 32))
         if DECODED:
             y = tl.reshape(q * scale[:, :, None], (BLOCK_R, BLOCK_C))
-            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+            _store_decoded(dec, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
     elif (KIND == MX8) | (KIND == MX8SR):  # a byte per element of the row padded to whole blocks of 16
         n_bytes = (n_cols + 15) // 16 * 16
         m, neg, mu, big, bad = mx8_codes(x, bits, KIND == MX8SR, BLOCK_R, BLOCK_C)
@@ -228,8 +250,8 @@ def _encode_rows(
                  mx8_bytes(m, neg, mu, big, bad, BLOCK_R, BLOCK_C).to(tl.uint8),
                  mask=row_ok[:, None] & (cols[None, :] < n_bytes))
         if DECODED:
-            y = mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C)
-            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+            _store_decoded(dec, mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C), factor, mask, GROUP, ROT, BLOCK_R,
+                           BLOCK_C)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         if GROUP == GROUP_TILE:  # a tile's scale from its first element
@@ -239,8 +261,7 @@ def _encode_rows(
             tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
         q = round_kind(v, bits, KIND)
         if DECODED:  # the decoded element is q, on the format's grid, times the scale
-            y = q * s if GROUP != GROUP_NONE else q
-            tl.store(dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem, y, mask=mask)
+            _store_decoded(dec, q * s if GROUP != GROUP_NONE else q, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
         out = data_ptr + b.to(tl.int64) * n_rows * n_cols + elem
         if (KIND == FP8) | (KIND == FP8SR):
             tl.store(out, e4m3_encode(q).to(tl.uint8), mask=mask)
@@ -256,6 +277,18 @@ def _encode_rows(
             tl.store(out, q.to(tl.int16), mask=mask)
         else:
             tl.store(out, q, mask=mask)
+
+
+@triton.jit
+def _store_decoded(ptr, y, factor, mask, GROUP: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
+    """Store the decoded oriented tile y [BLOCK_R, BLOCK_C] at ptr: times scale=rowcol's column factors, rotated back
+    (ROT > 1), as `fmt.decode` orders them."""
+    if GROUP == GROUP_ROWCOL:
+        y = y * factor
+    if ROT > 1:
+        y = hadamard_tile(y, ROT, BLOCK_R, BLOCK_C)
+    tl.store(ptr, y, mask=mask)
 
 
 @triton.jit
@@ -316,9 +349,12 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     For stochastic formats keys and checkpoint ([B] int64, B = number of leading indices) give each
     state's Philox key and checkpoint index, and the result equals
     `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N), fmt.lane_words))`;
-    deterministic formats ignore them and equal `fmt.encode(x)`. Head scales take one amax launch first (of the
-    `take` rows only), tensor-wide scales one torch amax reduction and scale tiles one torch tile maximum (of every
-    state); row scales are reduced in the kernel. Dual-axis factors take one program per head (`triton_dual_axis`).
+    deterministic formats ignore them and equal `fmt.encode(x)`. Every format with a `kernel_codec`: either axis (the
+    kernel reads the oriented rows in place), every scale, `rot=`. Head scales take one amax launch first (of the
+    `take` rows only); tensor-wide scales one torch amax reduction, scale tiles one torch tile maximum and scale=rowcol
+    one torch column maximum (of every state); row scales are reduced in the kernel. A rotation (`rot=`) rotates the
+    state in torch before (`rotation.rotate_runs`) and the decoded copy in the kernel (`device.hadamard_tile`, the same
+    bits). Dual-axis factors take one program per head (`triton_dual_axis`).
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
@@ -326,79 +362,83 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     and written (not with scale=tensor, whose one scale spans every state), by `TAKE_SLOTS` programs per
     row block that take them in turn: the grid does not grow with B nor depend on how many are taken.
     """
-    codec = encoder_codec(fmt)
+    codec = fmt.kernel_codec
     if codec is None:
-        raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}'; covered: formats whose "
-                                  "`kernel_codec` is packed (fp32, bf16, fp16, fp16sr with any words= and cvt=; fp8, "
-                                  "fp8sr, fp8e5m2, int8, int8sr, int16, int16sr with axis=dstate and scale row, head, "
-                                  "tensor, none, block:N or tile:RxC; nvfp4 with axis=dstate and scale head, tensor "
-                                  "or row; mxfp8, mxfp4, mx8 and mx8sr with axis=dstate), and dualaxis")
+        raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}': it has no `kernel_codec`")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
-    n_seq, h, p, n = x4.shape
+    if codec.rot > 1:  # the rotated state, in the state's layout
+        x4 = layout.unorient(rotate_runs(layout.orient(x4, codec.axis), codec.rot, codec.axis), codec.axis).contiguous()
     shape = tuple(x.shape)
-    lead = layout.shape3(shape)[:-3]
     group = codec.group
     if group == Group.DUAL:
         return _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded)
     if take is not None and group == Group.TENSOR:
         raise ValueError(f"take= rounds some states only; format '{fmt.name}' scales over all of them")
-    fields = {"data": None, "scales": None, "global_scale": None}  # name: (shape, dtype) of each packed field
-    if codec.block == 1:
+    n_seq = x4.shape[0]
+    *lead, h, r, c = layout.oriented_shape(shape, codec.axis)  # the oriented head [R, C]: codes along C
+    fields = {"data": None, "scales": None, "global_scale": None, "col_scale": None}  # name: (shape, dtype)
+    if codec.block == 1:  # element codes in the state's layout
         fields["data"] = shape, codec.data_dtype
-    elif codec.kind in (Kind.MX8, Kind.MX8SR):  # a byte per element, rows padded to whole blocks
-        fields["data"] = (*lead, h, p, codec.padded(n)), torch.uint8
-    elif codec.kind in (Kind.MXFP8, Kind.MXFP4):  # E4M3 bytes or E2M1 nibbles, one E8M0 scale per block
-        fields["data"] = (*lead, h, p, codec.padded(n) // (2 if codec.kind == Kind.MXFP4 else 1)), torch.uint8
-        fields["scales"] = (*lead, h, p, codec.padded(n) // codec.block), torch.uint8
-    else:  # NVFP4: two codes per byte, one E4M3 scale per block
-        n_blocks = -(-n // codec.block)
-        fields["data"] = (*lead, h, p, n_blocks * codec.block // 2), torch.uint8
-        fields["scales"] = (*lead, h, p, n_blocks), torch.uint8
-    tile = (codec.rows or p, codec.cols or n) if group == Group.TILE else (1, 1)  # a scale tile's rows, columns
+    elif codec.kind in (Kind.MX8, Kind.MX8SR):  # a byte per element, oriented rows padded to whole blocks
+        fields["data"] = (*lead, h, r, codec.padded(c)), torch.uint8
+    else:  # two E2M1 codes (NVFP4, MXFP4) or one E4M3 code (MXFP8) per byte; one E4M3 or E8M0 scale per block
+        fields["data"] = (*lead, h, r, codec.padded(c) // (1 if codec.kind == Kind.MXFP8 else 2)), torch.uint8
+        fields["scales"] = (*lead, h, r, codec.padded(c) // codec.block), torch.uint8
+    tile = (codec.rows or r, codec.cols or c) if group == Group.TILE else (1, 1)  # a scale tile's rows, columns
     if group == Group.TILE:
-        fields["scales"] = (*lead, h, -(-p // tile[0]), -(-n // tile[1])), torch.float32
+        fields["scales"] = (*lead, h, -(-r // tile[0]), -(-c // tile[1])), torch.float32
     elif group != Group.NONE:
-        fields["global_scale"] = tuple(layout.group_shape(shape, group.scale)), torch.float32
-    data, scales, gs = (_field(name, spec, None if out is None else getattr(out, name), x.device)
-                        for name, spec in fields.items())
+        scale = "row" if group == Group.ROWCOL else group.scale
+        fields["global_scale"] = tuple(layout.group_shape(shape, scale, codec.axis)), torch.float32
+    if group == Group.ROWCOL:
+        fields["col_scale"] = (*lead, h, c), torch.float32
+    data, scales, gs, cs = (_field(name, spec, None if out is None else getattr(out, name), x.device)
+                            for name, spec in fields.items())
     if decoded is not None:
         decoded = _field("decoded", (shape, torch.float32), decoded, x.device)
-    amax = None  # row scales are reduced in the kernel, head scales by `head_amax`, tensor and tile scales by torch
+    amax = col = None  # row scales are reduced in the kernel, head scales by `head_amax`, the others by torch
     if group == Group.HEAD:
         amax = head_amax(x4, take, skip_nan=codec.order == Order.MUL)  # [B * H]
     elif group == Group.TENSOR:
         amax = _group_amax(x4, codec).reshape(-1)  # [B]
     elif group == Group.TILE:
-        amax = _tile_amax(x4, codec, *tile)  # [B * H * Rt * Ct]
-    if not fmt.is_stochastic:
-        keys = checkpoint = None
-    elif keys is None or checkpoint is None:
-        raise ValueError(f"stochastic format '{fmt.name}' needs keys= and checkpoint= ([B] int64); got None")
-    else:
-        keys = keys.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
-        checkpoint = checkpoint.to(device=x.device, dtype=torch.int64).reshape(-1).contiguous()
-        if keys.numel() != n_seq or checkpoint.numel() != n_seq:
-            raise ValueError(f"keys and checkpoint need {n_seq} entries (one per state); "
-                             f"got {keys.numel()} and {checkpoint.numel()}")
+        amax = _tile_amax(layout.orient(x4, codec.axis), codec, *tile)  # [B * H * Rt * Ct]
+    elif group == Group.ROWCOL:
+        col = column_factors(layout.orient(x4, codec.axis)).reshape(-1)  # [B * H * C]
+    keys, checkpoint = _philox_keys(fmt, keys, checkpoint, n_seq, x.device)
     if x4.numel():
-        block_c = max(triton.next_power_of_2(n), codec.block)
+        block_c = max(triton.next_power_of_2(c), codec.block)
         block_r = max(1, min(64, 2048 // block_c))
         seqs = n_seq if take is None else min(n_seq, TAKE_SLOTS)  # grid axis 0: states, or slots for the taken ones
-        _encode_kernel[(seqs, triton.cdiv(h * p, block_r))](
-            x4, data.view(torch.int16) if codec.kind == Kind.BF16 else data, x4 if scales is None else scales,
-            x4 if gs is None else gs, x4 if amax is None else amax, x4 if keys is None else keys,
-            x4 if checkpoint is None else checkpoint, x4 if take is None else take.to(torch.int8),
-            x4 if decoded is None else decoded, n_seq, h * p, n,
-            {Group.HEAD: p, Group.TENSOR: h * p, Group.TILE: p}.get(group, 1), *tile, *codec.args,
-            RANDOM=codec.random, BLOCK_R=block_r, BLOCK_C=block_c,
+        _encode_kernel[(seqs, triton.cdiv(h * r, block_r))](
+            x4, data.view(torch.int16) if codec.kind == Kind.BF16 else data, *(x4 if t is None else t for t in (
+                scales, gs, cs, amax, col, keys, checkpoint, None if take is None else take.to(torch.int8), decoded)),
+            n_seq, h * r, c, r, {Group.HEAD: r, Group.TENSOR: h * r, Group.TILE: r}.get(group, 1), *tile, *codec.args,
+            RANDOM=codec.random, AXIS=codec.basis[0], ROT=codec.rot, BLOCK_R=block_r, BLOCK_C=block_c,
             TAKE=take is not None, BLOCK_B=1 if take is None else triton.next_power_of_2(n_seq),
             DECODED=decoded is not None,
         )
-    return PackedState(fmt.name, shape, data, scales, gs)
+    return PackedState(fmt.name, shape, data, scales, gs, cs)
+
+
+def _philox_keys(fmt, keys, checkpoint, n_seq: int, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(keys, checkpoint) as the kernels read them, [B] int64 on the state's device; None for deterministic formats."""
+    if not fmt.is_stochastic:
+        return None, None
+    if keys is None or checkpoint is None:
+        raise ValueError(f"stochastic format '{fmt.name}' needs keys= and checkpoint= ([B] int64); got None")
+    keys = keys.to(device=device, dtype=torch.int64).reshape(-1).contiguous()
+    checkpoint = checkpoint.to(device=device, dtype=torch.int64).reshape(-1).contiguous()
+    if keys.numel() != n_seq or checkpoint.numel() != n_seq:
+        raise ValueError(f"keys and checkpoint need {n_seq} entries (one per state); "
+                         f"got {keys.numel()} and {checkpoint.numel()}")
+    return keys, checkpoint
 
 
 def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
-    """`encode_triton` of x4 [B, H, P, N] (the state of `shape`) in a dual-axis format: one program per head."""
+    """`encode_triton` of x4 [B, H, P, N] (the state of `shape`, rotated for `rot=`) in a dual-axis format: one program
+    per head. A rotated format's decoded copy is rotated back by torch (a head's FP64 rotation in one program would
+    spill) and put into the taken states."""
     *lead, h, rows, cols = layout.oriented_shape(shape, codec.axis)
     fields = {"data": ((*lead, h, packed_bytes(rows, cols, codec)), torch.uint8),
               "global_scale": ((*lead, h, rows), torch.float16), "col_scale": ((*lead, h, cols), torch.float16)}
@@ -406,18 +446,24 @@ def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
                   for name, spec in fields.items())
     if decoded is not None:
         decoded = _field("decoded", (shape, torch.float32), decoded, x4.device)
-    launch_dual_axis_encode(x4, codec, data, r, c, take, decoded)
+    rotated = None if decoded is None or codec.rot == 1 else torch.empty_like(x4)  # [B, H, P, N] in the rotated basis
+    launch_dual_axis_encode(x4, codec, data, r, c, take, decoded if rotated is None else rotated)
+    if rotated is not None:
+        back = layout.unorient(rotate_runs(layout.orient(rotated, codec.axis), codec.rot, codec.axis), codec.axis)
+        if take is not None:
+            back = torch.where(take.view(-1, 1, 1, 1), back, decoded.view(back.shape))
+        decoded.copy_(back.reshape(shape))
     return PackedState(fmt.name, shape, data, None, r, c)
 
 
-def _tile_amax(x4: torch.Tensor, codec: KernelCodec, rows: int, cols: int) -> torch.Tensor:
-    """`layout.tile_max` of x4's magnitudes `[B, H, P, N]` per scale tile of rows x cols, flat `[B * H * Rt * Ct]`.
-    Where cols divides N and NaN propagates (ORDER_DIV), each row's block maxima come from a max and a min over a
+def _tile_amax(xo: torch.Tensor, codec: KernelCodec, rows: int, cols: int) -> torch.Tensor:
+    """`layout.tile_max` of the oriented xo's magnitudes `[B, H, R, C]` per scale tile of rows x cols, flat
+    `[B * H * Rt * Ct]`. Where cols divides C and NaN propagates (ORDER_DIV), each row's block maxima come from a max and a min over a
     view (no |x| or padded copy of the state), and only those are tiled."""
-    if codec.order == Order.MUL or x4.shape[-1] % cols:
-        return layout.tile_max(layout.magnitudes(x4, codec.order == Order.MUL), rows, cols).reshape(-1)
-    blocks = x4.unflatten(-1, (-1, cols))  # [B, H, P, Ct, cols]
-    block_max = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg())  # [B, H, P, Ct] max |x|, NaN kept
+    if codec.order == Order.MUL or xo.shape[-1] % cols:
+        return layout.tile_max(layout.magnitudes(xo, codec.order == Order.MUL), rows, cols).reshape(-1)
+    blocks = xo.unflatten(-1, (-1, cols))  # [B, H, R, Ct, cols]
+    block_max = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg())  # [B, H, R, Ct] max |x|, NaN kept
     return layout.tile_max(block_max, rows, 1).reshape(-1)
 
 

@@ -91,9 +91,9 @@ def packed_bytes(rows: int, cols: int, codec: KernelCodec) -> int:
 
 def launch_dual_axis_encode(x4: torch.Tensor, codec: KernelCodec, data: torch.Tensor, r: torch.Tensor,
                             c: torch.Tensor, take: torch.Tensor | None, decoded: torch.Tensor | None) -> None:
-    """Write the dual-axis encoding of x4 [B, H, P, N] (contiguous FP32) into data [B, H, bytes] uint8, r [B, H, R]
-    and c [B, H, C] FP16 (`encode_triton`'s fields, checked there), and its decoding into decoded; take: [B] bool,
-    only those states."""
+    """Write the dual-axis encoding of x4 [B, H, P, N] (contiguous FP32; a rotated format's state already rotated)
+    into data [B, H, bytes] uint8, r [B, H, R] and c [B, H, C] FP16 (`encode_triton`'s fields, checked there), and its
+    decoding (in x4's basis) into decoded; take: [B] bool, only those states."""
     n_seq, h, p, n = x4.shape
     if not x4.numel():
         return
@@ -102,7 +102,7 @@ def launch_dual_axis_encode(x4: torch.Tensor, codec: KernelCodec, data: torch.Te
     _dual_axis_encode_kernel[(n_seq * h,)](
         x4, data, r.view(torch.int16), c.view(torch.int16), x4 if decoded is None else decoded, codes,
         x4 if take is None else take.to(torch.int8), h, nbytes, P=p, N=n, QMAX=codec.max, WIDTH=code_width(codec),
-        AXIS=int(codec.axis == "headdim"), TAKE=take is not None, DECODED=decoded is not None,
+        AXIS=codec.basis[0], TAKE=take is not None, DECODED=decoded is not None,
         BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_N=max(16, triton.next_power_of_2(n)),
         BYTES=min(_BYTES, max(16, triton.next_power_of_2(nbytes))), num_warps=_WARPS,
     )

@@ -77,7 +77,8 @@ CHUNKED_TRITON_CONFIGS = ("nvfp4:scale=row/fp16sr@4", "shared:fp8sr:scale=head@4
 # the Triton encoder (a flush's checkpoint write) on the golden inputs: formats of FORMATS, so the hashes equal `bits`
 ENCODE_FORMATS = ("nvfp4", "nvfp4:scale=row", "nvfp4:scale=tensor", "fp8", "fp8:scale=head", "fp8:scale=none",
                   "fp8:max=240", "fp8e5m2:scale=head,max=1024", "fp16", "bf16", "fp8:scale=tile:32x0,max=240",
-                  "int8:scale=block:16")
+                  "int8:scale=block:16", "int8:axis=headdim", "nvfp4:axis=headdim,scale=head", "nvfp4:scale=rowcol",
+                  "int8:rot=hadamard:16", "mx8:axis=headdim")
 KL_RUNS = {
     "tiny-nemotron-h": ("fp16", "shared:nvfp4", "nvfp4/fp16sr", "nvfp4/fp8sr"),
     # SGLang's FP8 pool with 16-row tiles (its 32-row tile is a whole head of this model), error feedback, a

@@ -3,8 +3,8 @@
 A checkpoint is written at prefill (checkpoint 0) and at every flush: the FP32 state S is cast
 independently to the recurrence format (S_hi) and to the read format (S_lo); with a shared
 checkpoint one cast serves both. Stochastic rounding draws its bits from `replay.keys`.
-CUDA states are encoded by `formats.triton.encode_triton` (one launch per copy, same bits) where it
-covers the format (`encoder_codec`); CPU states and the other formats use the torch `fmt.encode`.
+CUDA states are encoded by `formats.triton.encode_triton` (one launch per copy, same bits) in every format
+with a kernel codec; CPU states use the torch `fmt.encode`.
 A copy in a format with error feedback (`ef=`, `formats.feedback`) keeps the residual of its last
 rounding in `ReplayState.residual` and adds it to S before its next rounding, at every checkpoint write
 of every kernel (the chunked Triton kernels where they round the copy, else the call runs on torch).
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_eval.formats.codec import encoder_codec
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys, state_random_bits
 from replayssm_eval.replay.schedule import ScheduleState
@@ -146,8 +145,8 @@ def write_read_copy_packed(
 
 
 def _use_triton(state: torch.Tensor, fmt) -> bool:
-    """Encode with the one-launch Triton encoder: CUDA states in the formats it covers (CPU keeps torch)."""
-    return state.is_cuda and encoder_codec(fmt) is not None
+    """Encode with the one-launch Triton encoder: CUDA states in the formats with a kernel codec (CPU keeps torch)."""
+    return state.is_cuda and fmt.kernel_codec is not None
 
 
 def _encode(state, fmt, seed, layer, seq_ids, checkpoint, copy, residual):

@@ -5,7 +5,7 @@ import torch
 
 from replayssm_eval.formats import PackedState, get_format, layout, rounding
 from replayssm_eval.formats import triton as formats_triton
-from replayssm_eval.formats.codec import encoder_codec, packed_codec
+from replayssm_eval.formats.codec import packed_codec
 from replayssm_eval.formats.triton import encode_triton, head_amax
 from replayssm_eval.replay import state as state_mod
 from replayssm_eval.replay.state import feedback_copies
@@ -26,8 +26,20 @@ TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32", "int8:scale=tile
         "int8:scale=block:16,ef=bf16"]  # scale tiles: edge tiles shorter, tiles taller than the head
 MX = ["mx8", "mx8sr", "mx8sr:bits=12,rounds=7", "mx8sr:ef=bf16", "mxfp8", "mxfp4", "mxfp4:ef=fp32"]  # block exponents
 DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
+ORIENTED = ["int16:axis=headdim", "int8sr:axis=headdim,bits=8", "fp8:axis=headdim,scale=block:16",
+            "fp8sr:axis=headdim,scale=head", "int8:axis=headdim,scale=tile:3x5,order=mul", "fp8e5m2:axis=headdim,scale=tensor",
+            "int16sr:axis=headdim,scale=none", "nvfp4:axis=headdim", "nvfp4:axis=headdim,scale=row", "mx8sr:axis=headdim",
+            "mxfp8:axis=headdim", "mxfp4:axis=headdim"]  # codes along head_dim: the oriented rows read in place
+ROWCOL = ["nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8", "int16:scale=rowcol,order=mul",
+          "nvfp4:axis=headdim,scale=rowcol", "fp8:axis=headdim,scale=rowcol,ef=fp32"]  # torch's column factors
+ROTATED = ["fp16:rot=hadamard:16", "fp16sr:words=pair,rot=hadamard:4", "int8:scale=block:32,rot=hadamard:16",
+           "nvfp4:rot=hadamard:16", "mx8sr:rot=hadamard:8", "fp8:scale=tensor,rot=hadamard:2", "mxfp4:rot=hadamard:16,ef=fp32",
+           "int8sr:axis=headdim,scale=head,rot=hadamard:4", "int8:axis=headdim,scale=block:8,rot=hadamard:8",
+           "nvfp4:axis=headdim,scale=rowcol,rot=hadamard:8", "dualaxis:rot=hadamard:4",
+           "dualaxis:axis=dstate,rot=hadamard:16,ef=bf16"]  # rotated in torch, the decoded copy back in the kernel
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)],
-          "tile": [(3, 5, 33), (2, 40, 24), (1, 6, 64)]}  # (H, P, N) per sequence
+          "tile": [(3, 5, 33), (2, 40, 24), (1, 6, 64)],
+          "rotated": [(3, 8, 48), (1, 32, 32)]}  # (H, P, N) per sequence; rotated: runs of 16 along N, of 8 along P
 
 
 def _ties_fp(h, p, n, g):
@@ -101,15 +113,17 @@ def _reference(fmt, x, keys, checkpoint):
     return fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, x.shape[-3:], fmt.lane_words).reshape(x.shape))
 
 
-def _check(spec, hpn, device):
-    fmt = get_format(spec)
+def _check(spec, hpn, device, fmt=None):
+    """Every field of `encode_triton` and the decoded copy its launch writes against `fmt.encode` and `fmt.decode`."""
+    fmt = fmt or get_format(spec)
     x = _states(hpn)
     keys, checkpoints = _keys(fmt, x.shape[0])
     for checkpoint in checkpoints:
         want = _reference(fmt, x, keys, checkpoint)
-        got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device))
+        decoded = torch.empty(x.shape, device=device)
+        got = encode_triton(x.to(device), fmt, keys.to(device), checkpoint.to(device), decoded=decoded)
         packed_equal(got, want)
-        assert torch.equal(fmt.decode(got).cpu().view(torch.int32), fmt.decode(want).view(torch.int32))
+        assert torch.equal(decoded.cpu().view(torch.int32), fmt.decode(want).view(torch.int32))
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
@@ -131,6 +145,29 @@ def test_encode_triton_scale_tiles_bit_exact(spec, hpn, device):
 @pytest.mark.parametrize("spec", NVFP4)
 def test_encode_triton_nvfp4_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
+
+
+@pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
+@pytest.mark.parametrize("spec", ORIENTED + ROWCOL)
+def test_encode_triton_head_dim_codes_and_column_factors_bit_exact(spec, hpn, device):
+    """Codes along head_dim (element codes and decoded values in the state's layout, packed rows and scales in the
+    oriented one), and scale=rowcol's column factors, on heads whose 33 and 20 columns and 5 and 7 rows pad every
+    block."""
+    _check(spec, hpn, device)
+
+
+@pytest.mark.parametrize("hpn", SHAPES["rotated"], ids=str)
+@pytest.mark.parametrize("spec", ROTATED)
+def test_encode_triton_rotated_bit_exact(spec, hpn, device):
+    """`rot=hadamard:N` along either axis: the packed fields of the rotated state, and the decoded copy rotated back
+    in the kernel, bit for bit torch's FP64 rotation."""
+    _check(spec, hpn, device)
+
+
+def test_encode_triton_modelopt_preset_bit_exact(device):
+    """ModelOpt's INT8 state: blocks of 32 along head_dim rotated by H_32 (a 32-row head)."""
+    fmt = ReplayConfig.parse("modelopt:int8-hadamard").read_format
+    _check(fmt.name, (2, 32, 24), device, fmt)
 
 
 @pytest.mark.parametrize("spec", ["fp16sr", "fp8sr:scale=head", "nvfp4:scale=row", "fp8e5m2:scale=tensor"])
@@ -175,7 +212,8 @@ def test_encode_triton_transposed_input(spec, device):
 
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
             "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3",
-            "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16", "mx8sr", "mxfp4"]
+            "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16", "mx8sr", "mxfp4", "int8sr:axis=headdim,scale=head",
+            "nvfp4:axis=headdim,scale=rowcol", "int8:scale=block:16,rot=hadamard:8", "dualaxis:axis=dstate,rot=hadamard:4"]
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -240,10 +278,10 @@ def _nan_canonical(packed):
     return out
 
 
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL + TILE + MX)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + NVFP4 + INT + MUL + DUAL + TILE + MX + ORIENTED + ROWCOL + ROTATED)
 def test_encode_triton_non_finite(spec, device):
     fmt = get_format(spec)
-    x = torch.randn(3, 2, 3, 32, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(3, 2, 8, 32, generator=torch.Generator().manual_seed(7))
     x[0, 0, 1, 4], x[0, 1, 2, 9] = float("nan"), float("inf")
     x[1, 1, 0, 20], x[2, 0, 0, 3] = -float("inf"), -float("nan")
     keys, (checkpoint, *_) = _keys(fmt, 3)
@@ -255,23 +293,31 @@ def test_encode_triton_non_finite(spec, device):
 
 def test_encode_triton_rejects(device):
     x = torch.randn(2, 2, 3, 32, device=device)
-    with pytest.raises(NotImplementedError, match="nvfp4:axis=headdim"):
-        encode_triton(x, get_format("nvfp4:axis=headdim"))
-    for spec in ("int8sr:axis=headdim,bits=8", "int16:axis=headdim", "fp8:axis=headdim,scale=block:16",
-                 "fp8:axis=headdim", "nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8",
-                 "fp16:rot=hadamard:32", "int8:scale=block:32,rot=hadamard:32", "mx8sr:axis=headdim", "mxfp8:axis=headdim",
-                 "dualaxis:rot=hadamard:4"):
-        assert packed_codec(get_format(spec)) is None
-        with pytest.raises(NotImplementedError, match="does not cover"):
-            encode_triton(x, get_format(spec))
-    assert packed_codec(get_format("fp8:max=240")) is not None
-    # dual-axis factors, scale tiles and MX8: the encoder writes them, the step kernels read them decoded
-    for spec in ("dualaxis", "fp8:scale=tile:32x0,max=240", "int8:scale=tile:0x1", "mx8sr"):
-        assert packed_codec(get_format(spec)) is None and encoder_codec(get_format(spec)) is not None
+    with pytest.raises(NotImplementedError, match="does not cover format 'fp16': it has no `kernel_codec`"):
+        encode_triton(x, _NoCodec())
+    with pytest.raises(ValueError, match=r"rot=hadamard:4 needs the headdim dim \(3\) to be a multiple of 4"):
+        encode_triton(x, get_format("int8:axis=headdim,rot=hadamard:4"))
     with pytest.raises(ValueError, match="keys"):
         encode_triton(x, get_format("fp8sr"))
     with pytest.raises(ValueError, match="2 entries"):
         encode_triton(x, get_format("fp16sr"), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
+    # what the step kernels decode packed; they read the others as the decoded FP32 copy the encoder writes
+    for spec in ("fp8:max=240", "nvfp4:scale=row", "int16sr:scale=head", "fp16sr:words=pair"):
+        assert packed_codec(get_format(spec)) is not None
+    for spec in ("dualaxis", "fp8:scale=tile:32x0,max=240", "mx8sr", "mxfp4", "int8:axis=headdim", "nvfp4:scale=rowcol",
+                 "fp16:rot=hadamard:4"):
+        assert packed_codec(get_format(spec)) is None
+
+
+class _NoCodec(type(get_format("fp16"))):
+    """A format the kernels leave to torch (a user's format without a kernel codec)."""
+
+    @property
+    def kernel_codec(self):
+        return None
+
+    def __init__(self):
+        super().__init__("fp16")
 
 
 @pytest.mark.parametrize("recur, read, shared", [

@@ -26,7 +26,8 @@ CONFIGS = ("fp32", "nvfp4/fp16sr@4", "shared:nvfp4@4", "nvfp4/fp8sr@3", "shared:
            "int8:ef=fp32/fp16sr:ef=bf16@3",  # error feedback: each copy's residual, rounded with its fold
            "stepquant:dualaxis6",  # dual-axis factors: one encoder program per head, read decoded
            "fp8:scale=tile:2x0,max=240/int8sr:scale=block:16@2",  # scale tiles: the encoder's, read decoded
-           "mx8sr/mx8@3")  # Pimba's MX8: the encoder's bytes, read decoded
+           "mx8sr/mx8@3",  # Pimba's MX8: the encoder's bytes, read decoded
+           "int8:axis=headdim,scale=block:4,rot=hadamard:8/nvfp4:scale=rowcol@2")  # oriented, rotated; column factors
 STEPS = 7
 SEQ_IDS = torch.tensor([5, 2**62 + 77, 123456789, 31, 2**40 + 3], dtype=torch.int64)
 
