@@ -183,7 +183,7 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     ("fp8sr:scale=rowcol/nvfp4:axis=headdim,scale=rowcol@3", "read/recur", _WIDE),
     # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
     ("fp16sr:words=octet,rounds=7,bits=8/int8sr:scale=block:8,bits=5@3", "read/recur", {"d_state": 23}),
-    ("fp8sr:bits=20/mx8sr:axis=headdim,bits=32@3", "read/recur", _WIDE),
+    pytest.param("fp8sr:bits=20/mx8sr:axis=headdim,bits=32@3", "read/recur", _WIDE, marks=pytest.mark.slow),
     # dual-axis factors over head_dim 40 or d_state 40 (programs holding the whole head); STEPQuant's preset
     ("dualaxis:width=3/dualaxis:axis=dstate,width=8@3", "read/recur", _WIDE),
     ("stepquant:dualaxis6", "recur", {}),
@@ -219,7 +219,7 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
     ("nvfp4/fp16sr@3#skip=0.4", _WIDE),  # d_state 40: two fold tiles, the last short; head_dim 40: three row tiles
     ("fp8sr:scale=head/int8:scale=row,order=mul@4", _WIDE),  # row-scaled S_hi: fold programs hold whole rows
     ("int8:scale=head,order=mul/fp16sr:words=pair@3#buf=bf16", {"d_state": 23}),
-    ("nvfp4/fp16sr@1", {}),  # one-token windows
+    pytest.param("nvfp4/fp16sr@1", {}, marks=pytest.mark.slow),  # one-token windows
     ("nvfp4/fp16sr@4#spec=3:0.6", {}),  # speculative plans: tokens that read S_hi
     ("nvfp4/int16:scale=tensor@3", {}),  # S_hi by torch between one-segment launches
     ("nvfp4/mx8sr:axis=headdim,bits=5@4", {"head_dim": 40}),  # MX8 blocks of 16 along head_dim 40
@@ -254,11 +254,12 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
 @pytest.mark.parametrize("text, sizes", [
     ("vllm:int16sr", {}),  # row scales and SR on a shared checkpoint
     ("flashinfer:int16#skip=0.4", {"d_state": 23}),  # FlashInfer's operand order; the short last column tile
-    ("nvfp4:scale=row/fp16sr:words=pair@1", {"head_dim": 40}),  # split copies; three row tiles, the last short
+    pytest.param("nvfp4:scale=row/fp16sr:words=pair@1", {"head_dim": 40},  # split copies; three row tiles, the last short
+                 marks=pytest.mark.slow),
     ("nvfp4:scale=row/fp16sr@1#spec=1:0.6", {}),  # one-draft steps: tokens that read S_lo
     ("fp8sr:scale=row/int8:scale=block:8,order=mul@1#buf=bf16", {}),  # the ring in bf16: the fold's keys rounded
     ("shared:int8sr:axis=headdim,scale=block:8,rot=hadamard:8@1", {"head_dim": 32}),  # runs along head_dim
-    ("pimba:mx8sr", _WIDE),  # MX8 blocks of 16 along d_state 40
+    pytest.param("pimba:mx8sr", _WIDE, marks=pytest.mark.slow),  # MX8 blocks of 16 along d_state 40
     # programs of 32 rows: SGLang's 32-row FP8 tiles, INT8+SR blocks of 32 along head_dim 40 (the last of 8 rows)
     ("sglang:fp8", {"head_dim": 40}),
     ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
