@@ -351,16 +351,16 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     `fmt.encode(x, random_bits=replay.keys.state_random_bits(keys, checkpoint, (H, P, N), fmt.lane_words))`;
     deterministic formats ignore them and equal `fmt.encode(x)`. Every format with a `kernel_codec`: either axis (the
     kernel reads the oriented rows in place), every scale, `rot=`. Head scales take one amax launch first (of the
-    `take` rows only); tensor-wide scales one torch amax reduction, scale tiles one torch tile maximum and scale=rowcol
-    one torch column maximum (of every state); row scales are reduced in the kernel. A rotation (`rot=`) rotates the
+    `take` rows only); a state's tensor-wide scale one torch amax reduction, scale tiles one torch tile maximum and
+    scale=rowcol one torch column maximum (of every state); row scales are reduced in the kernel. A rotation (`rot=`) rotates the
     state in torch before (`rotation.rotate_runs`) and the decoded copy in the kernel (`device.hadamard_tile`, the same
     bits). Dual-axis factors take one program per head (`triton_dual_axis`).
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
     of x's shape that receives `fmt.decode` of the result; take: [B] bool, only those states are read
-    and written (not with scale=tensor, whose one scale spans every state), by `TAKE_SLOTS` programs per
-    row block that take them in turn: the grid does not grow with B nor depend on how many are taken.
+    and written (every scale group lies within a state), by `TAKE_SLOTS` programs per row block that take
+    them in turn: the grid does not grow with B nor depend on how many are taken.
     """
     codec = fmt.kernel_codec
     if codec is None:
@@ -372,8 +372,6 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     group = codec.group
     if group == Group.DUAL:
         return _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded)
-    if take is not None and group == Group.TENSOR:
-        raise ValueError(f"take= rounds some states only; format '{fmt.name}' scales over all of them")
     n_seq = x4.shape[0]
     *lead, h, r, c = layout.oriented_shape(shape, codec.axis)  # the oriented head [R, C]: codes along C
     fields = {"data": None, "scales": None, "global_scale": None, "col_scale": None}  # name: (shape, dtype)

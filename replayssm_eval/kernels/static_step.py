@@ -11,9 +11,8 @@ bit for bit (docs/semantics.md, decode semantics).
 Flush or not is decided per row on the device: row b folds after this token when
 count[b] = L - 1. The kernel writes the FP32 fold of the folding rows only; the rounding then
 writes the new checkpoint of those rows in place: one `encode_triton` launch per stored copy
-(`take=` the folding rows, `out=` the packed read copy, `decoded=` S_hi or S_lo), or, for a tensor-wide scale
-(one scale over every row) or a format without a kernel codec, torch's encode of every row and `torch.where` selects.
-A step has three variants
+(`take=` the folding rows, `out=` the packed read copy, `decoded=` S_hi or S_lo), or, for a format without a kernel
+codec, torch's encode of every row and `torch.where` selects. A step has three variants
 (`FOLDS`, `kernels.step_variants`): no row folds ("none": no rounding), some rows fold ("some"), every row
 folds ("all": no selection; every step of an L = 1 config, every flush of rows that started together). A
 "some" step runs the family's single-token kernel twice: its reading path for the rows that do not fold
@@ -55,7 +54,6 @@ from dataclasses import dataclass, field
 import torch
 
 from replayssm_eval.formats import PackedState
-from replayssm_eval.formats.codec import Group
 from replayssm_eval.formats.triton import encode_triton
 from replayssm_eval.kernels.family import get_family
 from replayssm_eval.kernels.round_trip import stored_and_restored
@@ -305,13 +303,11 @@ class StaticState:
                packed: PackedState | None) -> None:
         """Encode fold_out's rows `rows` (None: all) in `fmt` with copy `copy`'s Philox keys into `packed`'s fields
         (None: the encoding is not kept) and its decoding into `decoded`, in place: one Triton launch where
-        `encode_triton` covers the format and rows (not a tensor-wide scale with some rows), else torch's encode,
-        decode and selects. A copy with error feedback rounds fold_out plus its residual and keeps the new residual
-        (as `write_checkpoint`), in the rows `rows` too."""
+        the format has a kernel codec, else torch's encode, decode and selects. A copy with error feedback rounds
+        fold_out plus its residual and keeps the new residual (as `write_checkpoint`), in the rows `rows` too."""
         keys = self.keys[copy] if fmt.is_stochastic else None
         target = self.fold_out + self.residual[copy] if fmt.feedback else self.fold_out  # [B, H, P, N]
-        codec = fmt.kernel_codec
-        if codec is not None and (rows is None or codec.group != Group.TENSOR):
+        if fmt.kernel_codec is not None:
             encode_triton(target, fmt, keys, checkpoint, take=rows, out=packed, decoded=decoded)
         else:
             new = encode_target(target, fmt, keys, checkpoint)

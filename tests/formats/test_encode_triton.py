@@ -213,7 +213,8 @@ def test_encode_triton_transposed_input(spec, device):
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
             "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3",
             "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16", "mx8sr", "mxfp4", "int8sr:axis=headdim,scale=head",
-            "nvfp4:axis=headdim,scale=rowcol", "int8:scale=block:16,rot=hadamard:8", "dualaxis:axis=dstate,rot=hadamard:4"]
+            "nvfp4:axis=headdim,scale=rowcol", "int8:scale=block:16,rot=hadamard:8", "dualaxis:axis=dstate,rot=hadamard:4",
+            "nvfp4:scale=tensor", "int8sr:scale=tensor,order=mul"]  # a tensor scale spans one state
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)
@@ -252,15 +253,13 @@ def _check_in_place(spec, device):
         assert torch.equal(decoded.cpu().view(torch.int32), expected.view(torch.int32))
 
 
-def test_encode_triton_in_place_refuses_a_wrong_target_and_a_tensor_scale_with_take(device):
+def test_encode_triton_in_place_refuses_a_wrong_target(device):
     fmt = get_format("fp16")
     x = torch.randn(2, 2, 3, 32, device=device)
     with pytest.raises(ValueError, match=r"decoded must be a contiguous torch.float32 \[2, 2, 3, 32\].*float16"):
         encode_triton(x, fmt, decoded=torch.zeros(2, 2, 3, 32, dtype=torch.float16, device=device))
     with pytest.raises(ValueError, match="data must be a contiguous torch.float16"):
         encode_triton(x, fmt, out=PackedState("fp16", (2, 2, 3, 32), torch.zeros(2, 2, 3, 31, device=device)))
-    with pytest.raises(ValueError, match="scales over all of them"):
-        encode_triton(x, get_format("nvfp4:scale=tensor"), take=torch.ones(2, dtype=torch.bool, device=device))
 
 
 def _nan_canonical(packed):
