@@ -185,8 +185,9 @@ class KernelCodec:
     def packed(self) -> bool:
         """Whether the step kernels decode the packed encoding (`encode_triton` writes every codec's): a natural codec
         in a kind the kernel decoders read (not MX or MX8) with one scale per row, head or tensor (no tiles, column
-        factors or dual-axis factors); the others they read as the decoded FP32 copy. Error feedback keeps its inner format's layout: the encoder rounds the
-        target it is given (state + residual), the residual being the caller's."""
+        factors or dual-axis factors); the others they read as the decoded FP32 copy. Error feedback keeps its inner
+        format's layout: the encoder rounds the target it is given (state + residual), the residual being the
+        caller's."""
         return (self.natural and self.kind not in _BLOCK_EXPONENT_KINDS
                 and self.group not in (Group.TILE, Group.ROWCOL, Group.DUAL))
 

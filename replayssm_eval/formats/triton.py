@@ -352,9 +352,9 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     deterministic formats ignore them and equal `fmt.encode(x)`. Every format with a `kernel_codec`: either axis (the
     kernel reads the oriented rows in place), every scale, `rot=`. Head scales take one amax launch first (of the
     `take` rows only); a state's tensor-wide scale one torch amax reduction, scale tiles one torch tile maximum and
-    scale=rowcol one torch column maximum (of every state); row scales are reduced in the kernel. A rotation (`rot=`) rotates the
-    state in torch before (`rotation.rotate_runs`) and the decoded copy in the kernel (`device.hadamard_tile`, the same
-    bits). Dual-axis factors take one program per head (`triton_dual_axis`).
+    scale=rowcol one torch column maximum (of every state); row scales are reduced in the kernel. A rotation (`rot=`)
+    rotates the state in torch before (`rotation.rotate_runs`) and the decoded copy in the kernel
+    (`device.hadamard_tile`, the same bits). Dual-axis factors take one program per head (`triton_dual_axis`).
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
     shape whose contiguous fields are written instead of new ones; decoded: a contiguous FP32 tensor
@@ -456,8 +456,8 @@ def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
 
 def _tile_amax(xo: torch.Tensor, codec: KernelCodec, rows: int, cols: int) -> torch.Tensor:
     """`layout.tile_max` of the oriented xo's magnitudes `[B, H, R, C]` per scale tile of rows x cols, flat
-    `[B * H * Rt * Ct]`. Where cols divides C and NaN propagates (ORDER_DIV), each row's block maxima come from a max and a min over a
-    view (no |x| or padded copy of the state), and only those are tiled."""
+    `[B * H * Rt * Ct]`. Where cols divides C and NaN propagates (ORDER_DIV), each row's block maxima come from a max
+    and a min over a view (no |x| or padded copy of the state), and only those are tiled."""
     if codec.order == Order.MUL or xo.shape[-1] % cols:
         return layout.tile_max(layout.magnitudes(xo, codec.order == Order.MUL), rows, cols).reshape(-1)
     blocks = xo.unflatten(-1, (-1, cols))  # [B, H, R, Ct, cols]

@@ -26,17 +26,18 @@ TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32", "int8:scale=tile
         "int8:scale=block:16,ef=bf16"]  # scale tiles: edge tiles shorter, tiles taller than the head
 MX = ["mx8", "mx8sr", "mx8sr:bits=12,rounds=7", "mx8sr:ef=bf16", "mxfp8", "mxfp4", "mxfp4:ef=fp32"]  # block exponents
 DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
+# codes along head_dim: the oriented rows read in place
 ORIENTED = ["int16:axis=headdim", "int8sr:axis=headdim,bits=8", "fp8:axis=headdim,scale=block:16",
-            "fp8sr:axis=headdim,scale=head", "int8:axis=headdim,scale=tile:3x5,order=mul", "fp8e5m2:axis=headdim,scale=tensor",
-            "int16sr:axis=headdim,scale=none", "nvfp4:axis=headdim", "nvfp4:axis=headdim,scale=row", "mx8sr:axis=headdim",
-            "mxfp8:axis=headdim", "mxfp4:axis=headdim"]  # codes along head_dim: the oriented rows read in place
+            "fp8sr:axis=headdim,scale=head", "int8:axis=headdim,scale=tile:3x5,order=mul",
+            "fp8e5m2:axis=headdim,scale=tensor", "int16sr:axis=headdim,scale=none", "nvfp4:axis=headdim",
+            "nvfp4:axis=headdim,scale=row", "mx8sr:axis=headdim", "mxfp8:axis=headdim", "mxfp4:axis=headdim"]
 ROWCOL = ["nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8", "int16:scale=rowcol,order=mul",
           "nvfp4:axis=headdim,scale=rowcol", "fp8:axis=headdim,scale=rowcol,ef=fp32"]  # torch's column factors
 ROTATED = ["fp16:rot=hadamard:16", "fp16sr:words=pair,rot=hadamard:4", "int8:scale=block:32,rot=hadamard:16",
-           "nvfp4:rot=hadamard:16", "mx8sr:rot=hadamard:8", "fp8:scale=tensor,rot=hadamard:2", "mxfp4:rot=hadamard:16,ef=fp32",
-           "int8sr:axis=headdim,scale=head,rot=hadamard:4", "int8:axis=headdim,scale=block:8,rot=hadamard:8",
-           "nvfp4:axis=headdim,scale=rowcol,rot=hadamard:8", "dualaxis:rot=hadamard:4",
-           "dualaxis:axis=dstate,rot=hadamard:16,ef=bf16"]  # rotated in torch, the decoded copy back in the kernel
+           "nvfp4:rot=hadamard:16", "mx8sr:rot=hadamard:8", "fp8:scale=tensor,rot=hadamard:2",
+           "mxfp4:rot=hadamard:16,ef=fp32", "int8sr:axis=headdim,scale=head,rot=hadamard:4",
+           "int8:axis=headdim,scale=block:8,rot=hadamard:8", "nvfp4:axis=headdim,scale=rowcol,rot=hadamard:8",
+           "dualaxis:rot=hadamard:4", "dualaxis:axis=dstate,rot=hadamard:16,ef=bf16"]  # rotated in torch, the decoded copy back in the kernel
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)],
           "tile": [(3, 5, 33), (2, 40, 24), (1, 6, 64)],
           "rotated": [(3, 8, 48), (1, 32, 32)]}  # (H, P, N) per sequence; rotated: runs of 16 along N, of 8 along P
@@ -170,7 +171,8 @@ def test_encode_triton_modelopt_preset_bit_exact(device):
     _check(fmt.name, (2, 32, 24), device, fmt)
 
 
-@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr:scale=head", "nvfp4:scale=row", "fp8e5m2:scale=tensor"])
+@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr:scale=head", "nvfp4:scale=row", "fp8e5m2:scale=tensor",
+                                  "int8sr:axis=headdim,scale=head", "nvfp4:scale=rowcol", "fp8:rot=hadamard:8"])
 def test_encode_triton_lead_shapes(spec, device):
     """States without a batch dim ([H, P, N]) and with two leading dims."""
     fmt = get_format(spec)
@@ -200,7 +202,8 @@ def test_encode_triton_int_ties_and_saturation(spec, device):
     packed_equal(encode_triton((x * 3).to(device), plain), want)
 
 
-@pytest.mark.parametrize("spec", ["fp32", "bf16", "fp16sr", "fp8:scale=head", "nvfp4:scale=row"])
+@pytest.mark.parametrize("spec", ["fp32", "bf16", "fp16sr", "fp8:scale=head", "nvfp4:scale=row",
+                                  "int8:axis=headdim,scale=block:4", "mx8sr:rot=hadamard:8"])
 def test_encode_triton_transposed_input(spec, device):
     """GDN hands its [B, HV, K, V] state over transposed: a non-contiguous [B, H, P, N] view."""
     fmt = get_format(spec)
@@ -213,8 +216,9 @@ def test_encode_triton_transposed_input(spec, device):
 IN_PLACE = ["fp32", "bf16", "fp16sr", "fp8sr:scale=head", "fp8:scale=row", "fp8e5m2:scale=none", "nvfp4:scale=head",
             "nvfp4:scale=row", "int16sr:scale=head", "int16:order=mul", "dualaxis", "dualaxis:axis=dstate,width=3",
             "fp8:scale=tile:2x0,max=240", "int8sr:scale=block:16", "mx8sr", "mxfp4", "int8sr:axis=headdim,scale=head",
-            "nvfp4:axis=headdim,scale=rowcol", "int8:scale=block:16,rot=hadamard:8", "dualaxis:axis=dstate,rot=hadamard:4",
-            "nvfp4:scale=tensor", "int8sr:scale=tensor,order=mul"]  # a tensor scale spans one state
+            "nvfp4:axis=headdim,scale=rowcol", "int8:scale=block:16,rot=hadamard:8",
+            "dualaxis:axis=dstate,rot=hadamard:4", "nvfp4:scale=tensor",
+            "int8sr:scale=tensor,order=mul"]  # a tensor scale spans one state
 
 
 @pytest.mark.parametrize("spec", IN_PLACE)

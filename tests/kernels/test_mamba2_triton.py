@@ -254,8 +254,8 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
 @pytest.mark.parametrize("text, sizes", [
     ("vllm:int16sr", {}),  # row scales and SR on a shared checkpoint
     ("flashinfer:int16#skip=0.4", {"d_state": 23}),  # FlashInfer's operand order; the short last column tile
-    pytest.param("nvfp4:scale=row/fp16sr:words=pair@1", {"head_dim": 40},  # split copies; three row tiles, the last short
-                 marks=pytest.mark.slow),
+    # split copies; three row tiles, the last short
+    pytest.param("nvfp4:scale=row/fp16sr:words=pair@1", {"head_dim": 40}, marks=pytest.mark.slow),
     ("nvfp4:scale=row/fp16sr@1#spec=1:0.6", {}),  # one-draft steps: tokens that read S_lo
     ("fp8sr:scale=row/int8:scale=block:8,order=mul@1#buf=bf16", {}),  # the ring in bf16: the fold's keys rounded
     ("shared:int8sr:axis=headdim,scale=block:8,rot=hadamard:8@1", {"head_dim": 32}),  # runs along head_dim
