@@ -176,11 +176,14 @@ class Results:
         return self.budget_s - self.elapsed()
 
     def add(self, row: dict, fn=None) -> dict:
-        """Run fn(row) (fills the measured fields) under a guard; an exception becomes the row's error."""
+        """Run fn(row) (fills the measured fields) under a guard; an exception becomes the row's error. On a GPU the
+        row's launches run inside an NVTX range named as the row's line starts (`section family name B=batch`), which
+        Nsight Compute selects with `--nvtx --nvtx-include "decode gdn non-flush nvfp4 read B=256/"`."""
         row.setdefault("error", None)
         if fn is not None:
             try:
-                fn(row)
+                with nvtx_range(_row_head(row)):
+                    fn(row)
             except Exception as err:  # noqa: BLE001 - one failing row must not lose the others
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
                 if "out of memory" in str(err).lower():
@@ -196,12 +199,22 @@ class Results:
         return None
 
 
-def _row_line(row: dict) -> str:
+def nvtx_range(name: str):
+    """An NVTX range on a GPU (for Nsight Compute's --nvtx-include), else nothing."""
+    return torch.cuda.nvtx.range(name) if torch.cuda.is_available() else contextlib.nullcontext()
+
+
+def _row_head(row: dict) -> str:
     head = f"{row.get('section')} {row.get('family', '')} {row.get('name')}"
     if row.get("batch") is not None:
         head += f" B={row['batch']}"
     if row.get("tokens") is not None:
         head += f" T={row['tokens']}"
+    return head
+
+
+def _row_line(row: dict) -> str:
+    head = _row_head(row)
     if row.get("error"):
         return f"{head}: ERROR {row['error']}"
     parts = [f"{k}={_fmt(row[k])}" for k in ("ms", "gbps", "pct_copy", "tokens_per_s", "seconds", "check")
