@@ -188,7 +188,7 @@ def _encode_rows(
         col = cols[None, :]  # [1, BLOCK_C]
     row_g = b.to(tl.int64) * n_rows + rows  # [BLOCK_R] row of [B * H * R]
     x = tl.load(x_ptr + b.to(tl.int64) * n_rows * n_cols + elem, mask=mask, other=0.0)
-    dec = dec_ptr + b.to(tl.int64) * n_rows * n_cols + elem
+    dec = dec_ptr + b.to(tl.int64) * n_rows * n_cols  # this state's decoded copy (`_store_decoded` at elem)
     factor = tl.full((BLOCK_R, BLOCK_C), 1.0, tl.float32)
     if GROUP == GROUP_ROWCOL:  # x / c by the head's column factors; the head's first row stores them
         at = (b.to(tl.int64) * n_rows // head_rows + head)[:, None] * n_cols + cols[None, :]
@@ -224,7 +224,7 @@ def _encode_rows(
         tl.store(gs_ptr + group[:, None], s_dec, mask=first[:, None])
         if DECODED:
             y = tl.reshape((q * s_b[:, :, None]) * s_dec[:, :, None], (BLOCK_R, BLOCK_C))
-            _store_decoded(dec, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
+            _store_decoded(dec + elem, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
     elif (KIND == MXFP8) | (KIND == MXFP4):  # E4M3 bytes or E2M1 nibbles of the row padded to blocks of 32
         q, scale, code = mx_elements(x, KIND, BLOCK_R, BLOCK_C)  # [BLOCK_R, NB, 32], [BLOCK_R, NB], alike
         n_padded = (n_cols + 31) // 32 * 32
@@ -242,7 +242,7 @@ def _encode_rows(
                  mask=row_ok[:, None] & (k[None, :] < n_padded // 32))
         if DECODED:
             y = tl.reshape(q * scale[:, :, None], (BLOCK_R, BLOCK_C))
-            _store_decoded(dec, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
+            _store_decoded(dec + elem, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
     elif (KIND == MX8) | (KIND == MX8SR):  # a byte per element of the row padded to whole blocks of 16
         n_bytes = (n_cols + 15) // 16 * 16
         m, neg, mu, big, bad = mx8_codes(x, bits, KIND == MX8SR, BLOCK_R, BLOCK_C)
@@ -250,7 +250,7 @@ def _encode_rows(
                  mx8_bytes(m, neg, mu, big, bad, BLOCK_R, BLOCK_C).to(tl.uint8),
                  mask=row_ok[:, None] & (cols[None, :] < n_bytes))
         if DECODED:
-            _store_decoded(dec, mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C), factor, mask, GROUP, ROT, BLOCK_R,
+            _store_decoded(dec + elem, mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C), factor, mask, GROUP, ROT, BLOCK_R,
                            BLOCK_C)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
@@ -261,7 +261,7 @@ def _encode_rows(
             tl.store(gs_ptr + group[:, None], s, mask=first[:, None])
         q = round_kind(v, bits, KIND)
         if DECODED:  # the decoded element is q, on the format's grid, times the scale
-            _store_decoded(dec, q * s if GROUP != GROUP_NONE else q, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
+            _store_decoded(dec + elem, q * s if GROUP != GROUP_NONE else q, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
         out = data_ptr + b.to(tl.int64) * n_rows * n_cols + elem
         if (KIND == FP8) | (KIND == FP8SR):
             tl.store(out, e4m3_encode(q).to(tl.uint8), mask=mask)
