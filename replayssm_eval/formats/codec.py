@@ -284,6 +284,6 @@ def tile_codec(fmt, whole_head: bool = True, dims: tuple[int, int] | None = None
 
 
 def packed_codec(fmt) -> KernelCodec | None:
-    """fmt's codec when the kernels encode and decode its packed layout (`KernelCodec.packed`), else None."""
+    """fmt's codec when the step kernels decode its packed layout (`KernelCodec.packed`), else None."""
     codec = fmt.kernel_codec
     return codec if codec is not None and codec.packed else None
