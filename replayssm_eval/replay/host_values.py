@@ -36,6 +36,17 @@ def remember_host(t: torch.Tensor, values: list) -> None:
         remembered(t)["host"] = values
 
 
+def remember_nonpositive(t: torch.Tensor) -> None:
+    """Remember that no element of `t` exceeds 0 as its producer guarantees it (a model gate's log-decays,
+    -exp(A) softplus(.)): a check of it then needs no device read (`known_nonpositive`)."""
+    remembered(t)["nonpositive"] = True
+
+
+def known_nonpositive(t: torch.Tensor) -> bool:
+    """Whether `remember_nonpositive` vouched for `t` (and it was not written in place since)."""
+    return remembered(t).get("nonpositive", False)
+
+
 def host_copy(t: torch.Tensor) -> list | None:
     """`t.tolist()` where the host remembers it (`remember_host`), else None (the caller reads the device)."""
     return remembered(t).get("host")

@@ -10,6 +10,7 @@ import torch
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels import gdn, kda
 from replayssm_eval.kernels.delta._common import checkpoint_kv
+from replayssm_eval.replay.host_values import remember_nonpositive
 from replayssm_eval.replay.state import write_checkpoint
 
 from tests.helpers.compare import assert_close
@@ -195,6 +196,18 @@ def test_bad_input(fam, change, message):
     args.update(change(args))
     with pytest.raises(ValueError, match=message.format(dv=DV[fam])):
         FAMILIES[fam].decode_reference(**args)
+
+
+def test_kda_takes_vouched_log_decays_unread():
+    """Log-decays vouched for as <= 0 (`remember_nonpositive`: the model hooks, for the gate's g) skip the check's read;
+    the same tensor written in place since is checked again."""
+    args = _bad("kda")
+    g = -args["g"] + 0.1  # positive somewhere: the check would refuse it
+    remember_nonpositive(g)
+    FAMILIES["kda"].decode_reference(**{**args, "g": g})
+    g.add_(0.0)  # written in place: no longer vouched for
+    with pytest.raises(ValueError, match="g is a log-decay and must be <= 0"):
+        FAMILIES["kda"].decode_reference(**{**args, "g": g})
 
 
 @FAM

@@ -22,6 +22,7 @@ import pytest
 import torch
 import transformers as tf
 
+from replayssm_eval.kernels.delta import _common as delta_common
 from replayssm_eval.models import ReplayModel, routing, token_by_token_logits
 from replayssm_eval.models.model_types import model_type_of
 
@@ -93,6 +94,20 @@ def test_left_padding_does_not_leak_into_the_state(name):
             assert rel_err(state[row], alone.states[layer][0]) <= 1e-5  # the FP32 reference carries plain states
     with pytest.raises(ValueError, match="padding after the prompt"):
         rm.forward(ids[:, :5], batch, attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 1, 1]]))
+
+
+def test_the_hooks_vouch_for_the_gates_log_decays(monkeypatch):
+    """The delta-rule hooks hand every layer call g as the mixer's gate made it (-exp(A) softplus(.) <= 0) and vouch for
+    it (`remember_nonpositive`), so KDA's <= 0 check reads nothing back from the device: multi-token and one-token
+    calls of a Kimi-Linear model."""
+    seen = []
+    known = delta_common.known_nonpositive
+    monkeypatch.setattr(delta_common, "known_nonpositive", lambda g: seen.append(known(g)) or seen[-1])
+    rm = ReplayModel(build("kimi_linear"))
+    end = QUANT_CALLS[-1][1]
+    ids = torch.randint(0, VOCAB, (2, end + 1))
+    forward_calls(rm, ids, QUANT_CALLS + [(end, end + 1)], rm.new_session("nvfp4/fp16sr@4"))
+    assert len(seen) >= 3 and all(seen), seen
 
 
 def test_unsupported_architecture_lists_the_supported_types():

@@ -12,7 +12,9 @@ cache's `update_recurrent_state` only sees the final state, too late to change o
   chunk kernel instead; we call the torch function under it.
 - Every later call goes to `ReplaySession.scan` with the carried ReplayState, after the
   preamble both torch rules share: cast to fp32, L2-normalise q and k (the same formula as the
-  modeling module's `l2norm`, eps 1e-6) when asked, scale q by K^-0.5. transformers 5.17 repeats
+  modeling module's `l2norm`, eps 1e-6) when asked, scale q by K^-0.5. g is the mixer's gate,
+  -exp(A) softplus(.) <= 0, which the hook vouches for (`host_values.remember_nonpositive`: KDA's
+  check of it then reads nothing back from the device). transformers 5.17 repeats
   q and k to the value heads before the call, 5.24 inside it; the kernels take either (value head
   hv reads key head hv // (HV / H), as repeat_interleave does).
 - The FP32 reference under the chunked engine runs transformers' torch chunk rule itself from
@@ -27,6 +29,7 @@ import torch
 
 from replayssm_eval.models import routing
 from replayssm_eval.models.session import at_least_fp32
+from replayssm_eval.replay.host_values import remember_nonpositive
 
 
 def make_chunk_rule(original, torch_reference):
@@ -77,6 +80,7 @@ def _continue(layer, query, key, value, g, beta, anchor, output_final_state, l2n
     if l2norm:
         q, k = _l2norm(q), _l2norm(k)
     q = q * q.shape[-1] ** -0.5
+    remember_nonpositive(g)  # the mixers' gates: g = -exp(A) softplus(.), so KDA's <= 0 check needs no device read
     o = layer.session.scan(layer.family, layer.layer_idx, (q, k, value, g, beta), anchor, layer.attention_mask, plain)
     return o.to(query.dtype), (anchor if output_final_state else None)
 
