@@ -250,8 +250,8 @@ def _encode_rows(
                  mx8_bytes(m, neg, mu, big, bad, BLOCK_R, BLOCK_C).to(tl.uint8),
                  mask=row_ok[:, None] & (cols[None, :] < n_bytes))
         if DECODED:
-            _store_decoded(dec + elem, mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C), factor, mask, GROUP, ROT, BLOCK_R,
-                           BLOCK_C)
+            y = mx8_values(m, neg, mu, big, bad, BLOCK_R, BLOCK_C)
+            _store_decoded(dec + elem, y, factor, mask, GROUP, ROT, BLOCK_R, BLOCK_C)
     else:
         v, s = scale_elements(x, amax, KIND, GROUP, MAX, ORDER)
         if GROUP == GROUP_TILE:  # a tile's scale from its first element

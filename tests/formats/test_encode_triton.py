@@ -33,11 +33,12 @@ ORIENTED = ["int16:axis=headdim", "int8sr:axis=headdim,bits=8", "fp8:axis=headdi
             "nvfp4:axis=headdim,scale=row", "mx8sr:axis=headdim", "mxfp8:axis=headdim", "mxfp4:axis=headdim"]
 ROWCOL = ["nvfp4:scale=rowcol", "int8sr:scale=rowcol", "fp8sr:scale=rowcol,bits=8", "int16:scale=rowcol,order=mul",
           "nvfp4:axis=headdim,scale=rowcol", "fp8:axis=headdim,scale=rowcol,ef=fp32"]  # torch's column factors
+# rotated by torch before the launch, the decoded copy rotated back in the kernel
 ROTATED = ["fp16:rot=hadamard:16", "fp16sr:words=pair,rot=hadamard:4", "int8:scale=block:32,rot=hadamard:16",
            "nvfp4:rot=hadamard:16", "mx8sr:rot=hadamard:8", "fp8:scale=tensor,rot=hadamard:2",
            "mxfp4:rot=hadamard:16,ef=fp32", "int8sr:axis=headdim,scale=head,rot=hadamard:4",
            "int8:axis=headdim,scale=block:8,rot=hadamard:8", "nvfp4:axis=headdim,scale=rowcol,rot=hadamard:8",
-           "dualaxis:rot=hadamard:4", "dualaxis:axis=dstate,rot=hadamard:16,ef=bf16"]  # rotated in torch, the decoded copy back in the kernel
+           "dualaxis:rot=hadamard:4", "dualaxis:axis=dstate,rot=hadamard:16,ef=bf16"]
 SHAPES = {"nvfp4": [(3, 5, 48), (2, 3, 40)], "other": [(3, 5, 33), (1, 7, 20)],
           "tile": [(3, 5, 33), (2, 40, 24), (1, 6, 64)],
           "rotated": [(3, 8, 48), (1, 32, 32)]}  # (H, P, N) per sequence; rotated: runs of 16 along N, of 8 along P
