@@ -64,6 +64,13 @@ def rotate_runs(xo: torch.Tensor, size: int, axis: str) -> torch.Tensor:
     return hadamard_runs(xo.double(), size).float()
 
 
+def rotate_state(x: torch.Tensor, size: int, axis: str) -> torch.Tensor:
+    """A state x `[..., H, P, N]` times H_size on runs of `size` along `axis` (`rotate_runs`), FP32 in x's shape. H_size
+    is symmetric: the same call rotates back."""
+    xo = layout.orient(layout.as_bhpn(x), axis)  # [B, H, R, C]
+    return layout.unorient(rotate_runs(xo, size, axis), axis).reshape(x.shape)
+
+
 @dataclass(frozen=True)
 class Rotated(WrappedFormat):
     """`inner` applied to the state rotated by H_`size` along inner's block axis; packed as inner packs it."""
@@ -89,8 +96,7 @@ class Rotated(WrappedFormat):
     def rotate(self, x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """x `[..., H, P, N]` times H (inverse: H^T, the same matrix) on runs of `size` along the axis, in FP64
         (`hadamard_runs`), rounded to FP32."""
-        xo = layout.orient(layout.as_bhpn(x), self.axis)  # [B, H, R, C]
-        return layout.unorient(rotate_runs(xo, self.size, self.axis), self.axis).reshape(x.shape)
+        return rotate_state(x, self.size, self.axis)
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
         return super().encode(self.rotate(x), seed=seed, offset=offset, random_bits=random_bits)

@@ -30,7 +30,7 @@ from replayssm_eval.formats.device import (
 )
 from replayssm_eval.formats.formats import StateFormat, column_factors
 from replayssm_eval.formats.packed import PackedState
-from replayssm_eval.formats.rotation import rotate_runs
+from replayssm_eval.formats.rotation import rotate_runs, rotate_state
 from replayssm_eval.formats.triton_dual_axis import launch_dual_axis_encode, packed_bytes
 
 _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # SOURCE: where quantize_triton's words come from
@@ -353,7 +353,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
     kernel reads the oriented rows in place), every scale, `rot=`. Head scales take one amax launch first (of the
     `take` rows only); a state's tensor-wide scale one torch amax reduction, scale tiles one torch tile maximum and
     scale=rowcol one torch column maximum (of every state); row scales are reduced in the kernel. A rotation (`rot=`)
-    rotates the state in torch before (`rotation.rotate_runs`) and the decoded copy in the kernel
+    rotates the state in torch before (`rotation.rotate_state`) and the decoded copy in the kernel
     (`device.hadamard_tile`, the same bits). Dual-axis factors take one program per head (`triton_dual_axis`).
 
     In place, for a flush that rounds some sequences only: out: a PackedState of this format and
@@ -367,7 +367,7 @@ def encode_triton(x: torch.Tensor, fmt: StateFormat, keys: torch.Tensor | None =
         raise NotImplementedError(f"encode_triton does not cover format '{fmt.name}': it has no `kernel_codec`")
     x4 = layout.as_bhpn(x).contiguous()  # [B, H, P, N]
     if codec.rot > 1:  # the rotated state, in the state's layout
-        x4 = layout.unorient(rotate_runs(layout.orient(x4, codec.axis), codec.rot, codec.axis), codec.axis).contiguous()
+        x4 = rotate_state(x4, codec.rot, codec.axis).contiguous()
     shape = tuple(x.shape)
     group = codec.group
     if group == Group.DUAL:
@@ -435,8 +435,8 @@ def _philox_keys(fmt, keys, checkpoint, n_seq: int, device) -> tuple[torch.Tenso
 
 def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
     """`encode_triton` of x4 [B, H, P, N] (the state of `shape`, rotated for `rot=`) in a dual-axis format: one program
-    per head. A rotated format's decoded copy is rotated back by torch (a head's FP64 rotation in one program would
-    spill) and put into the taken states."""
+    per head. A rotated format's decoded copy is rotated back by torch (the head's FP64 rotation inside the 16-warp
+    program did not finish compiling for sm_90 in four minutes) and put into the taken states."""
     *lead, h, rows, cols = layout.oriented_shape(shape, codec.axis)
     fields = {"data": ((*lead, h, packed_bytes(rows, cols, codec)), torch.uint8),
               "global_scale": ((*lead, h, rows), torch.float16), "col_scale": ((*lead, h, cols), torch.float16)}
@@ -447,7 +447,7 @@ def _encode_dual_axis(x4, fmt, codec, shape, take, out, decoded) -> PackedState:
     rotated = None if decoded is None or codec.rot == 1 else torch.empty_like(x4)  # [B, H, P, N] in the rotated basis
     launch_dual_axis_encode(x4, codec, data, r, c, take, decoded if rotated is None else rotated)
     if rotated is not None:
-        back = layout.unorient(rotate_runs(layout.orient(rotated, codec.axis), codec.rot, codec.axis), codec.axis)
+        back = rotate_state(rotated, codec.rot, codec.axis)
         if take is not None:
             back = torch.where(take.view(-1, 1, 1, 1), back, decoded.view(back.shape))
         decoded.copy_(back.reshape(shape))
