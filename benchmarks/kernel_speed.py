@@ -448,9 +448,12 @@ class GDN:
         for block_v in (16, 32, 64, 128):
             for block_k in sorted({min(64, k), k}):  # K in chunks of 64, or whole
                 for tiles in sorted({1, triton.cdiv(self.V, block_v)}):
-                    for words in (False, True):
+                    for words in (0, 1):
                         for warps in ((4, 8) if block_v * block_k >= 4096 else (2, 4)):
                             out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=words, num_warps=warps))
+                    if block_k == min(64, k) and block_v >= 32:  # rows summed by their threads: one row a thread
+                        out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=2,
+                                        num_warps=block_v // 32))
         return out
 
     def step_variant(self, launch, cfg: dict):
@@ -528,9 +531,11 @@ class KDA(GDN):
         """Launch configs of `_replay_step_kernel` the non-flush tune rows sweep (a fold runs `_replay_fold_kernel`):
         state rows per program, columns per pass, NVFP4 codes as words or bytes, warps."""
         k = max(16, triton.next_power_of_2(self.K))
-        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, WORDS=words, num_warps=warps)
-                for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (False, True)
-                for warps in (2, 4) if block_v * block_k <= 8192]
+        tiles = [dict(BLOCK_V=block_v, BLOCK_K=block_k, WORDS=words, num_warps=warps)
+                 for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (0, 1)
+                 for warps in (2, 4) if block_v * block_k <= 8192]
+        rows = [dict(BLOCK_V=block_v, BLOCK_K=32, WORDS=2, num_warps=block_v // 32) for block_v in (32, 64, 128)]
+        return tiles + rows
 
     def step_variant(self, launch, cfg: dict):
         return self._variant(launch, cfg, "_replay_step_kernel")

@@ -6,12 +6,16 @@ delta-rule families' flush (KDA's `_replay_fold_kernel`, GDN's step kernel with 
     python benchmarks/step_sass.py --families kda --launch BLOCK_V=64,BLOCK_K=32,num_warps=4
     python benchmarks/step_sass.py --fold --families kda --launch BLOCK_V=32,num_warps=4 --launch BLOCK_V=64,num_warps=4
     python benchmarks/step_sass.py --root /path/to/other/checkout     # the kernels of another checkout
+    python benchmarks/step_sass.py --reading --families gdn --reads nvfp4   # a reading row's path alone
 
 Geometries as benchmarks/kernel_speed.py (Mamba-2 P = 80, N = 128; GDN and KDA K = V = 128), 16 buffer entries,
-per-head NVFP4 scales. The step kernels are unrolled (no loop but the closed fold's), so the static count is what
-each warp issues; `per head` = SASS instructions x warps x programs per head, the issue work behind 64 KiB of FP32
-state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose per-head count, times heads x batch, exceeds what the SMs issue in
-the time its bytes take at copy bandwidth is bound by instructions, not memory.
+per-head NVFP4 scales. The step kernels are unrolled (no loop but the closed fold's), but they branch at run time on
+whether a row reads S_hi or its read copy, so the static count holds both paths; --reading compiles a copy of the
+family's module whose kernels take every row as reading its read copy (the per-row flag `tl.load(rhi_ptr + b) != 0`
+replaced by False in the source), whose count is what a reading warp issues. `per head` = SASS instructions x warps
+x programs per head, the issue work behind 64 KiB of FP32 state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose
+per-head count, times heads x batch, exceeds what the SMs issue in the time its bytes take at copy bandwidth is bound
+by instructions, not memory.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -37,11 +42,28 @@ PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_p
 OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "HADD2", "MUFU", "LOP3", "SHF", "IMAD", "IADD3")
 
 
+READ_HI = re.compile(r"tl\.load\((?:rhi_ptr|read_hi_ptr) \+ b\) != 0")  # a row's S_hi flag in the step kernels
+
+
+def reading_module(module):
+    """A copy of a family's step module (imported from a temporary file) whose kernels read every row's read copy:
+    the run-time S_hi branch compiled out, so the static count is a reading row's path alone."""
+    text, found = READ_HI.subn("False", Path(module.__file__).read_text())
+    if not found:
+        raise ValueError(f"{module.__name__} has no per-row S_hi flag matching {READ_HI.pattern!r}")
+    path = Path(tempfile.mkdtemp()) / f"reading_{module.__name__.split('.')[-2]}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
 def default_launch(module, family: str, kind: int, fold: bool, columns: bool) -> dict:
     """The checkout's own launch config of the profiled kernel at batch 256 (its `step_launch_config`, for GDN's fold
     of an FP32 read the folding launch's by columns, or for KDA's fold its `fold_launch_config`)."""
     values = dict(batch=256, heads=96 if family == "mamba2" else 32, head_dim=80, dk=128, dv=128, read=kind, kind=kind,
-                  folds=False, columns=columns)
+                  folds=False, fold=fold, columns=columns)
     config = module.fold_launch_config if fold and hasattr(module, "fold_launch_config") else module.step_launch_config
     return config(**{p: values[p] for p in inspect.signature(config).parameters})
 
@@ -81,9 +103,12 @@ def main(argv=None):
     ap.add_argument("--launch", action="append", default=[],
                     help="a launch config NAME=VALUE,... (repeatable; default: the checkout's step_launch_config)")
     ap.add_argument("--fold", action="store_true", help="the flush's kernel (GDN and KDA; the FP32 read as shared)")
+    ap.add_argument("--reading", action="store_true", help="a row reading its read copy: the S_hi branch compiled out")
     args = ap.parse_args(argv)
     if args.fold and "mamba2" in args.families.split(","):
         ap.error("--fold profiles the delta-rule families' flush: --families gdn,kda")
+    if args.fold and args.reading:
+        ap.error("--reading profiles the non-flush step; a fold reads S_hi")
     sys.path.insert(0, args.root)
     import triton
     from replayssm_eval.formats.codec import Group, Kind
@@ -95,6 +120,8 @@ def main(argv=None):
     print(f"kernels of commit {commit or '?'}; sm_90, triton {triton.__version__}")
     for family in args.families.split(","):
         module = importlib.import_module(f"replayssm_eval.kernels.{family}.triton_step")
+        if args.reading:
+            module = reading_module(module)
         launches = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in text.split(",")) for text in args.launch]
         for read in args.reads.split(","):
             kind, group = reads[read]

@@ -144,15 +144,19 @@ def test_chunked_triton_fp32(fam, text, device):
     assert torch.equal(st_ref.checkpoint, st.checkpoint)
 
 
-# K in chunks of 16, the last one part padding, NVFP4 as words; one chunk, the 2nd program's rows part padding, bytes
-_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": True, "num_warps": 4},
-                 {"BLOCK_V": 32, "BLOCK_K": 32, "WORDS": False, "num_warps": 1}]
+# K in chunks of 16, the last one part padding, NVFP4 as words; one chunk, the 2nd program's rows part padding, bytes;
+# a row a thread
+_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": 1, "num_warps": 4},
+                 {"BLOCK_V": 32, "BLOCK_K": 32, "WORDS": 0, "num_warps": 1},
+                 {"BLOCK_V": 32, "BLOCK_K": 16, "WORDS": 2, "num_warps": 1}]
 
 
 @pytest.mark.parametrize("text, launch, dk, phased", [
     ("nvfp4:scale=row/fp32@3", 0, 24, False),
     ("nvfp4:scale=head/fp32@3#closed#skip=0.5", 1, 24, True),
     ("nvfp4/fp16sr@4", 0, 128, True),  # whole packed words: 16 a row, the E4M3 block scale of each pair
+    ("nvfp4:scale=row/fp32@3", 2, 24, False),  # a row a thread
+    ("nvfp4:scale=head/fp32@3#skip=0.5", 2, 40, True),
     ("nvfp4:scale=tensor/fp32@3", 1, 40, True),
     ("fp8:scale=row/fp32@3#closed", 0, 24, False),
     ("fp16/fp32@3", 1, 24, True),

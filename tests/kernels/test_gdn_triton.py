@@ -208,7 +208,8 @@ def _no_general_step(*args, **kwargs):
 
 _STEP_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "TILES": 3, "num_warps": 4},  # one program per head, K in 2 chunks
                   {"BLOCK_V": 16, "BLOCK_K": 32, "TILES": 2, "num_warps": 1},  # 2nd program: a part tile, a padding tile
-                  {"BLOCK_V": 64, "BLOCK_K": 32, "TILES": 1, "WORDS": True, "num_warps": 4}]  # one tile, codes as words
+                  {"BLOCK_V": 64, "BLOCK_K": 32, "TILES": 1, "WORDS": 1, "num_warps": 4},  # one tile, codes as words
+                  {"BLOCK_V": 32, "BLOCK_K": 16, "TILES": 2, "WORDS": 2, "num_warps": 1}]  # a row a thread, 2nd tile part
 
 
 @pytest.mark.parametrize("text, launch", [
@@ -225,6 +226,8 @@ _STEP_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "TILES": 3, "num_warps": 4},  #
     ("nvfp4/fp32@4", None),
     ("nvfp4/fp32@4", 2),
     ("nvfp4:scale=row/fp32@4#closed#skip=0.5", 2),
+    ("nvfp4/fp32@4", 3),
+    ("nvfp4:scale=tensor/fp32@4#closed#skip=0.5", 3),
     ("nvfp4:axis=headdim/fp32@4", 1),
     ("shared:fp8sr@4#closed", 0),
     ("nvfp4:scale=row/fp32@4#spec=3:0.6", 1),

@@ -135,18 +135,18 @@ def test_speculative_reference_matches_step_reference(fam):
 
 
 @pytest.mark.parametrize("fam", ["mamba2", *FAMILIES])
-def test_triton_steps_carry_the_residuals(fam):
+def test_triton_steps_carry_the_residuals(fam, device):
     """Single-token Triton steps with error feedback from the FP32 anchor (checkpoint 0's packed read copy from zero
     residuals), folding every third step: outputs, stored copies and copies plus residuals those of the step
     reference in FP32, to FP32 summation noise; the packed read copy decodes to S_lo."""
     cfg = ReplayConfig.parse("int8:ef=fp32/fp16sr:ef=bf16@3")
     if fam == "mamba2":
-        *inputs, s0 = mamba2_inputs(batch=2, tokens=7, dtype=torch.float32)
+        *inputs, s0 = (t.to(device) for t in mamba2_inputs(batch=2, tokens=7, dtype=torch.float32))
         step = lambda t, st: mamba2.decode_step(*sliced((*inputs, s0), t, t + 1)[:6], st, cfg)  # noqa: E731
         ref_step = lambda t, st: mamba2.decode_reference(*sliced((*inputs, s0), t, t + 1)[:6], st, cfg,  # noqa: E731
                                                          compute_dtype=torch.float32)
     else:
-        *inputs, s0 = delta_inputs(fam, batch=2, seqlen=7, dtype=torch.float32)
+        *inputs, s0 = delta_inputs(fam, batch=2, seqlen=7, dtype=torch.float32, device=device)
         step = lambda t, st: FAMILIES[fam].decode_step_triton(*cut(inputs, t, t + 1), st, cfg)  # noqa: E731
         ref_step = lambda t, st: FAMILIES[fam].decode_reference(*cut(inputs, t, t + 1), st, cfg,  # noqa: E731
                                                                 compute_dtype=torch.float32)

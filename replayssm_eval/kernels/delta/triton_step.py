@@ -4,7 +4,8 @@
   from the read format's `packed_codec`; a kernel takes a format as its codec's KIND and GROUP constexprs);
 - the single-token kernels' row dots S_src^T k, S_src^T q of a block of state rows in one pass over K (`rowdots`:
   S_hi, or the packed read copy through the fast decoders, NVFP4 as bytes split by nibble or as whole int32 words
-  of 8 codes, `nvfp4_partials`) and the read copy's global scales (`scale_rows`);
+  of 8 codes, in tiles, `nvfp4_partials`, or by rows, `nvfp4_rowwise`) and the read copy's global scales
+  (`scale_rows`);
 - the single-token step and verification in the `KernelFamily` call convention (`decode_step`,
   `verify`), around each family's launcher, and the conventional step's launch (`conventional_launch`).
 The chunked kernels' shared pieces are `triton_chunk`.
@@ -73,6 +74,49 @@ def nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, kd, qd, C: tl.constexpr, K
 
 
 @triton.jit
+def _row_quads(ptr, rows, C: tl.constexpr, K: tl.constexpr):
+    """ptr[C .. C + 3] (0 at K and past) in every thread holding a row of `rows`: one 16-byte load a thread, its four
+    lanes split apart in registers; four [BLOCK_V] tensors."""
+    cols = C + tl.arange(0, 4)
+    quad = tl.load(ptr + tl.broadcast_to(cols[None, :], (rows.shape[0], 4)), mask=(cols < K)[None, :], other=0.0)
+    even, odd = tl.split(tl.reshape(quad, (rows.shape[0], 2, 2)))  # lanes (0, 2), (1, 3)
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def nvfp4_rowwise(data_ptr, scale_ptr, rows, mask_v, k_ptr, q_ptr, K: tl.constexpr, KP: tl.constexpr):
+    """(sum_c X[r, c] k[c], the same with q), [BLOCK_V] each, of the NVFP4 rows `rows` (X: E2M1 codes times E4M3 block
+    scales, without the global scale), each row summed whole by the thread that holds it: the tensors are [BLOCK_V],
+    so no sum crosses threads. A row's int32 words of 8 codes load one by one and decode in pairs by bit operations
+    (`e2m1_f16_pair`); every thread loads k and q four values at a time (`_row_quads`)."""
+    words_ptr = data_ptr.to(tl.pointer_type(tl.int32)) + rows * (KP // 8)
+    sk = tl.zeros(rows.shape, dtype=tl.float32)
+    sq = tl.zeros(rows.shape, dtype=tl.float32)
+    for blk in tl.static_range(KP // 16):
+        bk = tl.zeros(rows.shape, dtype=tl.float32)
+        bq = tl.zeros(rows.shape, dtype=tl.float32)
+        for w in tl.static_range(2 * blk, 2 * blk + 2):
+            if 8 * w < K:
+                word = tl.load(words_ptr + w, mask=mask_v, other=0)  # codes 8 w .. 8 w + 7
+                ka = _row_quads(k_ptr, rows, 8 * w, K)
+                kb = _row_quads(k_ptr, rows, 8 * w + 4, K)
+                qa = _row_quads(q_ptr, rows, 8 * w, K)
+                qb = _row_quads(q_ptr, rows, 8 * w + 4, K)
+                for j in tl.static_range(4):
+                    lo, hi = e2m1_f16_pair(word, j)  # codes 8 w + j, 8 w + j + 4, times 2^-14
+                    bk += lo * ka[j]
+                    bk += hi * kb[j]
+                    bq += lo * qa[j]
+                    bq += hi * qb[j]
+        sc = e4m3_fast(tl.load(scale_ptr + rows * (KP // 16) + blk, mask=mask_v, other=0)) * E2M1_F16_SCALE
+        sk += bk * sc
+        sq += bq * sc
+    return sk, sq
+
+
+@triton.jit
 def scale_rows(x, gs_ptr, b, bh, rows, mask_v, GROUP: tl.constexpr):
     """x [BLOCK_V] of the read copy's rows `rows` times their global scale (`read_args`: per row, head or sequence)."""
     if GROUP == GROUP_ROW:
@@ -90,8 +134,10 @@ def rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask
              BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr):
     """(S_src^T k, S_src^T q), [BLOCK_V] each, of the state rows `rows` ([BLOCK_V] in [B, HV, V]) in one pass over K:
     S_src = S_hi (FP32) if read_hi else the packed read copy (times its global scale). k_ptr, q_ptr: the vectors [K]
-    (FP32; GDN: the token's k, q; KDA: the decayed d k, d q). WORDS: NVFP4 codes as whole int32 words
-    (`nvfp4_partials`), else as bytes split by nibble; each family's launch says which (BENCHMARKS.md, Decode step)."""
+    (FP32; GDN: the token's k, q; KDA: the decayed d k, d q). WORDS, how NVFP4 codes load: 0 as bytes split by
+    nibble and 1 as whole int32 words (`nvfp4_partials`), both in [BLOCK_V, BLOCK_K] tiles whose sums cross threads,
+    2 as whole words summed by the thread holding the row (`nvfp4_rowwise`; one row a thread where BLOCK_V is 32 x
+    num_warps); each family's launch says which (BENCHMARKS.md, Decode step)."""
     sk = tl.zeros([BLOCK_V], dtype=tl.float32)
     sq = tl.zeros([BLOCK_V], dtype=tl.float32)
     if read_hi:
@@ -101,7 +147,9 @@ def rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, k_ptr, q_ptr, b, bh, rows, mask
             sk += tl.sum(s * tl.load(k_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
             sq += tl.sum(s * tl.load(q_ptr + ks, mask=ks < K, other=0.0)[None, :], axis=1)
     else:
-        if KIND == NVFP4 and WORDS:  # whole int32 words of 8 codes (`delta.triton_step.nvfp4_partials`)
+        if KIND == NVFP4 and WORDS == 2:  # each thread sums whole rows (`nvfp4_rowwise`)
+            sk, sq = nvfp4_rowwise(data_ptr, scale_ptr, rows, mask_v, k_ptr, q_ptr, K, KP)
+        elif KIND == NVFP4 and WORDS:  # whole int32 words of 8 codes (`delta.triton_step.nvfp4_partials`)
             for c in tl.static_range(0, KP, BLOCK_K):
                 ks = c + tl.arange(0, BLOCK_K)
                 pk, pq = nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, tl.load(k_ptr + ks, mask=ks < K, other=0.0),

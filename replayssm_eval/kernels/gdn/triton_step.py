@@ -209,7 +209,7 @@ def _replay_step_kernel(
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
     CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr, COLUMNS: tl.constexpr,
-    WORDS: tl.constexpr = False,  # a reading row's NVFP4 codes as whole int32 words (a folding row's always are)
+    WORDS: tl.constexpr = 0,  # how a reading row's NVFP4 codes load (`rowdots`; a folding row's as words in tiles)
 ):
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, FOLD, SPLIT):  # some rows fold: the other launch takes this row
@@ -306,23 +306,25 @@ def fold_columns(kind: int, closed: bool, cap: int) -> bool:
     return kind == int(Kind.FP32) and not closed and cap >= 16
 
 
-def step_launch_config(batch: int, heads: int, dk: int, dv: int, columns: bool = False) -> dict:
+def step_launch_config(batch: int, heads: int, dk: int, dv: int, fold: bool = False, columns: bool = False) -> dict:
     """BLOCK_V, BLOCK_K (a multiple of 16: the columns of a pass over K, the read's and a fold's by columns), TILES (v
-    blocks per program), WORDS (a reading row's NVFP4 codes as int32 words) and num_warps of `_replay_step_kernel`;
-    columns: of a folding launch that folds by columns (`fold_columns`). benchmarks/kernel_speed.py tunes the reading
-    launch."""
+    blocks per program), WORDS (how a reading row's NVFP4 codes load, `rowdots`) and num_warps of `_replay_step_kernel`;
+    fold: of a folding launch; columns: of one that folds by columns (`fold_columns`). benchmarks/kernel_speed.py tunes
+    the reading launch."""
     if batch * heads < 4096:
         block_v = 16  # at least 16: the open fold's buffer sum is a tl.dot (`_fold_open`)
         return {"BLOCK_V": block_v, "BLOCK_K": min(128, max(16, triton.next_power_of_2(dk))), "TILES": 1,
-                "WORDS": False, "num_warps": 4}
+                "WORDS": 0, "num_warps": 4}
     block_v = min(32, max(16, triton.next_power_of_2(dv)))
-    if columns:  # one tile of 32-column passes: 138 registers at K = V = 128 (four tiles: 236)
-        return {"BLOCK_V": block_v, "BLOCK_K": min(32, max(16, triton.next_power_of_2(dk))), "TILES": 1,
-                "WORDS": False, "num_warps": 4}
-    # many sequences: the H200 sweep's best FP32-read launch at K = V = 128, batch 256 (BENCHMARKS.md)
     block_k = min(64, max(16, triton.next_power_of_2(dk)))
-    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": min(4, triton.cdiv(dv, block_v)), "WORDS": False,
-            "num_warps": 4}
+    tiles = min(4, triton.cdiv(dv, block_v))
+    if columns:  # one tile of 32-column passes: 138 registers at K = V = 128 (four tiles: 236)
+        return {"BLOCK_V": block_v, "BLOCK_K": min(32, block_k), "TILES": 1, "WORDS": 0, "num_warps": 4}
+    if fold:  # the whole block folded at once
+        return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": tiles, "WORDS": 0, "num_warps": 4}
+    # many sequences, a reading launch: the H200 sweep's best at K = V = 128, batch 256 for the FP32 and the NVFP4 read
+    # copy (BENCHMARKS.md): one warp, a row a thread, NVFP4 words summed by rows
+    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": tiles, "WORDS": 2, "num_warps": block_v // 32 or 1}
 
 
 def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tuple[int, int, int]:
@@ -357,7 +359,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     read_hi, fold, count = read_hi.contiguous(), fold.contiguous(), count.contiguous()
     for fold_path, split in step_launches(folds):
         columns = fold_path and fold_columns(kind, closed, cap)
-        cfg = step_launch_config(bsz, nv, dk, dv, columns)
+        cfg = step_launch_config(bsz, nv, dk, dv, fold_path, columns)
         _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"], cfg["TILES"])](
             *token, *entries, count, read_hi, fold,
             hi, data, scales, gs, u, o, out,

@@ -37,8 +37,9 @@ from replayssm_eval.replay.buffer_round import round_buffered
 
 @triton.jit
 def _head_row(terms_ptr, bh, K: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The head's row of the terms (`head_terms`): d k [K], d q [K], d [K], the weights [BLOCK_E] x 2, q . k, keep."""
-    return terms_ptr + bh * (3 * K + 2 * BLOCK_E + 2)
+    """The head's row of the terms (`head_terms`): d k [K], d q [K], d [K], the weights [BLOCK_E] x 2, q . k, keep,
+    two words of padding (rows of a multiple of 16 bytes where 4 divides K: d k and d q load as 16-byte vectors)."""
+    return terms_ptr + bh * (3 * K + 2 * BLOCK_E + 4)
 
 
 @triton.jit
@@ -221,16 +222,16 @@ def _replay_fold_kernel(
 
 
 def head_terms(batch: int, heads: int, dk: int, block_e: int, device) -> torch.Tensor:
-    """The per-head terms of a step, [B, HV, 3 K + 2 BLOCK_E + 2] FP32, written by `_head_terms_kernel` once per
-    (sequence, value head) and read by every program of the head: d k_j, d q_j, d ([K] each; d = exp(g_{0..j}), 0 where
-    skip_read_below zeroes the checkpoint term), the buffer weights a_i (k_j . k_i), a_i (q_j . k_i) ([BLOCK_E] each),
-    q_j . k_j and keep (1, or 0 where the checkpoint term is skipped)."""
-    return torch.empty(batch, heads, 3 * dk + 2 * block_e + 2, device=device)
+    """The per-head terms of a step, [B, HV, 3 K + 2 BLOCK_E + 4] FP32 (two words of padding: `_head_row`), written by
+    `_head_terms_kernel` once per (sequence, value head) and read by every program of the head: d k_j, d q_j, d ([K]
+    each; d = exp(g_{0..j}), 0 where skip_read_below zeroes the checkpoint term), the buffer weights a_i (k_j . k_i),
+    a_i (q_j . k_i) ([BLOCK_E] each), q_j . k_j and keep (1, or 0 where the checkpoint term is skipped)."""
+    return torch.empty(batch, heads, 3 * dk + 2 * block_e + 4, device=device)
 
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> dict:
-    """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16), WORDS (NVFP4 codes as whole
-    int32 words) and num_warps of `_replay_step_kernel`, whose programs only stream their rows (the head's terms come
+    """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16), WORDS (how NVFP4 codes load,
+    `rowdots`) and num_warps of `_replay_step_kernel`, whose programs only stream their rows (the head's terms come
     from `_head_terms_kernel`). Many sequences: the H200 sweep's best at K = V = 128, batch 256 (BENCHMARKS.md, Decode
     step; benchmarks/kernel_speed.py sweeps them); few: programs of 16 rows, more of them."""
     block_k = min(128, max(16, triton.next_power_of_2(dk)))
