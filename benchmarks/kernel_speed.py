@@ -19,8 +19,9 @@ the ReplaySSM kernels are timed by replaying the exact launch `decode_step_trito
                            (both: the single-token kernel `_replay_step_kernel`; the tune rows sweep its launch config
                            at the largest batch, the default first, and the rows use the best one where
                            batch x heads >= 4096; KDA's step launches its per-head terms kernel first, timed with it)
-   flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config; KDA's
-                           `_replay_fold_kernel` swept as the non-flush kernel)
+   flush                   the 16th step: S_hi + 16 entries read, the FP32 fold written (for each config; the
+                           folding kernel swept as the non-flush one: KDA's `_replay_fold_kernel`, GDN's
+                           `_replay_step_kernel` in its folding launch)
    flush packing (torch)   write_checkpoint_packed of the fold (host-side torch pass of decode_step_triton)
    amortised L=16          (15 x non-flush + flush) / 16, and the speedup of conventional over it
 3. chunked: `chunked(..., backend="triton")` with an in-kernel config (nvfp4/fp16sr@16, per-head scales) and the
@@ -459,6 +460,20 @@ class GDN:
     def step_variant(self, launch, cfg: dict):
         return step_variant(gdn_triton, launch, cfg, self.state_heads, self.V, cfg["BLOCK_V"])
 
+    fold_kernel = "_replay_step_kernel"  # a flush is the step kernel's folding launch
+    fold_keys = ("BLOCK_V", "BLOCK_K", "TILES", "num_warps")
+
+    def fold_variants(self) -> list[dict]:
+        """Launch configs of the folding `_replay_step_kernel` the flush tune rows sweep: rows per tile (at least 16:
+        the open fold's buffer sum is a tl.dot), columns per pass (the row dots', and the fold's by columns), tiles per
+        program, warps."""
+        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, num_warps=warps)
+                for block_v in (16, 32, 64) for block_k in (32, 64)
+                for tiles in sorted({1, triton.cdiv(self.V, block_v)}) for warps in (1, 2, 4)]
+
+    def fold_variant(self, launch, cfg: dict):
+        return self.step_variant(launch, cfg)
+
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
         q, k, v, g, beta = self.token(batch)
@@ -540,6 +555,7 @@ class KDA(GDN):
     def step_variant(self, launch, cfg: dict):
         return self._variant(launch, cfg, "_replay_step_kernel")
 
+    fold_kernel = "_replay_fold_kernel"
     fold_keys = ("BLOCK_V", "BLOCK_K", "num_warps")
 
     def fold_variants(self) -> list[dict]:
@@ -703,12 +719,12 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
 def _time_step(row, timer: Timer, fam, s0, config: str, phase: str, tuned: dict, batch: int, copy_gbps):
     """Time the kernel launch of one decode token of `config` from the FP32 state s0 in `phase` ("non-flush": MID
     committed entries; "flush": WINDOW - 1) into row, with the launch config tuned for it where the sweep has one
-    (`_replay_step_kernel` for a non-flush step, a family's `_replay_fold_kernel` for a flush); returns the step's
+    (`_replay_step_kernel` for a non-flush step, a family's `fold_kernel` for a flush); returns the step's
     outputs."""
     flush = phase == "flush"
     launch, out = fam.step_launch(fam.replay_state(s0, config, WINDOW - 1 if flush else MID), config)
     kernel = getattr(launch, "kernel", "")
-    if flush and kernel == "_replay_fold_kernel" and hasattr(fam, "fold_variants"):
+    if flush and kernel == getattr(fam, "fold_kernel", None):
         launch, kernel = _tuned(fam, launch, tuned.get((phase, config)), batch, fam.fold_variant, fam.fold_keys)
     elif not flush and kernel == "_replay_step_kernel":
         launch, kernel = _tuned(fam, launch, tuned.get((phase, config)), batch, fam.step_variant, fam.step_keys)
@@ -732,14 +748,14 @@ def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
 
 def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
     """Tune rows: the step kernels over launch configs at `batch`, per read copy: the non-flush `_replay_step_kernel`
-    (`step_variants`) and, where the family has `fold_variants`, the flush's `_replay_fold_kernel`. The default launch
+    (`step_variants`) and, where the family has `fold_variants`, the flush's `fold_kernel`. The default launch
     is timed first, so a sweep the budget cuts short never picks a slower one. Returns {(phase, config): best launch
     config} where it is not the default; the decode rows use it where batch x heads >= 4096."""
     best = {}
     s0 = fam.fp32_state(batch)
     phases = [("non-flush", MID, "_replay_step_kernel", fam.step_variants, fam.step_variant, fam.step_keys)]
     if hasattr(fam, "fold_variants"):
-        phases.append(("flush", WINDOW - 1, "_replay_fold_kernel", fam.fold_variants, fam.fold_variant, fam.fold_keys))
+        phases.append(("flush", WINDOW - 1, fam.fold_kernel, fam.fold_variants, fam.fold_variant, fam.fold_keys))
     for phase, count, kernel, variants, variant, keys in phases:
         for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
             holder = {}
