@@ -12,10 +12,10 @@ Geometries as benchmarks/kernel_speed.py (Mamba-2 P = 80, N = 128; GDN and KDA K
 per-head NVFP4 scales. The step kernels are unrolled (no loop but the closed fold's), but they branch at run time on
 whether a row reads S_hi or its read copy, so the static count holds both paths; --reading compiles a copy of the
 family's module whose kernels take every row as reading its read copy (the per-row flag `tl.load(rhi_ptr + b) != 0`
-replaced by False in the source), whose count is what a reading warp issues. `per head` = SASS instructions x warps
-x programs per head, the issue work behind 64 KiB of FP32 state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose
-per-head count, times heads x batch, exceeds what the SMs issue in the time its bytes take at copy bandwidth is bound
-by instructions, not memory.
+replaced by False in the source), whose count is what a reading warp issues (its registers are not the kernel's,
+which holds both paths). `per head` = SASS instructions x warps x programs per head, the issue work behind 64 KiB of
+FP32 state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose per-head count, times heads x batch, exceeds what the SMs
+issue in the time its bytes take at copy bandwidth is bound by instructions, not memory.
 """
 
 from __future__ import annotations

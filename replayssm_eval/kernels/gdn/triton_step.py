@@ -324,7 +324,7 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int, fold: bool = Fa
         return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": tiles, "WORDS": 0, "num_warps": 4}
     # many sequences, a reading launch: the H200 sweep's best at K = V = 128, batch 256 for the FP32 and the NVFP4 read
     # copy (BENCHMARKS.md): one warp, a row a thread, NVFP4 words summed by rows
-    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": tiles, "WORDS": 2, "num_warps": block_v // 32 or 1}
+    return {"BLOCK_V": block_v, "BLOCK_K": block_k, "TILES": tiles, "WORDS": 2, "num_warps": 1}
 
 
 def step_grid(batch: int, heads: int, dv: int, block_v: int, tiles: int) -> tuple[int, int, int]:
