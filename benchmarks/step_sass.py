@@ -6,14 +6,17 @@ delta-rule families' flush (KDA's `_replay_fold_kernel`, GDN's step kernel with 
     python benchmarks/step_sass.py --families kda --launch BLOCK_V=64,BLOCK_K=32,num_warps=4
     python benchmarks/step_sass.py --fold --families kda --launch BLOCK_V=32,num_warps=4 --launch BLOCK_V=64,num_warps=4
     python benchmarks/step_sass.py --root /path/to/other/checkout     # the kernels of another checkout
-    python benchmarks/step_sass.py --reading --families gdn --reads nvfp4   # a reading row's path alone
+    python benchmarks/step_sass.py --per-row-hi --families gdn        # a speculative schedule's launch
+    python benchmarks/step_sass.py --reading --root /old/checkout     # a reading row's path alone, in older kernels
 
 Geometries as benchmarks/kernel_speed.py (Mamba-2 P = 80, N = 128; GDN and KDA K = V = 128), 16 buffer entries,
-per-head NVFP4 scales. The step kernels are unrolled (no loop but the closed fold's), but they branch at run time on
-whether a row reads S_hi or its read copy, so the static count holds both paths; --reading compiles a copy of the
-family's module whose kernels take every row as reading its read copy (the per-row flag `tl.load(rhi_ptr + b) != 0`
-replaced by False in the source), whose count is what a reading warp issues (its registers are not the kernel's,
-which holds both paths). `per head` = SASS instructions x warps x programs per head, the issue work behind 64 KiB of
+per-head NVFP4 scales. The step kernels are unrolled (no loop but the closed fold's). A fixed window's launch
+(HI_AT_FOLD, the default here) reads S_hi only in its folding launch, so a reading launch holds the read copy's path
+alone; --per-row-hi compiles the launch of a speculative schedule, which branches at run time on whether a row reads
+S_hi or its read copy, so its static count holds both paths. Kernels from before HI_AT_FOLD always branched:
+--reading compiles a copy of such a module whose kernels take every row as reading its read copy (the per-row flag
+`tl.load(rhi_ptr + b) != 0` replaced by False in the source), whose count is what a reading warp issues (its
+registers are not those kernels', which hold both paths). `per head` = SASS instructions x warps x programs per head, the issue work behind 64 KiB of
 FP32 state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose per-head count, times heads x batch, exceeds what the SMs
 issue in the time its bytes take at copy bandwidth is bound by instructions, not memory.
 """
@@ -35,7 +38,7 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)  # compiled code, not the interpreter
 
 SIZES = dict(K=128, V=128, KP=128, BK=128, P=80, N=128, NB=128, BLOCK_E=16, BLOCK_N=128, BLOCK_S=8, BUF=0,
-             SKIP=False, FOLD=False, SPLIT=False, CLOSED=False)
+             SKIP=False, FOLD=False, SPLIT=False, CLOSED=False, HI_AT_FOLD=True)
 ROWS = {"mamba2": 80, "gdn": 128, "kda": 128}  # state rows a head's programs split
 PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_ptr": "*i64", "data_ptr": "*u8",
              "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32"}
@@ -103,12 +106,17 @@ def main(argv=None):
     ap.add_argument("--launch", action="append", default=[],
                     help="a launch config NAME=VALUE,... (repeatable; default: the checkout's step_launch_config)")
     ap.add_argument("--fold", action="store_true", help="the flush's kernel (GDN and KDA; the FP32 read as shared)")
-    ap.add_argument("--reading", action="store_true", help="a row reading its read copy: the S_hi branch compiled out")
+    ap.add_argument("--per-row-hi", action="store_true",
+                    help="a speculative schedule's launch: rows flag at run time whether they read S_hi")
+    ap.add_argument("--reading", action="store_true",
+                    help="kernels from before HI_AT_FOLD: the per-row S_hi branch compiled out of the source")
     args = ap.parse_args(argv)
     if args.fold and "mamba2" in args.families.split(","):
         ap.error("--fold profiles the delta-rule families' flush: --families gdn,kda")
     if args.fold and args.reading:
         ap.error("--reading profiles the non-flush step; a fold reads S_hi")
+    if args.per_row_hi and args.reading:
+        ap.error("--reading compiles the per-row S_hi flag out; --per-row-hi keeps it")
     sys.path.insert(0, args.root)
     import triton
     from replayssm_eval.formats.codec import Group, Kind
@@ -134,7 +142,7 @@ def main(argv=None):
                 warps = launch.pop("num_warps", 4)
                 constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, **launch, "KIND": kind, "READ": kind,
                               "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32",
-                              "COLUMNS": columns}
+                              "COLUMNS": columns, "HI_AT_FOLD": not args.per_row_hi}
                 res, ops = profile(kernel, constexprs, warps, tools)
                 block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
                 per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)

@@ -77,7 +77,7 @@ def cases() -> list:
     encode = dict(AXIS=0, ROT=1, BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     dual_encode = {"r_ptr": "*i16", "c_ptr": "*i16", "codes_ptr": "*u8"}
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
-                       BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5)
+                       BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5, HI_AT_FOLD=False)
     # decode attention: Qwen3.5-4B's geometry in bf16 (64-column blocks, one split), Nemotron-3-Nano-4B's (32, two
     # splits), an FP32 model's (FP32 FMAs)
     attention = dict(SPLITS=1, BLOCK_G=16, BLOCK_N=64, BLOCK_D=256, PRECISION="tf32", UPCAST=False)
@@ -171,37 +171,37 @@ def cases() -> list:
          {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4, COLUMNS=False)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False, HI_AT_FOLD=False)),
         # an FP32 read's open fold by columns (`fold_columns`)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=fp32, GROUP=none, SKIP=False,
                                        FOLD=True, SPLIT=False, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=32, TILES=1, COLUMNS=True)),
+                                       BLOCK_K=32, TILES=1, COLUMNS=True, HI_AT_FOLD=True)),
         # a short window's open fold: the buffer sum as a broadcast
         (gdn_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, BK=128, KIND=fp8, GROUP=row, SKIP=False,
                                        FOLD=True, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=4, BLOCK_V=16,
-                                       BLOCK_K=32, TILES=1, COLUMNS=False)),
+                                       BLOCK_K=32, TILES=1, COLUMNS=False, HI_AT_FOLD=False)),
         # a reading launch: NVFP4 as bytes (a folding one: as whole words)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=row, SKIP=False,
                                        FOLD=False, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4, COLUMNS=False)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False, HI_AT_FOLD=False)),
         # a reading launch: NVFP4 words summed by the threads holding their rows, K not a multiple of 16
         (gdn_step_module._replay_step_kernel, dict(K=100, V=128, KP=112, BK=128, KIND=nvfp4, GROUP=head, SKIP=True,
                                        FOLD=False, SPLIT=True, CLOSED=False, SHARED=False, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4, COLUMNS=False, WORDS=2)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False, WORDS=2, HI_AT_FOLD=True)),
         (kda_step_module._head_terms_kernel, dict(K=128, BK=128, BLOCK_E=16, SKIP=True, KEYS=True)),
         (kda_step_module._head_terms_kernel, dict(K=100, BK=128, BLOCK_E=16, SKIP=False, KEYS=False)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=head, SKIP=True,
-                                       SPLIT=True, WORDS=True, BLOCK_E=16, BLOCK_V=16, BLOCK_K=128)),
+                                       SPLIT=True, WORDS=True, BLOCK_E=16, BLOCK_V=16, BLOCK_K=128, HI_AT_FOLD=True)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=row, SKIP=False,
-                                       SPLIT=False, WORDS=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64)),
+                                       SPLIT=False, WORDS=False, BLOCK_E=16, BLOCK_V=32, BLOCK_K=64, HI_AT_FOLD=False)),
         (kda_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, KIND=fp8, GROUP=row, SKIP=False,
-                                       SPLIT=False, WORDS=False, BLOCK_E=16, BLOCK_V=16, BLOCK_K=16)),
+                                       SPLIT=False, WORDS=False, BLOCK_E=16, BLOCK_V=16, BLOCK_K=16, HI_AT_FOLD=True)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=row, SKIP=False,
-                                       SPLIT=False, WORDS=2, BLOCK_E=16, BLOCK_V=64, BLOCK_K=32)),
+                                       SPLIT=False, WORDS=2, BLOCK_E=16, BLOCK_V=64, BLOCK_K=32, HI_AT_FOLD=True)),
         (kda_step_module._replay_fold_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=head, CLOSED=False,
-                                       SHARED=True, BUF=1, SPLIT=True, BLOCK_E=16, BLOCK_V=16, BLOCK_K=32)),
+                                       SHARED=True, BUF=1, SPLIT=True, BLOCK_E=16, BLOCK_V=16, BLOCK_K=32, HI_AT_FOLD=True)),
         (kda_step_module._replay_fold_kernel, dict(K=100, V=100, KP=112, BK=128, KIND=fp8, GROUP=row, CLOSED=True,
-                                       SHARED=False, BUF=0, SPLIT=False, BLOCK_E=16, BLOCK_V=16, BLOCK_K=32)),
+                                       SHARED=False, BUF=0, SPLIT=False, BLOCK_E=16, BLOCK_V=16, BLOCK_K=32, HI_AT_FOLD=False)),
         (gdn_step_module._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=nvfp4, GROUP=row, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
@@ -272,6 +272,9 @@ def cases() -> list:
         (mamba2_phases._fold_chain_kernel, {**fold_chain, "RECUR_EF": int(Residual.FP32)}),
         (mamba2_step_module._replay_step_kernel, mamba2_step),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False}),  # NVFP4 as words (folding: bytes)
+        # a fixed window's launches: S_hi read where a row folds, no per-row flag
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "HI_AT_FOLD": True}),
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False, "HI_AT_FOLD": True}),
         # the two launches of a step where some rows fold
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "SPLIT": True}),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False, "SPLIT": True}),

@@ -23,6 +23,14 @@ def step_variant(fold: torch.Tensor) -> str:
     return "all" if bool(fold.all()) else "some" if bool(fold.any()) else "none"
 
 
+def read_hi_flags(read_hi: torch.Tensor | None, fold: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(the per-row S_hi flags a step kernel loads, HI_AT_FOLD) of a step whose rows read S_hi where read_hi [B] int8
+    is set, or, where read_hi is None, exactly where they fold (a fixed window: its flush's output reads S_hi, every
+    other token the read copy). With HI_AT_FOLD a kernel loads no flag: a reading launch compiles without the S_hi
+    path and a folding launch without the read copy's, which frees registers (BENCHMARKS.md, Decode step)."""
+    return (fold, True) if read_hi is None else (read_hi.contiguous(), False)
+
+
 def step_launches(folds: str) -> tuple[tuple[bool, bool], ...]:
     """The launches of variant `folds`, as (fold path, split) pairs: "none" one reading launch, "all" one folding
     launch, "some" a reading launch for the rows that do not fold and a folding launch for those that do, each split

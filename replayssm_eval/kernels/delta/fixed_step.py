@@ -38,7 +38,7 @@ def fixed_step(launch: Callable, st: StaticState, inputs: tuple, fold: torch.Ten
     o = torch.empty_like(u)
     fold8 = fold.to(torch.int8)
     token = dict(q=q, k=k, v=v, g=g, beta=beta)
-    launch(st.hi, st.packed, read_copy_format(st.config), st.buffer, st.count, token, fold8, fold8, u, o,
+    launch(st.hi, st.packed, read_copy_format(st.config), st.buffer, st.count, token, None, fold8, u, o,
            st.fold_out if flush else u, folds=folds, closed=closed, shared=st.config.shared,
            groups=v.shape[1] // k.shape[1],
            eps=st.config.skip_read_below, buf_kind=buffer_kind(st.config))

@@ -231,13 +231,14 @@ def decode_step(p: Prepared, q, initial_state, launch_step) -> tuple[torch.Tenso
     hi = st.hi.float().contiguous()
     count = st.schedule.count
     new = dict(q=q[:, 0].to(torch.float32), k=p.k_heads[:, 0], v=p.v[:, 0], g=p.g[:, 0], beta=p.beta[:, 0])
-    fold, read_hi = p.plan.fold_after[:, 0], p.plan.read_hi[:, 0]
+    fold = p.plan.fold_after[:, 0]
+    read_hi = p.plan.read_hi[:, 0].to(torch.int8) if cfg.speculative is not None else None  # fixed: S_hi at the flush
     u = torch.empty(new["v"].shape, device=hi.device)  # [B, HV, V]
     o = torch.empty_like(u)
     variant = step_variant(fold)
     folds = variant != "none"
     folded = torch.empty_like(hi) if folds else u  # [B, HV, V, K] the FP32 fold of the folding rows
-    launch_step(hi, packed, fmt, st.buffer, count, new, read_hi.to(torch.int8), fold.to(torch.int8), u, o, folded,
+    launch_step(hi, packed, fmt, st.buffer, count, new, read_hi, fold.to(torch.int8), u, o, folded,
                 folds=variant, closed=cfg.gdn_fold == "closed", shared=cfg.shared, groups=p.groups,
                 eps=cfg.skip_read_below, buf_kind=buffer_kind(cfg))
     buf = {name: t.clone() for name, t in st.buffer.items()}

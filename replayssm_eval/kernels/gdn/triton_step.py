@@ -31,7 +31,7 @@ from replayssm_eval.formats.codec import Kind
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, read_args, rowdots,
 )
-from replayssm_eval.kernels.step_variants import other_launch_row, step_launches
+from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, step_launches
 from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
 from replayssm_eval.replay.buffer_round import round_buffered
 
@@ -201,13 +201,13 @@ def _replay_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # the token: q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]
     bk_ptr, bu_ptr, bg_ptr, bv_ptr, bbeta_ptr,  # buffer k [B, CAP, H, K]; u, v [B, CAP, HV, V]; g, beta [B, CAP, HV]
     count_ptr,  # [B] committed entries
-    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
+    rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy (unless HI_AT_FOLD); fold after the token
     hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
     u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold of the folding sequences
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
-    CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr,
+    HI_AT_FOLD: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr, COLUMNS: tl.constexpr,
     WORDS: tl.constexpr = 0,  # how a reading row's NVFP4 codes load (`rowdots`; a folding row's as words in tiles)
 ):
@@ -244,7 +244,10 @@ def _replay_step_kernel(
         keep = tl.where(tl.exp(g_now) >= eps, 1.0, 0.0)
         do_read = keep != 0.0  # the checkpoint term is zeroed: skip its read
     d = keep * tl.exp(g_now)
-    read_hi = tl.load(rhi_ptr + b) != 0
+    if HI_AT_FOLD and (COLUMNS or not FOLD):  # a row reads S_hi where it folds: a reading launch's never
+        read_hi = FOLD
+    else:  # the whole-block fold loads the flag even so: without it (and `folding`) it compiles for sm_90 to 255
+        read_hi = tl.load(rhi_ptr + b) != 0  # registers and 112 bytes of stack, with them to 128
     folding = False
     if FOLD:
         folding = tl.load(fold_ptr + b) != 0
@@ -342,7 +345,8 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g (beta) [B, CAP, HV] (v, beta: closed only); count [B] int64; new: q, k
-    [B, H, K], v [B, HV, V], g, beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after the token; closed: from the
+    [B, H, K], v [B, HV, V], g, beta [B, HV] (FP32); read_hi [B] int8, or None where rows read S_hi exactly where
+    they fold (a fixed window, `step_variants.read_hi_flags`); fold [B] int8 (fold after the token; closed: from the
     buffer's raw v, beta). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
     the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
     them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
@@ -356,7 +360,8 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     kind, group, data, scales, gs, kp = read_args(packed, read_fmt, hi)
     token = [new[name].contiguous() for name in ("q", "k", "v", "g", "beta")]
     entries = [buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")]  # v, beta: closed only
-    read_hi, fold, count = read_hi.contiguous(), fold.contiguous(), count.contiguous()
+    fold, count = fold.contiguous(), count.contiguous()
+    read_hi, hi_at_fold = read_hi_flags(read_hi, fold)
     for fold_path, split in step_launches(folds):
         columns = fold_path and fold_columns(kind, closed, cap)
         cfg = step_launch_config(bsz, nv, dk, dv, fold_path, columns)
@@ -365,7 +370,7 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
             hi, data, scales, gs, u, o, out,
             nv, groups, cap, float(eps or 0.0),
             K=dk, V=dv, KP=kp, BK=triton.next_power_of_2(dk), KIND=kind, GROUP=group, SKIP=eps is not None,
-            FOLD=fold_path, SPLIT=split, CLOSED=closed, SHARED=shared, BUF=buf_kind,
+            FOLD=fold_path, SPLIT=split, HI_AT_FOLD=hi_at_fold, CLOSED=closed, SHARED=shared, BUF=buf_kind,
             BLOCK_E=max(2, triton.next_power_of_2(cap)), COLUMNS=columns,
             **cfg,
         )

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.device import NVFP4
 from replayssm_eval.kernels.delta.triton_step import conventional_launch, load_packed, read_args, rowdots
-from replayssm_eval.kernels.step_variants import other_launch_row, step_launches
+from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, step_launches
 from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
 from replayssm_eval.replay.buffer_round import round_buffered
 
@@ -114,7 +114,7 @@ def _replay_step_kernel(
     terms_ptr, u_ptr, o_ptr,  # terms [B, HV, TERMS] (`head_terms`); u, o [B, HV, V]
     HV, CAP,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
-    SKIP: tl.constexpr, SPLIT: tl.constexpr, WORDS: tl.constexpr,
+    SKIP: tl.constexpr, SPLIT: tl.constexpr, HI_AT_FOLD: tl.constexpr, WORDS: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -129,11 +129,15 @@ def _replay_step_kernel(
     do_read = True
     if SKIP:
         do_read = tl.load(t + 3 * K + 2 * BLOCK_E + 1) != 0.0  # the checkpoint term is zeroed: skip its read
+    if HI_AT_FOLD:  # a row reads S_hi where it folds (`_replay_fold_kernel`): never here
+        read_hi = False
+    else:
+        read_hi = tl.load(rhi_ptr + b) != 0
     sk = tl.zeros([BLOCK_V], dtype=tl.float32)
     sq = tl.zeros([BLOCK_V], dtype=tl.float32)
     if do_read:
         sk, sq = rowdots(hi_ptr, data_ptr, scale_ptr, gs_ptr, t, t + K, b, bh, rows, mask_v,
-                         tl.load(rhi_ptr + b) != 0, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, WORDS)
+                         read_hi, K, KP, KIND, GROUP, BLOCK_V, BLOCK_K, WORDS)
     u, o, _ = _buffer_terms(terms_ptr, bu_ptr, v_ptr, beta_ptr, tl.load(count_ptr + b), b, bh, hv, offs_v, mask_v,
                             sk, sq, CAP, HV, K, V, BLOCK_E)
     tl.store(u_ptr + rows, u, mask=mask_v)
@@ -151,7 +155,7 @@ def _replay_fold_kernel(
     u_ptr, o_ptr, out_ptr,  # u, o [B, HV, V]; out [B, HV, V, K] the FP32 fold
     HV, GROUPS, CAP,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
-    CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr, SPLIT: tl.constexpr,
+    CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr, SPLIT: tl.constexpr, HI_AT_FOLD: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -169,7 +173,10 @@ def _replay_fold_kernel(
     kmask = ks < K
     m2 = mask_v[:, None] & kmask[None, :]
     t = _head_row(terms_ptr, bh, K, BLOCK_E)
-    read_hi = tl.load(rhi_ptr + b) != 0
+    if HI_AT_FOLD:  # a row reads S_hi where it folds: always here
+        read_hi = True
+    else:
+        read_hi = tl.load(rhi_ptr + b) != 0
     if CLOSED:  # the whole FP32 S_hi block, read once for the row dots (where read) and the fold
         s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK] rows of S_hi^T
         if read_hi | SHARED:  # shared: the read copy holds S_hi's values
@@ -261,8 +268,9 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
 
     hi: S_hi [B, HV, V, K] FP32 (read where read_hi[b] or fold[b]); packed: the read copy, in read_fmt; buffer: k
     [B, CAP, H, K], u (v) [B, CAP, HV, V], g [B, CAP, HV, K] (beta [B, CAP, HV]; v, beta: closed only); count [B]
-    int64; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV] (FP32); read_hi, fold [B] int8 (fold after
-    the token). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
+    int64; new: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta [B, HV] (FP32); read_hi [B] int8, or None where rows
+    read S_hi exactly where they fold (a fixed window, `step_variants.read_hi_flags`); fold [B] int8 (fold after the
+    token). Writes u (as computed) and o [B, HV, V] FP32, and unless folds is "none" the FP32 fold of
     the folding rows into out [B, HV, V, K], which may be hi itself (a program reads its rows of S_hi before writing
     them). buf_kind: `buffer_round.buffer_kind` of the config (an open fold takes the token's u rounded to it).
     shared: one stored copy (the read copy holds S_hi's values), so a folding row takes its row dots from the S_hi
@@ -275,7 +283,8 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     q, k, v, g, beta = (new[name].contiguous() for name in ("q", "k", "v", "g", "beta"))
     block_e = max(16, triton.next_power_of_2(cap))
     bk = max(16, triton.next_power_of_2(dk))
-    read_hi, fold, count = read_hi.contiguous(), fold.contiguous(), count.contiguous()
+    fold, count = fold.contiguous(), count.contiguous()
+    read_hi, hi_at_fold = read_hi_flags(read_hi, fold)
     entries = {name: buffer.get(name, buffer["g"]).contiguous() for name in ("k", "u", "g", "v", "beta")}
     terms = head_terms(bsz, nv, dk, block_e, hi.device)
     open_fold = folds != "none" and not closed
@@ -291,14 +300,14 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
                 q, k, v, g, beta, *(entries[name] for name in ("k", "u", "g", "v", "beta")), count, read_hi, fold,
                 hi, data, scales, gs, terms, keys, u, o, out, nv, groups, cap,
                 K=dk, V=dv, KP=kp, BK=bk, KIND=kind, GROUP=group, CLOSED=closed, SHARED=shared, BUF=buf_kind,
-                SPLIT=split,
-                BLOCK_E=block_e, **cfg,
+                SPLIT=split, HI_AT_FOLD=hi_at_fold, BLOCK_E=block_e, **cfg,
             )
         else:
             cfg = step_launch_config(bsz, nv, dk, dv, kind)
             _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
                 v, beta, entries["u"], count, read_hi, fold, hi, data, scales, gs, terms, u, o, nv, cap,
-                K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, SPLIT=split, BLOCK_E=block_e, **cfg,
+                K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, SPLIT=split, HI_AT_FOLD=hi_at_fold,
+                BLOCK_E=block_e, **cfg,
             )
 
 

@@ -33,7 +33,7 @@ def fixed_step(st: StaticState, inputs: tuple, fold: torch.Tensor, folds: str) -
     batch, _, H, P = buf["x"].shape
     y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
     fold8 = fold.to(torch.int8)
-    launch_replay_step(buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, fold8, fold8, A.contiguous(),
+    launch_replay_step(buf["x"], buf["B"], buf["dt"], C[:, 0].contiguous(), st.count, None, fold8, A.contiguous(),
                        st.hi, read_layout(st.replay_state(), st.config), y, st.fold_out if flush else y, folds=folds,
                        skip=st.config.skip_read_below, buf_kind=buffer_kind(st.config))
     return (y + D[:, None] * x[:, 0])[:, None]  # [B, 1, H, P]

@@ -27,7 +27,7 @@ from replayssm_eval.formats.device import (
     e2m1_f16, e2m1_f16_hi, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, nibble_lanes,
 )
 from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
-from replayssm_eval.kernels.step_variants import other_launch_row, step_launches, step_variant
+from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, step_launches, step_variant
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
@@ -219,7 +219,7 @@ def _replay_step_kernel(
     E, H, G, HPG, skip,
     P: tl.constexpr, N: tl.constexpr, NB: tl.constexpr,
     READ: tl.constexpr, GROUP: tl.constexpr, SKIP: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
-    BUF: tl.constexpr,
+    HI_AT_FOLD: tl.constexpr, BUF: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -256,11 +256,10 @@ def _replay_step_kernel(
         do_read = g_read != 0.0  # the checkpoint term is zeroed: skip its read
     else:
         do_read = True
-    read_hi = tl.load(read_hi_ptr + b) != 0
-    if FOLD:
-        folding = tl.load(fold_ptr + b) != 0
+    if HI_AT_FOLD:  # a row reads S_hi where it folds: a folding launch's rows always, a reading launch's never
+        read_hi = FOLD
     else:
-        folding = False
+        read_hi = tl.load(read_hi_ptr + b) != 0
     bh = b.to(tl.int64) * H + h
     for i in tl.static_range(TILES):
         offs_p = (tl.program_id(2) * TILES + i) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -269,7 +268,7 @@ def _replay_step_kernel(
         xv = tl.load(x_ptr + (row_e[:, None] * H + h) * P + offs_p[None, :], mask=mask_e[:, None] & mask_p[None, :],
                      other=0.0)
         y = tl.sum(xv * coef[:, None], axis=0)  # [BLOCK_P] buffer term
-        if folding:  # flush: fold = G_{0..j} S_hi + sum_{e<=j} dt_e G_{e+1..j} x_e B_e^T, rank-1 updates in FP32 FMAs
+        if FOLD:  # a folding launch runs the folding rows alone (`step_launches`). fold = G_{0..j} S_hi + sum_{e<=j} dt_e G_{e+1..j} x_e B_e^T, rank-1 updates in FP32 FMAs
             m2 = mask_p[:, None] & mask_n[None, :]
             s_hi = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=m2, other=0.0)
             upd = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
@@ -321,8 +320,9 @@ def launch_replay_step(x, B, dt, C, count, read_hi, fold, A, hi, read_copy, y, o
     returning at once, so a row's output never depends on whether other rows fold at this token.
 
     x [B, E, H, P], B [B, E, G, N], dt [B, E, H]: the buffer with the token at count[b]; C [B, G, N]; count [B] int64;
-    read_hi, fold [B] int8 (fold after the token); A [H]; hi: S_hi [B, H, P, N] FP32 (read where read_hi[b] or
-    fold[b]); read_copy: `read_layout` of the state. Writes y [B, H, P] (without D x) and, unless folds is "none", the
+    read_hi [B] int8, or None where rows read S_hi exactly where they fold (a fixed window,
+    `step_variants.read_hi_flags`); fold [B] int8 (fold after the token); A [H]; hi: S_hi [B, H, P, N] FP32 (read
+    where read_hi[b] or fold[b]); read_copy: `read_layout` of the state. Writes y [B, H, P] (without D x) and, unless folds is "none", the
     FP32 fold of entries 0..count[b] of the folding rows into out [B, H, P, N], which may be hi itself (a program
     reads its rows of S_hi before writing them). skip: skip_read_below; buf_kind: `buffer_round.buffer_kind` of the
     config; launch: a launch config instead of `step_launch_config`'s."""
@@ -331,27 +331,29 @@ def launch_replay_step(x, B, dt, C, count, read_hi, fold, A, hi, read_copy, y, o
     read, group, (data, scales, gs), nb = read_copy
     cfg = launch or step_launch_config(batch, H, P, read)
     block_nb = max(16, triton.next_power_of_2(nb))
+    read_hi, hi_at_fold = read_hi_flags(read_hi, fold)
     for fold_path, split in step_launches(folds):
         _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
             x, B, dt, C, count, read_hi, fold, hi, data,
             data if scales is None else scales, data if gs is None else gs, A, y, out,
             E, H, G, H // G, float(skip or 0.0),
-            P=P, N=N, NB=nb, READ=read, GROUP=group, SKIP=skip is not None, FOLD=fold_path, SPLIT=split, BUF=buf_kind,
+            P=P, N=N, NB=nb, READ=read, GROUP=group, SKIP=skip is not None, FOLD=fold_path, SPLIT=split,
+            HI_AT_FOLD=hi_at_fold, BUF=buf_kind,
             BLOCK_E=max(2, triton.next_power_of_2(E)), BLOCK_N=triton.next_power_of_2(N), BLOCK_S=block_nb // 16,
             **cfg,
         )
 
 
-def _replay_step(x, B, dt, C, count, read_hi, A, state, config, launch=None, fold=None):
-    """`launch_replay_step` with new outputs: sequences with fold[b] (None: none) also get their FP32 fold of entries
-    0..count[b]. Returns (y [B, H, P], fold or None)."""
+def _replay_step(x, B, dt, C, count, read_hi, fold, A, state, config, launch=None):
+    """`launch_replay_step` with new outputs: sequences with fold[b] ([B] bool) also get their FP32 fold of entries
+    0..count[b]; read_hi: [B] bool, or None where a row reads S_hi exactly where it folds. Returns (y [B, H, P], the
+    folds or None where no row folds)."""
     batch, _, H, P = x.shape
     y = torch.empty(batch, H, P, dtype=torch.float32, device=x.device)
-    folds = "none" if fold is None else step_variant(fold)
+    folds = step_variant(fold)
     out = _fold_out(state) if folds != "none" else y
-    read_hi = read_hi.to(torch.int8)
-    launch_replay_step(x, B, dt, C, count, read_hi, read_hi if fold is None else fold.to(torch.int8), A,
-                       state.hi.contiguous(), read_layout(state, config), y, out, folds=folds,
+    launch_replay_step(x, B, dt, C, count, None if read_hi is None else read_hi.to(torch.int8), fold.to(torch.int8),
+                       A, state.hi.contiguous(), read_layout(state, config), y, out, folds=folds,
                        skip=config.skip_read_below, buf_kind=buffer_kind(config), launch=launch)
     return y, (out if folds != "none" else None)
 
@@ -385,8 +387,9 @@ def decode_step_triton(x, dt, A, B, C, D, state, config, *, layer_idx=0, seq_ids
     count = st.schedule.count
     for key, new in (("x", inp.x), ("B", inp.B), ("dt", inp.dt)):
         buffer[key][rows, count] = new[:, 0]
+    read_hi = plan.read_hi[:, 0] if cfg.speculative is not None else None  # a fixed window reads S_hi at its flush
     y, folded = _replay_step(buffer["x"], buffer["B"], buffer["dt"], inp.C[:, 0].contiguous(), count.contiguous(),
-                             plan.read_hi[:, 0], inp.A.contiguous(), st, cfg, fold=plan.fold_after[:, 0])
+                             read_hi, plan.fold_after[:, 0], inp.A.contiguous(), st, cfg)
     y = y + inp.D[:, None] * inp.x_skip[:, 0]
     hi, lo, packed, checkpoint = st.hi, st.lo, st.lo_packed, st.checkpoint
     fold = plan.fold_after[:, 0].nonzero().flatten()
