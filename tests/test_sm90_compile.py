@@ -42,7 +42,7 @@ def cases() -> list:
     nvfp4, fp16sr, fp8, fp32 = int(Kind.NVFP4), int(Kind.FP16SR), int(Kind.FP8), int(Kind.FP32)
     none, row, head, tensor, tile = (int(g) for g in (Group.NONE, Group.ROW, Group.HEAD, Group.TENSOR, Group.TILE))
     div, mul = int(Order.DIV), int(Order.MUL)
-    element, pair, octet = int(Words.ELEMENT), int(Words.PAIR), int(Words.OCTET)
+    element, pair, quad, octet = int(Words.ELEMENT), int(Words.PAIR), int(Words.QUAD), int(Words.OCTET)
     # `KernelCodec.random` (words, Philox rounds, bits): a deterministic kind's; non-default rounds= and bits=
     plain, paired, sr8, sr32 = (element, 10, 0), (pair, 10, 13), (element, 7, 8), (element, 10, 32)
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
@@ -103,8 +103,11 @@ def cases() -> list:
         # scale tiles: SGLang's FP8 pool of some states, Pimba's INT8+SR blocks of 32
         (formats._encode_kernel, dict(KIND=fp8, GROUP=tile, MAX=240.0, ORDER=div, RANDOM=plain,
                                       **{**encode, "TAKE": True, "DECODED": True})),
-        (formats._encode_kernel, dict(KIND=int8sr, GROUP=tile, MAX=127.0, ORDER=div, RANDOM=sr32, **encode),
+        (formats._encode_kernel, dict(KIND=int8sr, GROUP=tile, MAX=127.0, ORDER=div, RANDOM=(quad, 10, 16), **encode),
          {"data_ptr": "*i8"}),
+        # INT16+SR codes along head_dim, one Philox call per 4 elements (drawn element by element: unaligned groups)
+        (formats._encode_kernel, dict(KIND=int(Kind.INT16SR), GROUP=row, MAX=32767.0, ORDER=div,
+                                      RANDOM=(quad, 10, 16), **{**encode, "AXIS": 1}), {"data_ptr": "*i16"}),
         # Pimba's MX8 + SR bytes and MXFP4 nibbles, some states taken, the decoded copy written
         (formats._encode_kernel, dict(KIND=mx8sr, GROUP=none, MAX=1.0, ORDER=div, RANDOM=sr32,
                                       **{**encode, "TAKE": True, "DECODED": True}), {"data_ptr": "*u8"}),
@@ -222,10 +225,10 @@ def cases() -> list:
         (mamba2_phases._fold_chain_kernel, {**fold_chain, "BLOCK_L": 1, "BUF": 1}),
         (mamba2_phases._segment_outputs_kernel, {**segment_outputs, "BLOCK_L": 1}),
         # one-token windows with the state in registers: split copies (fp16sr, row-scaled NVFP4) from a bf16 ring;
-        # vllm:int16sr (a shared INT16+SR checkpoint with row scales)
+        # vllm:int16sr (a shared INT16+SR checkpoint with row scales, one Philox call per 4 elements)
         (mamba2_tokens._token_scan_kernel, token_scan),
         (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": int(Kind.INT16SR), "RECUR_GROUP": row,
-                                            "RECUR_MAX": 32767.0, "RECUR_RANDOM": (element, 10, 16), "SHARED": True,
+                                            "RECUR_MAX": 32767.0, "RECUR_RANDOM": (quad, 10, 16), "SHARED": True,
                                             "SKIP": False, "BUF": 0}),
         # sglang:fp8 (a shared FP8 checkpoint, scale tiles of 32 head_dim rows): programs of 32 rows
         (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": fp8, **{f"RECUR_{k}": v for k, v in sglang.items()},

@@ -25,8 +25,9 @@ Stochastic formats (fp16sr, fp8sr, int8sr, int16sr) need `seed=` (int) or `rando
 Philox4x32-R counter of the element at flat row-major index i of x is `offset + i` (64-bit), key
 `seed`, as `tl.randint(seed, offset + i, R)` (R = `rounds=`, 10 by default). `random_bits` (int64
 tensor of uint32 values, x's shape) replaces Philox; a format uses bits [K-1:0] of each word
-(K = `bits=`: 13 for fp16sr, 16 for fp8sr, int8sr and int16sr, 8 for mx8sr by default); fp16sr's `words=` picks
-another assignment of words to elements (`formats.ElementwiseFormat`).
+(K = `bits=`: 13 for fp16sr, 16 for fp8sr, int8sr and int16sr, 8 for mx8sr by default); `words=` picks
+another assignment of words to elements: one Philox4x32 call per 2 or 4 elements of a row (`duo`, `quad`, every
+stochastic format), and fp16sr's engine pairs (`pair`, `octet`; `formats.ElementwiseFormat`).
 
 Kernels. `fmt.kernel_codec` (`codec.KernelCodec`, None where torch rounds the format) is all a Triton kernel reads of a
 format: element kind, scale group (`rowcol` included: column factors, then row scales; `dualaxis`' row and column

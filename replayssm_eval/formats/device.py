@@ -885,19 +885,22 @@ def _element_words(key, counter, col, WORDS: tl.constexpr, N_ROUNDS: tl.constexp
 
 
 @triton.jit
-def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_ROUNDS: tl.constexpr):
+def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_ROUNDS: tl.constexpr,
+                ALIGNED: tl.constexpr = True):
     """Random fields (int64, `sr_field`) of a tile's elements for the stochastic kinds (zeros for the others), from
     Philox4x32-N_ROUNDS words in RANDOM's word layout (`Words`) under key (an int64 scalar) at counter (a 2-D int64
     tile: each element's counter): word 0 of its own call (WORDS_ELEMENT), or one call per group of G elements of a
     row at the first one's counter (`_group_words`). col: each element's column (its index along the state's last
     dim), [1, C] (columns along the tile's last dim) or [C, 1] (its first). A tile whose columns are whole groups
-    from a multiple of G draws each group's call once; others draw it element by element (`_element_words`)."""
+    from a multiple of G draws each group's call once; others draw it element by element (`_element_words`), as does
+    a tile that is not ALIGNED: one whose columns do not start its rows' groups (the encoder's tile of several heads'
+    d_state indices along its first dim, whose heads need not hold whole groups)."""
     WORDS: tl.constexpr = RANDOM[0]
     COLS_FIRST: tl.constexpr = col.shape[0] > 1
     N_COLS: tl.constexpr = col.shape[0] if COLS_FIRST else col.shape[-1]
     G: tl.constexpr = 1 if WORDS == WORDS_ELEMENT else (2 if (WORDS == WORDS_PAIR) | (WORDS == WORDS_DUO) else (
         4 if WORDS == WORDS_QUAD else 8))
-    GROUPED: tl.constexpr = G > 1 and N_COLS % G == 0  # each group's call drawn once
+    GROUPED: tl.constexpr = ALIGNED and G > 1 and N_COLS % G == 0  # each group's call drawn once
     if ((KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR)
             | (KIND == MX8SR)):
         if GROUPED:
@@ -911,11 +914,11 @@ def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_R
 
 
 @triton.jit
-def state_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr):
+def state_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, ALIGNED: tl.constexpr = True):
     """Random fields of a stored copy's elements (`layout_bits` with Philox4x32-10 whatever RANDOM's ROUNDS), the
     words that `fmt.encode(x, random_bits=replay.keys.state_random_bits(..., fmt.lane_words))` reads. key: the copy's
     key; counter: (checkpoint << 32) + element index."""
-    return layout_bits(key, counter, col, KIND, RANDOM, 10)
+    return layout_bits(key, counter, col, KIND, RANDOM, 10, ALIGNED)
 
 
 @triton.jit

@@ -38,15 +38,22 @@ class StateFormat:
     STOCHASTIC: ClassVar[tuple[str, ...]] = ()
     # default random bits of each stochastic base, and the most it can use
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {}
+    # a stochastic base's word layouts (`words=`): its own Philox call per element, or one call per 2 or 4 elements of
+    # a row (fp16sr adds its engines' pairs, `ElementwiseFormat`)
+    WORDS: ClassVar[tuple[str, ...]] = ("element", "duo", "quad")
+    # output word of a Philox4x32 call read by each element of a group (words=duo, quad, octet)
+    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"duo": (0, 1), "quad": (0, 1, 2, 3),
+                                                         "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
 
     base: str
 
     @classmethod
     def options_for(cls, base: str) -> dict[str, tuple[str, ...]]:
-        """Accepted options of format `base`, defaults first; stochastic bases add `rounds` and `bits`."""
+        """Accepted options of format `base`, defaults first; stochastic bases add `rounds`, `bits` and `words`."""
         if base not in cls.STOCHASTIC:
             return cls.OPTIONS
-        return {**cls.OPTIONS, "rounds": (str(philox.N_ROUNDS), "N"), "bits": (str(cls.SR_BITS[base][0]), "N")}
+        return {**cls.OPTIONS, "rounds": (str(philox.N_ROUNDS), "N"), "bits": (str(cls.SR_BITS[base][0]), "N"),
+                "words": cls.WORDS}
 
     def __post_init__(self) -> None:
         if self.is_stochastic:
@@ -73,14 +80,17 @@ class StateFormat:
     @property
     def lane_words(self) -> tuple[int, ...] | None:
         """A stochastic format's Philox lanes: one Philox4x32 call per G = len(lane_words) elements of a row, element n
-        reading output word lane_words[n % G] (fp16sr's `words=duo|quad|octet`), or None: each element's own call's
-        word 0. Seeded words (`seed=`) and a run's keyed words (`replay.keys.state_random_bits`) follow it."""
-        return None
+        reading output word lane_words[n % G] (`words=duo|quad`, fp16sr's `octet`), or None: each element's own
+        call's word 0. Seeded words (`seed=`) and a run's keyed words (`replay.keys.state_random_bits`) follow it."""
+        return self._LANE_WORDS.get(self.words) if self.is_stochastic else None
 
     @property
-    def random_codec(self) -> dict[str, int]:
-        """The `KernelCodec` fields of a stochastic format's `rounds=` and `bits=` (none for a deterministic one)."""
-        return {"rounds": int(self.rounds), "bits": int(self.bits)} if self.is_stochastic else {}
+    def random_codec(self) -> dict:
+        """The `KernelCodec` fields of a stochastic format's `rounds=`, `bits=` and `words=` (none for a deterministic
+        one)."""
+        if not self.is_stochastic:
+            return {}
+        return {"rounds": int(self.rounds), "bits": int(self.bits), "words": Words[self.words.upper()]}
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
@@ -114,6 +124,8 @@ class StateFormat:
     def _words(self, x, seed, offset, random_bits) -> torch.Tensor | None:
         if not self.is_stochastic:
             return None
+        if self.lane_words and random_bits is None:
+            return layout.philox_lane_words(x, seed, offset, self.lane_words, int(self.rounds))
         return layout.random_words(x, seed, offset, random_bits, int(self.rounds))
 
     def _check(self, packed: PackedState) -> None:
@@ -206,11 +218,8 @@ class ElementwiseFormat(StateFormat):
     words: str = "element"
     cvt: str = "ptx"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp16sr",)
-    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"words": ("element", "pair", "duo", "quad", "octet"),
-                                                         "cvt": ("ptx", "soft")}
-    # output word of a Philox4x32 call read by each element of a group (words=duo, quad, octet)
-    _LANE_WORDS: ClassVar[dict[str, tuple[int, ...]]] = {"duo": (0, 1), "quad": (0, 1, 2, 3),
-                                                         "octet": (0, 0, 2, 2, 1, 1, 3, 3)}
+    WORDS: ClassVar[tuple[str, ...]] = ("element", "pair", "duo", "quad", "octet")
+    SR_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"cvt": ("ptx", "soft")}
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp16sr": (rounding.FP16_SR_BITS, rounding.FP16_SR_BITS)}
     _DTYPES: ClassVar[dict[str, torch.dtype]] = {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16sr": torch.float16,
@@ -231,21 +240,13 @@ class ElementwiseFormat(StateFormat):
         `cvt=soft` as the kind FP16SR_SOFT)."""
         if not self.is_stochastic:
             return KernelCodec(Kind[self.base.upper()])
-        return KernelCodec(Kind.FP16SR_SOFT if self.cvt == "soft" else Kind.FP16SR, words=Words[self.words.upper()],
-                           **self.random_codec)
+        return KernelCodec(Kind.FP16SR_SOFT if self.cvt == "soft" else Kind.FP16SR, **self.random_codec)
 
     def storage_bytes(self, shape) -> int:
         return layout.prod(shape) * self._DTYPES[self.base].itemsize
 
-    @property
-    def lane_words(self) -> tuple[int, ...] | None:
-        return self._LANE_WORDS.get(self.words) if self.is_stochastic else None
-
     def _words(self, x, seed, offset, random_bits):
-        if self.lane_words and random_bits is None:
-            words = layout.philox_lane_words(x, seed, offset, self.lane_words, int(self.rounds))
-        else:
-            words = super()._words(x, seed, offset, random_bits)
+        words = super()._words(x, seed, offset, random_bits)
         return layout.paired_words(words) if self.words in ("pair", "octet") and words is not None else words
 
     def encode(self, x, *, seed=None, offset=0, random_bits=None) -> PackedState:
@@ -352,8 +353,8 @@ class ScaledFormat(StateFormat):
     @property
     def kernel_codec(self) -> KernelCodec | None:
         """Covered: either axis with every scale (tile:RxC and block:N as a group tile, rowcol as `Group.ROWCOL`),
-        either order, any SR rounds= and bits=; the element kind is the one named as the base (`Kind`: fp8, fp8sr,
-        fp8e5m2, int8, int8sr, int16, int16sr)."""
+        either order, any SR rounds=, bits= and words=; the element kind is the one named as the base (`Kind`: fp8,
+        fp8sr, fp8e5m2, int8, int8sr, int16, int16sr)."""
         kind, order = Kind[self.base.upper()], Order[self.order.upper()]
         if self.tile:
             rows, cols = self.tile
@@ -434,7 +435,7 @@ class FP8Format(ScaledFormat):
 
     fp8      OCP E4M3fn, RNE, saturating (+-448).
     fp8sr    E4M3fn, stochastic: q * floor(|v|/q + r/2^K), r = bits [K-1:0] of the word, K = `bits`
-             (16: PTX cvt.rs.satfinite.e4m3x4.f32, FlashInfer's port), saturating.
+             (16: PTX cvt.rs.satfinite.e4m3x4.f32, FlashInfer's port), saturating; `words=` element, duo or quad.
     fp8e5m2  OCP E5M2, RNE, saturating (+-57344).
     max=M: s = amax / M instead of amax / 448 (57344 for e5m2), e.g. max=240 (codes stay within +-240).
     Codes keep the sign of zero (-0.0 -> 0x80, as the hardware cast).
@@ -443,6 +444,7 @@ class FP8Format(ScaledFormat):
     max: str = ""
     rounds: str = str(philox.N_ROUNDS)
     bits: str = str(rounding.E4M3_SR_BITS)
+    words: str = "element"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("fp8sr",)
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"fp8sr": (rounding.E4M3_SR_BITS, 20)}
 
@@ -450,8 +452,9 @@ class FP8Format(ScaledFormat):
     def options_for(cls, base):
         top = str(int(rounding.E5M2_MAX if base == "fp8e5m2" else rounding.E4M3_MAX))
         opts = super().options_for(base)
-        return {k: v for k, v in opts.items() if k not in ("max", "rounds", "bits")} | {"max": (top, "N")} | {
-            k: v for k, v in opts.items() if k in ("rounds", "bits")}
+        random = ("rounds", "bits", "words")
+        return {k: v for k, v in opts.items() if k not in ("max", *random)} | {"max": (top, "N")} | {
+            k: v for k, v in opts.items() if k in random}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -484,13 +487,15 @@ class IntFormat(ScaledFormat):
     int8, int16      code = RNE(x / s), saturating to +-qmax (127, 32767); s = amax / qmax.
     int8sr, int16sr  code = sign(v) * floor(|v| + r / 2^K), v = x / s, r = bits [K-1:0] of the word,
                      K = `bits` (default 16, up to 32), computed exactly; unbiased when v has at most K
-                     bits below the integer point, else biased toward zero by less than 2^-K.
+                     bits below the integer point, else biased toward zero by less than 2^-K. The words:
+                     `words=` element, duo or quad (`StateFormat.WORDS`, `lane_words`).
     Codes: int8 / int16 two's complement (-0.0 -> 0, NaN -> 0; a group holding Inf or NaN decodes
     to NaN throughout, its scale being Inf or NaN). Under order=mul NaN -> -qmax (`ScaledFormat`).
     """
 
     rounds: str = str(philox.N_ROUNDS)
     bits: str = str(rounding.INT_SR_BITS)
+    words: str = "element"
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("int8sr", "int16sr")
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"int8sr": (rounding.INT_SR_BITS, 32),
                                                      "int16sr": (rounding.INT_SR_BITS, 32)}

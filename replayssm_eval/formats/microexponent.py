@@ -37,6 +37,7 @@ class MicroexponentFormat(StateFormat):
         step   = 2^(E - mu - 5)                               6 magnitude bits below 2^(E - mu + 1)
         mx8    m = min(floor(|x| / step + 1/2), 63)            round to nearest, ties away from zero
         mx8sr  m = min(floor(|x| / step + r / 2^K), 63)        r = bits [K-1:0] of the element's word, K = `bits` (8)
+                                                               (`words=` element, duo or quad)
         dequant = sign(x) * m * step   (m = 0 decodes to +0)
     |x| / step < 64 always (every e(x) <= E - mu), so the clamp acts only where |x| rounds up to 64 * step.
     A block holding Inf or NaN decodes to NaN throughout (exponent field 255).
@@ -50,6 +51,7 @@ class MicroexponentFormat(StateFormat):
     axis: str = "dstate"
     rounds: str = str(philox.N_ROUNDS)
     bits: str = str(rounding.MX8_SR_BITS)
+    words: str = "element"
     OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"axis": layout.AXES}
     STOCHASTIC: ClassVar[tuple[str, ...]] = ("mx8sr",)
     SR_BITS: ClassVar[dict[str, tuple[int, int]]] = {"mx8sr": (rounding.MX8_SR_BITS, 32)}
@@ -61,8 +63,8 @@ class MicroexponentFormat(StateFormat):
 
     @property
     def kernel_codec(self) -> KernelCodec | None:
-        """Covered: either axis, any rounds= and bits= (the chunked kernels round it in their tiles; it has no packed
-        kernel encoding)."""
+        """Covered: either axis, any rounds=, bits= and words= (the chunked kernels round it in their tiles; it has no
+        packed kernel encoding)."""
         return KernelCodec(Kind[self.base.upper()], block=BLOCK, axis=self.axis, **self.random_codec)
 
     def storage_bytes(self, shape) -> int:

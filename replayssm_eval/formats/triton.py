@@ -106,7 +106,10 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     bits = xo
     if fmt.is_stochastic:
         if random_bits is not None or codec.axis == "headdim":  # Philox counters run over x's own layout
-            words = layout.random_words(x, seed, offset, random_bits, codec.rounds)  # raises the missing-seed error
+            if random_bits is None and seed is not None and fmt.lane_words:  # one call per group of a row
+                words = layout.philox_lane_words(x, seed, offset, fmt.lane_words, codec.rounds)
+            else:
+                words = layout.random_words(x, seed, offset, random_bits, codec.rounds)  # raises the missing-seed error
             bits = layout.orient(words.reshape(layout.as_bhpn(x).shape), codec.axis).contiguous()
             mode = _BITS_GIVEN
         elif seed is None:
@@ -199,7 +202,8 @@ def _encode_rows(
     if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR) | (
             KIND == MX8SR):
         # key and checkpoint: SR kinds only
-        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, col, KIND, RANDOM)
+        bits = state_bits(tl.load(key_ptr + b), (tl.load(ck_ptr + b) << 32) + elem, col, KIND, RANDOM,
+                          AXIS != AXIS_HEADDIM)  # along head_dim: rows of several heads, their groups unaligned
     group = row_g // group_rows  # [BLOCK_R] global scale group
     amax = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
     if (GROUP == GROUP_ROW) | (GROUP == GROUP_ROWCOL):

@@ -24,6 +24,9 @@ class EnginePreset:
 
 _OPEN_PR = ("statistically only, because the pull request is open and its kernel is not in the public sources read "
             "here: its description fixes the scale group and round-clamp-cast order, not the scale's operand order")
+# the stochastic presets whose engines' random words are unread or not Philox: one call per 4 elements of a row
+_QUAD = ("; here one Philox4x32 call per 4 elements of a row (`words=quad`): uniform words like one call an element's, "
+         "for a quarter of the Philox work")
 PRESETS = {p.name: p for p in (
     EnginePreset("vllm:fp16sr", "fp16sr:words=pair", "vllm-project/vllm#35753 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "FP16 SSM cache with stochastic rounding: cvt.rs.f16x2.f32 through Triton's pack=2, Philox "
@@ -32,16 +35,18 @@ PRESETS = {p.name: p for p in (
                  "offset in the cache, assuming the cvt.rs subnormal model of `formats.rounding` (untested on SM100)"),
     EnginePreset("vllm:fp8", "fp8:scale=row", "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "FP8 E4M3 state, one FP32 scale amax/448 per (head, head_dim) row, round to nearest", _OPEN_PR),
-    EnginePreset("vllm:fp8sr", "fp8sr:scale=row", "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
+    EnginePreset("vllm:fp8sr", "fp8sr:scale=row,words=quad",
+                 "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "FP8 E4M3 state with per-row scales and stochastic rounding on the store",
-                 _OPEN_PR + "; the word layout of its cvt.rs.satfinite.e4m3x4.f32 store is unread too"),
+                 _OPEN_PR + "; the word layout of its cvt.rs.satfinite.e4m3x4.f32 store is unread too" + _QUAD),
     EnginePreset("vllm:int8", "int8:scale=row", "vllm-project/vllm#40012 and #52962",
                  "INT8 state, one FP32 scale amax/127 per (head, head_dim) row, round to nearest", _OPEN_PR),
     EnginePreset("vllm:int16", "int16:scale=row", "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "INT16 state, one FP32 scale per (head, head_dim) row, round to nearest", _OPEN_PR),
-    EnginePreset("vllm:int16sr", "int16sr:scale=row", "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
+    EnginePreset("vllm:int16sr", "int16sr:scale=row,words=quad",
+                 "vllm-project/vllm#40012 (vllm/model_executor/layers/mamba/ops/mamba_ssm.py)",
                  "INT16 state with per-row scales and stochastic rounding floor(x + U[0, 1))",
-                 _OPEN_PR + "; how it draws U[0, 1) is unread too"),
+                 _OPEN_PR + "; how it draws U[0, 1) is unread too" + _QUAD),
     EnginePreset("vllm:replay-fp16sr", "shared:fp16sr:words=pair#buf=bf16",
                  "vllm-project/vllm#48018 and #48792 (selective_state_update_replayssm_output_only.py, "
                  "gdn_replayssm_spec_decode.py)",
@@ -50,9 +55,9 @@ PRESETS = {p.name: p for p in (
                  "yes for the Mamba-2 flush store (convert_rs_fp16x2 at cache offsets, as vllm:fp16sr); no for "
                  "GDN, whose spec-decode flush stores the checkpoint cast to the activation dtype (round to "
                  "nearest bf16, `shared:bf16#buf=bf16`), with no stochastic rounding"),
-    EnginePreset("vllm:replay-fp8sr", "shared:fp8sr:scale=row#buf=bf16", "vllm-project/vllm#52962",
+    EnginePreset("vllm:replay-fp8sr", "shared:fp8sr:scale=row,words=quad#buf=bf16", "vllm-project/vllm#52962",
                  "FlashInfer ReplaySSM with an FP8+SR checkpoint, one scale per (head, head_dim), bf16 ring",
-                 _OPEN_PR),
+                 _OPEN_PR + _QUAD),
     EnginePreset("sglang:fp16sr", "fp16sr:words=pair", "sgl-project/sglang#26929 (--enable-mamba-cache-stochastic-rounding)",
                  "FP16 SSM cache with Philox stochastic rounding (--mamba-cache-philox-rounds, 0 means 10) on "
                  "--mamba-backend triton: vLLM's cvt.rs.f16x2.f32 pack=2 store; --mamba-backend flashinfer is "
@@ -111,13 +116,14 @@ PRESETS = {p.name: p for p in (
                  "statistically only, because ModelOpt floors the scale at 6e-8, rounds ties away from zero, "
                  "reconstructs with the scale rounded to FP16 and rotates in its own FP32 arithmetic (here: no "
                  "floor, ties to even, FP32 scales, FP64 rotation rounded once); elsewhere the codes agree"),
-    EnginePreset("pimba:mx8sr", "mx8sr",
+    EnginePreset("pimba:mx8sr", "mx8sr:words=quad",
                  "Kim et al., Pimba, MICRO '25, Sections 3.2 and 4.2 (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py)",
                  "the paper's state format: MX8 (16 values share an 8-bit exponent, each pair a 1-bit microexponent, "
                  "sign and 6-bit mantissa) with stochastic rounding, the state stored every step (its Eq. 2)",
                  "statistically only, because the paper draws its random bits from an LFSR (its accuracy code: "
-                 "Triton's tl.randint, 8 bits added below the rounding point, as here); a magnitude rounding up to 64 "
-                 "steps saturates at 63 here and carries into the exponent in that code; elsewhere the values agree"),
+                 "Triton's tl.randint, one word an element, 8 bits added below the rounding point, as here); a "
+                 "magnitude rounding up to 64 steps saturates at 63 here and carries into the exponent in that code; "
+                 "elsewhere the values agree" + _QUAD),
     EnginePreset("pimba:mx8", "mx8",
                  "Kim et al., Pimba, MICRO '25, Section 3.2 (casys-kaist/pimba, src/pimba/accuracy/quants/mx8.py)",
                  "MX8 state with round to nearest, ties away from zero (the paper's format without stochastic "
@@ -125,13 +131,13 @@ PRESETS = {p.name: p for p in (
                  "yes but where a magnitude rounds up to 64 steps (saturating at 63 here, carrying into the "
                  "exponent in the paper's accuracy code) and in blocks of values below 2^-119, where that code "
                  "gives zeros and subnormals an implicit leading one"),
-    EnginePreset("pimba:int8sr", "int8sr:scale=block:32",
+    EnginePreset("pimba:int8sr", "int8sr:scale=block:32,words=quad",
                  "Kim et al., Pimba, MICRO '25, Section 3.2 (casys-kaist/pimba, src/pimba/accuracy/quants/int8.py)",
                  "the paper's INT8 state: one scale amax / 127 per 32 elements along d_state, stochastic rounding "
                  "(the paper's most accurate 8-bit state, Figure 4)",
                  "statistically only, because the paper fixes the scale group and the rounding's distribution, not "
                  "the scale's precision or the random bits (its accuracy code rounds amax to bf16 and adds "
-                 "tl.rand - 0.5 before rounding half away from zero)"),
+                 "tl.rand - 0.5 before rounding half away from zero)" + _QUAD),
     EnginePreset("stepquant:dualaxis6", "dualaxis",
                  "Yao, Xu, Lin et al., STEPQuant, arXiv 2609.38169, Section 4.3 and Appendix C.1 (Eq. 11-14)",
                  "STEPQuant's Key-Row-Aware Dual-axis Fitting at its nominal 6 bits: one FP16 factor per key row "

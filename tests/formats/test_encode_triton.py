@@ -21,13 +21,17 @@ NVFP4 = [f"nvfp4:scale={scale}" for scale in ("tensor", "head", "row")] + ["nvfp
 INT = ["int8", "int16:scale=head", "int8sr:scale=tensor", "int16sr", "int8:scale=none", "int16sr:rounds=7,bits=32"]
 MUL = ["int16:order=mul", "int8sr:scale=head,order=mul", "fp8:scale=tensor,order=mul", "int16:scale=none,order=mul"]
 FEEDBACK = ["fp16sr:ef=fp32", "int8sr:scale=head,ef=bf16", "fp8:ef=fp32"]  # the inner format's layout, under its name
-TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32", "int8:scale=tile:3x5", "int16sr:scale=tile:2x0",
-        "fp8sr:scale=block:8,order=mul", "int16:scale=tile:0x1,order=mul", "fp8e5m2:scale=tile:4x16",
-        "int8:scale=block:16,ef=bf16"]  # scale tiles: edge tiles shorter, tiles taller than the head
+# scale tiles: edge tiles shorter, tiles taller than the head
+TILE = ["fp8:scale=tile:32x0,max=240", "int8sr:scale=block:32,words=quad", "int8:scale=tile:3x5",
+        "int16sr:scale=tile:2x0", "fp8sr:scale=block:8,order=mul", "int16:scale=tile:0x1,order=mul",
+        "fp8e5m2:scale=tile:4x16", "int8:scale=block:16,ef=bf16"]
 MX = ["mx8", "mx8sr", "mx8sr:bits=12,rounds=7", "mx8sr:ef=bf16", "mxfp8", "mxfp4", "mxfp4:ef=fp32"]  # block exponents
+# one Philox call per 2 or 4 elements of a row (rows of 33 and 20: a last partial group)
+WORDS = ["int16sr:words=quad", "fp8sr:scale=head,words=duo", "int8sr:scale=tensor,order=mul,words=quad",
+         "mx8sr:words=quad", "int16sr:words=duo,ef=bf16"]
 DUAL = ["dualaxis", "dualaxis:axis=dstate,width=3", "dualaxis:width=8", "dualaxis:width=5,ef=bf16"]  # a head a program
 # codes along head_dim: the oriented rows read in place
-ORIENTED = ["int16:axis=headdim", "int8sr:axis=headdim,bits=8", "fp8:axis=headdim,scale=block:16",
+ORIENTED = ["int16:axis=headdim", "int8sr:axis=headdim,bits=8,words=quad", "fp8:axis=headdim,scale=block:16",
             "fp8sr:axis=headdim,scale=head", "int8:axis=headdim,scale=tile:3x5,order=mul",
             "fp8e5m2:axis=headdim,scale=tensor", "int16sr:axis=headdim,scale=none", "nvfp4:axis=headdim",
             "nvfp4:axis=headdim,scale=row", "mx8sr:axis=headdim", "mxfp8:axis=headdim", "mxfp4:axis=headdim"]
@@ -129,7 +133,7 @@ def _check(spec, hpn, device, fmt=None):
 
 
 @pytest.mark.parametrize("hpn", SHAPES["other"], ids=str)
-@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK + MX + DUAL)
+@pytest.mark.parametrize("spec", ELEMENTWISE + FP8 + INT + MUL + FEEDBACK + MX + DUAL + WORDS)
 def test_encode_triton_bit_exact(spec, hpn, device):
     _check(spec, hpn, device)
 

@@ -1,10 +1,13 @@
-"""fp16sr's engine word layouts (`words=`) and software conversion (`cvt=soft`) in the Triton kernels, bit for bit.
+"""The word layouts of the stochastic formats (`words=`) and fp16sr's software conversion (`cvt=soft`) in the Triton
+kernels, bit for bit.
 
 Each variant's kernel codec (`KernelCodec.words`, kind FP16SR_SOFT) must make `quantize_triton` (Philox from a seed,
 or given words), `encode_triton` (the keyed words of a stored copy) and the in-tile rounding of the chunked kernels
 (`device.state_bits` in `round_tile`) equal the torch format, on rows of odd length (a last unpaired element, a
 last partial Philox group), counters that cross a 32-bit boundary, and the values where the roundings differ: FP16
 subnormals and FP32 subnormals, exact FP16 values and midpoints, signed zeros, the overflow edge, +-Inf and NaN.
+fp16sr has the engines' pairs and groups; the scaled and MX8 stochastic formats one call per element, 2 or 4
+(`SCALED`: their codes as `tests/formats/test_encode_triton.py` checks them, with these words).
 """
 
 import pytest
@@ -23,6 +26,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning") 
 VARIANTS = ["fp16sr:words=pair", "fp16sr:words=duo", "fp16sr:words=quad", "fp16sr:words=octet", "fp16sr:cvt=soft",
             "fp16sr:words=pair,cvt=soft", "fp16sr:words=duo,cvt=soft", "fp16sr:words=quad,cvt=soft",
             "fp16sr:words=octet,cvt=soft", "fp16sr:words=quad,rounds=7,bits=9"]
+SCALED = ["int16sr:words=quad", "fp8sr:scale=head,words=duo", "int8sr:scale=block:8,words=quad", "mx8sr:words=quad",
+          "int8sr:axis=headdim,bits=24,words=duo", "fp8sr:scale=rowcol,bits=8,words=quad"]
 SPECIAL = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, -65519.0, 65520.0, 1e30, 2.0**-14,
            -(2.0**-14) * (1 - 2.0**-11), 2.0**-24, 3 * 2.0**-25, -(2.0**-20) * 1.37, 1e-40, -1e-39, 1.0 + 2.0**-11,
            -(1.0 + 3 * 2.0**-11), 2049.0, 2.0**15 * (1 + 2.0**-10)]
@@ -39,17 +44,30 @@ def awkward_states(shape, seed=0) -> torch.Tensor:
     return x
 
 
+def _words(spec: str) -> Words:
+    return Words[(spec.partition("words=")[2].partition(",")[0] or "element").upper()]
+
+
 def test_codecs_cover_every_variant():
-    """Every words= and cvt= has a codec, with any rounds= and bits=; cvt=soft is its own element kind."""
+    """Every words= and cvt= has a codec, with any rounds= and bits=; cvt=soft is its own element kind. The scaled and
+    MX8 stochastic formats take one word an element, or one Philox call per 2 or 4 (their pairs are fp16sr's)."""
     for spec in VARIANTS:
         codec = get_format(spec).kernel_codec
         assert codec.kind == (Kind.FP16SR_SOFT if "soft" in spec else Kind.FP16SR) and codec.stochastic
-        assert codec.words == Words[(spec.partition("words=")[2].partition(",")[0] or "element").upper()]
+        assert codec.words == _words(spec)
         assert codec.packed and codec.data_dtype == torch.float16
     assert get_format("fp16sr:words=pair,rounds=7").kernel_codec.random == (int(Words.PAIR), 7, 13)
+    for spec in SCALED:
+        fmt = get_format(spec)
+        assert fmt.kernel_codec.words == _words(spec) and fmt.name == spec
+        assert len(fmt.lane_words) == {Words.DUO: 2, Words.QUAD: 4}[_words(spec)]
+    assert get_format("int16sr:words=element").lane_words is None
+    for spec in ("int16sr:words=pair", "mx8sr:words=octet", "fp8:words=quad"):
+        with pytest.raises(ValueError, match="words"):
+            get_format(spec)
 
 
-@pytest.mark.parametrize("spec", VARIANTS)
+@pytest.mark.parametrize("spec", VARIANTS + SCALED)
 @pytest.mark.parametrize("shape, offset", [((2, 3, 5, 37), 2**32 - 301), ((1, 2, 4, 1), 0), ((3, 1, 3, 13), 2**40 + 3)])
 def test_quantize_triton_seeded(spec, shape, offset, device, bits_equal):
     """Philox from a seed (the engines' own layouts: one tl.randint4x per group, lanes, pairs) == fmt.quantize."""
@@ -59,7 +77,7 @@ def test_quantize_triton_seeded(spec, shape, offset, device, bits_equal):
                fmt.quantize(x, seed=2**33 + 9, offset=offset))
 
 
-@pytest.mark.parametrize("spec", VARIANTS)
+@pytest.mark.parametrize("spec", VARIANTS + SCALED)
 def test_quantize_triton_given_words(spec, device, bits_equal):
     """One word per element given (random_bits): pairs read 2j's word, the other layouts each element's own."""
     fmt = get_format(spec)
@@ -92,7 +110,7 @@ def test_encode_triton_keyed(spec, device, bits_equal):
 
 
 @pytest.mark.parametrize("spec", ["fp16sr", "fp16sr:words=pair", "fp16sr:words=duo", "fp16sr:words=quad",
-                                  "fp16sr:words=octet,cvt=soft"])
+                                  "fp16sr:words=octet,cvt=soft", *SCALED])
 def test_keyed_words_are_the_seeded_draws(spec):
     """A stored copy's keyed words follow the format's word layout (`fmt.lane_words`): encoding with them is
     `fmt.encode(x, seed=key, offset=checkpoint << 32)`, sequence by sequence (one Philox call per group of a row)."""
@@ -102,10 +120,11 @@ def test_keyed_words_are_the_seeded_draws(spec):
     keyed = fmt.encode(x, random_bits=state_random_bits(keys, checkpoint, tuple(x.shape[1:]), fmt.lane_words))
     for b in range(3):
         seeded = fmt.encode(x[b:b + 1], seed=int(keys[b]), offset=int(checkpoint[b]) << 32)
-        assert torch.equal(keyed.data[b:b + 1].view(torch.int16), seeded.data.view(torch.int16)), (spec, b)
+        assert torch.equal(keyed.data[b:b + 1].view(torch.uint8), seeded.data.view(torch.uint8)), (spec, b)
 
 
-@pytest.mark.parametrize("spec", ["fp16sr:words=pair", "fp16sr:words=octet,cvt=soft", "fp16sr:words=quad,cvt=soft"])
+@pytest.mark.parametrize("spec", ["fp16sr:words=pair", "fp16sr:words=octet,cvt=soft", "fp16sr:words=quad,cvt=soft",
+                                  "int16sr:words=quad", "mx8sr:words=quad", "int8sr:scale=block:8,words=duo"])
 def test_in_tile_rounding(spec, device, bits_equal):
     """`state_bits` + `round_tile` in a kernel's tile with rows of odd length == the keyed torch rounding."""
     fmt = get_format(spec)

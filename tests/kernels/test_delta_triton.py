@@ -204,7 +204,7 @@ def test_kda_square_heads_with_unequal_channel_decays(text, device):
 
 @pytest.mark.parametrize("fam, text", cases({
     "gdn": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=head@8", "fp8sr/fp16@4",
-            "int16sr:scale=head/int8@4", "int16sr@1"],
+            "int16sr:scale=head/int8@4", "int16sr@1", "fp8sr:words=duo/int8sr:words=quad@4"],
     "kda": ["nvfp4:scale=row/fp16sr@4#closed", "shared:nvfp4:scale=tensor@4", "fp8sr/fp16@3#skip=0.6",
             "int8sr/int16:order=mul@3", "vllm:int8", "pimba:mx8sr"],
 }))

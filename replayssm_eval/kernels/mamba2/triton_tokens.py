@@ -9,8 +9,9 @@ computes the output from the copies at the token's start, folds and rounds, whil
 The fold is the one loop's and the fold chain's of one row (`fold_weights`' w = dt, `tile_dot.add_dot`'s explicit
 FMA) and the roundings take the same tiles, keys and counters: the stored copies are the one loop's bit for bit, on
 the GPU too. The outputs are FP32 sums over d_state in another order than the loop's chunks of CHUNK_COLUMNS.
-What bounds it with stochastic rounding is the Philox4x32-10 word each element draws at every token (`state_bits`):
-about 60 integer multiplies an element, every fold.
+What bounds it with stochastic rounding is the Philox4x32-10 words each fold draws (`state_bits`): about 60 integer
+multiplies a call, one call an element (`words=element`) or a group of 2 or 4 (`duo`, `quad`: the stochastic
+engine presets whose engines' words are unread).
 """
 
 from __future__ import annotations
