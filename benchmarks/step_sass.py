@@ -16,9 +16,10 @@ alone; --per-row-hi compiles the launch of a speculative schedule, which branche
 S_hi or its read copy, so its static count holds both paths. Kernels from before HI_AT_FOLD always branched:
 --reading compiles a copy of such a module whose kernels take every row as reading its read copy (the per-row flag
 `tl.load(rhi_ptr + b) != 0` replaced by False in the source), whose count is what a reading warp issues (its
-registers are not those kernels', which hold both paths). `per head` = SASS instructions x warps x programs per head, the issue work behind 64 KiB of
-FP32 state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose per-head count, times heads x batch, exceeds what the SMs
-issue in the time its bytes take at copy bandwidth is bound by instructions, not memory.
+registers are not those kernels', which hold both paths). `per head` = SASS instructions x warps x programs per
+head, the issue work behind 64 KiB of FP32 state (GDN, KDA) or 40 KiB (Mamba-2). A kernel whose per-head count, times
+heads x batch, exceeds what the SMs issue in the time its bytes take at copy bandwidth is bound by instructions, not
+memory.
 """
 
 from __future__ import annotations

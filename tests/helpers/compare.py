@@ -3,7 +3,7 @@
 import torch
 
 FLIP_SIZE = 0.5  # the most a flipped element may differ, relative to max|ref| (an NVFP4 step is <= 1/3 of its block max)
-RESIDUAL_FLIP = 2.0  # the same for an error-feedback residual: a flip moves it by a grid step, a residual is half of one
+RESIDUAL_FLIP = 2.0  # the same for an error-feedback residual: a flip moves it a grid step, twice the largest
 SCHEDULE_FIELDS = ("count", "step_left", "step_read_hi", "steps")
 
 

@@ -268,7 +268,9 @@ def _replay_step_kernel(
         xv = tl.load(x_ptr + (row_e[:, None] * H + h) * P + offs_p[None, :], mask=mask_e[:, None] & mask_p[None, :],
                      other=0.0)
         y = tl.sum(xv * coef[:, None], axis=0)  # [BLOCK_P] buffer term
-        if FOLD:  # a folding launch runs the folding rows alone (`step_launches`). fold = G_{0..j} S_hi + sum_{e<=j} dt_e G_{e+1..j} x_e B_e^T, rank-1 updates in FP32 FMAs
+        # a folding launch runs the folding rows alone (`step_launches`): the flush's
+        # fold = G_{0..j} S_hi + sum_{e<=j} dt_e G_{e+1..j} x_e B_e^T, rank-1 updates in FP32 FMAs
+        if FOLD:
             m2 = mask_p[:, None] & mask_n[None, :]
             s_hi = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=m2, other=0.0)
             upd = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
@@ -322,10 +324,10 @@ def launch_replay_step(x, B, dt, C, count, read_hi, fold, A, hi, read_copy, y, o
     x [B, E, H, P], B [B, E, G, N], dt [B, E, H]: the buffer with the token at count[b]; C [B, G, N]; count [B] int64;
     read_hi [B] int8, or None where rows read S_hi exactly where they fold (a fixed window,
     `step_variants.read_hi_flags`); fold [B] int8 (fold after the token); A [H]; hi: S_hi [B, H, P, N] FP32 (read
-    where read_hi[b] or fold[b]); read_copy: `read_layout` of the state. Writes y [B, H, P] (without D x) and, unless folds is "none", the
-    FP32 fold of entries 0..count[b] of the folding rows into out [B, H, P, N], which may be hi itself (a program
-    reads its rows of S_hi before writing them). skip: skip_read_below; buf_kind: `buffer_round.buffer_kind` of the
-    config; launch: a launch config instead of `step_launch_config`'s."""
+    where read_hi[b] or fold[b]); read_copy: `read_layout` of the state. Writes y [B, H, P] (without D x) and, unless
+    folds is "none", the FP32 fold of entries 0..count[b] of the folding rows into out [B, H, P, N], which may be hi
+    itself (a program reads its rows of S_hi before writing them). skip: skip_read_below; buf_kind:
+    `buffer_round.buffer_kind` of the config; launch: a launch config instead of `step_launch_config`'s."""
     batch, E, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     read, group, (data, scales, gs), nb = read_copy
