@@ -37,8 +37,9 @@ from replayssm_eval.replay.buffer_round import round_buffered
 
 @triton.jit
 def _head_row(terms_ptr, bh, K: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The head's row of the terms (`head_terms`): d k [K], d q [K], d [K], the weights [BLOCK_E] x 2, q . k, keep."""
-    return terms_ptr + bh * (3 * K + 2 * BLOCK_E + 2)
+    """The head's row of the terms (`head_terms`): d k [K], d q [K], d [K], the weights [BLOCK_E] x 2, q . k, keep,
+    two words of padding (rows of a multiple of 16 bytes where 4 divides K: d k and d q load as 16-byte vectors)."""
+    return terms_ptr + bh * (3 * K + 2 * BLOCK_E + 4)
 
 
 @triton.jit
@@ -228,11 +229,11 @@ def _replay_fold_kernel(
 
 
 def head_terms(batch: int, heads: int, dk: int, block_e: int, device) -> torch.Tensor:
-    """The per-head terms of a step, [B, HV, 3 K + 2 BLOCK_E + 2] FP32, written by `_head_terms_kernel` once per
-    (sequence, value head) and read by every program of the head: d k_j, d q_j, d ([K] each; d = exp(g_{0..j}), 0 where
-    skip_read_below zeroes the checkpoint term), the buffer weights a_i (k_j . k_i), a_i (q_j . k_i) ([BLOCK_E] each),
-    q_j . k_j and keep (1, or 0 where the checkpoint term is skipped)."""
-    return torch.empty(batch, heads, 3 * dk + 2 * block_e + 2, device=device)
+    """The per-head terms of a step, [B, HV, 3 K + 2 BLOCK_E + 4] FP32 (two words of padding: `_head_row`), written by
+    `_head_terms_kernel` once per (sequence, value head) and read by every program of the head: d k_j, d q_j, d ([K]
+    each; d = exp(g_{0..j}), 0 where skip_read_below zeroes the checkpoint term), the buffer weights a_i (k_j . k_i),
+    a_i (q_j . k_i) ([BLOCK_E] each), q_j . k_j and keep (1, or 0 where the checkpoint term is skipped)."""
+    return torch.empty(batch, heads, 3 * dk + 2 * block_e + 4, device=device)
 
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> dict:
