@@ -124,9 +124,7 @@ class StateFormat:
     def _words(self, x, seed, offset, random_bits) -> torch.Tensor | None:
         if not self.is_stochastic:
             return None
-        if self.lane_words and random_bits is None:
-            return layout.philox_lane_words(x, seed, offset, self.lane_words, int(self.rounds))
-        return layout.random_words(x, seed, offset, random_bits, int(self.rounds))
+        return layout.random_words(x, seed, offset, random_bits, int(self.rounds), self.lane_words)
 
     def _check(self, packed: PackedState) -> None:
         if packed.format != self.name:

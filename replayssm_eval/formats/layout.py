@@ -89,12 +89,15 @@ def group_shape(shape: tuple[int, ...], scale: str, axis: str = "dstate") -> tup
 
 
 def random_words(x: torch.Tensor, seed: int | None, offset: int, random_bits: torch.Tensor | None,
-                 rounds: int = philox.N_ROUNDS) -> torch.Tensor:
-    """uint32 words (int64) with x's shape: `random_bits` as given, else Philox-`rounds` at counters offset + flat index."""
+                 rounds: int = philox.N_ROUNDS, lane_words: tuple[int, ...] | None = None) -> torch.Tensor:
+    """uint32 words (int64) with x's shape: `random_bits` as given, else Philox-`rounds` at counters offset + flat index,
+    one call per element or, with `lane_words`, one per group of a row (`philox_lane_words`)."""
     if random_bits is not None:
         if tuple(random_bits.shape) != tuple(x.shape):
             raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}, expected x's shape {tuple(x.shape)}")
         return random_bits.to(device=x.device, dtype=torch.int64)
+    if lane_words:
+        return philox_lane_words(x, seed, offset, lane_words, rounds)
     if seed is None:
         raise ValueError("stochastic rounding needs seed= (an int) or random_bits=; got neither")
     counter = offset + torch.arange(x.numel(), device=x.device, dtype=torch.int64)

@@ -106,10 +106,8 @@ def quantize_triton(x: torch.Tensor, fmt: StateFormat, *, seed: int | None = Non
     bits = xo
     if fmt.is_stochastic:
         if random_bits is not None or codec.axis == "headdim":  # Philox counters run over x's own layout
-            if random_bits is None and seed is not None and fmt.lane_words:  # one call per group of a row
-                words = layout.philox_lane_words(x, seed, offset, fmt.lane_words, codec.rounds)
-            else:
-                words = layout.random_words(x, seed, offset, random_bits, codec.rounds)  # raises the missing-seed error
+            # raises the missing-seed error
+            words = layout.random_words(x, seed, offset, random_bits, codec.rounds, fmt.lane_words)
             bits = layout.orient(words.reshape(layout.as_bhpn(x).shape), codec.axis).contiguous()
             mode = _BITS_GIVEN
         elif seed is None:

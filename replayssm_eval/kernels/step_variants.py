@@ -41,6 +41,16 @@ def step_launches(folds: str) -> tuple[tuple[bool, bool], ...]:
 
 
 @triton.jit
+def row_reads_hi(rhi_ptr, b, FOLD: tl.constexpr, HI_AT_FOLD: tl.constexpr):
+    """Whether row b of a step launch reads S_hi (`read_hi_flags`): with HI_AT_FOLD exactly the rows of a folding
+    launch (FOLD, a constexpr: the other path is not compiled), else its flag rhi[b] != 0 ([B] int8)."""
+    if HI_AT_FOLD:
+        return FOLD
+    else:
+        return tl.load(rhi_ptr + b) != 0
+
+
+@triton.jit
 def other_launch_row(fold_ptr, b, FOLD: tl.constexpr, SPLIT: tl.constexpr):
     """Whether row b belongs to the other launch of a split pair (`step_launches`): a split folding launch (FOLD)
     takes the rows with fold[b] != 0, a split reading launch the others, a launch not split every row.

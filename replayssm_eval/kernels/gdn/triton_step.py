@@ -31,7 +31,7 @@ from replayssm_eval.formats.codec import Kind
 from replayssm_eval.kernels.delta.triton_step import (
     conventional_launch, load_packed, read_args, rowdots,
 )
-from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, step_launches
+from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, row_reads_hi, step_launches
 from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
 from replayssm_eval.replay.buffer_round import round_buffered
 
@@ -244,10 +244,9 @@ def _replay_step_kernel(
         keep = tl.where(tl.exp(g_now) >= eps, 1.0, 0.0)
         do_read = keep != 0.0  # the checkpoint term is zeroed: skip its read
     d = keep * tl.exp(g_now)
-    if HI_AT_FOLD and (COLUMNS or not FOLD):  # a row reads S_hi where it folds: a reading launch's never
-        read_hi = FOLD
-    else:  # the whole-block fold loads the flag even so: without it (and `folding`) it compiles for sm_90 to 255
-        read_hi = tl.load(rhi_ptr + b) != 0  # registers and 112 bytes of stack, with them to 128
+    # the whole-block fold loads the flag even so: without it (and `folding`) it compiles for sm_90 to 255 registers
+    # and 112 bytes of stack, with them to 128
+    read_hi = row_reads_hi(rhi_ptr, b, FOLD, HI_AT_FOLD and (COLUMNS or not FOLD))
     folding = False
     if FOLD:
         folding = tl.load(fold_ptr + b) != 0

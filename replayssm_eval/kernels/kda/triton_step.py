@@ -30,7 +30,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.device import NVFP4
 from replayssm_eval.kernels.delta.triton_step import conventional_launch, load_packed, read_args, rowdots
-from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, step_launches
+from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, row_reads_hi, step_launches
 from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
 from replayssm_eval.replay.buffer_round import round_buffered
 
@@ -130,10 +130,7 @@ def _replay_step_kernel(
     do_read = True
     if SKIP:
         do_read = tl.load(t + 3 * K + 2 * BLOCK_E + 1) != 0.0  # the checkpoint term is zeroed: skip its read
-    if HI_AT_FOLD:  # a row reads S_hi where it folds (`_replay_fold_kernel`): never here
-        read_hi = False
-    else:
-        read_hi = tl.load(rhi_ptr + b) != 0
+    read_hi = row_reads_hi(rhi_ptr, b, False, HI_AT_FOLD)
     sk = tl.zeros([BLOCK_V], dtype=tl.float32)
     sq = tl.zeros([BLOCK_V], dtype=tl.float32)
     if do_read:
@@ -174,10 +171,7 @@ def _replay_fold_kernel(
     kmask = ks < K
     m2 = mask_v[:, None] & kmask[None, :]
     t = _head_row(terms_ptr, bh, K, BLOCK_E)
-    if HI_AT_FOLD:  # a row reads S_hi where it folds: always here
-        read_hi = True
-    else:
-        read_hi = tl.load(rhi_ptr + b) != 0
+    read_hi = row_reads_hi(rhi_ptr, b, True, HI_AT_FOLD)
     if CLOSED:  # the whole FP32 S_hi block, read once for the row dots (where read) and the fold
         s_hi = tl.load(hi_ptr + rows[:, None] * K + ks[None, :], mask=m2, other=0.0)  # [BLOCK_V, BK] rows of S_hi^T
         if read_hi | SHARED:  # shared: the read copy holds S_hi's values

@@ -27,7 +27,9 @@ from replayssm_eval.formats.device import (
     e2m1_f16, e2m1_f16_hi, e2m1_f16_pair, e4m3_decode, e4m3_fast, e5m2_decode, nibble_lanes,
 )
 from replayssm_eval.kernels.mamba2._common import Inputs, merge_packed, prepare_inputs
-from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, step_launches, step_variant
+from replayssm_eval.kernels.step_variants import (
+    other_launch_row, read_hi_flags, row_reads_hi, step_launches, step_variant,
+)
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
 from replayssm_eval.replay.schedule import plan_tokens
 from replayssm_eval.replay.state import ReplayState, write_checkpoint_packed
@@ -256,10 +258,7 @@ def _replay_step_kernel(
         do_read = g_read != 0.0  # the checkpoint term is zeroed: skip its read
     else:
         do_read = True
-    if HI_AT_FOLD:  # a row reads S_hi where it folds: a folding launch's rows always, a reading launch's never
-        read_hi = FOLD
-    else:
-        read_hi = tl.load(read_hi_ptr + b) != 0
+    read_hi = row_reads_hi(read_hi_ptr, b, FOLD, HI_AT_FOLD)
     bh = b.to(tl.int64) * H + h
     for i in tl.static_range(TILES):
         offs_p = (tl.program_id(2) * TILES + i) * BLOCK_P + tl.arange(0, BLOCK_P)
