@@ -550,7 +550,7 @@ class KDA(GDN):
                  for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (0, 1)
                  for warps in (2, 4) if block_v * block_k <= 8192]
         rows = [dict(BLOCK_V=block_v, BLOCK_K=32, WORDS=2, num_warps=block_v // 32) for block_v in (32, 64, 128)]
-        return tiles + rows
+        return rows + tiles  # the row-wise launches first: the candidates for the default a short budget still times
 
     def step_variant(self, launch, cfg: dict):
         return self._variant(launch, cfg, "_replay_step_kernel")
@@ -772,7 +772,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
             nbytes, state = step_bytes(fam, batch, config, phase == "flush")
             default = {k: holder["launch"].launch[2][k] for k in keys}
             found = None
-            for cfg in [default] + [c for c in variants() if c != default]:
+            for cfg in _distinct([default] + variants(), default if label == "fp32" else {}):
                 if res.left() < 30:
                     res.add(dict(section="tune", family=fam.name, name=f"{phase} {label} read sweep", batch=batch,
                                  error=f"skipped: {res.left():.0f} s left of the budget"))
@@ -780,7 +780,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
 
                 def run(row, cfg=cfg):
                     _bw(row, timer.kernel_ms(variant(holder["launch"], cfg)), nbytes, copy_gbps, state)
-                name = f"{phase} {label} {_short(cfg)}{' (default)' if cfg is default else ''}"
+                name = f"{phase} {label} {_short(cfg)}{' (default)' if cfg == default else ''}"
                 r = res.add(dict(section="tune", family=fam.name, batch=batch, name=name), run)
                 if r.get("ms") is not None and (found is None or r["ms"] < found[1]):
                     found = (cfg, r["ms"])
@@ -788,6 +788,17 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
                 best[(phase, config)] = found[0]
     del s0
     return best
+
+
+def _distinct(configs: list[dict], fixed: dict) -> list[dict]:
+    """`configs` in order without repeats, WORDS taken from `fixed` where it has one (the FP32 read ignores how NVFP4
+    codes load: one launch per other keys, not one per WORDS)."""
+    out = []
+    for cfg in configs:
+        cfg = {**cfg, "WORDS": fixed["WORDS"]} if "WORDS" in cfg and "WORDS" in fixed else cfg
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 _SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "WORDS": "words", "num_warps": "w"}
