@@ -509,7 +509,7 @@ class KDA(GDN):
     """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its own step kernel launch."""
 
     name = "kda"
-    step_keys = ("BLOCK_V", "BLOCK_K", "WORDS", "num_warps")
+    step_keys = ("BLOCK_V", "BLOCK_K", "WORDS", "num_warps", "maxnreg")
     dims = staticmethod(GDN.dims)
 
     def token_bytes(self, entries: int) -> int:
@@ -550,7 +550,9 @@ class KDA(GDN):
                  for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (0, 1)
                  for warps in (2, 4) if block_v * block_k <= 8192]
         rows = [dict(BLOCK_V=block_v, BLOCK_K=32, WORDS=2, num_warps=block_v // 32) for block_v in (32, 64, 128)]
-        return rows + tiles  # the row-wise launches first: the candidates for the default a short budget still times
+        capped = [dict(BLOCK_V=64, BLOCK_K=32, WORDS=1, num_warps=2, maxnreg=128)]  # the NVFP4 default, capped
+        # the candidates for the default first, where a short budget still times them; no register cap but where given
+        return [{**cfg, "maxnreg": cfg.get("maxnreg")} for cfg in capped + rows + tiles]
 
     def step_variant(self, launch, cfg: dict):
         return self._variant(launch, cfg, "_replay_step_kernel")
@@ -801,12 +803,14 @@ def _distinct(configs: list[dict], fixed: dict) -> list[dict]:
     return out
 
 
-_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "WORDS": "words", "num_warps": "w"}
+_SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "WORDS": "words", "num_warps": "w",
+          "maxnreg": "r"}
 
 
 def _short(cfg: dict) -> str:
-    """A launch config as a row name: p16 t1 w4 (BLOCK_P, TILES, num_warps), v16 k128 t8 w4 (BLOCK_V, BLOCK_K, ...)."""
-    return " ".join(f"{_SHORT[k]}{v}" for k, v in cfg.items())
+    """A launch config as a row name: p16 t1 w4 (BLOCK_P, TILES, num_warps), v16 k128 t8 w4 r128 (BLOCK_V, BLOCK_K,
+    ..., maxnreg where set)."""
+    return " ".join(f"{_SHORT[k]}{int(v)}" for k, v in cfg.items() if v is not None)
 
 
 def derive_amortised(res: Results, name: str, batch: int, copy_gbps):

@@ -4,6 +4,7 @@ delta-rule families' flush (KDA's `_replay_fold_kernel`, GDN's step kernel with 
 
     python benchmarks/step_sass.py                                   # every family, FP32 and NVFP4 reads
     python benchmarks/step_sass.py --families kda --launch BLOCK_V=64,BLOCK_K=32,num_warps=4
+    python benchmarks/step_sass.py --families kda --reads nvfp4 --launch BLOCK_V=64,BLOCK_K=32,num_warps=2,maxnreg=128
     python benchmarks/step_sass.py --fold --families kda --launch BLOCK_V=32,num_warps=4 --launch BLOCK_V=64,num_warps=4
     python benchmarks/step_sass.py --root /path/to/other/checkout     # the kernels of another checkout
     python benchmarks/step_sass.py --per-row-hi --families gdn        # a speculative schedule's launch
@@ -72,7 +73,8 @@ def default_launch(module, family: str, kind: int, fold: bool, columns: bool) ->
     return config(**{p: values[p] for p in inspect.signature(config).parameters})
 
 
-def profile(kernel, constexprs: dict, warps: int, tools: Path) -> tuple[dict, collections.Counter]:
+def profile(kernel, constexprs: dict, warps: int, tools: Path,
+            maxnreg: int | None = None) -> tuple[dict, collections.Counter]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -87,7 +89,7 @@ def profile(kernel, constexprs: dict, warps: int, tools: Path) -> tuple[dict, co
     # pointers 16-byte aligned, as a launch with torch tensors specialises them (vector loads need it)
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=values, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": maxnreg})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -140,14 +142,14 @@ def main(argv=None):
             columns = args.fold and hasattr(module, "fold_columns") and module.fold_columns(kind, False, 16)
             for launch in launches or [default_launch(module, family, kind, args.fold, columns)]:
                 launch = dict(launch)
-                warps = launch.pop("num_warps", 4)
+                warps, maxnreg = launch.pop("num_warps", 4), launch.pop("maxnreg", None)
                 constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, **launch, "KIND": kind, "READ": kind,
                               "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32",
                               "COLUMNS": columns, "HI_AT_FOLD": not args.per_row_hi}
-                res, ops = profile(kernel, constexprs, warps, tools)
+                res, ops = profile(kernel, constexprs, warps, tools, maxnreg)
                 block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
                 per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)
-                name = " ".join(f"{k}={v}" for k, v in launch.items())
+                name = " ".join(f"{k}={v}" for k, v in launch.items()) + (f" maxnreg={maxnreg}" if maxnreg else "")
                 print(f"{family:6} {read:5} {name:34} w{warps} REG={res.get('REG')} STACK={res.get('STACK')} "
                       f"SHARED={res.get('SHARED')} SASS={sum(ops.values())} per head={per_head} "
                       + " ".join(f"{op}={ops[op]}" for op in OPS if ops[op]), flush=True)

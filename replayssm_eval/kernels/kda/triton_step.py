@@ -232,13 +232,17 @@ def head_terms(batch: int, heads: int, dk: int, block_e: int, device) -> torch.T
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> dict:
     """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16), WORDS (how NVFP4 codes load,
-    `rowdots`) and num_warps of `_replay_step_kernel`, whose programs only stream their rows (the head's terms come
-    from `_head_terms_kernel`). Many sequences: the H200 sweep's best at K = V = 128, batch 256 (BENCHMARKS.md, Decode
-    step; benchmarks/kernel_speed.py sweeps them); few: programs of 16 rows, more of them."""
+    `rowdots`), num_warps and maxnreg of `_replay_step_kernel`, whose programs only stream their rows (the head's
+    terms come from `_head_terms_kernel`). Many sequences: the H200 sweep's best at K = V = 128, batch 256
+    (BENCHMARKS.md, Decode step; benchmarks/kernel_speed.py sweeps them), the NVFP4 read capped at 128 registers
+    (138 without: 7 two-warp programs an SM instead of 8, measured 15% slower); few: programs of 16 rows, more of
+    them."""
     block_k = min(128, max(16, triton.next_power_of_2(dk)))
     if batch * heads < 4096:
-        return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "num_warps": 2}
-    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32 if kind == NVFP4 else 64), "WORDS": True, "num_warps": 2}
+        return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "num_warps": 2, "maxnreg": None}
+    if kind == NVFP4:
+        return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32), "WORDS": True, "num_warps": 2, "maxnreg": 128}
+    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 64), "WORDS": True, "num_warps": 2, "maxnreg": None}
 
 
 def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
