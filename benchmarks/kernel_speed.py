@@ -70,7 +70,7 @@ WINDOW = 16
 MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
 FP32_READ, NVFP4_READ, CONVENTIONAL = "shared:fp32@16", "nvfp4/fp32@16", "fp32"
 CHUNK_TRITON, CHUNK_TORCH = "nvfp4/fp16sr@16", "nvfp4:scale=tensor/fp16sr@16"
-GOALS = {"replay_vs_conv": 1.5, "conv_bw": 0.80, "nvfp4_vs_fp32": 3.0, "chunk_vs_step": 50.0}
+GOALS = {"replay_vs_conv": 1.5, "conv_bw": 0.80, "nvfp4_vs_fp32": 2.5, "flush_vs_conv": 1.5, "chunk_vs_step": 50.0}
 F32 = 4
 
 
@@ -965,9 +965,9 @@ def goals(res: Results, families, batches) -> list[dict]:
     out = []
     big = batches[-1]
 
-    def add(family, what, goal, value, why=""):
-        met = None if value is None else value >= goal
-        out.append(dict(family=family, what=what, goal=goal, value=value,
+    def add(family, what, goal, value, why="", at_most=False):
+        met = None if value is None else (value <= goal if at_most else value >= goal)
+        out.append(dict(family=family, what=what, goal=goal, value=value, at_most=at_most,
                         status="n/a" if met is None else ("met" if met else "MISSED"), note=why))
 
     for fam in families:
@@ -982,6 +982,10 @@ def goals(res: Results, families, batches) -> list[dict]:
             conv and conv.get("pct_copy") and conv["pct_copy"] / 100)
         sp = res.find(section="decode", family=fam, name="nvfp4-read speedup (non-flush)", batch=big)
         add(fam, f"nvfp4-read non-flush vs fp32 read, batch {big}", GOALS["nvfp4_vs_fp32"], sp and sp.get("speedup"))
+        for read in ("fp32", "nvfp4"):
+            flush = res.find(section="decode", family=fam, name=f"flush {read}", batch=big)
+            add(fam, f"flush ({read} read) / conventional step, batch {big}", GOALS["flush_vs_conv"],
+                flush and conv and flush.get("ms") and conv.get("ms") and flush["ms"] / conv["ms"], at_most=True)
         chunk = [r for r in res.rows if r.get("section") == "chunked" and r.get("family") == fam
                  and r.get("backend") == "triton" and not r.get("error") and "probe" not in r["name"]]
         steps = [r for r in res.rows if r.get("section") == "step" and r.get("family") == fam and not r.get("error")
@@ -1029,7 +1033,7 @@ def print_tables(res: Results, goal_rows, copy_gbps):
     log("\n=== goals ===")
     for g in goal_rows:
         value = "—" if g["value"] is None else (f"{g['value']:.0%}" if g["goal"] < 1 else f"{g['value']:.2f}x")
-        goal = f">= {g['goal']:.0%}" if g["goal"] < 1 else f">= {g['goal']}x"
+        goal = ("<= " if g["at_most"] else ">= ") + (f"{g['goal']:.0%}" if g["goal"] < 1 else f"{g['goal']}x")
         log(f"{g['family']:7} {g['what'][:62]:62} {goal:>8} {value:>8}  {g['status']}  {g['note']}")
 
 
