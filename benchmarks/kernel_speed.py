@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_speed.py --out out/kernels.json               # H200: both families, about 3-4 minutes
     python benchmarks/kernel_speed.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
+    python benchmarks/kernel_speed.py --skip-chunked --families kda --batches 256 --sweeps flush  # one phase's launch sweep
     TRITON_INTERPRET=1 python benchmarks/kernel_speed.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
 Geometries (each family's `models.presets.full_size_preset`): Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128),
@@ -70,6 +71,7 @@ WINDOW = 16
 MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads 8 entries, the mean over a window
 FP32_READ, NVFP4_READ, CONVENTIONAL = "shared:fp32@16", "nvfp4/fp32@16", "fp32"
 CHUNK_TRITON, CHUNK_TORCH = "nvfp4/fp16sr@16", "nvfp4:scale=tensor/fp16sr@16"
+SWEEPS = ("non-flush", "flush")  # the step kernels' phases whose launches the tune rows sweep
 GOALS = {"replay_vs_conv": 1.5, "conv_bw": 0.80, "nvfp4_vs_fp32": 2.5, "flush_vs_conv": 1.5, "chunk_vs_step": 50.0}
 F32 = 4
 
@@ -659,12 +661,12 @@ def step_bytes(fam, batch: int, config: str, flush: bool) -> tuple[int, int]:
     return read + batch * fam.token_bytes(MID + 1), read
 
 
-def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: bool):
+def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweeps: tuple[str, ...]):
     S32 = fam.state_elems() * F32
     name = fam.name
     res.add(dict(section="check", family=name, name="conventional_step vs decode_reference(fp32)", batch=2),
             lambda row: row.update(check=fam.check_conventional()))
-    blocks = (8, 16, 32) if sweep else (16,)
+    blocks = (8, 16, 32) if sweeps else (16,)
     best = {"block": 16}
 
     def sweep_row(block):
@@ -679,7 +681,8 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweep: b
             if r.get("ms") is not None and r["ms"] < best.get("ms", math.inf):
                 best.update(block=block, ms=r["ms"])
     block = best["block"]
-    tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps) if sweep and hasattr(fam, "step_variants") else {}
+    tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps, sweeps) if sweeps and hasattr(fam, "step_variants") \
+        else {}
 
     for batch in batches:
         st_bytes = batch * 2 * S32
@@ -748,17 +751,18 @@ def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
     return launch, kernel + " " + " ".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps) -> dict:
+def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps, sweeps: tuple[str, ...] = SWEEPS) -> dict:
     """Tune rows: the step kernels over launch configs at `batch`, per read copy: the non-flush `_replay_step_kernel`
     (`step_variants`) and, where the family has `fold_variants`, the flush's `fold_kernel`. The default launch
     is timed first, so a sweep the budget cuts short never picks a slower one. Returns {(phase, config): best launch
-    config} where it is not the default; the decode rows use it where batch x heads >= 4096."""
+    config} where it is not the default; the decode rows use it where batch x heads >= 4096. sweeps: the phases to
+    sweep ("non-flush", "flush")."""
     best = {}
     s0 = fam.fp32_state(batch)
     phases = [("non-flush", MID, "_replay_step_kernel", fam.step_variants, fam.step_variant, fam.step_keys)]
     if hasattr(fam, "fold_variants"):
         phases.append(("flush", WINDOW - 1, fam.fold_kernel, fam.fold_variants, fam.fold_variant, fam.fold_keys))
-    for phase, count, kernel, variants, variant, keys in phases:
+    for phase, count, kernel, variants, variant, keys in (p for p in phases if p[0] in sweeps):
         for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
             holder = {}
 
@@ -1063,7 +1067,12 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=240.0,
                     help="seconds from the start after which optional long runs (chunked lengths) are skipped")
     ap.add_argument("--skip-chunked", action="store_true", help="decode tables only")
+    ap.add_argument("--sweeps", default=",".join(SWEEPS),
+                    help="comma-separated step phases whose launches to sweep: non-flush, flush (--quick: none)")
     args = ap.parse_args(argv)
+    sweeps = tuple(p.strip() for p in args.sweeps.split(",") if p.strip())
+    if unknown := [p for p in sweeps if p not in SWEEPS]:
+        ap.error(f"unknown sweep {unknown[0]!r}; known: {', '.join(SWEEPS)}")
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     for f in families:
@@ -1096,7 +1105,7 @@ def main(argv=None):
 
     for name, fam in fams.items():
         log(f"--- decode step: {name} ---")
-        decode_section(res, timer, fam, batches, copy_gbps, sweep=not args.quick)
+        decode_section(res, timer, fam, batches, copy_gbps, () if args.quick else sweeps)
         _free()
     if not args.skip_chunked:
         for name, fam in fams.items():
