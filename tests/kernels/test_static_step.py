@@ -7,7 +7,6 @@ Runs in the Triton interpreter on CPU (tiny sizes). Device keys are checked agai
 """
 
 import dataclasses
-import importlib
 
 import pytest
 import torch
@@ -294,15 +293,15 @@ def test_some_step_equals_one_folding_launch_over_every_row(device, monkeypatch)
     whole-block fold still branches per row on whether it folds; Mamba-2's folding launch compiles for folding rows
     alone (`step_variants.read_hi_flags`), so `test_some_step_gives_each_row_the_bits_of_its_own_variant` is its
     check."""
-    family = "gdn"
-    module = importlib.import_module(f"replayssm_eval.kernels.{family}.triton_step")
+    from replayssm_eval.kernels.gdn import triton_step as module
+
     split = module.step_launches
     config = "int8/int16sr:scale=head@3"
-    setup, dims = AWKWARD[family]
+    setup, dims = AWKWARD["gdn"]
     make, _, first = setup(config, device, **dims)
     cfg = ReplayConfig.parse(config)
     ref = _at_phases(first, cfg.window, True)
-    new, old = (StaticState.from_replay_state(family, ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
+    new, old = (StaticState.from_replay_state("gdn", ref, ref.lo_packed, cfg, ref.schedule.count.tolist())
                 for _ in range(2))
     gen = torch.Generator().manual_seed(1)
     for _ in range(cfg.window + 1):

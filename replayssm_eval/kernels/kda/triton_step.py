@@ -235,14 +235,14 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> d
     `rowdots`), num_warps and maxnreg of `_replay_step_kernel`, whose programs only stream their rows (the head's
     terms come from `_head_terms_kernel`). Many sequences: the H200 sweep's best at K = V = 128, batch 256
     (BENCHMARKS.md, Decode step; benchmarks/kernel_speed.py sweeps them), the NVFP4 read capped at 128 registers
-    (138 without: 7 two-warp programs an SM instead of 8, measured 15% slower); few: programs of 16 rows, more of
-    them."""
+    (uncapped it takes 138 for sm_90, 7 two-warp programs an SM instead of 8, and measured 15% slower on an H100 than
+    the earlier 128-register kernel); few: programs of 16 rows, more of them."""
     block_k = min(128, max(16, triton.next_power_of_2(dk)))
     if batch * heads < 4096:
         return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "num_warps": 2, "maxnreg": None}
-    if kind == NVFP4:
-        return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32), "WORDS": True, "num_warps": 2, "maxnreg": 128}
-    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 64), "WORDS": True, "num_warps": 2, "maxnreg": None}
+    nvfp4 = kind == NVFP4
+    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32 if nvfp4 else 64), "WORDS": True, "num_warps": 2,
+            "maxnreg": 128 if nvfp4 else None}
 
 
 def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
