@@ -107,7 +107,8 @@ def main(argv=None):
     ap.add_argument("--families", default="mamba2,gdn,kda")
     ap.add_argument("--reads", default="fp32,nvfp4", help="read copies: fp32 (as shared:fp32), nvfp4 (per-head scales)")
     ap.add_argument("--launch", action="append", default=[],
-                    help="a launch config NAME=VALUE,... (repeatable; default: the checkout's step_launch_config)")
+                    help="a launch config NAME=VALUE,... overriding any constexpr, COLUMNS and HI_AT_FOLD included "
+                         "(repeatable; default: the checkout's step_launch_config)")
     ap.add_argument("--fold", action="store_true", help="the flush's kernel (GDN and KDA; the FP32 read as shared)")
     ap.add_argument("--per-row-hi", action="store_true",
                     help="a speculative schedule's launch: rows flag at run time whether they read S_hi")
@@ -143,9 +144,9 @@ def main(argv=None):
             for launch in launches or [default_launch(module, family, kind, args.fold, columns)]:
                 launch = dict(launch)
                 warps, maxnreg = launch.pop("num_warps", 4), launch.pop("maxnreg", None)
-                constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, **launch, "KIND": kind, "READ": kind,
+                constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, "KIND": kind, "READ": kind,
                               "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32",
-                              "COLUMNS": columns, "HI_AT_FOLD": not args.per_row_hi}
+                              "COLUMNS": columns, "HI_AT_FOLD": not args.per_row_hi, **launch}
                 res, ops = profile(kernel, constexprs, warps, tools, maxnreg)
                 block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
                 per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)
