@@ -3,13 +3,15 @@
 # tables at batch 256 for FAMILIES (default: all three) from a previous checkout (PREV, a folder holding its
 # replayssm_eval/ and benchmarks/) and from this one (QUICK="" adds the launch sweeps of the step kernels, within
 # BUDGET seconds a run, default 130), then the device checks of the families in CHECKS (default: all three), then,
-# for the families in NCU (default none), Nsight Compute's profile of the non-flush NVFP4 reading launch at batch 256
-# (the kernel_speed row's NVTX range; source counters per SASS line, warp states, instruction mix). Logs, JSON and
-# the .ncu-rep reports go to $OUT/decode-step/.
+# for the families in NCU (default none), Nsight Compute's profile of one launch at batch 256: of the kernel_speed row
+# NCU_ROW (default "non-flush nvfp4 read"; its NVTX range) and the kernel NCU_KERNEL (default _replay_step_kernel;
+# KDA's flush: _replay_fold_kernel): speed of light, memory tables (L1/L2 hit rates), occupancy, warp states,
+# instruction mix and source counters per SASS line. Logs, JSON and the .ncu-rep reports go to $OUT/decode-step/.
 #
 #   PREV=.prev OUT=out scripts/gpu_decode_step.sh     # H200: about 8 minutes
 #   FAMILIES=kda CHECKS=kda QUICK="" PREV=.prev OUT=out scripts/gpu_decode_step.sh
 #   FAMILIES=gdn CHECKS= NCU=gdn OUT=out scripts/gpu_decode_step.sh   # not yet run: the NVTX filter is untried
+#   FAMILIES=kda CHECKS= NCU=kda NCU_ROW="flush fp32" NCU_KERNEL=_replay_fold_kernel OUT=out scripts/gpu_decode_step.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_steps.sh decode-step
@@ -26,10 +28,12 @@ for family in ${CHECKS-kda gdn mamba2}; do
   step "check_$family" 150 . "${check[@]}" --quick --out "$dir/check_$family.json"
 done
 for family in ${NCU-}; do
-  step "ncu_$family" 300 . ncu --clock-control none --nvtx --nvtx-include "decode $family non-flush nvfp4 read B=256/" \
-    --kernel-name regex:_replay_step_kernel --launch-count 1 --import-source yes --section SpeedOfLight \
+  step "ncu_$family" 300 . ncu --clock-control none --nvtx --nvtx-include "decode $family ${NCU_ROW:-non-flush nvfp4 read} B=256/" \
+    --kernel-name "regex:${NCU_KERNEL:-_replay_step_kernel}" --launch-count 1 --import-source yes --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section WarpStateStats --section InstructionStats --section SourceCounters \
     -f -o "$dir/ncu_$family" python benchmarks/kernel_speed.py --skip-chunked --quick --families "$family" --batches 256
+  step "ncu_${family}_details" 60 . ncu -i "$dir/ncu_$family.ncu-rep" --page details
   step "ncu_${family}_source" 120 . ncu -i "$dir/ncu_$family.ncu-rep" --page source --print-source sass --csv
 done
 exit $status
