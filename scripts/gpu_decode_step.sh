@@ -28,9 +28,10 @@ for family in ${CHECKS-kda gdn mamba2}; do
   step "check_$family" 150 . "${check[@]}" --quick --out "$dir/check_$family.json"
 done
 for family in ${NCU-}; do
-  step "ncu_$family" 300 . ncu --clock-control none --nvtx --nvtx-include "decode $family ${NCU_ROW:-non-flush nvfp4 read} B=256/" \
-    --kernel-name "regex:${NCU_KERNEL:-_replay_step_kernel}" --launch-count 1 --import-source yes --section SpeedOfLight \
-    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+  step "ncu_$family" 300 . ncu --clock-control none --nvtx \
+    --nvtx-include "decode $family ${NCU_ROW:-non-flush nvfp4 read} B=256/" \
+    --kernel-name "regex:${NCU_KERNEL:-_replay_step_kernel}" --launch-count 1 --import-source yes \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section WarpStateStats --section InstructionStats --section SourceCounters \
     -f -o "$dir/ncu_$family" python benchmarks/kernel_speed.py --skip-chunked --quick --families "$family" --batches 256
   step "ncu_${family}_details" 60 . ncu -i "$dir/ncu_$family.ncu-rep" --page details

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from replayssm_eval.formats import PackedState
+from replayssm_eval.kernels.gdn import triton_step as gdn_step
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.device_keys import sr_keys_device
 from replayssm_eval.replay.keys import sr_keys
@@ -293,9 +294,7 @@ def test_some_step_equals_one_folding_launch_over_every_row(device, monkeypatch)
     whole-block fold still branches per row on whether it folds; Mamba-2's folding launch compiles for folding rows
     alone (`step_variants.read_hi_flags`), so `test_some_step_gives_each_row_the_bits_of_its_own_variant` is its
     check."""
-    from replayssm_eval.kernels.gdn import triton_step as module
-
-    split = module.step_launches
+    split = gdn_step.step_launches
     config = "int8/int16sr:scale=head@3"
     setup, dims = AWKWARD["gdn"]
     make, _, first = setup(config, device, **dims)
@@ -308,7 +307,7 @@ def test_some_step_equals_one_folding_launch_over_every_row(device, monkeypatch)
         inputs = tuple(t.contiguous() for t in make(gen))
         y_new = new.step(inputs, "some")
         with monkeypatch.context() as m:
-            m.setattr(module, "step_launches", lambda folds: ((True, False),) if folds == "some" else split(folds))
+            m.setattr(gdn_step, "step_launches", lambda folds: ((True, False),) if folds == "some" else split(folds))
             y_old = old.step(inputs, "some")
         assert torch.equal(y_new, y_old)
         _assert_rows(new, old, list(range(dims["b"])))
