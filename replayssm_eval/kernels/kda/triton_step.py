@@ -235,8 +235,8 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> d
     `rowdots`), num_warps and maxnreg of `_replay_step_kernel`, whose programs only stream their rows (the head's
     terms come from `_head_terms_kernel`). Many sequences: the H200 sweep's best at K = V = 128, batch 256
     (BENCHMARKS.md, Decode step; benchmarks/kernel_speed.py sweeps them), the NVFP4 read capped at 128 registers
-    (uncapped it takes 138 for sm_90, 7 two-warp programs an SM instead of 8: 0.171 ms against 0.144 capped on an
-    H200); few: programs of 16 rows, more of them."""
+    (uncapped it takes 138 for sm_90, 7 two-warp programs an SM instead of 8: 0.163 ms against 0.148 capped on an
+    H100); few: programs of 16 rows, more of them."""
     block_k = min(128, max(16, triton.next_power_of_2(dk)))
     if batch * heads < 4096:
         return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "num_warps": 2, "maxnreg": None}
