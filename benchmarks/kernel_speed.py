@@ -353,6 +353,18 @@ class Mamba2:
     def step_variant(self, launch, cfg: dict):
         return step_variant(mamba2_triton, launch, cfg, self.state_heads, self.P, cfg["BLOCK_P"])
 
+    fold_kernel = "_replay_step_kernel"  # a flush is the step kernel's folding launch
+    fold_keys = step_keys
+
+    def fold_variants(self) -> list[dict]:
+        """Launch configs of the folding `_replay_step_kernel` the flush tune rows sweep: rows per tile, tiles per
+        program, warps."""
+        return [dict(BLOCK_P=block_p, TILES=tiles, num_warps=warps) for block_p in (8, 16, 32)
+                for tiles in sorted({1, 2, triton.cdiv(self.P, block_p)}) for warps in (1, 2, 4)]
+
+    def fold_variant(self, launch, cfg: dict):
+        return self.step_variant(launch, cfg)
+
     def conventional(self, batch: int, block: int):
         s = self.fp32_state(batch)
         x, dt, B, C = self.token(batch)
@@ -559,13 +571,13 @@ class KDA(GDN):
         return self._variant(launch, cfg, "_replay_step_kernel")
 
     fold_kernel = "_replay_fold_kernel"
-    fold_keys = ("BLOCK_V", "BLOCK_K", "num_warps")
+    fold_keys = ("BLOCK_V", "BLOCK_K", "STAGES", "num_warps")
 
     def fold_variants(self) -> list[dict]:
         """Launch configs of `_replay_fold_kernel` the flush tune rows sweep: state rows per program (each the whole
-        of K), the packed read copy's columns per pass, warps."""
-        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps)
-                for block_v in (16, 32, 64) for block_k in (32, 64) for warps in (4, 8)]
+        of K), columns per pass (the packed read copy's, the open fold's), the open fold's passes in flight, warps."""
+        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, STAGES=stages, num_warps=warps)
+                for stages in (2, 3, 1) for block_v in (32, 16, 64) for block_k in (32, 64) for warps in (4, 8)]
 
     def fold_variant(self, launch, cfg: dict):
         return self._variant(launch, cfg, "_replay_fold_kernel")
@@ -746,7 +758,7 @@ def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
     if cfg is not None and batch * fam.state_heads >= 4096:
         launch, kernel = variant(launch, cfg), kernel + " tuned"
     else:
-        cfg = {k: launch.launch[2][k] for k in keys}
+        cfg = {k: launch.launch[2][k] for k in keys if k in launch.launch[2]}  # a kernel's default left out
     return launch, kernel + " " + " ".join(f"{k}={v}" for k, v in cfg.items())
 
 
@@ -775,7 +787,7 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps, sweeps: t
             if r.get("error") or holder["launch"].kernel != kernel:
                 continue
             nbytes, state = step_bytes(fam, batch, config, phase == "flush")
-            default = {k: holder["launch"].launch[2][k] for k in keys}
+            default = {k: holder["launch"].launch[2][k] for k in keys if k in holder["launch"].launch[2]}
             found = None
             for cfg in _distinct([default] + variants(), default if label == "fp32" else {}):
                 if res.left() < 30:
@@ -807,7 +819,7 @@ def _distinct(configs: list[dict], fixed: dict) -> list[dict]:
 
 
 _SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "WORDS": "words", "num_warps": "w",
-          "maxnreg": "r"}
+          "maxnreg": "r", "STAGES": "s"}
 
 
 def _short(cfg: dict) -> str:

@@ -44,7 +44,8 @@ SIZES = dict(K=128, V=128, KP=128, BK=128, P=80, N=128, NB=128, BLOCK_E=16, BLOC
 ROWS = {"mamba2": 80, "gdn": 128, "kda": 128}  # state rows a head's programs split
 PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_ptr": "*i64", "data_ptr": "*u8",
              "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32"}
-OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "HADD2", "MUFU", "LOP3", "SHF", "IMAD", "IADD3")
+OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "HADD2", "MUFU", "LOP3", "SHF", "IMAD", "IADD3",
+       "LDGSTS")  # LDGSTS: cp.async, a pipelined loop's loads
 
 
 READ_HI = re.compile(r"tl\.load\((?:rhi_ptr|read_hi_ptr) \+ b\) != 0")  # a row's S_hi flag in the step kernels

@@ -7,8 +7,9 @@
 # skips the tests and the check; TEST_SECONDS (300) limits the tests (138 of the 211 quick tests of the three
 # chunked test files ran in 320 s on an H200, most of it compiling); TEST_K selects tests by pytest's -k. NCU (a
 # comma-separated list of configs) profiles each one's first timed launch of the kernel matching KERNEL (a regex,
-# default _token_scan_kernel) with Nsight Compute (where the machine lets it read the counters). Logs and JSON go to
-# $OUT/chunk-scan/.
+# default _token_scan_kernel) with Nsight Compute (where the machine lets it read the counters): its details page
+# and its source counters per SASS line (benchmarks/ncu_stalls.py sums them). Logs, JSON and the .ncu-rep reports
+# go to $OUT/chunk-scan/.
 #
 #   PREVS=.prev OUT=out scripts/gpu_chunk_scan.sh      # H200: about 5 minutes
 #   FAMILIES=mamba2,gdn TESTS="tests/kernels/test_mamba2_triton.py tests/kernels/test_delta_triton.py" PREVS=.prev \
@@ -37,10 +38,14 @@ for prev in $PREVS; do
     --out "$dir/speed_$(basename "$prev" | tr -d .).json"
 done
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
-          --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats)
+          --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats
+          --section SourceCounters --import-source yes)
 for config in ${NCU//,/ }; do
-  step "ncu_$(printf %s "$config" | tr -c "A-Za-z0-9" _)" 200 . ncu --clock-control none \
+  name=ncu_$(printf %s "$config" | tr -c "A-Za-z0-9" _)
+  step "$name" 200 . ncu --clock-control none \
     --kernel-name "regex:${KERNEL:-_token_scan_kernel}" --launch-skip 1 --launch-count 1 "${sections[@]}" \
-    python benchmarks/layer_speed.py --families "$FAMILIES" --tokens 4096 --configs "$config"
+    -f -o "$dir/$name" python benchmarks/layer_speed.py --families "$FAMILIES" --tokens 4096 --configs "$config"
+  step "${name}_details" 60 . ncu -i "$dir/$name.ncu-rep" --page details
+  step "${name}_source" 120 . ncu -i "$dir/$name.ncu-rep" --page source --print-source sass --csv
 done
 exit $status

@@ -449,6 +449,32 @@ def test_decode_step_full_window(fam, text, launch, device, monkeypatch):
     assert torch.equal(st_ref.checkpoint, state.checkpoint) and int(state.checkpoint.min()) >= 1
 
 
+@pytest.mark.parametrize("dk, block_v, block_k, stages", [(24, 16, 16, 2), (24, 16, 16, 3), (128, 64, 32, 3)])
+def test_kda_open_fold_stages_keep_the_bits(dk, block_v, block_k, stages, device, monkeypatch):
+    """KDA's open fold with its column passes pipelined (STAGES > 1: the next columns loaded while one folds) == the
+    same fold one pass at a time, bit for bit (outputs, S_hi, the buffer), over 18 tokens of a 16-entry window from
+    sequences at different phases: K = 24 in two passes of 16 columns, and K = 128 in four of 32 (the default's
+    rows per program)."""
+    kda = FAMILIES["kda"]
+    cfg = ReplayConfig.parse("fp32/fp32@16")
+    inputs = delta_inputs("kda", batch=3, seqlen=18, dtype=torch.float32, device=device, **{**AWKWARD["kda"], "dk": dk})
+    start = phased_start("kda", inputs, cfg, warmup=(0, 5, 2), dtype=torch.float32)
+    runs = []
+    for n_stages in (1, stages):
+        launch = {"BLOCK_V": block_v, "BLOCK_K": block_k, "STAGES": n_stages, "num_warps": 4}
+        monkeypatch.setattr(kda_step, "fold_launch_config", lambda *a, launch=launch: launch)
+        state, outs = start, []
+        for n in range(18):
+            o, state = kda.decode_step_triton(*cut(inputs, n, n + 1), state, cfg)
+            outs.append(o)
+        runs.append((torch.cat(outs, 1), state))
+    (o_one, st_one), (o_staged, st_staged) = runs
+    assert torch.equal(st_one.checkpoint, st_staged.checkpoint) and int(st_one.checkpoint.min()) >= 1
+    assert_bits_equal(o_one, o_staged)
+    assert_bits_equal(st_one.hi, st_staged.hi)
+    assert_bits_equal(st_one.buffer["u"], st_staged.buffer["u"])
+
+
 @FAM
 def test_verify_triton(fam, device):
     """Speculative verification kernel == the reference's output-only verification, per sequence."""

@@ -154,7 +154,7 @@ def _replay_fold_kernel(
     HV, GROUPS, CAP,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
     CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr, SPLIT: tl.constexpr, HI_AT_FOLD: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, True, SPLIT):  # SPLIT: the folding rows only (`_replay_step_kernel` the others)
@@ -206,18 +206,19 @@ def _replay_fold_kernel(
         tl.store(out_ptr + rows[:, None] * K + ks[None, :], s, mask=m2)
     else:
         # d S_hi + sum_i u_i (a_i k_i)^T + u_j k_j^T, the token's u as buffered (rounded to the buffer dtype), BLOCK_K
-        # columns at a time: a column's fold needs only that column, so no whole [BLOCK_V, K] block is live at once
+        # columns at a time: a column's fold needs only that column, so no whole [BLOCK_V, K] block is live at once;
+        # STAGES > 1 loads the next passes' columns while this one folds (Triton's software pipeline)
         ub = round_buffered(u, BUF)
-        for c in tl.static_range(0, K, BLOCK_K):
+        for c in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             kc = c + tl.arange(0, BLOCK_K)
             mc = kc < K
-            m2 = mask_v[:, None] & mc[None, :]
-            s_hi = tl.load(hi_ptr + rows[:, None] * K + kc[None, :], mask=m2, other=0.0)  # [BLOCK_V, BLOCK_K]
+            mask_c = mask_v[:, None] & mc[None, :]
+            s_hi = tl.load(hi_ptr + rows[:, None] * K + kc[None, :], mask=mask_c, other=0.0)  # [BLOCK_V, BLOCK_K]
             keys = tl.load(keys_ptr + (bh * BLOCK_E + tl.arange(0, BLOCK_E)[:, None]) * K + kc[None, :],
                            mask=mc[None, :], other=0.0)  # [BLOCK_E, BLOCK_K] (zero past count)
             s = tl.load(t + 2 * K + kc, mask=mc, other=0.0)[None, :] * s_hi + dot(tl.trans(bu), keys, "ieee") \
                 + ub[:, None] * tl.load(k_ptr + tok + kc, mask=mc, other=0.0)[None, :]
-            tl.store(out_ptr + rows[:, None] * K + kc[None, :], s, mask=m2)
+            tl.store(out_ptr + rows[:, None] * K + kc[None, :], s, mask=mask_c)
     tl.store(u_ptr + rows, u, mask=mask_v)
     tl.store(o_ptr + rows, o, mask=mask_v)
 
@@ -247,8 +248,12 @@ def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> d
 
 def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
     """BLOCK_V (state rows per program: at least 16, the rows of the buffer sum's tl.dot), BLOCK_K (the columns of a
-    pass over K: the read copy's row dots, the open fold's columns) and num_warps of `_replay_fold_kernel`."""
-    return {"BLOCK_V": 32 if batch * heads >= 4096 else 16, "BLOCK_K": 32, "num_warps": 4}
+    pass over K: the read copy's row dots, the open fold's columns), STAGES (the open fold's passes in flight) and
+    num_warps of `_replay_fold_kernel`. Many sequences: the H100 sweep's best at K = V = 128, batch 256 for both read
+    copies (0.64 ms against 0.78 for v32 k32 one pass at a time, BENCHMARKS.md, Decode step)."""
+    if batch * heads >= 4096:
+        return {"BLOCK_V": 64, "BLOCK_K": 64, "STAGES": 3, "num_warps": 4}
+    return {"BLOCK_V": 16, "BLOCK_K": 32, "STAGES": 2, "num_warps": 4}
 
 
 def step_grid(batch: int, heads: int, dv: int, block_v: int) -> tuple[int, int, int]:

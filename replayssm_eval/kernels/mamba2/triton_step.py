@@ -270,8 +270,6 @@ def _replay_step_kernel(
         # a folding launch runs the folding rows alone (`step_launches`): the flush's
         # fold = G_{0..j} S_hi + sum_{e<=j} dt_e G_{e+1..j} x_e B_e^T, rank-1 updates in FP32 FMAs
         if FOLD:
-            m2 = mask_p[:, None] & mask_n[None, :]
-            s_hi = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=m2, other=0.0)
             upd = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
             e = 0
             while e <= count:  # a while loop: the interpreter cannot take range() of a runtime scalar
@@ -284,6 +282,8 @@ def _replay_step_kernel(
                 else:  # the scaled key w_e B_e in the buffer dtype, as the chunked fold
                     upd += x_e[:, None] * round_buffered(w_e * b_e, BUF)[None, :]
                 e += 1
+            m2 = mask_p[:, None] & mask_n[None, :]  # S_hi loaded after the sum: the two tiles are not live together
+            s_hi = tl.load(hi_ptr + rows[:, None] * N + offs_n[None, :], mask=m2, other=0.0)
             tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], g_read * s_hi + upd, mask=m2)
             if read_hi:
                 y += g_read * tl.sum(s_hi * c[None, :], axis=1)
@@ -297,10 +297,15 @@ def _replay_step_kernel(
         tl.store(y_ptr + rows, y, mask=mask_p)
 
 
-def step_launch_config(batch: int, heads: int, head_dim: int, read: int) -> dict:
-    """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by benchmarks/kernel_speed.py)."""
+def step_launch_config(batch: int, heads: int, head_dim: int, read: int, fold: bool = False) -> dict:
+    """BLOCK_P, TILES (head_dim tiles per program) and num_warps of `_replay_step_kernel` (tuned by
+    benchmarks/kernel_speed.py); fold: of a folding launch."""
     if batch * heads < 4096:
         return {"BLOCK_P": min(16, triton.next_power_of_2(head_dim)), "TILES": 1, "num_warps": 4}
+    if fold:  # many folding sequences: single-warp programs of two 8-row tiles (the H100 sweep's best at P = 80,
+        # batch 256, for both read copies: 1.05 ms against 1.13 for a head's ten tiles in one program)
+        block_p = min(8, triton.next_power_of_2(head_dim))
+        return {"BLOCK_P": block_p, "TILES": min(2, triton.cdiv(head_dim, block_p)), "num_warps": 1}
     # many sequences: one single-warp program per head (the H200 sweep's best at P = 80, batch 128 and 256), 8 rows a
     # tile for reads of 16- and 32-bit elements
     block_p = min(8 if read in _WIDE_READS else 16, triton.next_power_of_2(head_dim))
@@ -330,10 +335,10 @@ def launch_replay_step(x, B, dt, C, count, read_hi, fold, A, hi, read_copy, y, o
     batch, E, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     read, group, (data, scales, gs), nb = read_copy
-    cfg = launch or step_launch_config(batch, H, P, read)
     block_nb = max(16, triton.next_power_of_2(nb))
     read_hi, hi_at_fold = read_hi_flags(read_hi, fold)
     for fold_path, split in step_launches(folds):
+        cfg = launch or step_launch_config(batch, H, P, read, fold_path)
         _replay_step_kernel[step_grid(batch, H, P, cfg["BLOCK_P"], cfg["TILES"])](
             x, B, dt, C, count, read_hi, fold, hi, data,
             data if scales is None else scales, data if gs is None else gs, A, y, out,
