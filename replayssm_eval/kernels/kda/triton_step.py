@@ -250,7 +250,7 @@ def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
     """BLOCK_V (state rows per program: at least 16, the rows of the buffer sum's tl.dot), BLOCK_K (the columns of a
     pass over K: the read copy's row dots, the open fold's columns), STAGES (the open fold's passes in flight) and
     num_warps of `_replay_fold_kernel`. Many sequences: the H100 sweep's best at K = V = 128, batch 256 for both read
-    copies (0.64 ms against 0.78 for v32 k32 one pass at a time, BENCHMARKS.md, Decode step)."""
+    copies (0.64 ms against 0.78 for v32 k32 one pass at a time, BENCHMARKS.md, Decode step); fewer: not timed."""
     if batch * heads >= 4096:
         return {"BLOCK_V": 64, "BLOCK_K": 64, "STAGES": 3, "num_warps": 4}
     return {"BLOCK_V": 16, "BLOCK_K": 32, "STAGES": 2, "num_warps": 4}
