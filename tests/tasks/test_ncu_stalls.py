@@ -22,7 +22,9 @@ def test_stall_shares_of_the_kda_fold(capsys):
     ncu_stalls = _script()
     df = ncu_stalls.load(str(SOURCE))
     assert len(df) == 1424 and int(df["samples"].sum()) == 88872
-    assert df.loc[df["samples"].idxmax(), "op"] == "FMUL"  # the predicate dropped from the opcode
+    assert df.loc[df["samples"].idxmax(), "op"] == "FMUL"
+    predicated = df[df["Source"].str.contains("@P1   LDG.E.128", regex=False)]
+    assert list(predicated["op"]) == ["LDG.E.128"]  # the predicate is not the opcode
     ncu_stalls.main([str(SOURCE), "--top", "3"])
     out = capsys.readouterr().out
     assert re.search(r"stall_long_sb\s+68\.7\n", out) and re.search(r"STS\.128\s+34\.8\n", out)
