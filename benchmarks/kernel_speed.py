@@ -751,6 +751,12 @@ def _time_step(row, timer: Timer, fam, s0, config: str, phase: str, tuned: dict,
     return out
 
 
+def launch_config(launch, keys) -> dict:
+    """The values of `keys` a captured launch passed (a key the kernel defaults is left out)."""
+    kwargs = launch.launch[2]
+    return {k: kwargs[k] for k in keys if k in kwargs}
+
+
 def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
     """(the launch with the config tuned at the largest batch where there is one and batch x heads >= 4096, and the
     row's note)."""
@@ -758,7 +764,7 @@ def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
     if cfg is not None and batch * fam.state_heads >= 4096:
         launch, kernel = variant(launch, cfg), kernel + " tuned"
     else:
-        cfg = {k: launch.launch[2][k] for k in keys if k in launch.launch[2]}  # a kernel's default left out
+        cfg = launch_config(launch, keys)
     return launch, kernel + " " + " ".join(f"{k}={v}" for k, v in cfg.items())
 
 
@@ -779,15 +785,14 @@ def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps, sweeps: t
 
             def capture(row, config=config, count=count):
                 holder["launch"], _ = fam.step_launch(fam.replay_state(s0, config, count), config)
-                kwargs = holder["launch"].launch[2]
                 row["note"] = f"{holder['launch'].kernel} default: " + " ".join(
-                    f"{k}={kwargs[k]}" for k in keys if k in kwargs)
+                    f"{k}={v}" for k, v in launch_config(holder["launch"], keys).items())
             r = res.add(dict(section="tune", family=fam.name, name=f"{phase} {label} read launch", batch=batch),
                         capture)
             if r.get("error") or holder["launch"].kernel != kernel:
                 continue
             nbytes, state = step_bytes(fam, batch, config, phase == "flush")
-            default = {k: holder["launch"].launch[2][k] for k in keys if k in holder["launch"].launch[2]}
+            default = launch_config(holder["launch"], keys)
             found = None
             for cfg in _distinct([default] + variants(), default if label == "fp32" else {}):
                 if res.left() < 30:

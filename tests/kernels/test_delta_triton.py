@@ -454,7 +454,8 @@ def test_kda_open_fold_stages_keep_the_bits(dk, block_v, block_k, stages, device
     """KDA's open fold with its column passes pipelined (STAGES > 1: the next columns loaded while one folds) == the
     same fold one pass at a time, bit for bit (outputs, S_hi, the buffer), over 18 tokens of a 16-entry window from
     sequences at different phases: K = 24 in two passes of 16 columns, and K = 128 in four of 32 (the default's
-    rows per program)."""
+    rows per program). The interpreter runs the passes in order whatever STAGES says; on a GPU
+    (`REPLAYSSM_TEST_DEVICE=cuda`) the pipelined kernel is a different compiled program."""
     kda = FAMILIES["kda"]
     cfg = ReplayConfig.parse("fp32/fp32@16")
     inputs = delta_inputs("kda", batch=3, seqlen=18, dtype=torch.float32, device=device, **{**AWKWARD["kda"], "dk": dk})
