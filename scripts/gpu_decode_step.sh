@@ -5,7 +5,8 @@
 # BUDGET seconds a run, default 130; SPEED="" skips this checkout's tables), then the device checks of the families
 # in CHECKS (default: all three), then, for the families in NCU (default none), Nsight Compute's profile of one
 # launch at batch 256: of the kernel_speed row NCU_ROW (default "non-flush nvfp4 read"; its NVTX range) and the
-# kernel NCU_KERNEL (default _replay_step_kernel; KDA's flush: _replay_fold_kernel): speed of light, memory tables
+# kernel NCU_KERNEL (a regex, default _replay_step_kernel; KDA's flush: _replay_fold_kernel), its first NCU_COUNT
+# launches there (default 1; KDA's reading step with its head terms: 2): speed of light, memory tables
 # (L1/L2 hit rates), occupancy, warp states, instruction mix and source counters per SASS line (benchmarks/
 # ncu_stalls.py sums them). Logs, JSON and the .ncu-rep reports go to $OUT/decode-step/.
 #
@@ -14,6 +15,8 @@
 #   SPEED= CHECKS= FAMILIES=gdn NCU=gdn NCU_ROW="flush fp32" OUT=out scripts/gpu_decode_step.sh   # H100: 100 s
 #   SPEED= CHECKS= FAMILIES=kda NCU=kda NCU_ROW="flush fp32" NCU_KERNEL=_replay_fold_kernel OUT=out \
 #     scripts/gpu_decode_step.sh
+#   SPEED= CHECKS= FAMILIES=kda NCU=kda NCU_ROW="non-flush fp32 read" NCU_KERNEL="_head_terms_kernel|_replay_step_kernel" \
+#     NCU_COUNT=2 OUT=out scripts/gpu_decode_step.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_steps.sh decode-step
@@ -32,7 +35,7 @@ done
 for family in ${NCU-}; do
   step "ncu_$family" 300 . ncu --clock-control none --nvtx \
     --nvtx-include "decode $family ${NCU_ROW:-non-flush nvfp4 read} B=256/" \
-    --kernel-name "regex:${NCU_KERNEL:-_replay_step_kernel}" --launch-count 1 --import-source yes \
+    --kernel-name "regex:${NCU_KERNEL:-_replay_step_kernel}" --launch-count "${NCU_COUNT:-1}" --import-source yes \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section WarpStateStats --section InstructionStats --section SourceCounters \
     -f -o "$dir/ncu_$family" python benchmarks/kernel_speed.py --skip-chunked --quick --families "$family" --batches 256

@@ -239,6 +239,10 @@ def cases() -> list:
         (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": fp8, **{f"RECUR_{k}": v for k, v in sglang.items()},
                                             "RECUR_RANDOM": plain, "SHARED": True, "SKIP": False, "BUF": 0,
                                             "BLOCK_P": 32}),
+        # and its last rows past the 32-row slabs in 16-row programs, the tiles cut to them (`tail_codecs`)
+        (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": fp8, **{f"RECUR_{k}": v for k, v in sglang.items()},
+                                            "RECUR_ROWS": 16, "RECUR_RANDOM": plain, "SHARED": True, "SKIP": False,
+                                            "BUF": 0, "BLOCK_P": 16}),
         # head scales over the head's five 16-row programs exchanging the amax: both copies', a shared checkpoint's
         # (window 1 too)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head,

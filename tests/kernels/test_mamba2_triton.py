@@ -20,7 +20,7 @@ from replayssm_eval.formats.device import (
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.replay.state import write_checkpoint
 from replayssm_eval.kernels.mamba2 import chunked, decode_reference
-from replayssm_eval.kernels.mamba2 import triton_chunk, triton_phases, triton_step
+from replayssm_eval.kernels.mamba2 import triton_chunk, triton_phases, triton_step, triton_tokens
 from replayssm_eval.kernels.mamba2.triton_step import decode_step_triton, verify_triton
 
 from tests.helpers.compare import RESIDUAL_FLIP, assert_bits_equal, assert_close, mostly_equal
@@ -304,6 +304,27 @@ def test_token_rows(text, rows):
     config = ReplayConfig.parse(text)
     assert triton_chunk.token_scan_rows(config, (80, 128), 1) == rows
     assert triton_chunk.token_scan_rows(config, (80, 128), 2) is None
+
+
+@pytest.mark.parametrize("text, head_dim, tail_rows", [
+    ("sglang:fp8", 80, (16, 16)),  # 32-row FP8 tiles: 16 rows past two slabs, a tail launch of 16-row tiles
+    ("sglang:fp8", 40, (16, 16)),  # 8 rows past one slab: the tail program's last 8 rows are padding
+    ("sglang:fp8", 64, None),  # whole slabs: no tail
+    ("sglang:fp8", 56, None),  # 24 rows past one slab: more than a 16-row program holds
+    ("shared:int8sr:axis=headdim,scale=block:32@1", 40, None),  # blocks along head_dim would be cut
+    ("vllm:int16sr", 80, None),  # programs of 16 rows already
+])
+def test_tail_codecs(text, head_dim, tail_rows):
+    """Which one-token scans take their last head_dim rows in a second launch of 16-row programs, and the scale tile
+    rows the copies' codecs round there."""
+    config = ReplayConfig.parse(text)
+    codecs = tuple(tile_codec(fmt, dims=(head_dim, 128)) for fmt in (config.recur_format, config.read_format))
+    tail = triton_tokens.tail_codecs(codecs, head_dim, triton_chunk.token_scan_rows(config, (head_dim, 128), 1))
+    if tail_rows is None:
+        assert tail is None
+    else:  # only the tile rows change
+        assert tuple(c.rows for c in tail) == tail_rows
+        assert [dataclasses.replace(t, rows=c.rows) for t, c in zip(tail, codecs)] == list(codecs)
 
 
 @pytest.mark.parametrize("text, pre, tokens", [

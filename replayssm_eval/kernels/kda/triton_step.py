@@ -62,29 +62,29 @@ def _head_terms_kernel(
     kj = tl.load(k_ptr + tok + ks, mask=kmask, other=0.0)  # [BK]
     qj = tl.load(q_ptr + tok + ks, mask=kmask, other=0.0)
     count = tl.load(count_ptr + b)
-    offs_e = tl.arange(0, BLOCK_E)
-    mask_e = offs_e < count
-    ent = b.to(tl.int64) * CAP + offs_e  # [BLOCK_E] entry of [B, CAP]
-    m_ek = mask_e[:, None] & kmask[None, :]
-    bg = tl.load(bg_ptr + (ent[:, None] * HV + hv) * K + ks[None, :], mask=m_ek, other=0.0)  # [BLOCK_E, BK]
-    g_now = tl.sum(bg, axis=0) + tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0)  # [BK] checkpoint -> token
-    a = tl.where(m_ek, tl.exp(g_now[None, :] - tl.cumsum(bg, axis=0)), 0.0)  # [BLOCK_E, BK] a_i = exp(g_{i+1..j})
-    ak = tl.load(bk_ptr + (ent[:, None] * H + h) * K + ks[None, :], mask=m_ek, other=0.0) * a  # a_i k_i
-    keep = 1.0
-    if SKIP:  # the checkpoint term is zeroed where its slowest channel decayed below eps
-        keep = tl.where(tl.exp(tl.max(tl.where(kmask, g_now, -float("inf")), axis=0)) >= eps, 1.0, 0.0)
-    d = tl.where(kmask, keep * tl.exp(g_now), 0.0)  # [BK]
     t = _head_row(terms_ptr, bh, K, BLOCK_E)
+    # the entries from the last to the first, each channel's log decays summed in order by the thread holding it:
+    # g_run = g_{i+1..j} (the token's and the later entries'), a_i = exp(g_run); a_i = 0 past the count
+    g_run = tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0)  # [BK]
+    for n in tl.static_range(BLOCK_E):
+        i = BLOCK_E - 1 - n
+        m = kmask & (i < count)
+        ent = b.to(tl.int64) * CAP + i
+        ak = tl.where(m, tl.load(bk_ptr + (ent * H + h) * K + ks, mask=m, other=0.0) * tl.exp(g_run), 0.0)  # a_i k_i
+        tl.store(t + 3 * K + i, tl.sum(ak * kj, axis=0))  # a_i (k_j . k_i)
+        tl.store(t + 3 * K + BLOCK_E + i, tl.sum(ak * qj, axis=0))  # a_i (q_j . k_i)
+        if KEYS:  # an open fold's buffer sum takes the decayed keys
+            tl.store(keys_ptr + (bh * BLOCK_E + i) * K + ks, ak, mask=kmask & (tl.load(fold_ptr + b) != 0))
+        g_run += tl.load(bg_ptr + (ent * HV + hv) * K + ks, mask=m, other=0.0)
+    keep = 1.0  # g_run is now g_{0..j}, checkpoint -> token
+    if SKIP:  # the checkpoint term is zeroed where its slowest channel decayed below eps
+        keep = tl.where(tl.exp(tl.max(tl.where(kmask, g_run, -float("inf")), axis=0)) >= eps, 1.0, 0.0)
+    d = tl.where(kmask, keep * tl.exp(g_run), 0.0)  # [BK]
     tl.store(t + ks, d * kj, mask=kmask)
     tl.store(t + K + ks, d * qj, mask=kmask)
     tl.store(t + 2 * K + ks, d, mask=kmask)
-    tl.store(t + 3 * K + offs_e, tl.sum(ak * kj[None, :], axis=1))  # a_i (k_j . k_i)
-    tl.store(t + 3 * K + BLOCK_E + offs_e, tl.sum(ak * qj[None, :], axis=1))  # a_i (q_j . k_i)
     tl.store(t + 3 * K + 2 * BLOCK_E, tl.sum(qj * kj, axis=0))
     tl.store(t + 3 * K + 2 * BLOCK_E + 1, keep)
-    if KEYS:  # an open fold's buffer sum takes the decayed keys
-        if tl.load(fold_ptr + b) != 0:
-            tl.store(keys_ptr + (bh * BLOCK_E + offs_e[:, None]) * K + ks[None, :], ak, mask=kmask[None, :])
 
 
 @triton.jit
@@ -293,9 +293,10 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     terms = head_terms(bsz, nv, dk, block_e, hi.device)
     open_fold = folds != "none" and not closed
     keys = torch.empty(bsz, nv, block_e, dk, device=hi.device) if open_fold else terms  # [B, HV, BLOCK_E, K]
+    # one warp a head: its channels' sums over the entries in registers, the entries' dot products by shuffles
     _head_terms_kernel[(bsz, nv)](
         q, k, g, entries["k"], entries["g"], count, fold, terms, keys, nv, groups, cap, float(eps or 0.0),
-        K=dk, BK=bk, BLOCK_E=block_e, SKIP=eps is not None, KEYS=open_fold, num_warps=4,
+        K=dk, BK=bk, BLOCK_E=block_e, SKIP=eps is not None, KEYS=open_fold, num_warps=1,
     )
     for fold_path, split in step_launches(folds):
         if fold_path:

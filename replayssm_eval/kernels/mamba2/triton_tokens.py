@@ -19,7 +19,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm_eval.formats.codec import KernelCodec
+import dataclasses
+
+from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
     RESIDUAL_NONE, feedback_residual, feedback_target, round_state_tile, state_bits,
 )
@@ -58,12 +60,12 @@ def _token_scan_kernel(
     READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
     READ_ROT: tl.constexpr, RECUR_EF: tl.constexpr, READ_EF: tl.constexpr,
     SHARED: tl.constexpr, SKIP: tl.constexpr, BUF: tl.constexpr, DOT: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, ROW0,  # the launch's first head_dim row
 ):
     tile, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     g = h // HPG
-    offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = ROW0 + tile * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_s = mask_p[:, None] & (offs_n < N)[None, :]
@@ -162,24 +164,47 @@ def token_launch_config(stochastic: bool, rows: int) -> dict:
     return {"num_warps": 8 * rows // PROGRAM_ROWS, "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
 
 
+def tail_codecs(codecs: tuple[KernelCodec, ...], head_dim: int, rows: int) -> tuple[KernelCodec, ...] | None:
+    """The codecs of a launch of PROGRAM_ROWS-row programs for the last head_dim rows past the whole slabs of `rows`,
+    where programs of `rows` would leave rows masked (head_dim 80 in slabs of 32: 16 rows of each head's third
+    program): each scale tile along d_state cut to PROGRAM_ROWS rows, which then hold every valid row of the last
+    tile (the rows past head_dim are zero, so its amax and every rounding are the same). None where there is no such
+    tail, or a copy's groups, blocks or runs along head_dim would be cut."""
+    tail = head_dim % rows
+    if rows == PROGRAM_ROWS or tail == 0 or tail > PROGRAM_ROWS:
+        return None
+    cut = []
+    for c in codecs:
+        if c.spans(PROGRAM_ROWS) and not (c.axis == "dstate" and c.group == Group.TILE):
+            return None
+        cut.append(dataclasses.replace(c, rows=PROGRAM_ROWS) if c.spans(PROGRAM_ROWS) else c)
+    return tuple(cut)
+
+
 def scan_tokens(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs: tuple[KernelCodec, KernelCodec],
                 rows: int) -> None:
-    """Every one-token segment of `grid` = (px, pB, pC, pdt, read_hi, folds) in one launch of programs of `rows`
-    head_dim rows (`token_rows`). hi, lo (S_lo; the same tensor for a shared checkpoint) and pre ([B, H, P, N] fp32),
-    res = (res_hi, res_lo, res_pre) (the copies' error-feedback residuals where their codecs' `ef` says, and the
-    packed copy's before the last fold) and the y grid [B, S, 1, H, P] are updated in place."""
+    """Every one-token segment of `grid` = (px, pB, pC, pdt, read_hi, folds) in programs of `rows` head_dim rows
+    (`token_rows`), and the rows past their whole slabs in a second launch of programs of PROGRAM_ROWS where
+    `tail_codecs` allows (the same bits, fewer masked rows). hi, lo (S_lo; the same tensor for a shared checkpoint)
+    and pre ([B, H, P, N] fp32), res = (res_hi, res_lo, res_pre) (the copies' error-feedback residuals where their
+    codecs' `ef` says, and the packed copy's before the last fold) and the y grid [B, S, 1, H, P] are updated in
+    place."""
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
     assert L == 1, f"scan_tokens takes one-entry segments, got {L}"
-    recur, read = codecs
     skip = config.skip_read_below
-    launch = token_launch_config(recur.stochastic or read.stochastic, rows)  # a shared checkpoint's read codec is its own
-    _token_scan_kernel[(triton.cdiv(P, rows), batch * H)](
-        px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, *res, S, H, P, N, G, H // G,
-        float(skip or 0.0),
-        **recur.constexprs("RECUR"), **read.constexprs("READ"), RECUR_EF=int(recur.ef), READ_EF=int(read.ef),
-        SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=rows,
-        BLOCK_N=max(16, triton.next_power_of_2(N)), num_warps=launch["num_warps"],
-        maxnreg=launch["maxnreg"],
-    )
+    tail = tail_codecs(codecs, P, rows)
+    launches = [(codecs, rows, 0, triton.cdiv(P, rows))]
+    if tail is not None:
+        launches = [(codecs, rows, 0, P // rows), (tail, PROGRAM_ROWS, P // rows * rows, 1)]
+    for (recur, read), block_p, row0, tiles in launches:  # a shared checkpoint's read codec is its own
+        launch = token_launch_config(recur.stochastic or read.stochastic, block_p)
+        _token_scan_kernel[(tiles, batch * H)](
+            px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, *res, S, H, P, N, G, H // G,
+            float(skip or 0.0),
+            **recur.constexprs("RECUR"), **read.constexprs("READ"), RECUR_EF=int(recur.ef), READ_EF=int(read.ef),
+            SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=block_p,
+            BLOCK_N=max(16, triton.next_power_of_2(N)), ROW0=row0, num_warps=launch["num_warps"],
+            maxnreg=launch["maxnreg"],
+        )
