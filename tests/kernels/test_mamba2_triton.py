@@ -263,6 +263,7 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     pytest.param("pimba:mx8sr", _WIDE, marks=pytest.mark.slow),  # MX8 blocks of 16 along d_state 40
     # programs of 32 rows: SGLang's 32-row FP8 tiles, INT8+SR blocks of 32 along head_dim 40 (the last of 8 rows)
     ("sglang:fp8", {"head_dim": 40}),
+    ("sglang:fp8", {"head_dim": 16}),  # a head under one 32-row tile: 16-row programs alone, the tile cut to them
     ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
 ])
 def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
@@ -311,6 +312,7 @@ def test_token_rows(text, rows):
     ("sglang:fp8", 40, (16, 16)),  # 8 rows past one slab: the tail program's last 8 rows are padding
     ("sglang:fp8", 64, None),  # whole slabs: no tail
     ("sglang:fp8", 56, None),  # 24 rows past one slab: more than a 16-row program holds
+    ("sglang:fp8", 16, (16, 16)),  # a head under one slab: the 16-row launch alone
     ("shared:int8sr:axis=headdim,scale=block:32@1", 40, None),  # blocks along head_dim would be cut
     ("vllm:int16sr", 80, None),  # programs of 16 rows already
 ])

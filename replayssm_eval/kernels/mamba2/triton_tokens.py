@@ -16,10 +16,10 @@ engine presets whose engines' words are unread).
 
 from __future__ import annotations
 
+import dataclasses
+
 import triton
 import triton.language as tl
-
-import dataclasses
 
 from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
@@ -195,9 +195,12 @@ def scan_tokens(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs: 
     assert L == 1, f"scan_tokens takes one-entry segments, got {L}"
     skip = config.skip_read_below
     tail = tail_codecs(codecs, P, rows)
-    launches = [(codecs, rows, 0, triton.cdiv(P, rows))]
-    if tail is not None:
-        launches = [(codecs, rows, 0, P // rows), (tail, PROGRAM_ROWS, P // rows * rows, 1)]
+    if tail is None:
+        launches = [(codecs, rows, 0, triton.cdiv(P, rows))]
+    else:  # the whole slabs (none where head_dim is under `rows`), then the rest in one program a head
+        whole = P // rows
+        launches = [(codecs, rows, 0, whole)] if whole else []
+        launches.append((tail, PROGRAM_ROWS, whole * rows, 1))
     for (recur, read), block_p, row0, tiles in launches:  # a shared checkpoint's read codec is its own
         launch = token_launch_config(recur.stochastic or read.stochastic, block_p)
         _token_scan_kernel[(tiles, batch * H)](
