@@ -263,7 +263,8 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     pytest.param("pimba:mx8sr", _WIDE, marks=pytest.mark.slow),  # MX8 blocks of 16 along d_state 40
     # programs of 32 rows: SGLang's 32-row FP8 tiles, INT8+SR blocks of 32 along head_dim 40 (the last of 8 rows)
     ("sglang:fp8", {"head_dim": 40}),
-    ("sglang:fp8", {"head_dim": 16}),  # a head under one 32-row tile: 16-row programs alone, the tile cut to them
+    # a head under one 32-row tile: 16-row programs alone, the tile cut to them
+    pytest.param("sglang:fp8", {"head_dim": 16}, marks=pytest.mark.slow),
     ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
 ])
 def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
