@@ -174,12 +174,14 @@ def test_gdn_static_step_equals_decode_step_triton(config, phased, device):
 
 def _kda_cases():
     """Every config at K != V and at K = V with grouped heads, out of phase and in phase; slow but for a split, a
-    shared and a closed-fold config at K != V and one split config at K = V."""
+    shared and a closed-fold config at K != V out of phase (the split one in phase too) and one split config at K =
+    V out of phase."""
     quick = {("nvfp4/fp16sr@4", "K16V8"), ("shared:fp8sr@4", "K16V8"), ("nvfp4/fp16sr@4#closed", "K16V8"),
              ("nvfp4/fp16sr@4", "K16V16")}
     shapes = {"K16V8": dict(h=1, hv=2, k=16, v=8), "K16V16": dict(h=2, hv=4, k=16, v=16)}
     return [pytest.param(c, phased, dims, id=f"{c}-{'phased' if phased else 'in-phase'}-{name}",
-                         marks=() if (c, name) in quick and (phased or name == "K16V8") else pytest.mark.slow)
+                         marks=() if (c, name) in quick and (phased or (c, name) == ("nvfp4/fp16sr@4", "K16V8"))
+                         else pytest.mark.slow)
             for name, dims in shapes.items() for c in CONFIGS + CLOSED for phased in (True, False)]
 
 
@@ -209,8 +211,11 @@ def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device)
     _run("kda", config, *_kda(config, device, **dims), phased)
 
 
-@pytest.mark.parametrize("family", ["gdn", "kda"])
-@pytest.mark.parametrize("config", ["nvfp4/fp16sr@4", "int8/int16sr:scale=head@3", "shared:nvfp4:scale=row@4"])
+@pytest.mark.parametrize("family, config", [
+    (family, config) if family == "gdn" or config == "nvfp4/fp16sr@4" else
+    pytest.param(family, config, marks=pytest.mark.slow)  # KDA's other configs: the full suite
+    for family in ("gdn", "kda")
+    for config in ("nvfp4/fp16sr@4", "int8/int16sr:scale=head@3", "shared:nvfp4:scale=row@4")])
 def test_heads_of_several_programs_equal_decode_step_triton(family, config, device):
     """Heads of 40 v rows, folded by three programs of 16 rows each: a head scale's amax spans the programs' folds."""
     setup = {"gdn": _gdn, "kda": _kda}[family]
