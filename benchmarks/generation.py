@@ -234,10 +234,15 @@ def gpqa_rows(rm, name, args, emit) -> None:
 def profile(rm, name, args, out: Path, emit) -> None:
     """Per batch and config: ms per one-token step of a running batch (step graph: replays of its captured
     graphs) and the top ops of `--profile-steps` steps by GPU and CPU time. Kernels inside a CUDA graph are
-    not seen by the profiler, so step graph is profiled with its decoder running eagerly: the same launches."""
+    not seen by the profiler, so step graph is profiled with its decoder running eagerly: the same launches. A
+    batch the device cannot hold gives a row with the error, and the other batches and configs still run."""
     for batch in args.batches:
         for config in args.configs:
-            profile_one(rm, name, batch, config, args, out, emit)
+            try:
+                profile_one(rm, name, batch, config, args, out, emit)
+            except torch.OutOfMemoryError as err:
+                emit({"part": "profile", "model": name, "batch": batch, "config": config, "step": args.steps[0],
+                      "error": f"OutOfMemoryError: {str(err).splitlines()[0]}"})
             release(args.device)
 
 
@@ -391,6 +396,10 @@ def table(rows: list[dict]) -> str:
              "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
     fmt = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['part']} | {r['model']} | {r['batch']} | {r['config']} | {r.get('step', '')} | "
+                         f"{r.get('batching', '')} | {r['error']} | | | | | |")
+            continue
         step_ms = 1e3 * r["seconds"] if r["part"] == "profile" else r.get("step_ms")  # profile: one step's seconds
         lines.append(f"| {r['part']} | {r['model']} | {r['batch']} | {r['config']} | {r.get('step', '')} | "
                      f"{r.get('batching', '')} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {fmt(step_ms, '.2f')} | "
