@@ -66,6 +66,9 @@ def _head_terms_kernel(
     # the entries from the last to the first, each channel's log decays summed in order by the thread holding it:
     # g_run = g_{i+1..j} (the token's and the later entries'), a_i = exp(g_run); a_i = 0 past the count
     g_run = tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0)  # [BK]
+    keys_mask = kmask
+    if KEYS:  # an open fold's buffer sum takes the decayed keys of the rows that fold
+        keys_mask = kmask & (tl.load(fold_ptr + b) != 0)
     for n in tl.static_range(BLOCK_E):
         i = BLOCK_E - 1 - n
         m = kmask & (i < count)
@@ -73,8 +76,8 @@ def _head_terms_kernel(
         ak = tl.where(m, tl.load(bk_ptr + (ent * H + h) * K + ks, mask=m, other=0.0) * tl.exp(g_run), 0.0)  # a_i k_i
         tl.store(t + 3 * K + i, tl.sum(ak * kj, axis=0))  # a_i (k_j . k_i)
         tl.store(t + 3 * K + BLOCK_E + i, tl.sum(ak * qj, axis=0))  # a_i (q_j . k_i)
-        if KEYS:  # an open fold's buffer sum takes the decayed keys
-            tl.store(keys_ptr + (bh * BLOCK_E + i) * K + ks, ak, mask=kmask & (tl.load(fold_ptr + b) != 0))
+        if KEYS:
+            tl.store(keys_ptr + (bh * BLOCK_E + i) * K + ks, ak, mask=keys_mask)
         g_run += tl.load(bg_ptr + (ent * HV + hv) * K + ks, mask=m, other=0.0)
     keep = 1.0  # g_run is now g_{0..j}, checkpoint -> token
     if SKIP:  # the checkpoint term is zeroed where its slowest channel decayed below eps

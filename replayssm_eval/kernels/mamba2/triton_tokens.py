@@ -175,9 +175,12 @@ def tail_codecs(codecs: tuple[KernelCodec, ...], head_dim: int, rows: int) -> tu
         return None
     cut = []
     for c in codecs:
-        if c.spans(PROGRAM_ROWS) and not (c.axis == "dstate" and c.group == Group.TILE):
+        if not c.spans(PROGRAM_ROWS):
+            cut.append(c)
+        elif c.axis == "dstate" and c.group == Group.TILE:
+            cut.append(dataclasses.replace(c, rows=PROGRAM_ROWS))
+        else:
             return None
-        cut.append(dataclasses.replace(c, rows=PROGRAM_ROWS) if c.spans(PROGRAM_ROWS) else c)
     return tuple(cut)
 
 
