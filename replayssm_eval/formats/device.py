@@ -48,10 +48,11 @@ also ROWS, COLS (`codec.tile`) and ROT (`codec.basis`, whose AXIS, AXIS_DSTATE o
 orient its tile); a stochastic kind's random words also RANDOM, one tuple constexpr (`codec.random`: WORDS, `Words`:
 WORDS_ELEMENT ... WORDS_OCTET; ROUNDS, the Philox rounds of `seeded_bits`; BITS, the format's `bits=`).
 
-Random fields: the roundings of `round_kind` and `mx8_tile` read each element's random bits as a field of the most bits
-its kind's format accepts (13 FP16 SR, 20 E4M3 SR, 32 integer and MX8 SR), where `sr_field` places the K = BITS bits
-[K-1:0] of its word at the top: r 2^(F-K) / 2^F = r / 2^K, so the rounding adds r / 2^K below the kept LSB, exactly as
-`rounding` and `MicroexponentFormat` do with `bits=K`. `state_bits` and `seeded_bits` return fields.
+Random fields: the roundings of `round_kind` and `mx8_tile` read each element's random bits as a field (uint32) of the
+most bits its kind's format accepts (13 FP16 SR, 20 E4M3 SR, 32 integer and MX8 SR), where `sr_field` places the
+K = BITS bits [K-1:0] of its word at the top: r 2^(F-K) / 2^F = r / 2^K, so the rounding adds r / 2^K below the kept
+LSB, exactly as `rounding` and `MicroexponentFormat` do with `bits=K`. `state_bits` and `seeded_bits` return fields.
+The minifloat and MX8 roundings work in 32-bit integers (64-bit shifts cost several instructions each on a GPU).
 """
 
 from __future__ import annotations
@@ -162,16 +163,20 @@ def round_e2m1(x):
 
 @triton.jit
 def _sr_grid(x, bits, K: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr):
-    """sign(x) * q * floor(|x|/q + r/2^K), r = low K bits of `bits`, q = 2^(max(e, EMIN) - M)."""
+    """sign(x) * q * floor(|x|/q + r/2^K), r = low K bits of `bits` (uint32), q = 2^(max(e, EMIN) - M), in 32-bit
+    integers: with |x| = mant * 2^(e - 23) and drop = 23 - M + max(e, EMIN) - e >= K (K <= 23 - M), the kept steps
+    floor((mant + r 2^(drop - K)) / 2^drop) are ((mant >> (drop - K)) + r) >> K exactly (mant's bits below
+    2^(drop - K) never reach the next step)."""
+    tl.static_assert(K <= 23 - M, "the random field must lie below the kept mantissa")
     u = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     e_field = u >> 23
-    mant24 = ((u & 0x7FFFFF) | 0x800000).to(tl.int64)
+    mant24 = (u & 0x7FFFFF) | 0x800000
     e = e_field - 127
     e_eff = tl.where(e < EMIN, EMIN, e)
-    drop = 23 - M + e_eff - e
-    drop = tl.where(drop > 60, 60, drop).to(tl.int64)
-    r = (bits.to(tl.int64) & 0xFFFFFFFF) & (2**K - 1)  # 2**K, not 1 << K: K may be a constexpr (no __rlshift__)
-    kept = (mant24 + (r << (drop - K))) >> drop
+    up = 23 - M + e_eff - e - K
+    up = tl.where(up > 24, 24, up)  # mant24 >> 24 is 0 already
+    r = bits.to(tl.uint32) & (2**K - 1)  # 2**K, not 1 << K: K may be a constexpr (no __rlshift__)
+    kept = ((mant24 >> up).to(tl.uint32) + r) >> K
     mag = kept.to(tl.float32) * _pow2(e_eff - M)
     mag = tl.where(e_field == 0, 0.0, mag)
     return tl.where(x != x, x, _copysign(mag, x))
@@ -189,9 +194,9 @@ def sr_fp16_soft(x, bits):
     """FP16 stochastic rounding as FlashInfer's integer port of cvt.rs (`rounding.sr_fp16_soft`): bits [12:0] added to
     |x|'s FP32 bit pattern and its low 13 bits cleared; below 2^-14 -> +-0, beyond 65504 -> +-Inf, +-Inf -> NaN unless
     the bits are 0, a NaN carried past bit 31 -> +-0."""
-    u = (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64) + (bits.to(tl.int64) & (2**_FP16_SR_BITS - 1))
+    u = (x.to(tl.uint32, bitcast=True) & 0x7FFFFFFF) + (bits.to(tl.uint32) & (2**_FP16_SR_BITS - 1))  # < 2^32
     e_field = (u >> 23) & 0xFF
-    kept = (u & 0x7FFFE000).to(tl.int32).to(tl.float32, bitcast=True)
+    kept = (u & 0x7FFFE000).to(tl.float32, bitcast=True)
     mag = tl.where(e_field < 113, 0.0, tl.where(e_field > 142, float("inf"), kept))
     mag = tl.where(e_field == 255, tl.where((u & 0x7FFFFF) != 0, float("nan"), float("inf")), mag)
     return _copysign(mag, x)
@@ -631,32 +636,35 @@ def mx_elements(x, KIND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.conste
 def mx8_codes(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Pimba's MX8 codes of x [BLOCK_R, BLOCK_C] (`MicroexponentFormat`: blocks of 16 along C share the exponent E,
     pairs the microexponent mu; padding zero; a block longer than BLOCK_C is the whole padded row), bit for bit, in
-    integers: |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) (SR: + f / 2^F, f the random field of
-    F = 32 bits, `sr_field`) is (mant + 2^(d - 1)) >> d (SR: (mant + f << (d - F)) >> d, or ((mant << (F - d)) + f)
-    >> F where d < F) with d = 23 - e + E - mu - 5 >= 18. Zeros and subnormals read e = -127 in the maxima, below
-    every E >= -126, as the torch form's. A block holding Inf or NaN (bad) codes as the torch form's: m = 0 and
-    mu = 1 throughout, E = -126.
+    32-bit integers: |x| = mant * 2^(e - 23), m = floor(|x| / 2^(E - mu - 5) + 1/2) = floor(mant / 2^d + 1/2) with
+    d = 23 - e + E - mu - 5 >= 17: (mant + 2^(d - 1)) >> d (0 from d = 25 on). SR: m = floor(mant / 2^d + f / 2^32),
+    f the 32-bit random field (`sr_field`): mant >> d plus the carry of f + the bits of mant below 2^d, placed at the
+    top of 32 bits. Zeros and subnormals read e = -127 in the maxima, below every E >= -126, as the torch form's. A
+    block holding Inf or NaN (bad) codes as the torch form's: m = 0 and mu = 1 throughout, E = -126.
 
     Returns (m [BLOCK_R, NB, MB // 2, 2] int32, neg (x < 0 and m > 0, alike), mu [BLOCK_R, NB, MB // 2, 1] int32,
     E [BLOCK_R, NB, 1, 1] int32, bad alike), NB = BLOCK_C // MB blocks of MB = min(16, BLOCK_C)."""
+    tl.static_assert(_MX8_SR_FIELD == 32, "MX8's random field fills a 32-bit word")
     MB: tl.constexpr = _MX8_BLOCK if _MX8_BLOCK < BLOCK_C else BLOCK_C
     u = tl.reshape(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
     field = u >> 23
-    bad = tl.max(tl.max((field == 255).to(tl.int32), axis=3), axis=2)[:, :, None, None]  # the block holds Inf or NaN
-    e = tl.where(bad != 0, -127, field - 127)  # floor(log2 |x|) of a normal x; -127 for zeros and subnormals
-    big = tl.max(tl.max(e, axis=3), axis=2)  # [BLOCK_R, BLOCK_C // MB]
-    big = tl.where(big < -126, -126, big)[:, :, None, None]
-    mu = (tl.max(e, axis=3)[:, :, :, None] < big).to(tl.int32)  # [BLOCK_R, BLOCK_C // MB, MB // 2, 1]
-    mant = tl.where(field == 0, u & 0x7FFFFF, (u & 0x7FFFFF) | 0x800000).to(tl.int64)
-    d = 23 - tl.where(field == 0, -126, e) + big - mu - _MX8_MANTISSA + 1
-    d = tl.where(d < 1, 1, tl.where(d > 60, 60, d)).to(tl.int64)  # bounds only bad blocks reach
+    e = field - 127  # floor(log2 |x|) of a normal x; -127 for zeros and subnormals, 128 for Inf and NaN
+    pair = tl.max(e, axis=3)  # [BLOCK_R, BLOCK_C // MB, MB // 2]
+    top = tl.max(pair, axis=2)[:, :, None, None]  # [BLOCK_R, BLOCK_C // MB, 1, 1]
+    bad = (top == 128).to(tl.int32)  # the block holds Inf or NaN: only they reach 128
+    big = tl.where(bad != 0, -126, tl.where(top < -126, -126, top))
+    mu = tl.where(bad != 0, 1, (pair[:, :, :, None] < big).to(tl.int32))  # [BLOCK_R, BLOCK_C // MB, MB // 2, 1]
+    mant = tl.where(field == 0, u & 0x7FFFFF, (u & 0x7FFFFF) | 0x800000)
+    d = 23 - tl.where(field == 0, -126, e) + big - mu - _MX8_MANTISSA + 1  # >= 17 outside bad blocks
+    d = tl.where(d < 17, 17, d)  # a bad block's codes are 0 whatever d: this d keeps its shifts in range
     if SR:
-        f = tl.reshape(fields.to(tl.int64), (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
-        up = tl.where(d > _MX8_SR_FIELD, d - _MX8_SR_FIELD, 0)  # exact integer shifts whichever of d, F is larger
-        down = tl.where(d < _MX8_SR_FIELD, _MX8_SR_FIELD - d, 0)
-        m = ((mant << down) + (f << up)) >> (d + down)
+        f = tl.reshape(fields.to(tl.uint32), (BLOCK_R, BLOCK_C // MB, MB // 2, 2))
+        below = tl.where(d < 32, mant.to(tl.uint32) << tl.where(d < 32, 32 - d, 0).to(tl.uint32),
+                         mant.to(tl.uint32) >> tl.where(d < 56, d - 32, 24).to(tl.uint32))  # mant's bits below 2^d
+        m = (mant >> tl.where(d < 24, d, 24)) + (below > (f ^ 0xFFFFFFFF)).to(tl.int32)  # the carry: below + f >= 2^32
     else:
-        m = (mant + (tl.full(d.shape, 1, tl.int64) << (d - 1))) >> d
+        d = tl.where(d > 25, 25, d)
+        m = (mant + (1 << (d - 1))) >> d
     m = tl.where(bad != 0, 0, tl.where(m > _MX8_QMAX, _MX8_QMAX, m)).to(tl.int32)
     neg = tl.reshape(x < 0.0, (BLOCK_R, BLOCK_C // MB, MB // 2, 2)) & (m > 0)
     return m, neg, mu, big, bad
@@ -671,15 +679,12 @@ def mx8_tile(x, fields, SR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.con
 
 @triton.jit
 def mx8_values(m, neg, mu, big, bad, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """[BLOCK_R, BLOCK_C] values of `mx8_codes`' fields: m * 2^(E - mu - 5) built from its FP32 bits (subnormal below
-    2^-126), NaN throughout a block holding Inf or NaN."""
+    """[BLOCK_R, BLOCK_C] values of `mx8_codes`' fields: +-m * 2^(E - mu - 5) (subnormal below 2^-126), NaN
+    throughout a block holding Inf or NaN."""
     a = big - mu - _MX8_MANTISSA + 1  # log2 of the step, >= -132
-    mf = m.to(tl.float32).to(tl.int32, bitcast=True)
-    normal = (mf >> 23) + a >= 1
-    sub = m << tl.where(a + 149 > 31, 31, a + 149)  # m * 2^a = sub * 2^-149 where it is below 2^-126
-    q = tl.where(m == 0, 0, tl.where(normal, mf + (a << 23), sub))
-    q = q.to(tl.float32, bitcast=True)
-    q = tl.where(neg, -q, q)
+    # m * 2^a, a in [-132, 122], as two exact products by powers of two in FP32's normal range: m * 2^(a >> 1) is
+    # normal, and m < 2^6 times 2^a >= 2^-132 lies on FP32's grid (subnormals included), so neither rounds
+    q = tl.where(neg, -m, m).to(tl.float32) * _pow2(a >> 1) * _pow2(a - (a >> 1))
     return tl.reshape(tl.where(bad != 0, float("nan"), q), (BLOCK_R, BLOCK_C))
 
 
@@ -820,11 +825,14 @@ def pair_odd(col, WORDS: tl.constexpr):
 
 @triton.jit
 def sr_field(word, KIND: tl.constexpr, BITS: tl.constexpr):
-    """The random field (int64) the roundings of the stochastic kind KIND read from an element's uint32 word (int64):
-    its bits [BITS-1:0] shifted to the top of the kind's field (module docstring)."""
+    """The random field (uint32) the roundings of the stochastic kind KIND read from an element's 32-bit word: its
+    bits [BITS-1:0] shifted to the top of the kind's field (module docstring)."""
     FIELD: tl.constexpr = _FP16_SR_BITS if (KIND == FP16SR) | (KIND == FP16SR_SOFT) else (
         _E4M3_SR_FIELD if KIND == FP8SR else (_MX8_SR_FIELD if KIND == MX8SR else _INT_SR_FIELD))
-    return (word & (2**BITS - 1)) << (FIELD - BITS)
+    w = word.to(tl.uint32)
+    if BITS < 32:
+        w = w & (2**BITS - 1)
+    return w << (FIELD - BITS)
 
 
 @triton.jit
@@ -887,7 +895,7 @@ def _element_words(key, counter, col, WORDS: tl.constexpr, N_ROUNDS: tl.constexp
 @triton.jit
 def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_ROUNDS: tl.constexpr,
                 ALIGNED: tl.constexpr = True):
-    """Random fields (int64, `sr_field`) of a tile's elements for the stochastic kinds (zeros for the others), from
+    """Random fields (uint32, `sr_field`) of a tile's elements for the stochastic kinds (zeros for the others), from
     Philox4x32-N_ROUNDS words in RANDOM's word layout (`Words`) under key (an int64 scalar) at counter (a 2-D int64
     tile: each element's counter): word 0 of its own call (WORDS_ELEMENT), or one call per group of G elements of a
     row at the first one's counter (`_group_words`). col: each element's column (its index along the state's last
@@ -907,9 +915,9 @@ def layout_bits(key, counter, col, KIND: tl.constexpr, RANDOM: tl.constexpr, N_R
             words = _group_words(key, counter, WORDS, N_ROUNDS, COLS_FIRST)
         else:
             words = _element_words(key, counter, col, WORDS, N_ROUNDS)
-        bits = sr_field(words.to(tl.int64), KIND, RANDOM[2])
+        bits = sr_field(words, KIND, RANDOM[2])
     else:
-        bits = tl.zeros(counter.shape, dtype=tl.int64)
+        bits = tl.zeros(counter.shape, dtype=tl.uint32)
     return bits
 
 

@@ -37,7 +37,9 @@ _NO_BITS, _BITS_GIVEN, _BITS_PHILOX = map(tl.constexpr, range(3))  # SOURCE: whe
 TAKE_SLOTS = 16  # `encode_triton(take=)`: programs per row block; program s takes taken states s, s + 16, ...
 
 
-@triton.jit
+# a seed or offset of 1 stays a run-time integer: compiled Triton passes an integer argument equal to 1 as a constant
+# (which has no .to()); the interpreter does not
+@triton.jit(do_not_specialize=["seed", "offset"])
 def _quantize_kernel(
     x_ptr, y_ptr, amax_ptr, bits_ptr, seed, offset, n_rows, n_cols,
     KIND: tl.constexpr, GROUP: tl.constexpr, MAX: tl.constexpr, ORDER: tl.constexpr, RANDOM: tl.constexpr,
@@ -51,7 +53,7 @@ def _quantize_kernel(
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     idx = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
     x = tl.load(x_ptr + idx, mask=mask, other=0.0)  # [BLOCK_R, BLOCK_C]
-    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.uint32)
     if SOURCE == _BITS_GIVEN:
         odd = pair_odd(cols[None, :], RANDOM[0])  # the element 2j+1 of a pair reads 2j's word
         bits = sr_field(tl.load(bits_ptr + idx - odd, mask=mask, other=0) >> (odd * 16), KIND, RANDOM[2])
@@ -196,7 +198,7 @@ def _encode_rows(
         factor = tl.load(col_ptr + at, mask=mask, other=1.0)  # [BLOCK_R, BLOCK_C]
         tl.store(cs_ptr + at, factor, mask=mask & (rows % head_rows == 0)[:, None])
         x = tl.math.div_rn(x, factor)
-    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+    bits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.uint32)
     if (KIND == FP16SR) | (KIND == FP16SR_SOFT) | (KIND == FP8SR) | (KIND == INT8SR) | (KIND == INT16SR) | (
             KIND == MX8SR):
         # key and checkpoint: SR kinds only

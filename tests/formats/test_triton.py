@@ -36,11 +36,21 @@ def test_quantize_triton_bit_exact(spec, shape, device, bits_equal):
     bits_equal(quantize_triton(x, fmt, **kw).cpu(), fmt.quantize(x, **kw).cpu())
 
 
-@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr", "int16sr"])
+@pytest.mark.parametrize("spec", ["fp16sr", "fp8sr", "int16sr", "mx8sr", "mx8sr:bits=32", "int8sr:bits=32",
+                                  "fp16sr:cvt=soft", "fp8sr:bits=20"])
 def test_random_bits_path(spec, device, bits_equal):
+    """Given words; the first 64 within 2^24 of 2^32 (so a 32-bit field carries about as often as not, whatever
+    bits of the value lie below the kept step), the last 40 pair values on and off the grids (zeros, a subnormal) with
+    the extreme words 0, 1, 2^31 and all ones."""
     fmt = get_format(spec)
-    x = _awkward((2, 4, 24), device)
-    words = torch.randint(0, 2**32, x.shape, generator=torch.Generator().manual_seed(3)).to(device)
+    x = _awkward((2, 4, 32), "cpu")
+    g = torch.Generator().manual_seed(3)
+    words = torch.randint(0, 2**32, x.shape, generator=g)
+    words.view(-1)[:64] = 2**32 - torch.randint(1, 2**24, (64,), generator=g)
+    values = torch.tensor([0.0, -0.0, 1.0, 0.75, -(2.0**-20), 3 * 2.0**-130, 448.0, 1.0 + 2.0**-23])
+    x.view(-1)[-40:] = values.repeat_interleave(5)
+    words.view(-1)[-40:] = torch.tensor([0, 1, 2**31, 2**32 - 1, 2**31 - 1]).repeat(8)
+    x, words = x.to(device), words.to(device)
     bits_equal(quantize_triton(x, fmt, random_bits=words).cpu(), fmt.quantize(x, random_bits=words).cpu())
     with pytest.raises(ValueError, match="seed"):
         quantize_triton(x, fmt)
