@@ -829,6 +829,7 @@ def sr_field(word, KIND: tl.constexpr, BITS: tl.constexpr):
     bits [BITS-1:0] shifted to the top of the kind's field (module docstring)."""
     FIELD: tl.constexpr = _FP16_SR_BITS if (KIND == FP16SR) | (KIND == FP16SR_SOFT) else (
         _E4M3_SR_FIELD if KIND == FP8SR else (_MX8_SR_FIELD if KIND == MX8SR else _INT_SR_FIELD))
+    tl.static_assert(BITS >= 1, "a stochastic kind takes at least one random bit")
     w = word.to(tl.uint32)
     if BITS < 32:
         w = w & (2**BITS - 1)
