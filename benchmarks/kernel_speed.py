@@ -576,14 +576,14 @@ class KDA(GDN):
     def fold_variants(self) -> list[dict]:
         """Launch configs of `_replay_fold_kernel` the flush tune rows sweep: state rows per program (each the whole
         of K), columns per pass (the packed read copy's, the open fold's), the open fold's passes in flight, warps;
-        first the 64-row programs with registers capped (more programs an SM: the fold waits on its loads) or more
-        passes in flight, and whole heads in one program (the head's keys read once)."""
+        last the 64-row programs with registers capped (more programs an SM) and whole heads in one program (the
+        head's keys read once), all slower on an H100 (BENCHMARKS.md, Decode step)."""
         capped = [dict(BLOCK_V=64, BLOCK_K=block_k, STAGES=stages, num_warps=4, maxnreg=regs)
                   for regs in (128, 96) for block_k in (64, 32) for stages in (3, 4)]
         whole = [dict(BLOCK_V=128, BLOCK_K=block_k, STAGES=3, num_warps=8) for block_k in (32, 64)]
-        return capped + whole + [dict(BLOCK_V=block_v, BLOCK_K=block_k, STAGES=stages, num_warps=warps)
-                                 for stages in (2, 3, 1) for block_v in (32, 16, 64) for block_k in (32, 64)
-                                 for warps in (4, 8)]
+        return [dict(BLOCK_V=block_v, BLOCK_K=block_k, STAGES=stages, num_warps=warps)
+                for stages in (2, 3, 1) for block_v in (32, 16, 64) for block_k in (32, 64)
+                for warps in (4, 8)] + capped + whole
 
     def fold_variant(self, launch, cfg: dict):
         return self._variant(launch, cfg, "_replay_fold_kernel")
