@@ -1,6 +1,7 @@
 """Static profile of the decode step kernels for an H100/H200 (sm_90), without a GPU: registers, stack (spills),
-shared memory and the SASS instruction mix of each family's non-flush `_replay_step_kernel`, or with --fold of the
-delta-rule families' flush (KDA's `_replay_fold_kernel`, GDN's step kernel with FOLD; open fold).
+shared memory, the SASS instruction mix and Triton's compile time (a fresh cache: what a GPU's first launch of the
+variant waits, on this CPU) of each family's non-flush `_replay_step_kernel`, or with --fold of the delta-rule
+families' flush (KDA's `_replay_fold_kernel`, GDN's step kernel with FOLD; open fold).
 
     python benchmarks/step_sass.py                                   # every family, FP32 and NVFP4 reads
     python benchmarks/step_sass.py --families kda --launch BLOCK_V=64,BLOCK_K=32,num_warps=4
@@ -35,9 +36,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compiled code, not the interpreter
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="step_sass_")  # every compile timed as a fresh machine's
 
 SIZES = dict(K=128, V=128, KP=128, BK=128, P=80, N=128, NB=128, BLOCK_E=16, BLOCK_N=128, BLOCK_S=8, BUF=0,
              SKIP=False, FOLD=False, SPLIT=False, CLOSED=False, HI_AT_FOLD=True)
@@ -75,7 +78,8 @@ def default_launch(module, family: str, kind: int, fold: bool, columns: bool) ->
 
 
 def profile(kernel, constexprs: dict, warps: int, tools: Path,
-            maxnreg: int | None = None) -> tuple[dict, collections.Counter]:
+            maxnreg: int | None = None) -> tuple[dict, collections.Counter, float]:
+    """(cuobjdump's REG / STACK / SHARED, SASS opcode counts, Triton's compile seconds) of one launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -89,8 +93,10 @@ def profile(kernel, constexprs: dict, warps: int, tools: Path,
     values = {k: v for k, v in constexprs.items() if sig.get(k) == "constexpr"}
     # pointers 16-byte aligned, as a launch with torch tensors specialises them (vector loads need it)
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+    start = time.perf_counter()
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=values, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": maxnreg})
+    seconds = time.perf_counter() - start
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -99,7 +105,7 @@ def profile(kernel, constexprs: dict, warps: int, tools: Path,
     res = {key: int(m.group(1)) for key in ("REG", "STACK", "SHARED") if (m := re.search(rf"{key}:(\d+)", usage))}
     ops = collections.Counter(m.group(1).split(".")[0] for line in sass.splitlines()
                               if (m := re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)))
-    return res, ops
+    return res, ops, seconds
 
 
 def main(argv=None):
@@ -148,12 +154,12 @@ def main(argv=None):
                 constexprs = {**SIZES, "BLOCK_K": 32, "WORDS": True, "KIND": kind, "READ": kind,
                               "GROUP": group, "FOLD": args.fold, "SHARED": args.fold and read == "fp32",
                               "COLUMNS": columns, "HI_AT_FOLD": not args.per_row_hi, **launch}
-                res, ops = profile(kernel, constexprs, warps, tools, maxnreg)
+                res, ops, seconds = profile(kernel, constexprs, warps, tools, maxnreg)
                 block = launch.get("BLOCK_V", launch.get("BV", launch.get("BLOCK_P", 16))) * launch.get("TILES", 1)
                 per_head = sum(ops.values()) * warps * -(-ROWS[family] // block)
                 name = " ".join(f"{k}={v}" for k, v in launch.items()) + (f" maxnreg={maxnreg}" if maxnreg else "")
                 print(f"{family:6} {read:5} {name:34} w{warps} REG={res.get('REG')} STACK={res.get('STACK')} "
-                      f"SHARED={res.get('SHARED')} SASS={sum(ops.values())} per head={per_head} "
+                      f"SHARED={res.get('SHARED')} SASS={sum(ops.values())} per head={per_head} compile={seconds:.1f}s "
                       + " ".join(f"{op}={ops[op]}" for op in OPS if ops[op]), flush=True)
 
 
