@@ -323,7 +323,7 @@ def compile_all() -> list[str]:
 @pytest.mark.slow
 def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # about 9 minutes on one core without a Triton cache, 2 of them GDN's speculative folding launch (four tiles)
+    # about 8 minutes on one core without a Triton cache, 2 of them GDN's speculative folding launch (four tiles)
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1200)
     if run.returncode != 0 and "ptxas" in run.stdout and "No such file" in run.stdout:
         pytest.skip(f"this triton install has no ptxas to assemble sm_90 code: {run.stdout[-300:]}")
