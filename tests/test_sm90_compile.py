@@ -184,7 +184,7 @@ def cases() -> list:
                                        FOLD=True, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=4, BLOCK_V=16,
                                        BLOCK_K=32, TILES=1, COLUMNS=False, HI_AT_FOLD=False)),
         # a reading launch below 4096 rows x heads: NVFP4 as bytes (a folding one: as whole words), one tile (four
-        # unrolled tiles took 73 s to compile, Triton's coalescing pass over their loads)
+        # unrolled tiles, a launch only the sweeps use, take 73 s: Triton's coalescing pass over their loads)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=row, SKIP=False,
                                        FOLD=False, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=16, BLOCK_V=16,
                                        BLOCK_K=128, TILES=1, COLUMNS=False, HI_AT_FOLD=False)),
