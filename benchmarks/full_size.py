@@ -4,6 +4,7 @@
     python benchmarks/full_size.py --models tiny-nemotron-h --tokens 256 --device cpu   # smoke run
     python benchmarks/full_size.py --tokens 32768 --small-segments 256 --out OUT.json   # + the cache-hook paths
     python benchmarks/full_size.py --tokens 8192 --profile-tokens 4096    # + each config's profile (where its time goes)
+    python benchmarks/full_size.py --configs fp32,nvfp4/fp16sr --reference-scans kernels,hf   # fp32 both ways
 
 Builds Nemotron-3-Nano-4B and Qwen3.5-4B from `presets.full_size_config` (no download, random
 weights, bf16), routes their SSM layers through our kernels and feeds a prompt plus teacher-forced
@@ -12,7 +13,9 @@ Prints one row per (model, config): generated tokens per second of the second pa
 also grows the allocator to the run's length), peak GPU memory, and a plain HF forward over the same tokens
 first, as the yardstick (timed after an untimed forward of its own); with --small-segments, the first config also fed
 16 tokens per call (the cache-hook path) and one token per call, over that many tokens. Presets that expand to the
-same config (`vllm:fp16sr` and `sglang:fp16sr`) run once; the later ones' rows copy it (`measured_as`).
+same config (`vllm:fp16sr` and `sglang:fp16sr`) run once; the later ones' rows copy it (`measured_as`). The FP32
+reference `fp32` runs its segments through our FP32 kernels, as the KL driver's default on the GPU does
+(`ReplaySession`'s `reference_scan`), or through HF's scan, or both (`--reference-scans`: one row each).
 Random weights say nothing about accuracy; this is the scale and speed check.
 """
 
@@ -48,9 +51,9 @@ def sync(device: str) -> None:
 
 
 def feed(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-         device: str) -> tuple[float, torch.Tensor]:
+         device: str, scan: str = "kernels") -> tuple[float, torch.Tensor]:
     """Prompt (untimed), then the rest of `ids` in segments of `segment` tokens; returns (seconds, last logits)."""
-    session = rm.new_session(config, seq_ids=[0], backend=backend)
+    session = rm.new_session(config, seq_ids=[0], backend=backend, reference_scan=scan)
     rm.forward(ids[:, :prompt_len], session, logits_to_keep=1)
     sync(device)
     start = time.perf_counter()
@@ -61,32 +64,43 @@ def feed(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, conf
 
 
 def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-               device: str) -> dict:
+               device: str, scan: str = "kernels") -> dict:
     """Teacher-forced segments after a warm-up run over two segments (Triton compiles are not timed), twice: the
     first pass grows the caching allocator to the run's length (what the first document of a process pays), the second
     is what every later document pays and what the plain forward is timed as (after an untimed pass of its own).
-    Returns both passes' generated tokens/s and the last logits' finiteness."""
-    feed(rm, ids[:, :prompt_len + 2 * segment], prompt_len, segment, config, backend, device)
-    first, _ = feed(rm, ids, prompt_len, segment, config, backend, device)
-    seconds, logits = feed(rm, ids, prompt_len, segment, config, backend, device)
+    Returns both passes' generated tokens/s, the last logits' finiteness and, for an FP32 reference through the
+    kernels, the largest difference from HF's scan that its layers' checks found (once a layer, in the warm-up)."""
+    feed(rm, ids[:, :prompt_len + 2 * segment], prompt_len, segment, config, backend, device, scan)
+    first, _ = feed(rm, ids, prompt_len, segment, config, backend, device, scan)
+    seconds, logits = feed(rm, ids, prompt_len, segment, config, backend, device, scan)
     generated = ids.shape[1] - prompt_len
-    return {"config": config, "segment": segment, "tokens_per_s": generated / seconds, "seconds": seconds,
-            "first_pass_tokens_per_s": generated / first, "finite": bool(torch.isfinite(logits).all())}
+    row = {"config": config, "segment": segment, "tokens_per_s": generated / seconds, "seconds": seconds,
+           "first_pass_tokens_per_s": generated / first, "finite": bool(torch.isfinite(logits).all())}
+    if scan == "kernels" and ReplayConfig.parse(config).is_reference and rm.reference_checks:
+        row["reference_check_max"] = {key: max(c[key] for c in rm.reference_checks.values())
+                                      for key in ("output", "state")}
+    return row
 
 
 def profile_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-                   device: str) -> None:
+                   device: str, scan: str) -> None:
     """Print where a config's teacher-forced segments spend their time: torch.profiler's top operators and kernels by
     self GPU time and by self CPU time (the run is compiled and warm: `run_config` ran first)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        seconds, _ = feed(rm, ids, prompt_len, segment, config, backend, device)
+        seconds, _ = feed(rm, ids, prompt_len, segment, config, backend, device, scan)
     print(f"profile of {config}: {ids.shape[1] - prompt_len} tokens in {seconds:.3f} s (profiled)")
     events = prof.key_averages()
     for key in (("self_cuda_time_total",) if device.startswith("cuda") else ()) + ("self_cpu_time_total",):
         print(events.table(sort_by=key, row_limit=18, max_name_column_width=70), flush=True)
+
+
+def runs(configs: list[str], scans: list[str]) -> list[tuple[str, str | None]]:
+    """(config, reference scan) pairs to time: the FP32 reference once per scan, every other config once (None)."""
+    return [(c, scan) for c in configs
+            for scan in (scans if ReplayConfig.parse(c).is_reference and ReplayConfig.parse(c).window == 1 else [None])]
 
 
 def plain_forward(rm: ReplayModel, ids: torch.Tensor, device: str) -> float:
@@ -114,6 +128,8 @@ def main() -> None:
     parser.add_argument("--segment", type=int, default=2048)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="triton")
+    parser.add_argument("--reference-scans", default="kernels",
+                        help="what runs the fp32 reference's segments, one row each: kernels, hf or kernels,hf")
     parser.add_argument("--profile-tokens", type=int, default=0,
                         help="also profile each config over this many teacher-forced tokens (0: no profile)")
     parser.add_argument("--out")
@@ -146,23 +162,27 @@ def main() -> None:
             emit(row)
             rm = ReplayModel(rm.model, rm.tokenizer)  # routed again
         measured = {}  # expansion -> its row: presets that expand to one config (vllm:fp16sr, sglang:fp16sr) run once
-        for config in split_configs(args.configs):
+        for config, scan in runs(split_configs(args.configs), args.reference_scans.split(",")):
             expansion = str(ReplayConfig.parse(config))
-            if expansion in measured:
-                emit({**measured[expansion], "config": config, "measured_as": measured[expansion]["config"]})
+            if (expansion, scan) in measured:
+                first = measured[expansion, scan]
+                emit({**first, "config": config, "measured_as": first["config"]})
                 continue
             try:
-                row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device)
+                row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device,
+                                 scan or "kernels")
             except Exception as err:  # one failing row must not lose the others
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"}
             row.update(model=name, tokens=args.tokens, backend=args.backend, expansion=expansion)
+            if scan is not None:
+                row["reference_scan"] = scan
             if args.device.startswith("cuda"):
                 row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            measured[expansion] = row
+            measured[expansion, scan] = row
             emit(row)
             if args.profile_tokens and "error" not in row:
                 profile_config(rm, ids[:, :args.prompt_len + args.profile_tokens], args.prompt_len, args.segment,
-                               config, args.backend, args.device)
+                               config, args.backend, args.device, scan or "kernels")
         config = split_configs(args.configs)[0]
         for segment in (16, 1) if args.small_segments else ():
             short = ids[:, :args.prompt_len + args.small_segments]

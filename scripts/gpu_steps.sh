@@ -12,9 +12,10 @@ step() {
   local name=$1 limit=$2 root=$3
   shift 3
   echo "=== $name ($root): $*"
+  local began=$SECONDS
   (cd "$root" && PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$@") 2>&1 | tee "$dir/$name.log" \
     | grep -E -v "${FILTER:-^$}" | tail -40
   local rc=${PIPESTATUS[0]}
-  echo "=== $name: exit $rc"
+  echo "=== $name: exit $rc, $((SECONDS - began)) s"
   [[ $rc == 0 ]] || status=1
 }

@@ -49,6 +49,7 @@ class KernelFamily:
         the kernels, in the call convention of the module docstring.
     hf_state: a ReplayState's S_hi (its checkpoint) as an FP32 tensor in `state_layout`.
     stored_layout: an FP32 state in `state_layout` -> the layout ReplayState's copies are stored in.
+    hf_layout: a state in the stored layout -> `state_layout` (`stored_layout`'s inverse).
     random_inputs: (test shape, tokens, generator) -> ({name: tensor}, FP32 anchor state in `state_layout`),
         test inputs in the ranges the HF layers produce (on CPU).
     head_state: (head_dim, state_dim) of a geometry -> one head's state (rows, cols) in `state_layout`.
@@ -76,6 +77,7 @@ class KernelFamily:
     conventional_step: Callable
     hf_state: Callable[[ReplayState], torch.Tensor]
     stored_layout: Callable[[torch.Tensor], torch.Tensor]
+    hf_layout: Callable[[torch.Tensor], torch.Tensor]
     random_inputs: Callable
     head_state: Callable[[int, int], tuple[int, int]]
     entry_elements: Callable[..., tuple[int, int, int]]

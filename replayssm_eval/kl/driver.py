@@ -81,6 +81,7 @@ class RunPlan:
     device: str
     dtype: str
     backend: str
+    reference_scan: str
 
     def resolved(self) -> dict:
         """What the options resolved to, as recorded in kl.json."""
@@ -93,6 +94,7 @@ class RunPlan:
             "device": self.device,
             "dtype": self.dtype,
             "backend": self.backend,
+            "reference_scan": self.reference_scan,
         }
 
 
@@ -118,6 +120,9 @@ def make_plan(options: KLConfig) -> RunPlan:
     if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("--backend triton needs a CUDA device and the device is cpu; accepted here: "
                          "--backend torch, or TRITON_INTERPRET=1 in the environment for Triton's (slow) interpreter")
+    reference_scan = options.reference_scan
+    if reference_scan == "auto":
+        reference_scan = "kernels" if backend == "triton" else "hf"
     return RunPlan(
         options=options,
         configs=configs,
@@ -127,6 +132,7 @@ def make_plan(options: KLConfig) -> RunPlan:
         device=device,
         dtype=dtype,
         backend=backend,
+        reference_scan=reference_scan,
     )
 
 
@@ -179,7 +185,8 @@ def run_kl(options: KLConfig) -> Path:
     )
     device = f"cuda:{ranks.local_rank}" if plan.device == "cuda" and ranks.world > 1 else plan.device
     runner = runner_module.load_runner(
-        options.model, device=device, dtype=plan.dtype, backend=plan.backend, device_map=options.device_map
+        options.model, device=device, dtype=plan.dtype, backend=plan.backend, device_map=options.device_map,
+        reference_scan=plan.reference_scan,
     )
     for config in plan.configs:
         runner.check(config)
@@ -201,7 +208,7 @@ def run_kl(options: KLConfig) -> Path:
 
     def render(done: dict, complete: bool) -> None:
         skips = {c.name: runner.skip_reads(c) for c in plan.configs}  # counted by this rank's closed streams
-        _render(plan, run_dir, header, traffic, skips, done, complete)
+        _render(plan, run_dir, header, traffic, skips, runner.reference_checks, done, complete)
 
     try:
         done = _evaluate(plan, runner, docs, run_dir, ranks, on_document=lambda d: render(d, False))
@@ -484,9 +491,9 @@ def _lockstep(feeds, inputs, targets, metrics, ref_nll, cols: slice, runner=None
         metrics[:, i - 1, :, cols] = token_metrics(ref_logits, feed(i), targets).cpu()
 
 
-def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, skips: dict, done: dict,
+def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, skips: dict, checks: dict, done: dict,
             complete: bool) -> None:
-    """Write kl.json, the CSV and the plot from the finished documents `done`."""
+    """Write kl.json, the CSV and the plot from the finished documents `done` (checks: `Runner.reference_checks`)."""
     indices = sorted(done)
     metrics = np.stack([done[i][0] for i in indices])  # [D, C, len(METRICS), N]
     ref_nll = np.stack([done[i][1] for i in indices])  # [D, N]
@@ -500,7 +507,8 @@ def _render(plan: RunPlan, run_dir: Path, header: dict, traffic: dict, skips: di
         "num_docs": plan.options.num_docs,
         "documents_done": len(indices),
         "document_indices": indices,
-        "reference": reference_results(ref_nll, buckets),
+        "reference": {**reference_results(ref_nll, buckets), "scan": plan.reference_scan,
+                      "scan_checks": {str(layer): check for layer, check in sorted(checks.items())}},
         "configs": [
             config_results(c, metrics[:, k], buckets, traffic[c.name], skips[c.name])
             for k, c in enumerate(plan.configs)

@@ -4,7 +4,7 @@ The driver needs:
 
     load_tokenizer(model) -> tokenizer           (before any model work, to check the text suffices)
     ssm_layout(model) -> (SSM layer indices, heads per layer)   from the model's config (`kl.sensitivity`)
-    load_runner(model, device=, dtype=, backend=, device_map=) -> Runner
+    load_runner(model, device=, dtype=, backend=, device_map=, reference_scan=) -> Runner
     Runner.device                                where input token ids go
     Runner.check(config)                         ValueError if the model cannot run `config` (before any stream)
     Runner.open(config, seq_ids) -> Stream       one model state (SSM, conv, KV) in one ReplayConfig
@@ -12,6 +12,9 @@ The driver needs:
     Runner.state_traffic(config) -> dict | None  SSM state bytes per decode token (models.traffic)
     Runner.skip_reads(config) -> dict | None     the checkpoint reads #skip dropped in the closed streams of
                                                  `config`, per layer and in total, and the bytes they save
+    Runner.reference_checks -> dict              per SSM layer, the differences between our kernels and HF's
+                                                 FP32 scan on the layer's first segment in this process (empty
+                                                 under reference_scan="hf"; `ReplaySession.reference_checks`)
     Runner.on_layer                              None, or fn(fraction) called during a forward with the
                                                  fraction of it done (after each decoder layer): the
                                                  progress bar's steps within a segment
@@ -55,18 +58,21 @@ def ssm_layout(model: str) -> tuple[list[int], int]:
     return ssm_layer_indices(config), geometry_from_config(config).num_heads
 
 
-def load_runner(model: str, *, device: str, dtype: str, backend: str, device_map: str | None) -> "ModelRunner":
+def load_runner(model: str, *, device: str, dtype: str, backend: str, device_map: str | None,
+                reference_scan: str = "hf") -> "ModelRunner":
     """`model` loaded through replayssm_eval.models, with its SSM layers on the ReplaySSM kernels."""
     from replayssm_eval.models import load_model
 
-    return ModelRunner(load_model(model, dtype=dtype, device=device, device_map=device_map, backend=backend))
+    replay_model = load_model(model, dtype=dtype, device=device, device_map=device_map, backend=backend)
+    return ModelRunner(replay_model, reference_scan)
 
 
 class ModelRunner:
     """A `ReplayModel`; each stream is a new session of it."""
 
-    def __init__(self, replay_model):
-        self.replay_model = replay_model
+    def __init__(self, replay_model, reference_scan: str = "hf"):
+        self.replay_model, self.reference_scan = replay_model, reference_scan
+        self.reference_checks = replay_model.reference_checks  # filled by the sessions: each layer once
         self.device = replay_model.model.device
         self.skips: dict[str, dict[int, list[int]]] = {}  # config name -> layer -> session.skip_counts sums
         self.on_layer = None
@@ -82,11 +88,12 @@ class ModelRunner:
         self.replay_model.check_config(config)
 
     def open(self, config: ReplayConfig, seq_ids: torch.Tensor) -> "ModelStream":
-        return ModelStream(self, self.replay_model.new_session(config, seq_ids=seq_ids))
+        return ModelStream(self, self.replay_model.new_session(config, seq_ids=seq_ids,
+                                                               reference_scan=self.reference_scan))
 
     def restore(self, config: ReplayConfig, seq_ids: torch.Tensor, saved: dict) -> "ModelStream":
         """A session like `open`'s that adopts the saved HF cache and continues the saved SSM states."""
-        session = self.replay_model.new_session(config, seq_ids=seq_ids)
+        session = self.replay_model.new_session(config, seq_ids=seq_ids, reference_scan=self.reference_scan)
         session.continue_from(saved)
         return ModelStream(self, session)
 

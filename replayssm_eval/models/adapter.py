@@ -54,6 +54,8 @@ class ReplayModel:
         self.layers = find_ssm_layers(model, self.model_type)
         self.config = as_config(config)
         self.backend = backend
+        # per SSM layer: the kernel reference's check against HF's scan, shared by this model's sessions (once a layer)
+        self.reference_checks: dict[int, dict[str, float]] = {}
         for name in self.model_type.scans:
             routing.rebind(self.model_type.module, name, REPLACEMENTS[name])
         use_decode_attention(self.model)
@@ -68,18 +70,20 @@ class ReplayModel:
 
     def new_session(
         self, config: ReplayConfig | str | None = None, *, seq_ids=None, engine: str = "chunked",
-        backend: str | None = None, compute_dtype: torch.dtype = torch.float32,
+        backend: str | None = None, reference_scan: str = "hf", compute_dtype: torch.dtype = torch.float32,
     ) -> ReplaySession:
         """A fresh run (its own HF cache and SSM states) under `config` (default: the model's).
 
         seq_ids: [B] document ids keying the SR bits; engine: "chunked" | "reference" (the slow
         step reference) | "step" (one-token calls through the Triton decode step); backend: kernel
-        backend (default: the model's). See `ReplaySession`.
+        backend (default: the model's); reference_scan: "hf" | "kernels", what runs the FP32 reference's
+        multi-token calls (under "kernels" each SSM layer is checked against HF's scan once per model, in its
+        first session's first call: `reference_checks`). See `ReplaySession`.
         """
         return ReplaySession(
             self.check_config(self.config if config is None else config), seq_ids=seq_ids, engine=engine,
-            backend=self.backend if backend is None else backend, compute_dtype=compute_dtype,
-            new_cache=self._new_cache,
+            backend=self.backend if backend is None else backend, reference_scan=reference_scan,
+            reference_checks=self.reference_checks, compute_dtype=compute_dtype, new_cache=self._new_cache,
         )
 
     def check_config(self, config: ReplayConfig | str) -> ReplayConfig:

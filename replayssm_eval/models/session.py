@@ -19,10 +19,16 @@ heads, takes each head's output from its part and carries {part name: state} (do
 "Mixed configs").
 
 The FP32 reference `fp32` (window 1) under the chunked engine is a plain FP32 recurrence:
-no rounding, so no checkpoints, windows or buffers change its numbers. It runs Hugging Face's
-own FP32 torch chunk scan from the carried state (the function a plain forward runs, handed over
-by the hooks as `plain`), or, for a one-token call, the conventional FP32 step of our reference;
-its per-layer state is the FP32 tensor in the HF layout, not a ReplayState.
+no rounding, so no checkpoints, windows or buffers change its numbers. Its multi-token calls run
+Hugging Face's own FP32 torch chunk scan from the carried state (the function a plain forward runs,
+handed over by the hooks as `plain`; `reference_scan="hf"`), or our chunked kernels with an FP32
+checkpoint and buffer (`KERNEL_REFERENCE`; `reference_scan="kernels"`), whose first call per layer
+also runs HF's scan and stops the run if the two differ by more than float noise
+(`KERNEL_REFERENCE_TOLERANCE`; the differences are kept in `reference_checks`, which the sessions of one
+`ReplayModel` share: each layer is checked once per model). A one-token call runs the conventional
+FP32 step of our reference. Its per-layer state is the FP32 tensor in the HF layout, or after a call
+through the kernels their ReplayState, whose buffered entries a later HF scan or one-token step folds
+first (`live_state`, unrounded).
 """
 
 from __future__ import annotations
@@ -39,6 +45,13 @@ from replayssm_eval.replay.host_values import remember_host
 from replayssm_eval.replay.state import ReplayState
 
 ENGINES = ("chunked", "reference", "step")
+REFERENCE_SCANS = ("hf", "kernels")
+# the FP32 reference's multi-token calls under reference_scan="kernels": no rounding (FP32 read and recurrence
+# copies), so the window changes only the order of FP32 sums
+KERNEL_REFERENCE = ReplayConfig.parse("fp32/fp32@16")
+# the largest difference accepted between KERNEL_REFERENCE and HF's FP32 scan on a layer's first call, relative to
+# the largest magnitude of HF's output (and of its final state): FP32 sums in another order differ by ~1e-6
+KERNEL_REFERENCE_TOLERANCE = 1e-4
 
 # the HF cache points back at its session (a cycle the GC collects with both), so no registry
 # outlives a run and a session adopted from a cache generate() made lives as long as that cache
@@ -48,6 +61,12 @@ _CACHE_ATTR = "_replayssm_session"
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """x in fp32, or in its own dtype if wider (fp64 runs are for checks)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over max |b| (0 where both are 0), in float64."""
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(torch.finfo(torch.float64).tiny))
 
 
 def as_config(config: ReplayConfig | str) -> ReplayConfig:
@@ -78,6 +97,10 @@ class ReplaySession:
         "step" (one-token calls through the family's Triton `decode_step`, as a serving engine
         decodes; longer calls as "chunked").
     backend: "torch" | "triton", for the chunked kernels.
+    reference_scan: "hf" | "kernels": what runs the FP32 reference's multi-token calls (module docstring).
+    reference_checks: {layer: {"output": .., "state": ..}}, the layers already checked under "kernels": the
+        differences between our kernels and HF's scan on the layer's first call, relative to HF's largest
+        magnitudes; a dict shared with other sessions checks each layer once over all of them (default: a new one).
     compute_dtype: the kernels' math dtype (fp32, or fp64 for checks).
     new_cache: makes an empty HF cache (each reset gets a new one).
     cache: instead, an HF cache to adopt as is (one that generate() created).
@@ -85,11 +108,16 @@ class ReplaySession:
 
     def __init__(
         self, config: ReplayConfig | str = "fp32", *, seq_ids=None, engine: str = "chunked", backend: str = "torch",
-        compute_dtype: torch.dtype = torch.float32, new_cache: Callable[[], object] | None = None, cache=None,
+        reference_scan: str = "hf", reference_checks: dict | None = None, compute_dtype: torch.dtype = torch.float32,
+        new_cache: Callable[[], object] | None = None, cache=None,
     ):
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+        if reference_scan not in REFERENCE_SCANS:
+            raise ValueError(f"unknown reference scan {reference_scan!r}; known: {', '.join(REFERENCE_SCANS)}")
         self.engine, self.backend, self.compute_dtype = engine, backend, compute_dtype
+        self.reference_scan = reference_scan
+        self.reference_checks: dict[int, dict[str, float]] = {} if reference_checks is None else reference_checks
         self._new_cache = new_cache
         self.cache = cache
         # per SSM layer: [checkpoint reads, skipped reads of the read copy, skipped reads of S_hi], counted
@@ -225,20 +253,57 @@ class ReplaySession:
         """One kernel call of one layer under the plain config `part[0]` from the state `initial`."""
         config, heads = part
         x = inputs[0]
+        fp32 = self.plain_fp32(config)
+        if fp32 and plain is not None and self.reference_scan == "kernels":
+            return self._fp32_kernels(family, layer_idx, inputs, initial, plain, seq_ids)
+        if fp32:  # HF's scan and the FP32 steps take the state in the HF layout
+            initial = self._fp32_tensor(family, inputs, initial)
         if self.engine == "step" and x.shape[1] == 1:
             inputs = tuple(at_least_fp32(t) for t in inputs)
             return family.decode_step(*inputs, initial, config, layer_idx=layer_idx, seq_ids=seq_ids)
-        if self.plain_fp32(config) and plain is not None:  # HF's scan takes the inputs as they are
-            return plain(at_least_fp32(initial))
+        if fp32 and plain is not None:  # HF's scan takes the inputs as they are
+            return plain(initial)
         inputs = tuple(at_least_fp32(t) for t in inputs)
         opts = {"layer_idx": layer_idx, "seq_ids": seq_ids, "compute_dtype": self.compute_dtype}
-        if self.plain_fp32(config):  # one token: the conventional FP32 step, its state back in the HF layout
-            y, stored = family.decode_reference(*inputs, at_least_fp32(initial), "fp32", **opts)
+        if fp32:  # one token: the conventional FP32 step, its state back in the HF layout
+            y, stored = family.decode_reference(*inputs, initial, "fp32", **opts)
             return y, family.hf_state(stored)
         if self.engine == "reference":
             return family.decode_reference(*inputs, initial, config, **opts)
         self._count_skips(family, layer_idx, inputs, initial, config, heads)
         return family.chunked(*inputs, initial, config, backend=self.backend, **opts)
+
+    def _fp32_kernels(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, plain,
+                      seq_ids: torch.Tensor) -> tuple[torch.Tensor, ReplayState]:
+        """A multi-token call of the FP32 reference through the chunked kernels (`KERNEL_REFERENCE`) from `initial`
+        (the FP32 state in the HF layout, or the ReplayState such a call left); returns (output, ReplayState). A
+        layer's first such call also runs HF's scan `plain` and raises if the two differ by more than
+        `KERNEL_REFERENCE_TOLERANCE`."""
+        inputs = tuple(at_least_fp32(t) for t in inputs)
+        start = initial if isinstance(initial, ReplayState) else at_least_fp32(initial)
+        y, state = family.chunked(*inputs, start, KERNEL_REFERENCE, backend=self.backend, layer_idx=layer_idx,
+                                  seq_ids=seq_ids, compute_dtype=self.compute_dtype)
+        if layer_idx not in self.reference_checks:
+            y_hf, final_hf = plain(self._fp32_tensor(family, inputs, initial))
+            final = self._fp32_tensor(family, inputs, state)
+            check = {"output": relative_difference(y, y_hf), "state": relative_difference(final, final_hf)}
+            if max(check.values()) > KERNEL_REFERENCE_TOLERANCE:
+                raise RuntimeError(
+                    f"the FP32 reference through our kernels ({KERNEL_REFERENCE.name}, backend {self.backend}) differs "
+                    f"from Hugging Face's FP32 scan on SSM layer {layer_idx} by {check['output']:.2e} (output) and "
+                    f"{check['state']:.2e} (state) relative to HF's largest magnitude; accepted: at most "
+                    f"{KERNEL_REFERENCE_TOLERANCE:.0e}. Run the reference through HF's scan (--reference-scan hf)"
+                )
+            self.reference_checks[layer_idx] = check
+        return y, state
+
+    @staticmethod
+    def _fp32_tensor(family: KernelFamily, inputs: tuple, state) -> torch.Tensor:
+        """The FP32 reference's state in the HF layout: as carried (at least FP32), or a kernel call's ReplayState
+        with its buffered entries folded (`reference_scan="kernels"`)."""
+        if not isinstance(state, ReplayState):
+            return at_least_fp32(state)
+        return family.hf_layout(family.live_state(inputs, state, KERNEL_REFERENCE))
 
     def _count_skips(self, family: KernelFamily, layer_idx: int, inputs: tuple, initial, config: ReplayConfig,
                      heads: tuple[int, ...]) -> None:

@@ -44,6 +44,7 @@ class FakeRunner:
         self.extends = 0
         self.opened = []
         self.on_layer = None
+        self.reference_checks = {}  # the fake's reference runs no scan to check
 
     def check(self, config):
         """Every config runs on the fake model."""
@@ -182,7 +183,7 @@ def install(fail_after: int | None = None, fault=None, setattr=setattr) -> list[
     """
     created: list[FakeRunner] = []
 
-    def load_runner(model, *, device, dtype, backend, device_map):
+    def load_runner(model, *, device, dtype, backend, device_map, reference_scan):
         load_tokenizer(model)
         created.append(FakeRunner(fail_after, fault))
         return created[-1]

@@ -54,6 +54,7 @@ FAMILY = KernelFamily(
     conventional_step=_MAMBA2.conventional_step,
     hf_state=_MAMBA2.hf_state,
     stored_layout=_MAMBA2.stored_layout,
+    hf_layout=_MAMBA2.hf_layout,
     random_inputs=_random_inputs,
     head_state=_MAMBA2.head_state,
     entry_elements=lambda heads, head_dim, state_dim, groups, fold: _MAMBA2.entry_elements(heads, head_dim, state_dim,

@@ -30,7 +30,10 @@ def test_cli_end_to_end(tmp_path):
                  "--config", "fp32", "--config", "fp32/fp32@16", "--config", "nvfp4/fp16sr@16",
                  "--config", "shared:nvfp4", "--segment-len", "64", "--device", "cpu", "--output", str(out)])
     assert code == 0
-    configs = {c["name"]: c for c in json.loads((out / "kl.json").read_text())["configs"]}
+    report = json.loads((out / "kl.json").read_text())
+    assert report["reference"]["scan"] == report["resolved"]["reference_scan"] == "hf"  # auto on the torch backend
+    assert report["reference"]["scan_checks"] == {}
+    configs = {c["name"]: c for c in report["configs"]}
     assert configs["fp32"]["kl_mean"] == 0.0 and all(b["kl_p99"] == 0.0 for b in configs["fp32"]["buckets"])
     # window 16 with an FP32 state against HF's plain FP32 scan: logits differ by FP32 summation order (~1e-6
     # relative), which a float32 KL (clamped at 0) turns into ~1e-8
@@ -41,6 +44,23 @@ def test_cli_end_to_end(tmp_path):
     traffic = configs["nvfp4/fp16sr"]["state_traffic"]
     assert traffic["config"] == "nvfp4/fp16sr" and traffic["per_model"]["ratio"] > 1
     assert (out / "kl_vs_length.png").stat().st_size > 0
+
+
+def test_reference_through_the_kernels(tmp_path):
+    """--reference-scan kernels: the reference's segments run our FP32 kernels, each SSM layer checked against HF's
+    scan on the batch's first segment (the differences are FP32 noise, recorded in kl.json)."""
+    out = tmp_path / "run"
+    code = main(["kl", "--model", MODEL, "--tokens", "40", "--prompt-len", "16", "--num-docs", "1",
+                 "--config", "fp32", "--config", "nvfp4/fp16sr@8", "--segment-len", "16", "--device", "cpu",
+                 "--reference-scan", "kernels", "--output", str(out)])
+    assert code == 0
+    report = json.loads((out / "kl.json").read_text())
+    assert report["reference"]["scan"] == report["resolved"]["reference_scan"] == "kernels"
+    checks = report["reference"]["scan_checks"]
+    assert sorted(map(int, checks)) == runner_module.ssm_layout(MODEL)[0]
+    assert all(0 < value <= 1e-5 for check in checks.values() for value in check.values()), checks
+    configs = {c["name"]: c for c in report["configs"]}
+    assert configs["fp32"]["kl_mean"] == 0.0 and configs["nvfp4/fp16sr@8"]["kl_mean"] > 0
 
 
 def test_kda_fixture_smoke(tmp_path):

@@ -24,6 +24,7 @@ import transformers as tf
 
 from replayssm_eval.kernels.delta import _common as delta_common
 from replayssm_eval.models import ReplayModel, routing, token_by_token_logits
+from replayssm_eval.models import session as session_module
 from replayssm_eval.models.model_types import model_type_of
 
 from tests.helpers.compare import rel_err
@@ -54,6 +55,32 @@ def test_fp32_matches_hugging_face(name):
     hf = hf_cached_logits(reference, ids, FP32_CALLS)
     assert rel_err(ours, hf) <= 1e-4, (name, rel_err(ours, hf))
     assert rel_err(ours, full) <= 1e-4, (name, rel_err(ours, full))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fp32_through_the_kernels_matches_hugging_face(name):
+    """The reference's segments through our chunked kernels (`reference_scan="kernels"`), its one-token calls through
+    the conventional step from the state they hand back: HF's numbers up to FP32 noise, each layer checked once."""
+    reference = build(name)
+    rm = ReplayModel(copy.deepcopy(reference))
+    ids = torch.randint(0, VOCAB, (2, FP32_CALLS[-1][1]))
+    session = rm.new_session("fp32", reference_scan="kernels")
+    ours = forward_calls(rm, ids, FP32_CALLS, session)
+    hf = hf_cached_logits(reference, ids, FP32_CALLS)
+    assert rel_err(ours, hf) <= 1e-4, (name, rel_err(ours, hf))
+    assert set(session.reference_checks) == set(rm.layers)
+    for layer, check in session.reference_checks.items():  # nonzero: the kernels ran, not HF's scan
+        assert 0 < check["output"] <= 1e-5 and 0 < check["state"] <= 1e-5, (name, layer, check)
+
+
+def test_a_kernel_reference_off_hugging_face_stops_the_run(monkeypatch):
+    monkeypatch.setattr(session_module, "KERNEL_REFERENCE_TOLERANCE", 1e-12)
+    rm = ReplayModel(build("nemotron_h"))
+    ids = torch.randint(0, VOCAB, (1, FP32_CALLS[1][1]))
+    with pytest.raises(RuntimeError, match=r"differs from Hugging Face's FP32 scan on SSM layer \d+ by .*1e-12"):
+        forward_calls(rm, ids, FP32_CALLS[:2], rm.new_session("fp32", reference_scan="kernels"))
+    with pytest.raises(ValueError, match="unknown reference scan 'torch'; known: hf, kernels"):
+        rm.new_session("fp32", reference_scan="torch")
 
 
 @pytest.mark.parametrize("name, config", QUANT_CASES)

@@ -20,7 +20,9 @@ from types import ModuleType
 import torch
 
 from replayssm_eval.kernels.delta import triton_step as shared_step
-from replayssm_eval.kernels.delta._common import checkpoint_kv, prepare_inputs, to_format_layout  # noqa: F401 (checkpoint_kv: API)
+from replayssm_eval.kernels.delta._common import (  # noqa: F401 (checkpoint_kv: API)
+    checkpoint_kv, from_format_layout, prepare_inputs, to_format_layout,
+)
 from replayssm_eval.kernels.delta.chunked import chunked_torch
 from replayssm_eval.kernels.delta.fixed_step import fixed_step
 from replayssm_eval.kernels.delta.reference import decode, fold_closed, fold_open, speculative_decode
@@ -153,6 +155,7 @@ class DeltaRule:
             conventional_step=self.step.conventional_step,
             hf_state=lambda state: checkpoint_kv(state)[0],
             stored_layout=to_format_layout,
+            hf_layout=from_format_layout,
             random_inputs=self.random_inputs,
             head_state=lambda head_dim, state_dim: (state_dim, head_dim),
             entry_elements=self.entry_elements,

@@ -94,6 +94,7 @@ FAMILY = KernelFamily(
     conventional_step=triton_step.conventional_step,
     hf_state=lambda state: state.hi,
     stored_layout=lambda state: state,
+    hf_layout=lambda state: state,
     random_inputs=_random_inputs,
     head_state=lambda head_dim, state_dim: (head_dim, state_dim),
     entry_elements=_entry_elements,
