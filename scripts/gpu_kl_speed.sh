@@ -24,7 +24,7 @@ PROFILE=${PROFILE:-4096}
 REFERENCE_SCANS=${REFERENCE_SCANS:-kernels}
 [[ -n $PREV ]] && step before 300 "$PREV" python benchmarks/full_size.py --models "$MODELS" --tokens "$TOKENS" \
   --configs "$CONFIGS_BEFORE" --out "$dir/before.json"
-step full_size 400 . python benchmarks/full_size.py --models "$MODELS" --tokens "$TOKENS" --configs "$CONFIGS" \
+step full_size "${LIMIT:-400}" . python benchmarks/full_size.py --models "$MODELS" --tokens "$TOKENS" --configs "$CONFIGS" \
   --profile-tokens "$PROFILE" --reference-scans "$REFERENCE_SCANS" --out "$dir/full_size.json"
 if [[ -n ${KL_MODEL:-} ]]; then
   model=$(mktemp -d)/$KL_MODEL

@@ -73,6 +73,18 @@ def test_fp32_through_the_kernels_matches_hugging_face(name):
         assert 0 < check["output"] <= 1e-5 and 0 < check["state"] <= 1e-5, (name, layer, check)
 
 
+@pytest.mark.parametrize("name", [names[0] for names in MODEL_TYPES.values()])
+def test_fp32_through_the_kernels_checks_a_bf16_model_before_its_casts(name):
+    """bf16 activations: HF's delta rules return their output in the query's dtype, so the check hands them fp32
+    inputs (the rules' first step casts to fp32 anyway) and compares FP32 outputs, not a bf16 rounding of one."""
+    rm = ReplayModel(build(name).to(torch.bfloat16))
+    ids = torch.randint(0, VOCAB, (2, FP32_CALLS[2][1]))
+    session = rm.new_session("fp32", reference_scan="kernels")
+    forward_calls(rm, ids, FP32_CALLS[:3], session)
+    assert set(session.reference_checks) == set(rm.layers)
+    assert max(v for check in session.reference_checks.values() for v in check.values()) <= 1e-5
+
+
 def test_a_kernel_reference_off_hugging_face_stops_the_run(monkeypatch):
     monkeypatch.setattr(session_module, "KERNEL_REFERENCE_TOLERANCE", 1e-12)
     rm = ReplayModel(build("nemotron_h"))

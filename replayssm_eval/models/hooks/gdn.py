@@ -18,7 +18,10 @@ cache's `update_recurrent_state` only sees the final state, too late to change o
   q and k to the value heads before the call, 5.24 inside it; the kernels take either (value head
   hv reads key head hv // (HV / H), as repeat_interleave does).
 - The FP32 reference under the chunked engine runs transformers' torch chunk rule itself from
-  the session's FP32 state (`ReplaySession.scan`'s `plain`): the plain forward's own function.
+  the session's FP32 state (`ReplaySession.scan`'s `plain`): the plain forward's own function,
+  handed its inputs in fp32 (its first step casts them so), so that it returns its output in fp32
+  as our kernels do: the checks of `ReplaySession`'s kernel reference compare the two before the
+  query-dtype cast below, which then rounds either the same way as the rule's own final cast.
 - Output in the query's dtype, as both torch rules return it. The cache's recurrent tensor keeps
   the anchor state; the live state is the session's.
 """
@@ -43,8 +46,9 @@ def make_chunk_rule(original, torch_reference):
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs,
         )
 
-        def plain(state):  # HF's FP32 chunk rule of this call from `state` (the reference's fast path)
-            return torch_reference(*args, **{**opts, "initial_state": state, "output_final_state": True})
+        def plain(state):  # HF's FP32 chunk rule of this call from `state` (the reference's fast path), output fp32
+            return torch_reference(*map(at_least_fp32, args), **{**opts, "initial_state": state,
+                                                                 "output_final_state": True})
 
         return routing.dispatch(
             original, torch_reference, args, opts, initial_state is not None,
