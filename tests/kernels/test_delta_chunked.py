@@ -12,6 +12,7 @@ from replayssm_eval.kernels.delta._common import checkpoint_kv
 from replayssm_eval.replay.host_values import remember_host
 
 from tests.helpers.compare import assert_close, assert_same_state
+from tests.helpers.device import TEST_DEVICE
 from tests.helpers.delta import (FAMILIES, MATRIX, cut, delta_inputs, naive_delta_decode, one_column_share,
                                  phased_start, square_kda_inputs)
 from tests.helpers.replay import CONFIGS
@@ -122,7 +123,7 @@ def test_gdn_beta_up_to_two(fold):
     assert inputs[4].max() > 1.5
     cfg = ReplayConfig.parse("nvfp4/fp16sr@4").replace(gdn_fold=fold)
     check_naive_reference_chunked_fp64("gdn", inputs, cfg)
-    fp32 = [t.float() for t in inputs]
+    fp32 = [t.float().to(TEST_DEVICE) for t in inputs]
     o_torch, _ = gdn.chunked(*cut(fp32, 0), fp32[5], cfg)
     o_triton, _ = gdn.chunked(*cut(fp32, 0), fp32[5], cfg, backend="triton")
     assert_close("o triton", o_torch, o_triton, 1e-5, flips=one_column_share(fp32))

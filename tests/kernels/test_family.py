@@ -5,6 +5,8 @@ import torch
 
 from replayssm_eval.kernels.family import family_names, get_family
 
+from tests.helpers.device import TEST_DEVICE
+
 
 def _inputs(fam, tokens, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -53,6 +55,7 @@ def test_decode_step_and_verify_equal_the_reference(name):
     fam = get_family(name)
     cfg = "nvfp4/fp32@8"
     tensors, anchor = _inputs(fam, 7)
+    tensors, anchor = [t.to(TEST_DEVICE) for t in tensors], anchor.to(TEST_DEVICE)  # the Triton launches' device
     _, state = fam.decode_reference(*_cut(tensors, 0, 3), anchor, cfg)
     want, want_state = fam.decode_reference(*_cut(tensors, 3, 7), state, cfg)
     got, got_state = fam.decode_step(*_cut(tensors, 3, 4), state, cfg)
