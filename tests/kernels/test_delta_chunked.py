@@ -12,9 +12,9 @@ from replayssm_eval.kernels.delta._common import checkpoint_kv
 from replayssm_eval.replay.host_values import remember_host
 
 from tests.helpers.compare import assert_close, assert_same_state
-from tests.helpers.device import TEST_DEVICE
 from tests.helpers.delta import (FAMILIES, MATRIX, cut, delta_inputs, naive_delta_decode, one_column_share,
                                  phased_start, square_kda_inputs)
+from tests.helpers.device import TEST_DEVICE
 from tests.helpers.replay import CONFIGS
 
 SPECULATIVE = ["nvfp4/fp16sr@8#spec=3:0.6", "shared:nvfp4@5#spec=2:0.5", "nvfp4/fp8sr@4#spec=4:0.9"]
