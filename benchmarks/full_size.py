@@ -99,8 +99,11 @@ def profile_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment:
 
 def runs(configs: list[str], scans: list[str]) -> list[tuple[str, str | None]]:
     """(config, reference scan) pairs to time: the FP32 reference once per scan, every other config once (None)."""
-    return [(c, scan) for c in configs
-            for scan in (scans if ReplayConfig.parse(c).is_reference and ReplayConfig.parse(c).window == 1 else [None])]
+    pairs = []
+    for config in configs:
+        parsed = ReplayConfig.parse(config)
+        pairs += [(config, scan) for scan in (scans if parsed.is_reference and parsed.window == 1 else [None])]
+    return pairs
 
 
 def plain_forward(rm: ReplayModel, ids: torch.Tensor, device: str) -> float:
@@ -161,7 +164,8 @@ def main() -> None:
                 row["error"] = f"OutOfMemoryError: {str(err).splitlines()[0]}"
             emit(row)
             rm = ReplayModel(rm.model, rm.tokenizer)  # routed again
-        measured = {}  # expansion -> its row: presets that expand to one config (vllm:fp16sr, sglang:fp16sr) run once
+        measured = {}  # (expansion, scan) -> its row: presets that expand to one config (vllm:fp16sr, sglang:fp16sr)
+        # run once
         for config, scan in runs(split_configs(args.configs), args.reference_scans.split(",")):
             expansion = str(ReplayConfig.parse(config))
             if (expansion, scan) in measured:

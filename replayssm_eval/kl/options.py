@@ -47,7 +47,7 @@ class KLConfig:
     backend: str = option("auto", "SSM kernels (auto: triton on cuda, torch on cpu)", ("auto", "torch", "triton"))
     reference_scan: str = option(
         "auto", "what runs the FP32 reference's segments: hf (Hugging Face's own FP32 chunk scan), kernels (our "
-                "chunked kernels in FP32, checked against HF's scan on each layer's first segment of a batch; "
+                "chunked kernels in FP32, checked against HF's scan on each layer's first segment of the run; "
                 "faster), auto: kernels with the triton backend, hf with torch", ("auto", "hf", "kernels"))
     output: str | None = option(None, "output directory (default reports/kl-<model>-<UTC time>/)")
     resume: str | None = option(None, "continue the interrupted run in this directory")
