@@ -117,6 +117,9 @@ class ReplaySession:
             raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         if reference_scan not in REFERENCE_SCANS:
             raise ValueError(f"unknown reference scan {reference_scan!r}; known: {', '.join(REFERENCE_SCANS)}")
+        if reference_scan == "kernels" and engine != "chunked":  # the step engine's FP32 steps carry their own states
+            raise ValueError(f"reference_scan='kernels' runs under the chunked engine, not {engine!r}; "
+                             "accepted there: reference_scan='hf'")
         self.engine, self.backend, self.compute_dtype = engine, backend, compute_dtype
         self.reference_scan = reference_scan
         self.reference_checks: dict[int, dict[str, float]] = {} if reference_checks is None else reference_checks
@@ -255,14 +258,14 @@ class ReplaySession:
         """One kernel call of one layer under the plain config `part[0]` from the state `initial`."""
         config, heads = part
         x = inputs[0]
+        if self.engine == "step" and x.shape[1] == 1:
+            inputs = tuple(at_least_fp32(t) for t in inputs)
+            return family.decode_step(*inputs, initial, config, layer_idx=layer_idx, seq_ids=seq_ids)
         fp32 = self.plain_fp32(config)
         if fp32 and plain is not None and self.reference_scan == "kernels":
             return self._fp32_kernels(family, layer_idx, inputs, initial, plain, seq_ids)
         if fp32:  # HF's scan and the FP32 steps take the state in the HF layout
             initial = self._fp32_tensor(family, inputs, initial)
-        if self.engine == "step" and x.shape[1] == 1:
-            inputs = tuple(at_least_fp32(t) for t in inputs)
-            return family.decode_step(*inputs, initial, config, layer_idx=layer_idx, seq_ids=seq_ids)
         if fp32 and plain is not None:  # HF's scan takes the inputs as they are
             return plain(initial)
         inputs = tuple(at_least_fp32(t) for t in inputs)

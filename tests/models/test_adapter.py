@@ -93,6 +93,8 @@ def test_a_kernel_reference_off_hugging_face_stops_the_run(monkeypatch):
         forward_calls(rm, ids, FP32_CALLS[:2], rm.new_session("fp32", reference_scan="kernels"))
     with pytest.raises(ValueError, match="unknown reference scan 'torch'; known: hf, kernels"):
         rm.new_session("fp32", reference_scan="torch")
+    with pytest.raises(ValueError, match="reference_scan='kernels' runs under the chunked engine, not 'step'"):
+        rm.new_session("fp32", engine="step", reference_scan="kernels")
 
 
 @pytest.mark.parametrize("name, config", QUANT_CASES)
