@@ -51,9 +51,10 @@ def sync(device: str) -> None:
 
 
 def feed(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-         device: str, scan: str = "kernels") -> tuple[float, torch.Tensor]:
-    """Prompt (untimed), then the rest of `ids` in segments of `segment` tokens; returns (seconds, last logits)."""
-    session = rm.new_session(config, seq_ids=[0], backend=backend, reference_scan=scan)
+         device: str, scan: str | None = None) -> tuple[float, torch.Tensor]:
+    """Prompt (untimed), then the rest of `ids` in segments of `segment` tokens; returns (seconds, last logits).
+    scan: the FP32 reference's `reference_scan` (None: the default, kernels)."""
+    session = rm.new_session(config, seq_ids=[0], backend=backend, reference_scan=scan or "kernels")
     rm.forward(ids[:, :prompt_len], session, logits_to_keep=1)
     sync(device)
     start = time.perf_counter()
@@ -64,7 +65,7 @@ def feed(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, conf
 
 
 def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-               device: str, scan: str = "kernels") -> dict:
+               device: str, scan: str | None = None) -> dict:
     """Teacher-forced segments after a warm-up run over two segments (Triton compiles are not timed), twice: the
     first pass grows the caching allocator to the run's length (what the first document of a process pays), the second
     is what every later document pays and what the plain forward is timed as (after an untimed pass of its own).
@@ -76,14 +77,14 @@ def run_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int
     generated = ids.shape[1] - prompt_len
     row = {"config": config, "segment": segment, "tokens_per_s": generated / seconds, "seconds": seconds,
            "first_pass_tokens_per_s": generated / first, "finite": bool(torch.isfinite(logits).all())}
-    if scan == "kernels" and ReplayConfig.parse(config).is_reference and rm.reference_checks:
+    if scan == "kernels" and rm.reference_checks:
         row["reference_check_max"] = {key: max(c[key] for c in rm.reference_checks.values())
                                       for key in ("output", "state")}
     return row
 
 
 def profile_config(rm: ReplayModel, ids: torch.Tensor, prompt_len: int, segment: int, config: str, backend: str,
-                   device: str, scan: str) -> None:
+                   device: str, scan: str | None) -> None:
     """Print where a config's teacher-forced segments spend their time: torch.profiler's top operators and kernels by
     self GPU time and by self CPU time (the run is compiled and warm: `run_config` ran first)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -173,8 +174,7 @@ def main() -> None:
                 emit({**first, "config": config, "measured_as": first["config"]})
                 continue
             try:
-                row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device,
-                                 scan or "kernels")
+                row = run_config(rm, ids, args.prompt_len, args.segment, config, args.backend, args.device, scan)
             except Exception as err:  # one failing row must not lose the others
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"}
             row.update(model=name, tokens=args.tokens, backend=args.backend, expansion=expansion)
@@ -186,7 +186,7 @@ def main() -> None:
             emit(row)
             if args.profile_tokens and "error" not in row:
                 profile_config(rm, ids[:, :args.prompt_len + args.profile_tokens], args.prompt_len, args.segment,
-                               config, args.backend, args.device, scan or "kernels")
+                               config, args.backend, args.device, scan)
         config = split_configs(args.configs)[0]
         for segment in (16, 1) if args.small_segments else ():
             short = ids[:, :args.prompt_len + args.small_segments]

@@ -72,7 +72,6 @@ class ModelRunner:
 
     def __init__(self, replay_model, reference_scan: str = "hf"):
         self.replay_model, self.reference_scan = replay_model, reference_scan
-        self.reference_checks = replay_model.reference_checks  # filled by the sessions: each layer once
         self.device = replay_model.model.device
         self.skips: dict[str, dict[int, list[int]]] = {}  # config name -> layer -> session.skip_counts sums
         self.on_layer = None
@@ -83,6 +82,11 @@ class ModelRunner:
     def _layer_done(self, fraction: float) -> None:
         if self.on_layer is not None:
             self.on_layer(fraction)
+
+    @property
+    def reference_checks(self) -> dict[int, dict[str, float]]:
+        """The kernel reference's checks against HF's scan, filled by the sessions (each layer once)."""
+        return self.replay_model.reference_checks
 
     def check(self, config: ReplayConfig) -> None:
         self.replay_model.check_config(config)

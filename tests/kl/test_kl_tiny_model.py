@@ -48,7 +48,7 @@ def test_cli_end_to_end(tmp_path):
 
 def test_reference_through_the_kernels(tmp_path):
     """--reference-scan kernels: the reference's segments run our FP32 kernels, each SSM layer checked against HF's
-    scan on the batch's first segment (the differences are FP32 noise, recorded in kl.json)."""
+    scan on the run's first segment (the differences are FP32 noise, recorded in kl.json)."""
     out = tmp_path / "run"
     code = main(["kl", "--model", MODEL, "--tokens", "40", "--prompt-len", "16", "--num-docs", "1",
                  "--config", "fp32", "--config", "nvfp4/fp16sr@8", "--segment-len", "16", "--device", "cpu",
