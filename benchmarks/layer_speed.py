@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from kernel_speed import BENCHES, Rand, Timer, driver_geometry, environment, relerr  # noqa: E402
 
-from replayssm_eval.formats.codec import tile_codec  # noqa: E402
+from replayssm_eval.formats.codec import Group, tile_codec  # noqa: E402
 from replayssm_eval.generate import split_configs  # noqa: E402
 from replayssm_eval.kernels.delta import triton_chunk as delta_triton  # noqa: E402
 from replayssm_eval.kernels.mamba2 import triton_chunk as mamba2_triton  # noqa: E402
@@ -60,9 +60,9 @@ SWEEP = {  # launch configs tried per family (the whole-head ones only where a s
     "kda": [dict(BV=v, num_warps=w, DOT="tf32x3") for v, w in itertools.product((16, 32, 64), (4, 8))],
 }
 WHOLE_HEAD = {"mamba2": [dict(BLOCK_P=128, num_warps=w, DOT="ieee", READ_DOT=d, maxnreg=None)
-                         for w, d in itertools.product((8, 16), PRECISIONS)],
-              "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)],
-              "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (8, 16)]}
+                         for w, d in itertools.product((4, 8, 16, 32), PRECISIONS)],
+              "gdn": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (4, 8, 16, 32)],
+              "kda": [dict(BV=128, num_warps=w, DOT="tf32x3") for w in (4, 8, 16, 32)]}
 # Mamba-2 configs that run in phases (`triton_phases.phased`): warps of the fold programs and of the output programs
 PHASES = [dict(fold_warps=f, output_warps=o) for f, o in itertools.product((2, 4), (2, 4))]
 # Mamba-2 configs of one-token windows that run the token scan (`triton_tokens.token_launch_config`)
@@ -111,9 +111,12 @@ def hf_runner(fam, inputs):
 
 def whole_head(config: str) -> bool:
     """Whether a config's in-loop copies need programs that hold the whole head: scale groups of more rows than the
-    sweep's smallest row blocks (16), as head scales and SGLang's 32-row tiles."""
+    sweep's smallest row blocks (16), as head scales and SGLang's 32-row tiles, and dual-axis factors (whose codec
+    `tile_codec` gives only with the head's dims)."""
     cfg = ReplayConfig.parse(config)
-    return any(c is not None and c.spans(16) for c in map(tile_codec, (cfg.recur_format, cfg.read_format)))
+    formats = (cfg.recur_format, cfg.read_format)
+    dual = any(f.kernel_codec is not None and f.kernel_codec.group == Group.DUAL for f in formats)
+    return dual or any(c is not None and c.spans(16) for c in map(tile_codec, formats))
 
 
 def phased(family: str, config: str, geo: dict) -> bool:

@@ -479,8 +479,9 @@ def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     r = F(sqrt(mean |x|)) [R, 1], column factors c0 = F(max |x| / r / QMAX) [1, C], codes z0 = clip(RNE(x / (r c0))),
     the fixed-code update c = F(sum v x / sum v^2) (v = r z0; c0 where the sum is 0) and the codes z = clip(RNE(x /
     (r c))). Returns (z [R, C] FP32 integers, 0 for NaN; r [R, 1]; c [1, C]; bad [1, 1], non-zero where the head
-    holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and quotients are
-    FP64 as in the torch format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU); the sums run
+    holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and the update's
+    quotient are FP64 as in the torch format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU), the
+    other quotients IEEE FP32 divisions (`div.rn.f32`); the sums run
     in another order than torch's, which changes a factor only where an FP64 sum lies within its last bits of an FP32
     rounding boundary."""
     a = tl.abs(x)
@@ -488,7 +489,9 @@ def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     zero = tl.zeros_like(x)
     r = _fp16_factor(tl.sqrt(tl.sum(a.to(tl.float64), axis=1, keep_dims=True) / COLS).to(tl.float32))  # [R, 1]
     wide = tl.max(tl.math.div_rn(a, r + zero), axis=0, keep_dims=True)  # [1, C] max_i |x_ij| / r_i
-    c0 = _fp16_factor((wide.to(tl.float64) / QMAX).to(tl.float32))
+    # fl32(wide / q) is the torch format's FP32 rounding of its FP64 quotient: a double rounding of a quotient from
+    # 53 to 24 bits never differs from the single one (53 >= 2 * 24 + 2)
+    c0 = _fp16_factor(tl.math.div_rn(wide, tl.full(wide.shape, QMAX, tl.float32)))
     v = (r * round_int(tl.math.div_rn(x, (r * c0) + zero), QMAX)).to(tl.float64)  # [R, C] r_i z0_ij, exact
     num = tl.sum(v * x.to(tl.float64), axis=0, keep_dims=True)  # [1, C]
     den = tl.sum(v * v, axis=0, keep_dims=True)
