@@ -481,9 +481,8 @@ def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     (r c))). Returns (z [R, C] FP32 integers, 0 for NaN; r [R, 1]; c [1, C]; bad [1, 1], non-zero where the head
     holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and the update's
     quotient are FP64 as in the torch format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU), the
-    other quotients IEEE FP32 divisions (`div.rn.f32`); the sums run
-    in another order than torch's, which changes a factor only where an FP64 sum lies within its last bits of an FP32
-    rounding boundary."""
+    other quotients IEEE FP32 divisions (`div.rn.f32`); the sums run in another order than torch's, which changes a
+    factor only where an FP64 sum lies within its last bits of an FP32 rounding boundary."""
     a = tl.abs(x)
     bad = tl.max(tl.max(((a != a) | (a == float("inf"))).to(tl.int32), axis=1, keep_dims=True), axis=0, keep_dims=True)
     zero = tl.zeros_like(x)
