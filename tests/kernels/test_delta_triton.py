@@ -451,7 +451,7 @@ def test_decode_step_full_window(fam, text, launch, device, monkeypatch):
 
 @pytest.mark.parametrize("dk, block_v, block_k, stages", [
     pytest.param(24, 16, 16, 2, marks=pytest.mark.slow), pytest.param(24, 16, 16, 3, marks=pytest.mark.slow),
-    (128, 64, 32, 3)])
+    pytest.param(128, 64, 32, 3, marks=pytest.mark.slow)])  # 13 s in the interpreter: the full suite
 def test_kda_open_fold_stages_keep_the_bits(dk, block_v, block_k, stages, device, monkeypatch):
     """KDA's open fold with its column passes pipelined (STAGES > 1: the next columns loaded while one folds) == the
     same fold one pass at a time, bit for bit (outputs, S_hi, the buffer), over 18 tokens of a 16-entry window from

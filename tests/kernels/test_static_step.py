@@ -212,8 +212,7 @@ def test_kda_static_step_equals_decode_step_triton(config, phased, dims, device)
 
 
 @pytest.mark.parametrize("family, config", [
-    (family, config) if family == "gdn" or config == "nvfp4/fp16sr@4" else
-    pytest.param(family, config, marks=pytest.mark.slow)  # KDA's other configs: the full suite
+    (family, config) if family == "gdn" else pytest.param(family, config, marks=pytest.mark.slow)  # KDA's: the full suite
     for family in ("gdn", "kda")
     for config in ("nvfp4/fp16sr@4", "int8/int16sr:scale=head@3", "shared:nvfp4:scale=row@4")])
 def test_heads_of_several_programs_equal_decode_step_triton(family, config, device):
@@ -260,7 +259,8 @@ def _assert_rows(static: StaticState, sub: StaticState, rows: list[int]):
 
 
 @pytest.mark.parametrize("family,config", [
-    ("mamba2", "nvfp4/fp16sr@4"), ("gdn", "nvfp4/fp16sr@4"), ("kda", "nvfp4/fp16sr@4"),
+    ("mamba2", "nvfp4/fp16sr@4"), ("gdn", "nvfp4/fp16sr@4"),
+    pytest.param("kda", "nvfp4/fp16sr@4", marks=pytest.mark.slow),  # KDA's in the full suite
     pytest.param("mamba2", "nvfp4:scale=row/fp32@3#skip=0.2", marks=pytest.mark.slow),
     pytest.param("gdn", "nvfp4/fp8sr@3#closed", marks=pytest.mark.slow),
     pytest.param("gdn", "shared:nvfp4@4", marks=pytest.mark.slow),
