@@ -124,16 +124,16 @@ def phased(family: str, config: str, geo: dict) -> bool:
     return family == "mamba2" and mamba2_triton.runs_in_phases(ReplayConfig.parse(config).plain(), (geo["P"], geo["N"]))
 
 
-def per_token(family: str, config: str, geo: dict) -> bool:
-    """Whether a config runs Mamba-2's token scan (`triton_tokens`) at the geometry geo."""
+def per_token(family: str, config: str, geo: dict, device: str) -> bool:
+    """Whether a config runs Mamba-2's token scan (`triton_tokens`) at the geometry geo on device."""
     cfg = ReplayConfig.parse(config).plain()
-    rows = mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1) if family == "mamba2" else None
+    rows = mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1, torch.device(device)) if family == "mamba2" else None
     return cfg.window == 1 and rows is not None
 
 
-def launches(family: str, config: str, geo: dict) -> list[dict]:
+def launches(family: str, config: str, geo: dict, device: str) -> list[dict]:
     """The launch configs the sweep tries for a config."""
-    if per_token(family, config, geo):
+    if per_token(family, config, geo, device):
         return TOKENS
     if phased(family, config, geo):
         return PHASES
@@ -163,9 +163,9 @@ def time_segments(step, s0, tokens: int, segment: int, timer: Timer) -> tuple[fl
     return timer.wall_s(segments), first, note
 
 
-def with_launch(family: str, config: str, geo: dict, launch: dict):
+def with_launch(family: str, config: str, geo: dict, launch: dict, device: str):
     """Context: the family's chunked kernels launched with `launch` instead of their default config."""
-    if per_token(family, config, geo):
+    if per_token(family, config, geo, device):
         default = mamba2_tokens.token_launch_config
         return mock.patch.object(mamba2_tokens, "token_launch_config", lambda *args: {**default(*args), **launch})
     if phased(family, config, geo):
@@ -234,8 +234,8 @@ def main(argv=None):
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in split_configs(args.sweep) and not note:
-                for launch in launches(family, config, geo):
-                    with with_launch(family, config, geo, launch):
+                for launch in launches(family, config, geo, args.device):
+                    with with_launch(family, config, geo, launch, args.device):
                         try:
                             seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, timer)
                             diff = differences(base, first)

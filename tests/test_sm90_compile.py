@@ -64,7 +64,7 @@ def cases() -> list:
     segment_outputs = {k: v for k, v in mamba2_chunk.items() if k in (
         "SKIP", "DOT", "READ_DOT", "BLOCK_L", "BLOCK_P", "BLOCK_N", "CHUNK_N")}
     token_scan = {k: v for k, v in mamba2_chunk.items() if k.startswith(("RECUR", "READ")) and k != "READ_DOT"}
-    token_scan.update(SHARED=False, SKIP=True, BUF=1, DOT="ieee", BLOCK_P=16, BLOCK_N=128)
+    token_scan.update(SHARED=False, SKIP=True, BUF=1, DOT="ieee", PROGRAMS=1, BLOCK_P=16, BLOCK_N=128)
     # scale tiles and MX blocks rounded in the loop: blocks of 32 along d_state, SGLang's 32-row tiles, MXFP4
     pimba = dict(GROUP=tile, MAX=127.0, ROWS=1, COLS=32)  # int8sr:scale=block:32
     sglang = dict(GROUP=tile, MAX=240.0, ROWS=32, COLS=0)  # fp8:scale=tile:32x0,max=240
@@ -172,6 +172,13 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "SHARED": True, "HI_KIND": int(Kind.INT8),
                                             **{f"HI_{k}": v for k, v in dual.items()}},
          {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        # and over the head's four 32-column programs exchanging the row sums
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            **{f"HI_{k}": v for k, v in dual.items()}, "PROGRAMS": 4},
+         {**GDN_FLAGS, "exch_ptr": "*i64", "count_ptr": "*i32"}),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            **{f"HI_{k}": v for k, v in dual.items()}, "PROGRAMS": 4},
+         {"fold_ptr": "*i32", "rhi_ptr": "*i32", "exch_ptr": "*i64", "count_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
                                        BLOCK_K=64, TILES=4, COLUMNS=False, HI_AT_FOLD=False)),
@@ -244,6 +251,11 @@ def cases() -> list:
         (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": fp8, **{f"RECUR_{k}": v for k, v in sglang.items()},
                                             "RECUR_ROWS": 16, "RECUR_RANDOM": plain, "SHARED": True, "SKIP": False,
                                             "BUF": 0, "BLOCK_P": 16}),
+        # stepquant:dualaxis6 over the head's five 16-row programs exchanging the row sums
+        (mamba2_tokens._token_scan_kernel, {**token_scan, "RECUR": int(Kind.INT8),
+                                            **{f"RECUR_{k}": v for k, v in {**dual, "COLS": 80}.items()},
+                                            "RECUR_RANDOM": plain, "SHARED": True, "SKIP": False, "BUF": 0,
+                                            "PROGRAMS": 5}, {"exch_ptr": "*i64", "count_ptr": "*i32"}),
         # head scales over the head's five 16-row programs exchanging the amax: both copies', a shared checkpoint's
         # (window 1 too)
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": nvfp4, "RECUR_GROUP": head,

@@ -16,6 +16,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     scale_elements, group_scale, magnitudes, tile_amax, row_amax,  a scaled kind's group amax and scale
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
     dual_axis_tile, dual_axis_codes (x, QMAX, COLS)                STEPQuant's dual-axis codes of a whole head
+    dual_axis_row_sums, dual_axis_fit, dual_axis_value             the same from the head's row sums (a column slab)
     feedback_target(x, e, EF)                                      what an `ef=` copy rounds: x + e
     feedback_residual(target, stored, EF)                          the residual an `ef=` copy keeps
     sub_rn(a, b)                                                   a - b never contracted into an FMA
@@ -469,25 +470,46 @@ def _fp16_factor(s):
 def dual_axis_tile(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     """`DualAxisFormat.quantize` of x [R, C], a whole oriented head (padding zero) of COLS columns: the value z (r c)
     of its codes z (`dual_axis_codes`), NaN throughout where the head holds Inf or NaN."""
-    z, r, c, bad = dual_axis_codes(x, QMAX, COLS)
+    return dual_axis_value(x, dual_axis_row_sums(x), QMAX, COLS)
+
+
+@triton.jit
+def dual_axis_value(x, sums, QMAX: tl.constexpr, COLS: tl.constexpr):
+    """`dual_axis_tile` of x [R, C], whole rows of the head or a slab of its columns, given sums [R, 1], the FP64
+    sums of |x| along each of the head's rows (`dual_axis_row_sums` of the whole head)."""
+    z, r, c, bad = dual_axis_fit(x, sums, QMAX, COLS)
     return tl.where(bad != 0, float("nan"), z * ((r * c) + tl.zeros_like(x)))
 
 
 @triton.jit
+def dual_axis_row_sums(x):
+    """[R, 1] FP64 sums of |x| along each row of x [R, C]: the sums behind STEPQuant's row factors, NaN where the row
+    holds a NaN, Inf where it holds an Inf and no NaN (a sum of FP32 magnitudes never overflows FP64)."""
+    return tl.sum(tl.abs(x).to(tl.float64), axis=1, keep_dims=True)
+
+
+@triton.jit
 def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
-    """STEPQuant's codes of x [R, C], a whole oriented head (padding zero) of COLS columns: row factors
-    r = F(sqrt(mean |x|)) [R, 1], column factors c0 = F(max |x| / r / QMAX) [1, C], codes z0 = clip(RNE(x / (r c0))),
+    """`dual_axis_fit` of x [R, C], a whole oriented head (padding zero) of COLS columns, from its own row sums."""
+    return dual_axis_fit(x, dual_axis_row_sums(x), QMAX, COLS)
+
+
+@triton.jit
+def dual_axis_fit(x, sums, QMAX: tl.constexpr, COLS: tl.constexpr):
+    """STEPQuant's codes of x [R, C] (padding zero), whole rows of an oriented head of COLS columns or a slab of its
+    columns, given sums [R, 1], the FP64 sums of |x| along each of the head's rows (`dual_axis_row_sums`): row factors
+    r = F(sqrt(sums / COLS)) [R, 1], column factors c0 = F(max |x| / r / QMAX) [1, C], codes z0 = clip(RNE(x / (r c0))),
     the fixed-code update c = F(sum v x / sum v^2) (v = r z0; c0 where the sum is 0) and the codes z = clip(RNE(x /
     (r c))). Returns (z [R, C] FP32 integers, 0 for NaN; r [R, 1]; c [1, C]; bad [1, 1], non-zero where the head
-    holds Inf or NaN). r c is exact in FP32 (a product of two FP16 values). The mean, sqrt, sums and the update's
-    quotient are FP64 as in the torch format (IEEE division and square root: `div.rn.f64`, `sqrt.rn.f64` on a GPU), the
-    other quotients IEEE FP32 divisions (`div.rn.f32`); the sums run in another order than torch's, which changes a
-    factor only where an FP64 sum lies within its last bits of an FP32 rounding boundary."""
-    a = tl.abs(x)
-    bad = tl.max(tl.max(((a != a) | (a == float("inf"))).to(tl.int32), axis=1, keep_dims=True), axis=0, keep_dims=True)
+    holds Inf or NaN: a row sum that is not finite). r c is exact in FP32 (a product of two FP16 values). The mean,
+    sqrt, sums and the update's quotient are FP64 as in the torch format (IEEE division and square root: `div.rn.f64`,
+    `sqrt.rn.f64` on a GPU), the other quotients IEEE FP32 divisions (`div.rn.f32`); the sums run in another order
+    than torch's, which changes a factor only where an FP64 sum lies within its last bits of an FP32 rounding
+    boundary."""
+    bad = tl.max(((sums != sums) | (sums == float("inf"))).to(tl.int32), axis=0, keep_dims=True)  # [1, 1]
     zero = tl.zeros_like(x)
-    r = _fp16_factor(tl.sqrt(tl.sum(a.to(tl.float64), axis=1, keep_dims=True) / COLS).to(tl.float32))  # [R, 1]
-    wide = tl.max(tl.math.div_rn(a, r + zero), axis=0, keep_dims=True)  # [1, C] max_i |x_ij| / r_i
+    r = _fp16_factor(tl.sqrt(sums / COLS).to(tl.float32))  # [R, 1]
+    wide = tl.max(tl.math.div_rn(tl.abs(x), r + zero), axis=0, keep_dims=True)  # [1, C] max_i |x_ij| / r_i
     # fl32(wide / q) is the torch format's FP32 rounding of its FP64 quotient: a double rounding of a quotient from
     # 53 to 24 bits never differs from the single one (53 >= 2 * 24 + 2)
     c0 = _fp16_factor(tl.math.div_rn(wide, tl.full(wide.shape, QMAX, tl.float32)))

@@ -1,12 +1,13 @@
 """A head scale over several programs: the chunked kernels' programs each hold a tile of a head and exchange the
 tiles' amax at every fold, so that a head-scaled copy (the default `nvfp4`'s per-head scale) does not need one
-program holding the whole head (which spills its registers, or takes a second pass over the segments).
+program holding the whole head (which spills its registers, or takes a second pass over the segments); Mamba-2's
+token scan exchanges the row sums of STEPQuant's dual-axis factors the same way.
 
 - `ticket_ids` (jit): a program's (tile, head, sequence) in the order programs start, from an atomic counter, so that
   a head's programs start one after another whatever order the GPU dispatches the grid in (Mamba-2);
-- `shared_head_amax` (jit): the exchange itself, through global atomics;
-- `exchange_programs`: where a launch may exchange (compiled code on a GPU holding at once the programs a program
-  may wait on: its head's with tickets, the launch's in grid order, as GDN and KDA).
+- `shared_head_amax`, `shared_head_sums` (jit): the exchanges themselves, through global atomics;
+- `exchange_programs`, `can_exchange`, `sums_exchanged`: where a launch may exchange (compiled code on a GPU holding
+  at once the programs a program may wait on: its head's with tickets, the launch's in grid order, as GDN and KDA).
 """
 
 from __future__ import annotations
@@ -52,17 +53,53 @@ def shared_head_amax(x, exch_ptr, count_ptr, head, rnd, tile, ORDER: tl.constexp
     return tl.where(nan != 0, float("nan"), tl.max(tl.where(parts != parts, 0.0, parts), axis=0))
 
 
+@triton.jit
+def shared_head_sums(part, exch_ptr, count_ptr, head, rnd, tile, PROGRAMS: tl.constexpr):
+    """Sums over a head that PROGRAMS programs hold in tiles, as one program holding the whole head would take them
+    (up to the order of the additions): this program's partial sums part [C] (FP64) go to its tile's place in slot
+    rnd % 2 of the head's exch [heads, 2, PROGRAMS, C] (int64 bits); it counts itself in count[head] and waits until
+    every program of the head has counted rnd times, as `shared_head_amax`. Returns [C] FP64: the programs' parts added in tile order, the same bits in every program."""
+    C: tl.constexpr = part.shape[0]
+    offs = tl.arange(0, C)
+    slots = exch_ptr + (head * 2 + rnd % 2).to(tl.int64) * PROGRAMS * C
+    tl.atomic_xchg(slots + tile * C + offs, part.to(tl.int64, bitcast=True), sem="release")
+    tl.debug_barrier()  # every thread's part is out before the count says so
+    tl.atomic_add(count_ptr + head, 1, sem="release")
+    while tl.atomic_add(count_ptr + head, 0, sem="acquire") < rnd * PROGRAMS:
+        pass
+    total = tl.zeros([C], dtype=tl.float64)
+    for t in tl.static_range(PROGRAMS):
+        total += tl.atomic_or(slots + t * C + offs, 0, sem="acquire").to(tl.float64, bitcast=True)
+    return total
+
+
+def can_exchange(at_once: int, device: torch.device) -> bool:
+    """Whether `at_once` programs may wait on each other (`shared_head_amax`, `shared_head_sums`): compiled code on a
+    GPU with at least `at_once` multiprocessors (each holds at least one program; the interpreter runs programs one
+    after another, where an exchange would wait forever)."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and at_once <= torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def sums_exchanged(codec: KernelCodec) -> bool:
+    """Whether programs holding slabs of head_dim may round codec by exchanging its head's row sums
+    (`shared_head_sums`): STEPQuant's dual-axis factors with their key rows along d_state (axis=headdim, unrotated),
+    whose column fits lie along a head_dim index each."""
+    return codec.group == Group.DUAL and codec.axis == "headdim" and codec.rot == 1
+
+
 def exchange_programs(codecs: list[KernelCodec | None], tiles: int, at_once: int, device: torch.device) -> int:
-    """The `tiles` programs of a head that exchange the amax of its head-scaled copies (`shared_head_amax`), or 1:
+    """The `tiles` programs of a head that exchange the amax of its head-scaled copies (`shared_head_amax`) or the
+    row sums of its dual-axis copies (`sums_exchanged`, `shared_head_sums`; not both kinds in one launch), or 1:
     one program then holds the head. A program waits on the other programs of its head, so `at_once` programs must
     be resident together: the head's `tiles` where programs take their place in start order (`ticket_ids`: a program
     waits only on programs of its head that run or start as soon as any program ends), every program of the launch
     where they take it from the grid (the GPU may start them in any order). A GPU with at least `at_once`
     multiprocessors holds them (each holds at least one program). Compiled code on a GPU only (the interpreter runs
-    programs one after another: an exchange would wait forever), and head-scaled formats in their natural basis
-    (`KernelCodec.natural`)."""
+    programs one after another: an exchange would wait forever), head-scaled formats in their natural basis
+    (`KernelCodec.natural`) and dual-axis factors along head_dim."""
     head_scaled = [c for c in codecs if c is not None and c.group == Group.HEAD]
-    if (not head_scaled or not all(c.natural for c in head_scaled) or tiles == 1 or device.type != "cuda"
-            or os.environ.get("TRITON_INTERPRET") == "1"):
-        return 1
-    return tiles if at_once <= torch.cuda.get_device_properties(device).multi_processor_count else 1
+    dual = [c for c in codecs if c is not None and c.group == Group.DUAL]
+    exchanges = (bool(head_scaled) != bool(dual) and all(c.natural for c in head_scaled)
+                 and all(map(sums_exchanged, dual)) and tiles > 1)
+    return tiles if exchanges and can_exchange(at_once, device) else 1

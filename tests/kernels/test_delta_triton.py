@@ -337,11 +337,13 @@ def test_chunked_triton_modelopt_hadamard(fam, device):
 
 @FAM
 @pytest.mark.skipif(TEST_DEVICE != "cuda", reason="programs exchange a head's amax only when they run at once (a GPU)")
-@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "int8:scale=head,order=mul/int8sr:scale=head@4", "shared:nvfp4@4"])
+@pytest.mark.parametrize("text", ["nvfp4/fp16sr@4", "int8:scale=head,order=mul/int8sr:scale=head@4", "shared:nvfp4@4",
+                                  "dualaxis/fp16sr@4", "shared:dualaxis:width=8@4"])
 def test_head_scale_across_programs(fam, text, device, monkeypatch):
-    """A head-scaled copy of a 128-column head held by four programs that exchange its amax: one fold is exactly
-    write_checkpoint of the launch's FP32 fold (both copies exchanging in the second case); over many folds, and one
-    segment per launch, the outputs and copies are those of one program per head up to FP32 flips."""
+    """A head-scaled copy of a 128-column head held by four programs that exchange its amax (or a dual-axis copy, its
+    row sums over V): one fold is exactly write_checkpoint of the launch's FP32 fold (both copies exchanging in the
+    second case); over many folds, and one segment per launch, the outputs and copies are those of one program per
+    head up to FP32 flips."""
     rule = FAMILIES[fam].RULE
     cfg = ReplayConfig.parse(text)
     sizes = dict(batch=3, heads=1, value_heads=2, dk=40, dv=128)

@@ -267,6 +267,8 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     # a head under one 32-row tile: 16-row programs alone, the tile cut to them
     pytest.param("sglang:fp8", {"head_dim": 16}, marks=pytest.mark.slow),
     ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
+    # STEPQuant's dual-axis factors: on a GPU three programs exchanging row sums (the last of 8 rows), else one
+    ("stepquant:dualaxis6", {"head_dim": 40}), ("dualaxis:width=8/dualaxis@1", {"d_state": 23}),
 ])
 def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     """One-token windows with the state in registers (`triton_tokens`) against the one loop: both copies and the
@@ -298,15 +300,28 @@ def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     ("fp16sr/int16:scale=tensor@1", None),  # a tensor scale: torch rounds the read copy
     ("shared:fp8:scale=tile:32x0@1", 32), ("sglang:fp8", 32),  # scale tiles of 32 head_dim rows
     ("shared:int8sr:axis=headdim,scale=block:32@1", 32), ("shared:int8:axis=headdim,scale=block:64@1", None),
-    ("shared:nvfp4:scale=rowcol@1", None), ("stepquant:dualaxis6", None),  # factors over the whole head
+    ("shared:nvfp4:scale=rowcol@1", None), ("dualaxis:axis=dstate@1", None),  # factors over the whole head
     ("shared:int8:ef=fp32@1", 16), ("fp16/int8:scale=tensor,ef=fp32@1", None),  # error feedback: the residuals too
 ])
 def test_token_rows(text, rows):
     """Which one-token configs the token scan runs (programs of 16 head_dim rows, or 32 where a scale tile, block or
     rotation run spans 32), and which stay with the one loop or phases."""
     config = ReplayConfig.parse(text)
-    assert triton_chunk.token_scan_rows(config, (80, 128), 1) == rows
-    assert triton_chunk.token_scan_rows(config, (80, 128), 2) is None
+    assert triton_chunk.token_scan_rows(config, (80, 128), 1, torch.device("cpu")) == rows
+    assert triton_chunk.token_scan_rows(config, (80, 128), 2, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("text, exchange, rows", [
+    ("stepquant:dualaxis6", True, 16), ("stepquant:dualaxis6", False, 128),  # a head's 5 programs, or one
+    ("dualaxis/int16sr:scale=row@1", True, 16), ("fp8:scale=tile:32x0/dualaxis:width=8@1", True, 128),  # 32-row tiles
+    ("dualaxis:rot=hadamard:8@1", True, None), ("dualaxis:axis=dstate@1", True, None),  # the one loop
+])
+def test_token_rows_of_dual_axis_factors(text, exchange, rows, monkeypatch):
+    """Dual-axis factors along head_dim in the token scan: programs of 16 rows where a head's programs may exchange
+    row sums (a GPU holding them at once), else one program holding the whole head (80 rows padded to 128); rotated
+    or along d_state, the one loop."""
+    monkeypatch.setattr(triton_chunk, "can_exchange", lambda at_once, device: exchange and at_once == 5)
+    assert triton_chunk.token_scan_rows(ReplayConfig.parse(text), (80, 128), 1, torch.device("cuda")) == rows
 
 
 @pytest.mark.parametrize("text, head_dim, tail_rows", [
@@ -323,7 +338,8 @@ def test_tail_codecs(text, head_dim, tail_rows):
     rows the copies' codecs round there."""
     config = ReplayConfig.parse(text)
     codecs = tuple(tile_codec(fmt, dims=(head_dim, 128)) for fmt in (config.recur_format, config.read_format))
-    tail = triton_tokens.tail_codecs(codecs, head_dim, triton_chunk.token_scan_rows(config, (head_dim, 128), 1))
+    rows = triton_chunk.token_scan_rows(config, (head_dim, 128), 1, torch.device("cpu"))
+    tail = triton_tokens.tail_codecs(codecs, head_dim, rows)
     if tail_rows is None:
         assert tail is None
     else:  # only the tile rows change

@@ -26,12 +26,12 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
 from replayssm_eval.formats.device import (
-    AXIS_HEADDIM, GROUP_HEAD, RESIDUAL_NONE, feedback_residual, feedback_target, quantize_tile, round_tile,
-    state_bits,
+    AXIS_HEADDIM, GROUP_DUAL, GROUP_HEAD, RESIDUAL_NONE, dual_axis_value, feedback_residual, feedback_target,
+    quantize_tile, round_tile, state_bits,
 )
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
-from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax
+from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, shared_head_sums, sums_exchanged
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.state import ReplayState, carries_feedback, round_folded
@@ -52,7 +52,9 @@ def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, KI
     scale tile or block ROWS k rows x COLS v columns, rotation runs of ROT along V. A head, and the rows a rowcol
     column factor spans, are the whole tile; or, for a head scale of a format in its natural basis (`codec.natural`)
     with PROGRAMS > 1, the tiles of the head's PROGRAMS programs, which exchange their amax (`shared_head_amax`, at
-    exchange rnd of exch_ptr, count_ptr; this program's tile: `tile`).
+    exchange rnd of exch_ptr, count_ptr; this program's tile: `tile`), and for dual-axis factors along head_dim
+    (`sums_exchanged`) with PROGRAMS > 1 the tiles of v columns whose programs exchange the row sums over V
+    (`shared_head_sums`).
     elem: [BK, BV] int64 element index in the [HV, V, K] layout; SR bits = randint(key, (checkpoint << 32) + elem) in
     RANDOM's word layout, whose pairs run along K, and bits (`device.state_bits`).
     """
@@ -62,6 +64,9 @@ def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, KI
         amax = shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, tile, ORDER, PROGRAMS)
         amax = amax + tl.zeros((BV, 1), tl.float32)
         y = tl.trans(quantize_tile(tl.trans(x), tl.trans(bits), amax, KIND, GROUP, MAX, ORDER, BV, BK))
+    elif (GROUP == GROUP_DUAL) and (PROGRAMS > 1):  # the oriented [K, V] view: key rows whole, v columns here
+        sums = shared_head_sums(tl.sum(tl.abs(x).to(tl.float64), axis=1), exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
+        y = dual_axis_value(x, sums[:, None], MAX, COLS)
     elif AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
         y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BK, BV)
     else:  # [BV, BK]: format rows are v columns, blocks run along K
@@ -135,10 +140,11 @@ def round_copies(folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, ex
     """Both stored copies (S_hi, S_lo) of the fold tile at `checkpoint`, padding zero, and their error-feedback
     residuals: a copy with feedback (HI_EF, LO_EF: `Residual`) rounds folded + e and keeps the new residual
     (`feedback_residual`), as `replay.state`'s checkpoint write. fold_no: the fold's number in the launch (from 1);
-    with PROGRAMS > 1 each head-scaled copy exchanges its amax (`store_round`), the recurrence copy's first.
+    with PROGRAMS > 1 each head-scaled copy exchanges its amax and each dual-axis one its row sums (`store_round`),
+    the recurrence copy's first.
     Returns (s_hi, s_lo, e_hi, e_lo)."""
-    HI_X: tl.constexpr = (HI_GROUP == GROUP_HEAD) and (PROGRAMS > 1)  # exchanges per fold, each copy's
-    LO_X: tl.constexpr = (LO_GROUP == GROUP_HEAD) and (PROGRAMS > 1) and (not SHARED)
+    HI_X: tl.constexpr = ((HI_GROUP == GROUP_HEAD) or (HI_GROUP == GROUP_DUAL)) and (PROGRAMS > 1)  # exchanges a fold
+    LO_X: tl.constexpr = ((LO_GROUP == GROUP_HEAD) or (LO_GROUP == GROUP_DUAL)) and (PROGRAMS > 1) and (not SHARED)
     rnd = (fold_no - 1) * (HI_X + LO_X) + 1  # this fold's first exchange
     target = feedback_target(folded, e_hi, HI_EF)
     s_hi = store_round(target, key_hi, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, HI_KIND, HI_GROUP,
@@ -167,9 +173,9 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     the loop with its residual (`round_copies`); where such a copy is one torch rounds, the call runs the torch
     backend (`feedback_in_kernel`, `replay.state.chunked_backend`). A program holds all of K and 32 v
     columns, or the whole head where a copy's scale groups (column and dual-axis factors included), blocks along V or
-    rotation runs along V span more; a head scale of a natural-basis format spans the head's programs where they can
-    exchange its amax (`exchange_programs`: compiled code on a GPU holding every program of the launch at once), else
-    it takes the whole head too.
+    rotation runs along V span more; a head scale of a natural-basis format, and dual-axis factors along head_dim
+    (V), span the head's programs where they can exchange its amax or their row sums (`exchange_programs`: compiled
+    code on a GPU holding every program of the launch at once), else they take the whole head too.
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -184,13 +190,13 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
         raise ValueError(f"the chunked Triton kernels do not carry the error-feedback residual of a copy torch rounds "
                          f"between launches ({p.config.name!r}); accepted: backend='torch'")
     dv = p.v.shape[-1]
-    head_scaled = any(c is not None and c.group == Group.HEAD for c in codecs)
-    spans = any(c is not None and c.spans(_BV) and c.group != Group.HEAD for c in codecs)
+    exchanged = [c for c in codecs if c is not None and (c.group == Group.HEAD or sums_exchanged(c))]
+    spans = any(c is not None and c.spans(_BV) and c not in exchanged for c in codecs)
     launch = chunked_launch_config(p.k.shape[-1], dv, spans)
     tiles = triton.cdiv(dv, launch["BV"])
     # programs in grid order: a head's programs wait on programs the GPU may not have started, so all must run at once
     programs = 1 if spans else exchange_programs(codecs, tiles, p.q.shape[0] * p.q.shape[2] * tiles, p.q.device)
-    if head_scaled and not spans and programs == 1:  # no exchange: one program holds the head
+    if exchanged and not spans and programs == 1:  # no exchange: one program holds the head
         launch = chunked_launch_config(p.k.shape[-1], dv, True)
     launch["PROGRAMS"] = programs
     if not rounded:
@@ -255,8 +261,10 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     bv, programs = launch["BV"], launch["PROGRAMS"]
     grid = (triton.cdiv(dv, bv), nv, bsz)  # v-blocks fastest: a GPU starts a head's programs one after another
     fold = seg.folds.to(torch.int32).contiguous()
-    exch, count = fold, fold  # `shared_head_amax`'s slots and counters, unread by a launch without an exchange
-    if programs > 1:
+    exch, count = fold, fold  # the exchange's slots and counters, unread by a launch without one
+    if programs > 1 and any(sums_exchanged(c) for c in (hi_codec, lo_codec) if c is not None):  # `shared_head_sums`
+        exch = torch.empty(bsz * nv * 2 * programs * bk, dtype=torch.int64, device=p.q.device)
+    elif programs > 1:  # `shared_head_amax`
         exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)
         count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
     last = seg.last.to(torch.int32).contiguous()

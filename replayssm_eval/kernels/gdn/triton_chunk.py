@@ -24,8 +24,9 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    dualaxis along K or V; each with error feedback (ef=: the copy's residual loaded, fed into its rounding and
    stored back, `delta.triton_chunk.round_copies`). `rowcol`, `dualaxis`, tiles of more than 32 v rows and
    anything spanning more than one v column along V (row scales, blocks, rotation runs with axis=headdim) need the
-   whole head in one program (used when V <= 128); so does `head`, unless the head's 32-column programs exchange its
-   amax at each fold (`head_exchange.exchange_programs`: on a GPU that holds every program of the launch at once).
+   whole head in one program (used when V <= 128); so do `head` and `dualaxis` along V, unless the head's 32-column
+   programs exchange its amax or row sums at each fold (`head_exchange.exchange_programs`: on a GPU that holds every
+   program of the launch at once).
    A copy in a format whose scale group no single program sees (nvfp4:scale=tensor,
    fp8 and int scale=tensor, spans across v columns with V > 128, tiles of other sizes) is stored as the FP32 fold
    and rounded by torch

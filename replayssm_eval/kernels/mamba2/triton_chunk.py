@@ -3,7 +3,8 @@
 Layering (mamba_ssm style): `_x_kernel` (Triton) -> `_x` (allocation, grid) -> public function.
 
 - `chunked_triton_prepared` (= `chunked(..., backend="triton")`): for one-token segments (window 1) whose copies round
-  in programs of 16 head_dim rows, `triton_tokens`' scan with the state in registers; for a read copy with a head
+  in programs of 16 head_dim rows (STEPQuant's dual-axis factors too, exchanging row sums on a GPU), `triton_tokens`'
+  scan with the state in registers; for a read copy with a head
   scale along d_state beside a recurrence copy whose groups lie in 16 head_dim rows, the phases of `triton_phases`
   (the fold chain alone, then the read copies, then every segment's outputs at once). Else one launch, one program per (head_dim
   tile, head, sequence), loops over the segments of the plan: intra-segment outputs
@@ -51,7 +52,7 @@ from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_co
 from replayssm_eval.formats.device import (
     GROUP_HEAD, RESIDUAL_NONE, feedback_residual, feedback_target, quantize_tile, round_state_tile, state_bits,
 )
-from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, ticket_ids
+from replayssm_eval.kernels.head_exchange import can_exchange, exchange_programs, shared_head_amax, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.mamba2.triton_phases import (
@@ -273,12 +274,15 @@ def feedback_in_kernel(config, dims: tuple[int, int]) -> bool:
     return carries_feedback(_codecs(config, dims), config)
 
 
-def token_scan_rows(config, dims: tuple[int, int], length: int) -> int | None:
+def token_scan_rows(config, dims: tuple[int, int], length: int, device: torch.device) -> int | None:
     """head_dim rows per program of `triton_tokens`' scan for a call of `config` on states of dims (head_dim, d_state)
-    whose segments hold at most `length` entries (one: window 1, or one-draft steps), None where the call runs in
-    the one loop or the phases."""
+    on device whose segments hold at most `length` entries (one: window 1, or one-draft steps), None where the call
+    runs in the one loop or the phases."""
+    if length != 1:
+        return None
     recur, read = _codecs(config, dims)
-    return token_rows((recur,) if config.shared else (recur, read)) if length == 1 else None
+    exchange = can_exchange(triton.cdiv(dims[0], PROGRAM_ROWS), device)  # a head's programs of PROGRAM_ROWS at once
+    return token_rows((recur,) if config.shared else (recur, read), dims[0], exchange)
 
 
 def _scan(grid, A, hi, lo, pre, res, y, inp: Inputs, seg, keys, codecs, span, phases, outside=None) -> None:
@@ -354,7 +358,7 @@ def chunked_triton_prepared(inp: Inputs, plan: TokenPlan, after) -> tuple[torch.
     recur, read = _codecs(config, (head_dim, d_state))
     A = inp.A.contiguous()
     read_outside = read is None and not config.shared
-    rows = token_scan_rows(config, (head_dim, d_state), seg.length)
+    rows = token_scan_rows(config, (head_dim, d_state), seg.length, hi.device)
     in_phases = rows is None and runs_in_phases(config, (head_dim, d_state))
     lo_by_torch = read_outside or in_phases  # the last S_lo from torch (the phases round it for the segments' reads)
     lo = hi if config.shared else state.lo.clone().contiguous()  # updated in place where the loop rounds it

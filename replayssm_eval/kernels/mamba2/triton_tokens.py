@@ -1,5 +1,5 @@
 """Mamba-2's chunked scan of one-token windows with the state in registers (window 1: conventional decoding with a
-stored state, the engine presets' `vllm:int16sr`, `flashinfer:int16`, ...).
+stored state, the engine presets' `vllm:int16sr`, `flashinfer:int16`, `stepquant:dualaxis6`, ...).
 
 With window 1 every token folds, and the next token reads the rounded copies: the scan is a chain of one fold and
 one rounding per token. `triton_chunk`'s one loop stores each fold and reads it back through L2 with barriers between;
@@ -12,6 +12,10 @@ the GPU too. The outputs are FP32 sums over d_state in another order than the lo
 What bounds it with stochastic rounding is the Philox4x32-10 words each fold draws (`state_bits`): about 60 integer
 multiplies a call, one call an element (`words=element`) or a group of 2 or 4 (`duo`, `quad`: the stochastic
 engine presets whose engines' words are unread).
+STEPQuant's dual-axis factors (key rows along d_state) fit each head_dim index's column factor from its own row of
+the tile, but a row factor from a sum over the whole head_dim: on a GPU the head's programs of 16 rows exchange their
+FP64 partial sums at every fold (`head_exchange.shared_head_sums`; programs numbered in start order), elsewhere one
+program holds the whole head.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import dataclasses
 import triton
 import triton.language as tl
 
+import torch
+
 from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
-    RESIDUAL_NONE, feedback_residual, feedback_target, round_state_tile, state_bits,
+    GROUP_DUAL, RESIDUAL_NONE, dual_axis_value, feedback_residual, feedback_target, round_state_tile, state_bits,
 )
+from replayssm_eval.kernels.head_exchange import shared_head_sums, sums_exchanged, ticket_ids
 from replayssm_eval.kernels.mamba2.triton_phases import PROGRAM_ROWS, fold_weights
 from replayssm_eval.kernels.tile_dot import add_dot
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -48,11 +55,30 @@ def _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, s, S, H
 
 
 @triton.jit
+def _round_copy(target, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.constexpr, GROUP: tl.constexpr,
+                MAX: tl.constexpr, ORDER: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
+                ROT: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One stored copy of the fold tile target [BLOCK_P, BLOCK_N] (padding zero) with its random bits, as
+    `round_state_tile`; dual-axis factors of a head held by PROGRAMS > 1 programs (`sums_exchanged` codecs) from the
+    head's row sums, which the programs exchange (`shared_head_sums` of head bh, this program's tile). rnd: the
+    head's exchanges so far in the launch. Returns the copy and rnd after it."""
+    if (GROUP == GROUP_DUAL) and (PROGRAMS > 1):
+        rnd += 1
+        part = tl.sum(tl.abs(target).to(tl.float64), axis=0)  # [BLOCK_N] over this tile's head_dim rows
+        sums = shared_head_sums(part, exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
+        y = tl.trans(dual_axis_value(tl.trans(target), sums[:, None], MAX, COLS))  # key rows along d_state
+    else:
+        y = round_state_tile(target, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_P, BLOCK_N)
+    return y, rnd
+
+
+@triton.jit
 def _token_scan_kernel(
     x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr,  # the grid of one-entry segments: [B, S, 1, H, P], [B, S, 1, G, N] x2, [B, S, 1, H], [B, S, 1], [B, S]
     A_ptr, hi_ptr, lo_ptr, pre_ptr, y_ptr, ck_ptr, key_ptr,  # [H]; S_hi, S_lo, the newest pre-image [B, H, P, N] (in place: pre at the last fold); y [B, S, 1, H, P]; [B]; [B, 2]
     res_hi_ptr, res_lo_ptr, res_pre_ptr,  # error-feedback residuals [B, H, P, N] in place; the packed copy's before the last fold
-    S, H, P, N, G, HPG, skip,
+    exch_ptr, count_ptr, ticket_ptr,  # PROGRAMS > 1: [B * H, 2, PROGRAMS, BLOCK_N], [B * H] (`shared_head_sums`); [1]
+    S, H, P, N, G, HPG, TILES, skip,
     RECUR: tl.constexpr, RECUR_GROUP: tl.constexpr, RECUR_MAX: tl.constexpr, RECUR_ORDER: tl.constexpr,
     RECUR_RANDOM: tl.constexpr, RECUR_ROWS: tl.constexpr, RECUR_COLS: tl.constexpr, RECUR_AXIS: tl.constexpr,
     RECUR_ROT: tl.constexpr,
@@ -60,10 +86,14 @@ def _token_scan_kernel(
     READ_RANDOM: tl.constexpr, READ_ROWS: tl.constexpr, READ_COLS: tl.constexpr, READ_AXIS: tl.constexpr,
     READ_ROT: tl.constexpr, RECUR_EF: tl.constexpr, READ_EF: tl.constexpr,
     SHARED: tl.constexpr, SKIP: tl.constexpr, BUF: tl.constexpr, DOT: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, ROW0,  # the launch's first head_dim row
+    PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, ROW0,  # the launch's first head_dim row
 ):
-    tile, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    if PROGRAMS > 1:  # the head's programs exchange: they start one after another
+        tile, h, b = ticket_ids(ticket_ptr, TILES, H)
+        bh = b * H + h
+    else:
+        tile, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // H, bh % H
     g = h // HPG
     offs_p = ROW0 + tile * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
@@ -88,6 +118,7 @@ def _token_scan_kernel(
         e_lo = tl.load(res_lo_ptr + seq + elem, mask=mask_s, other=0.0)
     following = _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, 0, S, H, P, N, G, h, g, offs_p,
                               offs_n)
+    rnd = 0  # the head's exchanges so far (`shared_head_sums`)
     s = 0
     while s < S:  # a while loop: the interpreter cannot take range() of a runtime scalar
         x, keys, queries, dt, reads_hi, folds = following
@@ -120,16 +151,16 @@ def _token_scan_kernel(
                     tl.store(res_pre_ptr + seq + elem, e_lo, mask=mask_s)
             counter = ((ck + s + 1) << 32) + elem
             target = feedback_target(pre, e_hi, RECUR_EF)
-            hi = round_state_tile(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM), RECUR,
-                                  RECUR_GROUP, RECUR_MAX, RECUR_ORDER, RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT,
-                                  BLOCK_P, BLOCK_N)
+            hi, rnd = _round_copy(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
+                                  exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
+                                  RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
             if RECUR_EF != RESIDUAL_NONE:
                 e_hi = feedback_residual(target, hi, RECUR_EF)
             if not SHARED:  # a shared checkpoint's outputs read hi only
                 target = feedback_target(pre, e_lo, READ_EF)
-                lo = round_state_tile(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM), READ,
-                                      READ_GROUP, READ_MAX, READ_ORDER, READ_ROWS, READ_COLS, READ_AXIS, READ_ROT,
-                                      BLOCK_P, BLOCK_N)
+                lo, rnd = _round_copy(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
+                                      exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
+                                      READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
                 if READ_EF != RESIDUAL_NONE:
                     e_lo = feedback_residual(target, lo, READ_EF)
         s += 1
@@ -142,26 +173,36 @@ def _token_scan_kernel(
         tl.store(res_lo_ptr + seq + elem, e_lo, mask=mask_s)
 
 
-def token_rows(codecs: tuple[KernelCodec, ...]) -> int | None:
+def token_rows(codecs: tuple[KernelCodec, ...], head_dim: int, exchange: bool) -> int | None:
     """head_dim rows per program of `scan_tokens` for the copies' in-loop codecs: PROGRAM_ROWS, or twice that where a
     copy's scale tiles, blocks or rotation runs span 32 head_dim rows (SGLang's FP8 tiles, ModelOpt's Hadamard runs),
-    so that every program holds them whole; None where it cannot run them: a copy rounded by torch (codec None), or
-    whose scale groups span more rows (head scales, two-axis scales: the one loop's whole-head programs or
-    exchanges)."""
+    so that every program holds them whole; for dual-axis factors along head_dim (`sums_exchanged`), PROGRAM_ROWS
+    where the head's programs may exchange their row sums (`exchange`: `can_exchange`), else the whole head (padded
+    to a power of two). None where it cannot run them: a copy rounded by torch (codec None), or whose scale groups
+    span more rows (head scales, column factors, dual-axis factors along d_state: the one loop's whole-head programs
+    or exchanges)."""
     if any(c is None for c in codecs):
         return None
-    return next((rows for rows in (PROGRAM_ROWS, 2 * PROGRAM_ROWS) if not any(c.spans(rows) for c in codecs)), None)
+    rest = [c for c in codecs if not sums_exchanged(c)]
+    rows = next((rows for rows in (PROGRAM_ROWS, 2 * PROGRAM_ROWS) if not any(c.spans(rows) for c in rest)), None)
+    if rows is None or len(rest) == len(codecs) or (exchange and rows == PROGRAM_ROWS):
+        return rows
+    return max(rows, triton.next_power_of_2(head_dim))
 
 
-def token_launch_config(stochastic: bool, rows: int) -> dict:
+def token_launch_config(stochastic: bool, rows: int, exchange: bool) -> dict:
     """num_warps, maxnreg and DOT (the fold's product: FP32 FMAs, as the one loop's) of `_token_scan_kernel` for
-    programs of `rows` head_dim rows whose copies round with or without stochastic rounding (benchmarks/layer_speed.py
-    sweeps them). Every program runs the call's whole chain of folds, so programs that wait for a free SM add whole
-    chains: the Philox words of SR take registers, and capping them at 128 (two programs an SM) ran faster on the
-    H200 at Nemotron-3-Nano-4B's geometry (BENCHMARKS.md, KL path at full size). Programs of 32 rows take twice the
-    warps, keeping each thread's 8 elements of a [16, 128] tile at 8 warps (`sglang:fp8` on an H200: no swept launch
-    faster)."""
-    return {"num_warps": 8 * rows // PROGRAM_ROWS, "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
+    programs of `rows` head_dim rows whose copies round with or without stochastic rounding, exchanging dual-axis row
+    sums or not (benchmarks/layer_speed.py sweeps them). Every program runs the call's whole chain of folds, so
+    programs that wait for a free SM add whole chains: the Philox words of SR take registers, and capping them at 128
+    (two programs an SM) ran faster on the H200 at Nemotron-3-Nano-4B's geometry (BENCHMARKS.md, KL path at full
+    size). Programs of 32 rows take twice the warps, keeping each thread's 8 elements of a [16, 128] tile at 8 warps
+    (`sglang:fp8` on an H200: no swept launch faster); a whole head at most 16. A head's five exchanging programs
+    (head_dim 80) take 4 warps of at most 128 registers, so that four programs fit an SM and a batch of one sequence
+    (480 programs at 96 heads) runs at once."""
+    if exchange:
+        return {"num_warps": 4, "maxnreg": 128, "DOT": "ieee"}
+    return {"num_warps": min(16, 8 * rows // PROGRAM_ROWS), "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
 
 
 def tail_codecs(codecs: tuple[KernelCodec, ...], head_dim: int, rows: int) -> tuple[KernelCodec, ...] | None:
@@ -187,16 +228,17 @@ def tail_codecs(codecs: tuple[KernelCodec, ...], head_dim: int, rows: int) -> tu
 def scan_tokens(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs: tuple[KernelCodec, KernelCodec],
                 rows: int) -> None:
     """Every one-token segment of `grid` = (px, pB, pC, pdt, read_hi, folds) in programs of `rows` head_dim rows
-    (`token_rows`), and the rows past their whole slabs in a second launch of programs of PROGRAM_ROWS where
-    `tail_codecs` allows (the same bits, fewer masked rows). hi, lo (S_lo; the same tensor for a shared checkpoint)
-    and pre ([B, H, P, N] fp32), res = (res_hi, res_lo, res_pre) (the copies' error-feedback residuals where their
-    codecs' `ef` says, and the packed copy's before the last fold) and the y grid [B, S, 1, H, P] are updated in
-    place."""
+    (`token_rows`; a head's programs exchange the row sums of dual-axis factors where `rows` leaves it several), and
+    the rows past their whole slabs in a second launch of programs of PROGRAM_ROWS where `tail_codecs` allows (the
+    same bits, fewer masked rows). hi, lo (S_lo; the same tensor for a shared checkpoint) and pre ([B, H, P, N] fp32),
+    res = (res_hi, res_lo, res_pre) (the copies' error-feedback residuals where their codecs' `ef` says, and the
+    packed copy's before the last fold) and the y grid [B, S, 1, H, P] are updated in place."""
     px, pB, pC, pdt, read_hi, folds = grid
     batch, S, L, H, P = px.shape
     G, N = pB.shape[3], pB.shape[4]
     assert L == 1, f"scan_tokens takes one-entry segments, got {L}"
     skip = config.skip_read_below
+    block_n = max(16, triton.next_power_of_2(N))
     tail = tail_codecs(codecs, P, rows)
     if tail is None:
         launches = [(codecs, rows, 0, triton.cdiv(P, rows))]
@@ -205,12 +247,18 @@ def scan_tokens(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs: 
         launches = [(codecs, rows, 0, whole)] if whole else []
         launches.append((tail, PROGRAM_ROWS, whole * rows, 1))
     for (recur, read), block_p, row0, tiles in launches:  # a shared checkpoint's read codec is its own
-        launch = token_launch_config(recur.stochastic or read.stochastic, block_p)
+        programs = tiles if any(sums_exchanged(c) for c in (recur, read)) else 1
+        exch = hi  # `shared_head_sums`' slots, unread without an exchange
+        if programs > 1:
+            exch = torch.empty(batch * H * 2 * programs * block_n, dtype=torch.int64, device=hi.device)
+        count = torch.zeros(batch * H + 1, dtype=torch.int32, device=hi.device)  # the exchange's counters, the ticket
+        launch = token_launch_config(recur.stochastic or read.stochastic, block_p, programs > 1)
         _token_scan_kernel[(tiles, batch * H)](
-            px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, *res, S, H, P, N, G, H // G,
-            float(skip or 0.0),
+            px, pB, pC, pdt, read_hi, folds, A, hi, lo, pre, y, checkpoint, keys, *res, exch, count, count[-1:], S, H,
+            P, N, G, H // G, tiles, float(skip or 0.0),
             **recur.constexprs("RECUR"), **read.constexprs("READ"), RECUR_EF=int(recur.ef), READ_EF=int(read.ef),
-            SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"], BLOCK_P=block_p,
-            BLOCK_N=max(16, triton.next_power_of_2(N)), ROW0=row0, num_warps=launch["num_warps"],
+            SHARED=config.shared, SKIP=skip is not None, BUF=buffer_kind(config), DOT=launch["DOT"],
+            PROGRAMS=programs, BLOCK_P=block_p, BLOCK_N=block_n, ROW0=row0, num_warps=launch["num_warps"],
             maxnreg=launch["maxnreg"],
         )
+
