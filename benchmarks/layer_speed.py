@@ -127,8 +127,9 @@ def phased(family: str, config: str, geo: dict) -> bool:
 def per_token(family: str, config: str, geo: dict, device: str) -> bool:
     """Whether a config runs Mamba-2's token scan (`triton_tokens`) at the geometry geo on device."""
     cfg = ReplayConfig.parse(config).plain()
-    rows = mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1, torch.device(device)) if family == "mamba2" else None
-    return cfg.window == 1 and rows is not None
+    if family != "mamba2" or cfg.window != 1:
+        return False
+    return mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1, torch.device(device)) is not None
 
 
 def launches(family: str, config: str, geo: dict, device: str) -> list[dict]:

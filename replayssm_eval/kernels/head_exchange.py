@@ -1,7 +1,7 @@
 """A head scale over several programs: the chunked kernels' programs each hold a tile of a head and exchange the
 tiles' amax at every fold, so that a head-scaled copy (the default `nvfp4`'s per-head scale) does not need one
 program holding the whole head (which spills its registers, or takes a second pass over the segments); Mamba-2's
-token scan exchanges the row sums of STEPQuant's dual-axis factors the same way.
+token scan and the GDN and KDA chunked kernels exchange the row sums of STEPQuant's dual-axis factors the same way.
 
 - `ticket_ids` (jit): a program's (tile, head, sequence) in the order programs start, from an atomic counter, so that
   a head's programs start one after another whatever order the GPU dispatches the grid in (Mamba-2);
@@ -58,7 +58,8 @@ def shared_head_sums(part, exch_ptr, count_ptr, head, rnd, tile, PROGRAMS: tl.co
     """Sums over a head that PROGRAMS programs hold in tiles, as one program holding the whole head would take them
     (up to the order of the additions): this program's partial sums part [C] (FP64) go to its tile's place in slot
     rnd % 2 of the head's exch [heads, 2, PROGRAMS, C] (int64 bits); it counts itself in count[head] and waits until
-    every program of the head has counted rnd times, as `shared_head_amax`. Returns [C] FP64: the programs' parts added in tile order, the same bits in every program."""
+    every program of the head has counted rnd times, as `shared_head_amax`. Returns [C] FP64: the programs' parts
+    added in tile order, the same bits in every program."""
     C: tl.constexpr = part.shape[0]
     offs = tl.arange(0, C)
     slots = exch_ptr + (head * 2 + rnd % 2).to(tl.int64) * PROGRAMS * C

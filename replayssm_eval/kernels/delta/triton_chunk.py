@@ -262,11 +262,12 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     grid = (triton.cdiv(dv, bv), nv, bsz)  # v-blocks fastest: a GPU starts a head's programs one after another
     fold = seg.folds.to(torch.int32).contiguous()
     exch, count = fold, fold  # the exchange's slots and counters, unread by a launch without one
-    if programs > 1 and any(sums_exchanged(c) for c in (hi_codec, lo_codec) if c is not None):  # `shared_head_sums`
-        exch = torch.empty(bsz * nv * 2 * programs * bk, dtype=torch.int64, device=p.q.device)
-    elif programs > 1:  # `shared_head_amax`
-        exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)
+    if programs > 1:
         count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
+        if any(sums_exchanged(c) for c in (hi_codec, lo_codec) if c is not None):  # `shared_head_sums`
+            exch = torch.empty(bsz * nv * 2 * programs * bk, dtype=torch.int64, device=p.q.device)
+        else:  # `shared_head_amax`
+            exch = torch.empty(bsz * nv * 2 * programs, dtype=torch.int32, device=p.q.device)
     last = seg.last.to(torch.int32).contiguous()
     # one launch per block of segments keeps each launch's registers the same and lets long inputs stream
     per_segment = bsz * nv * lp * (2 * dk + 4 * dv + 2 * lp)

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import triton
 import triton.language as tl
-
-import torch
 
 from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
