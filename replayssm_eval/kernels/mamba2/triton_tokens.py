@@ -196,11 +196,12 @@ def token_launch_config(stochastic: bool, rows: int, exchange: bool) -> dict:
     programs that wait for a free SM add whole chains: the Philox words of SR take registers, and capping them at 128
     (two programs an SM) ran faster on the H200 at Nemotron-3-Nano-4B's geometry (BENCHMARKS.md, KL path at full
     size). Programs of 32 rows take twice the warps, keeping each thread's 8 elements of a [16, 128] tile at 8 warps
-    (`sglang:fp8` on an H200: no swept launch faster); a whole head at most 16. A head's five exchanging programs
-    (head_dim 80) take 4 warps of at most 128 registers, so that four programs fit an SM and a batch of one sequence
-    (480 programs at 96 heads) runs at once."""
+    (`sglang:fp8` on an H200: no swept launch faster); a whole head at most 16. A head's exchanging programs (five at
+    head_dim 80) take 8 warps of at most 64 registers, so that four programs fit an SM and a batch of one sequence
+    (480 programs at 96 heads) runs at once: the H100 sweep's best, 1.18x 4 warps of at most 128 (BENCHMARKS.md,
+    STEPQuant's row sums exchanged between a head's programs)."""
     if exchange:
-        return {"num_warps": 4, "maxnreg": 128, "DOT": "ieee"}
+        return {"num_warps": 8, "maxnreg": 64, "DOT": "ieee"}
     return {"num_warps": min(16, 8 * rows // PROGRAM_ROWS), "maxnreg": 128 if stochastic else None, "DOT": "ieee"}
 
 
