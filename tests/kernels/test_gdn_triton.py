@@ -153,7 +153,7 @@ def test_chunked_triton_torch_rounded_copies(text, device):
     ("int8:axis=headdim,scale=block:8,rot=hadamard:8/mxfp4:axis=headdim@4", "read/recur"),  # along V, rotated
     ("mx8sr/mx8:axis=headdim@4", "read/recur"),  # MX8 blocks of 16 along K = 24 and V = 40, the last ones short
     ("dualaxis:width=8/dualaxis:axis=dstate@4", "read/recur"),  # dual-axis factors over V = 40 or K = 24
-    ("stepquant:dualaxis6", "recur"),  # window 1: one-row windows
+    pytest.param("stepquant:dualaxis6", "recur", marks=SLOW),  # window 1: one-row windows
 ])
 def test_torch_rounding_equals_in_kernel(text, by_torch, device, monkeypatch):
     """The torch rounding between one-segment launches, forced on formats the kernel rounds: outputs, stored copies,

@@ -162,7 +162,7 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     ("fp8sr:scale=row/fp32@3#skip=0.4", "read", {}),
     ("fp16/fp8sr:scale=row@3", "recur", {}),
     ("shared:fp16sr@4#skip=0.4", "recur", {}),
-    ("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", {}),
+    pytest.param("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", {}, marks=pytest.mark.slow),
     ("int16:order=mul/int8sr:scale=head@3", "read/recur", {}),
     ("fp16sr/mxfp4@4", "recur", _WIDE),
     ("fp8:scale=tile:32x0,max=240/int16:scale=tile:4x8,order=mul@3", "read/recur", _WIDE),
@@ -179,7 +179,7 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     ("int8:axis=headdim,scale=block:8,rot=hadamard:8/fp8sr:axis=headdim,scale=block:16,rot=hadamard:16@3",
      "read/recur", {"head_dim": 32}),
     # MX8 blocks of 16 along d_state 40 and head_dim 40 (programs of 16 rows; the last block short)
-    ("mx8sr/mx8sr:axis=headdim@3", "read/recur", _WIDE),
+    pytest.param("mx8sr/mx8sr:axis=headdim@3", "read/recur", _WIDE, marks=pytest.mark.slow),
     # two-axis scales: column factors over head_dim 40 or d_state 40 (programs holding the whole head)
     ("fp8sr:scale=rowcol/nvfp4:axis=headdim,scale=rowcol@3", "read/recur", _WIDE),
     # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
@@ -217,11 +217,13 @@ def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, m
 
 @pytest.mark.parametrize("text, sizes", [
     ("nvfp4/fp16sr@4", {}),  # the default: S_hi in fold tiles of 32 columns (d_state 24: one, short)
-    ("nvfp4/fp16sr@3#skip=0.4", _WIDE),  # d_state 40: two fold tiles, the last short; head_dim 40: three row tiles
-    ("fp8sr:scale=head/int8:scale=row,order=mul@4", _WIDE),  # row-scaled S_hi: fold programs hold whole rows
+    # d_state 40: two fold tiles, the last short; head_dim 40: three row tiles
+    pytest.param("nvfp4/fp16sr@3#skip=0.4", _WIDE, marks=pytest.mark.slow),
+    # row-scaled S_hi: fold programs hold whole rows
+    pytest.param("fp8sr:scale=head/int8:scale=row,order=mul@4", _WIDE, marks=pytest.mark.slow),
     ("int8:scale=head,order=mul/fp16sr:words=pair@3#buf=bf16", {"d_state": 23}),
     pytest.param("nvfp4/fp16sr@1", {}, marks=pytest.mark.slow),  # one-token windows
-    ("nvfp4/fp16sr@4#spec=3:0.6", {}),  # speculative plans: tokens that read S_hi
+    pytest.param("nvfp4/fp16sr@4#spec=3:0.6", {}, marks=pytest.mark.slow),  # speculative plans: tokens that read S_hi
     ("nvfp4/int16:scale=tensor@3", {}),  # S_hi by torch between one-segment launches
     ("nvfp4/mx8sr:axis=headdim,bits=5@4", {"head_dim": 40}),  # MX8 blocks of 16 along head_dim 40
     ("nvfp4/int8:ef=bf16@3", _WIDE),  # the recurrence copy's error-feedback residual through the fold chain
@@ -260,7 +262,9 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     # one-draft steps (tokens that read S_lo); the ring in bf16 (the fold's keys rounded): the full suite
     pytest.param("nvfp4:scale=row/fp16sr@1#spec=1:0.6", {}, marks=pytest.mark.slow),
     pytest.param("fp8sr:scale=row/int8:scale=block:8,order=mul@1#buf=bf16", {}, marks=pytest.mark.slow),
-    ("shared:int8sr:axis=headdim,scale=block:8,rot=hadamard:8@1", {"head_dim": 32}),  # runs along head_dim
+    # runs along head_dim
+    pytest.param("shared:int8sr:axis=headdim,scale=block:8,rot=hadamard:8@1", {"head_dim": 32},
+                 marks=pytest.mark.slow),
     pytest.param("pimba:mx8sr", _WIDE, marks=pytest.mark.slow),  # MX8 blocks of 16 along d_state 40
     # programs of 32 rows: SGLang's 32-row FP8 tiles, INT8+SR blocks of 32 along head_dim 40 (the last of 8 rows)
     ("sglang:fp8", {"head_dim": 40}),
@@ -268,7 +272,8 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     pytest.param("sglang:fp8", {"head_dim": 16}, marks=pytest.mark.slow),
     ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
     # STEPQuant's dual-axis factors: on a GPU three programs exchanging row sums (the last of 8 rows), else one
-    ("stepquant:dualaxis6", {"head_dim": 40}), ("dualaxis:width=8/dualaxis@1", {"d_state": 23}),
+    ("stepquant:dualaxis6", {"head_dim": 40}),
+    pytest.param("dualaxis:width=8/dualaxis@1", {"d_state": 23}, marks=pytest.mark.slow),
 ])
 def test_token_scan_equals_one_loop(text, sizes, device, monkeypatch):
     """One-token windows with the state in registers (`triton_tokens`) against the one loop: both copies and the
@@ -521,7 +526,7 @@ _LAUNCHES = [{"BLOCK_P": 16, "TILES": 1, "num_warps": 4}, {"BLOCK_P": 8, "TILES"
 @pytest.mark.parametrize("text, groups, d_state, launch", [
     ("shared:fp32@8", 1, 24, 0),
     ("nvfp4/fp32@8", 3, 24, 1),
-    ("nvfp4:scale=head/fp16@8", 1, 40, 2),
+    pytest.param("nvfp4:scale=head/fp16@8", 1, 40, 2, marks=pytest.mark.slow),
     ("nvfp4:scale=row/fp32@8", 3, 9, 1),
     ("fp8/fp32@8", 1, 24, 2),
     ("fp8sr:scale=row/fp32@8", 3, 24, 0),

@@ -69,7 +69,7 @@ def test_join_and_keep_rows_keep_every_field_of_each_row(config):
 
 
 @pytest.mark.parametrize("config", [
-    "int8:scale=rowcol/fp32@4",
+    pytest.param("int8:scale=rowcol/fp32@4", marks=pytest.mark.slow),
     pytest.param("nvfp4:scale=rowcol,axis=headdim/fp16sr@4#buf=bf16", marks=pytest.mark.slow),
     pytest.param("int16sr:scale=block:8,rot=hadamard:4,rounds=7,bits=8/fp32@4#buf=fp16", marks=pytest.mark.slow),
     pytest.param("fp8:scale=tensor,max=240/fp32@4", marks=pytest.mark.slow),
