@@ -563,7 +563,8 @@ def test_step_kernel_matches_reference(text, groups, d_state, launch, device, mo
 
 
 @pytest.mark.parametrize("text", ["nvfp4:scale=row/fp32@8", "fp8:scale=head/fp32@8#skip=0.7", "fp16/fp32@8"])
-@pytest.mark.parametrize("launch", [0, 1, pytest.param(2, marks=pytest.mark.slow)])  # the third launch: the full suite
+# launches 1 and 2: the full suite
+@pytest.mark.parametrize("launch", [0, *(pytest.param(n, marks=pytest.mark.slow) for n in (1, 2))])
 def test_step_kernel_equals_general_kernel(text, launch, device):
     """Differential test: `_replay_step` = `_replay` (T = 1) row for row, S_hi rows and read-copy rows mixed, without
     and with folding rows (the fold of a row that does not read S_hi included), and with S_hi read exactly where a row

@@ -177,6 +177,7 @@ def test_entry_order_changes_no_tokens():
     assert [g.tokens for g in gens] == alone("tiny-nemotron-h", "nvfp4/fp16sr@4", STEP)
 
 
+@pytest.mark.slow  # CI time
 def test_out_of_memory_in_a_step_halves_the_batch_and_regenerates_the_same_tokens(monkeypatch):
     rm = tiny_model("tiny-nemotron-h")
     engine = Engine(rm, "nvfp4/fp16sr@4", step=STEP, max_batch=4, prefill_segment=4)
