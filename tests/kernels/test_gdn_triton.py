@@ -106,11 +106,12 @@ SLOW = pytest.mark.slow  # the same paths as the unmarked cases, with another fo
     pytest.param("fp16/nvfp4:scale=tensor@3#closed", marks=SLOW),
     pytest.param("nvfp4:scale=tensor/nvfp4:axis=headdim@4#spec=3:0.6", marks=SLOW),
     # tensor scales and tiles of other than power-of-two sizes, rotated or not (`tile_codec` None)
-    "int8:axis=headdim,scale=tile:3x8,rot=hadamard:8/fp32@4",
+    pytest.param("int8:axis=headdim,scale=tile:3x8,rot=hadamard:8/fp32@4", marks=SLOW),
     pytest.param("nvfp4:scale=tensor,rot=hadamard:8/fp32@4#closed", marks=SLOW),
-    "shared:int16sr:scale=tensor,bits=8@4", "fp8:scale=block:16,max=240/fp8sr:scale=tensor,rounds=7,bits=8@4",
+    pytest.param("shared:int16sr:scale=tensor,bits=8@4", marks=SLOW),
+    pytest.param("fp8:scale=block:16,max=240/fp8sr:scale=tensor,rounds=7,bits=8@4", marks=SLOW),
     "shared:fp8:scale=tile:4x12,max=240@4",
-    "int8:scale=tile:8x6/fp32@4"])
+    pytest.param("int8:scale=tile:8x6/fp32@4", marks=SLOW)])
 def test_chunked_triton_torch_rounded_copies(text, device):
     """Copies in formats no program can round run on Triton, one segment per launch with that copy rounded by torch.
     Awkward sizes, sequences at different phases, three calls in a row, each from its own backend's state: == the
@@ -144,13 +145,14 @@ def test_chunked_triton_torch_rounded_copies(text, device):
 
 @pytest.mark.parametrize("text, by_torch", [
     ("nvfp4:scale=row/fp16sr@4", "read"),
-    ("fp8sr/fp16sr@4#closed#skip=0.6", "recur"),
-    ("shared:fp16sr@4#spec=3:0.6#closed", "recur"),
+    pytest.param("fp8sr/fp16sr@4#closed#skip=0.6", "recur", marks=SLOW),
+    pytest.param("shared:fp16sr@4#spec=3:0.6#closed", "recur", marks=SLOW),
     ("fp8sr/nvfp4:scale=row@4", "read/recur"),
     ("int16:order=mul/int8sr@4", "read/recur"),
-    ("fp16sr/mxfp8@4#closed", "recur"),
+    pytest.param("fp16sr/mxfp8@4#closed", "recur", marks=SLOW),
     pytest.param("int8sr:scale=block:16/fp8:scale=tile:16x0,max=240@4", "read/recur", marks=SLOW),
-    ("int8:axis=headdim,scale=block:8,rot=hadamard:8/mxfp4:axis=headdim@4", "read/recur"),  # along V, rotated
+    # along V, rotated
+    pytest.param("int8:axis=headdim,scale=block:8,rot=hadamard:8/mxfp4:axis=headdim@4", "read/recur", marks=SLOW),
     ("mx8sr/mx8:axis=headdim@4", "read/recur"),  # MX8 blocks of 16 along K = 24 and V = 40, the last ones short
     ("dualaxis:width=8/dualaxis:axis=dstate@4", "read/recur"),  # dual-axis factors over V = 40 or K = 24
     pytest.param("stepquant:dualaxis6", "recur", marks=SLOW),  # window 1: one-row windows

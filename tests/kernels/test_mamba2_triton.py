@@ -164,9 +164,12 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     ("shared:fp16sr@4#skip=0.4", "recur", {}),
     pytest.param("nvfp4:scale=row/fp16sr@3#spec=3:0.6", "read/recur", {}, marks=pytest.mark.slow),
     ("int16:order=mul/int8sr:scale=head@3", "read/recur", {}),
-    ("fp16sr/mxfp4@4", "recur", _WIDE),
-    ("fp8:scale=tile:32x0,max=240/int16:scale=tile:4x8,order=mul@3", "read/recur", _WIDE),
-    ("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", "read/recur", {"d_state": 23}),  # engine word layouts
+    pytest.param("fp16sr/mxfp4@4", "recur", _WIDE, marks=pytest.mark.slow),
+    pytest.param("fp8:scale=tile:32x0,max=240/int16:scale=tile:4x8,order=mul@3", "read/recur",
+                 _WIDE, marks=pytest.mark.slow),
+    # engine word layouts
+    pytest.param("fp16sr:words=pair/fp16sr:words=quad,cvt=soft@3", "read/recur", {"d_state": 23},
+                 marks=pytest.mark.slow),
     ("shared:fp16sr:words=octet@3#buf=bf16", "recur", {"d_state": 23}),
     # the same paths with other scale tiles: blocks, 8-row tiles in 16-row programs (the last short)
     pytest.param("int8sr:scale=block:16/fp32@3", "read", _WIDE, marks=pytest.mark.slow),
@@ -174,20 +177,22 @@ _WIDE = {"head_dim": 40, "d_state": 40}
     pytest.param("mxfp8/int8:scale=block:8@4", "read/recur", {}, marks=pytest.mark.slow),
     # modelopt:int8-hadamard's format (blocks of 32 along head_dim 32, rotated by H_32 along it); mxfp4 along head_dim
     ("shared:int8:axis=headdim,scale=block:32,rot=hadamard:32@3", "recur", {"head_dim": 32}),
-    ("mxfp4:axis=headdim/fp8:axis=headdim,scale=head,rot=hadamard:8@3", "read/recur", _WIDE),
+    pytest.param("mxfp4:axis=headdim/fp8:axis=headdim,scale=head,rot=hadamard:8@3", "read/recur",
+                 _WIDE, marks=pytest.mark.slow),
     # blocks and runs of 8 and 16 along head_dim 32 held by programs of 16 rows (two per head)
     ("int8:axis=headdim,scale=block:8,rot=hadamard:8/fp8sr:axis=headdim,scale=block:16,rot=hadamard:16@3",
      "read/recur", {"head_dim": 32}),
     # MX8 blocks of 16 along d_state 40 and head_dim 40 (programs of 16 rows; the last block short)
     pytest.param("mx8sr/mx8sr:axis=headdim@3", "read/recur", _WIDE, marks=pytest.mark.slow),
     # two-axis scales: column factors over head_dim 40 or d_state 40 (programs holding the whole head)
-    ("fp8sr:scale=rowcol/nvfp4:axis=headdim,scale=rowcol@3", "read/recur", _WIDE),
+    pytest.param("fp8sr:scale=rowcol/nvfp4:axis=headdim,scale=rowcol@3", "read/recur", _WIDE, marks=pytest.mark.slow),
     # SR with non-default rounds= and bits= (stored copies: keyed Philox4x32-10 words, bits= of them)
-    ("fp16sr:words=octet,rounds=7,bits=8/int8sr:scale=block:8,bits=5@3", "read/recur", {"d_state": 23}),
+    pytest.param("fp16sr:words=octet,rounds=7,bits=8/int8sr:scale=block:8,bits=5@3", "read/recur",
+                 {"d_state": 23}, marks=pytest.mark.slow),
     pytest.param("fp8sr:bits=20/mx8sr:axis=headdim,bits=32@3", "read/recur", _WIDE, marks=pytest.mark.slow),
     # dual-axis factors over head_dim 40 or d_state 40 (programs holding the whole head); STEPQuant's preset
     ("dualaxis:width=3/dualaxis:axis=dstate,width=8@3", "read/recur", _WIDE),
-    ("stepquant:dualaxis6", "recur", {}),
+    pytest.param("stepquant:dualaxis6", "recur", {}, marks=pytest.mark.slow),
 ])
 def test_torch_rounding_equals_in_loop_rounding(text, by_torch, sizes, device, monkeypatch):
     """The torch roundings forced on formats the loop can round (read copy in blocks of 2 segments, recurrence copy
@@ -270,7 +275,7 @@ def test_phases_equal_one_loop(text, sizes, device, monkeypatch):
     ("sglang:fp8", {"head_dim": 40}),
     # a head under one 32-row tile: 16-row programs alone, the tile cut to them
     pytest.param("sglang:fp8", {"head_dim": 16}, marks=pytest.mark.slow),
-    ("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}),
+    pytest.param("shared:int8sr:axis=headdim,scale=block:32@1", {"head_dim": 40}, marks=pytest.mark.slow),
     # STEPQuant's dual-axis factors: on a GPU three programs exchanging row sums (the last of 8 rows), else one
     ("stepquant:dualaxis6", {"head_dim": 40}),
     pytest.param("dualaxis:width=8/dualaxis@1", {"d_state": 23}, marks=pytest.mark.slow),
