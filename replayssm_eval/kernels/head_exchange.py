@@ -6,6 +6,7 @@ token scan and the GDN and KDA chunked kernels exchange the row sums of STEPQuan
 - `ticket_ids` (jit): a program's (tile, head, sequence) in the order programs start, from an atomic counter, so that
   a head's programs start one after another whatever order the GPU dispatches the grid in (Mamba-2);
 - `shared_head_amax`, `shared_head_sums` (jit): the exchanges themselves, through global atomics;
+- `round_state_copy` (jit): a stored copy of a Mamba-2 state tile, exchanging where its head's programs share it;
 - `exchange_programs`, `can_exchange`, `sums_exchanged`: where a launch may exchange (compiled code on a GPU holding
   at once the programs a program may wait on: its head's with tickets, the launch's in grid order, as GDN and KDA).
 """
@@ -19,7 +20,9 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, KernelCodec
-from replayssm_eval.formats.device import tile_amax
+from replayssm_eval.formats.device import (
+    GROUP_DUAL, GROUP_HEAD, dual_axis_value, quantize_tile, round_state_tile, tile_amax,
+)
 
 
 @triton.jit
@@ -72,6 +75,31 @@ def shared_head_sums(part, exch_ptr, count_ptr, head, rnd, tile, PROGRAMS: tl.co
     for t in tl.static_range(PROGRAMS):
         total += tl.atomic_or(slots + t * C + offs, 0, sem="acquire").to(tl.float64, bitcast=True)
     return total
+
+
+@triton.jit
+def round_state_copy(x, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.constexpr, GROUP: tl.constexpr,
+                     MAX: tl.constexpr, ORDER: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                     AXIS: tl.constexpr, ROT: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """One stored copy of a state tile x [BLOCK_P, BLOCK_N] (head_dim rows, d_state columns; padding zero) with its
+    random bits, as `round_state_tile`, where the head's PROGRAMS > 1 programs hold the head in tiles: a head scale
+    from the head's amax (`shared_head_amax` of head bh, this program's tile), dual-axis factors along head_dim
+    (`sums_exchanged` codecs) from the head's row sums over head_dim (`shared_head_sums`). rnd: the head's exchanges
+    so far in the launch. Returns the copy and rnd after it."""
+    if (GROUP == GROUP_HEAD) and (PROGRAMS > 1):
+        rnd += 1
+        amax = shared_head_amax(x, exch_ptr, count_ptr, bh, rnd, tile, ORDER, PROGRAMS)
+        y = quantize_tile(x, bits, amax + tl.zeros([BLOCK_P, 1], dtype=tl.float32), KIND, GROUP, MAX, ORDER,
+                          BLOCK_P, BLOCK_N)
+    elif (GROUP == GROUP_DUAL) and (PROGRAMS > 1):
+        rnd += 1
+        part = tl.sum(tl.abs(x).to(tl.float64), axis=0)  # [BLOCK_N] over this tile's head_dim rows
+        sums = shared_head_sums(part, exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
+        y = tl.trans(dual_axis_value(tl.trans(x), sums[:, None], MAX, COLS))  # key rows along d_state
+    else:
+        y = round_state_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_P, BLOCK_N)
+    return y, rnd
 
 
 def can_exchange(at_once: int, device: torch.device) -> bool:

@@ -49,10 +49,8 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
-from replayssm_eval.formats.device import (
-    GROUP_HEAD, RESIDUAL_NONE, feedback_residual, feedback_target, quantize_tile, round_state_tile, state_bits,
-)
-from replayssm_eval.kernels.head_exchange import can_exchange, exchange_programs, shared_head_amax, ticket_ids
+from replayssm_eval.formats.device import RESIDUAL_NONE, feedback_residual, feedback_target, state_bits
+from replayssm_eval.kernels.head_exchange import can_exchange, exchange_programs, round_state_copy, ticket_ids
 from replayssm_eval.kernels.mamba2._common import Inputs, group_heads, merge_packed
 from replayssm_eval.kernels.mamba2.chunked import Segments, chunked_torch
 from replayssm_eval.kernels.mamba2.triton_phases import (
@@ -68,23 +66,6 @@ from replayssm_eval.replay.state import (
 )
 
 _FOLD_BLOCK_ELEMENTS = 1 << 26  # FP32 folds held at once by `_read_outside` (256 MiB): batch * segments * H * P * N
-
-
-@triton.jit
-def _round_copy(folded, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.constexpr, GROUP: tl.constexpr,
-                MAX: tl.constexpr, ORDER: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
-                ROT: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One stored copy of the fold tile [BLOCK_P, BLOCK_N] (padding zero) with its random bits, as `round_state_tile`;
-    a head scale held by the head's PROGRAMS > 1 programs exchanges its amax (`shared_head_amax` of head bh, this
-    program's tile). rnd: the head's exchanges so far in the launch. Returns the copy and rnd after it."""
-    if (GROUP == GROUP_HEAD) and (PROGRAMS > 1):
-        rnd += 1
-        amax = shared_head_amax(folded, exch_ptr, count_ptr, bh, rnd, tile, ORDER, PROGRAMS)
-        y = quantize_tile(folded, bits, amax + tl.zeros([BLOCK_P, 1], dtype=tl.float32), KIND, GROUP, MAX, ORDER,
-                          BLOCK_P, BLOCK_N)
-    else:
-        y = round_state_tile(folded, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_P, BLOCK_N)
-    return y, rnd
 
 
 @triton.jit
@@ -163,9 +144,9 @@ def _chunk_scan_kernel(
             folded = tl.load(pre_ptr + state_off, mask=mask_s, other=0.0)  # the newest fold's pre-image
             counter = ((ck + s + 1) << 32) + elem
             target = _feedback_target(folded, res_hi_ptr, res_pre_ptr, state_off, mask_s, RECUR_EF, SHARED)
-            hi, rnd = _round_copy(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
-                                  exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
-                                  RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
+            hi, rnd = round_state_copy(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
+                                      exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
+                                      RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
             if RECUR_EF != RESIDUAL_NONE:
                 tl.store(res_hi_ptr + state_off, feedback_residual(target, hi, RECUR_EF), mask=mask_s)
             if LO_OUTSIDE:
@@ -173,9 +154,9 @@ def _chunk_scan_kernel(
                 tl.store(out_ptr + slot * H * P * N + elem, folded, mask=mask_s)
             elif not SHARED:
                 target = _feedback_target(folded, res_lo_ptr, res_pre_ptr, state_off, mask_s, READ_EF, True)
-                lo, rnd = _round_copy(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
-                                      exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
-                                      READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
+                lo, rnd = round_state_copy(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
+                                          exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
+                                          READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
                 if READ_EF != RESIDUAL_NONE:
                     tl.store(res_lo_ptr + state_off, feedback_residual(target, lo, READ_EF), mask=mask_s)
                 tl.store(lo_ptr + state_off, lo, mask=mask_s)

@@ -27,10 +27,8 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, KernelCodec
-from replayssm_eval.formats.device import (
-    GROUP_DUAL, RESIDUAL_NONE, dual_axis_value, feedback_residual, feedback_target, round_state_tile, state_bits,
-)
-from replayssm_eval.kernels.head_exchange import shared_head_sums, sums_exchanged, ticket_ids
+from replayssm_eval.formats.device import RESIDUAL_NONE, feedback_residual, feedback_target, state_bits
+from replayssm_eval.kernels.head_exchange import round_state_copy, sums_exchanged, ticket_ids
 from replayssm_eval.kernels.mamba2.triton_phases import PROGRAM_ROWS, fold_weights
 from replayssm_eval.kernels.tile_dot import add_dot
 from replayssm_eval.replay.buffer_round import BUF_FP32, buffer_kind, round_buffered
@@ -51,24 +49,6 @@ def _token_inputs(x_ptr, b_ptr, c_ptr, dt_ptr, read_hi_ptr, fold_ptr, b, s, S, H
     reads_hi = tl.load(read_hi_ptr + b * S + s, mask=live, other=0)
     folds = tl.load(fold_ptr + b * S + s, mask=live, other=0)
     return x, keys, queries, dt, reads_hi, folds
-
-
-@triton.jit
-def _round_copy(target, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.constexpr, GROUP: tl.constexpr,
-                MAX: tl.constexpr, ORDER: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
-                ROT: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One stored copy of the fold tile target [BLOCK_P, BLOCK_N] (padding zero) with its random bits, as
-    `round_state_tile`; dual-axis factors of a head held by PROGRAMS > 1 programs (`sums_exchanged` codecs) from the
-    head's row sums, which the programs exchange (`shared_head_sums` of head bh, this program's tile). rnd: the
-    head's exchanges so far in the launch. Returns the copy and rnd after it."""
-    if (GROUP == GROUP_DUAL) and (PROGRAMS > 1):
-        rnd += 1
-        part = tl.sum(tl.abs(target).to(tl.float64), axis=0)  # [BLOCK_N] over this tile's head_dim rows
-        sums = shared_head_sums(part, exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
-        y = tl.trans(dual_axis_value(tl.trans(target), sums[:, None], MAX, COLS))  # key rows along d_state
-    else:
-        y = round_state_tile(target, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, AXIS, ROT, BLOCK_P, BLOCK_N)
-    return y, rnd
 
 
 @triton.jit
@@ -150,16 +130,16 @@ def _token_scan_kernel(
                     tl.store(res_pre_ptr + seq + elem, e_lo, mask=mask_s)
             counter = ((ck + s + 1) << 32) + elem
             target = feedback_target(pre, e_hi, RECUR_EF)
-            hi, rnd = _round_copy(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
-                                  exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
-                                  RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
+            hi, rnd = round_state_copy(target, state_bits(key_hi, counter, offs_n[None, :], RECUR, RECUR_RANDOM),
+                                      exch_ptr, count_ptr, bh, rnd, tile, RECUR, RECUR_GROUP, RECUR_MAX, RECUR_ORDER,
+                                      RECUR_ROWS, RECUR_COLS, RECUR_AXIS, RECUR_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
             if RECUR_EF != RESIDUAL_NONE:
                 e_hi = feedback_residual(target, hi, RECUR_EF)
             if not SHARED:  # a shared checkpoint's outputs read hi only
                 target = feedback_target(pre, e_lo, READ_EF)
-                lo, rnd = _round_copy(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
-                                      exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
-                                      READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
+                lo, rnd = round_state_copy(target, state_bits(key_lo, counter, offs_n[None, :], READ, READ_RANDOM),
+                                          exch_ptr, count_ptr, bh, rnd, tile, READ, READ_GROUP, READ_MAX, READ_ORDER,
+                                          READ_ROWS, READ_COLS, READ_AXIS, READ_ROT, PROGRAMS, BLOCK_P, BLOCK_N)
                 if READ_EF != RESIDUAL_NONE:
                     e_lo = feedback_residual(target, lo, READ_EF)
         s += 1
