@@ -1,16 +1,47 @@
-"""The shared comparisons of tests/helpers bound what they admit."""
+"""The shared comparisons of tests/helpers bound what they admit; the interpreter's FP32 dot is the exact product
+rounded once."""
 
 import ast
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from replayssm_eval.kernels.mamba2 import decode_reference
 
 from tests.helpers.compare import assert_close, assert_same_state, mostly_equal
 from tests.helpers.mamba2 import mamba2_inputs
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, C: tl.constexpr, N: tl.constexpr):
+    # c [M, N] = a [M, C] @ b [C, N], row-major FP32
+    m, k, n = tl.arange(0, M), tl.arange(0, C), tl.arange(0, N)
+    a = tl.load(a_ptr + m[:, None] * C + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * N + n[None, :])
+    tl.store(c_ptr + m[:, None] * N + n[None, :], tl.dot(a, b, input_precision="ieee"))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's dot (tests.helpers.interpreter)")
+def test_interpreter_dot_is_the_exact_product_rounded_once():
+    """Rows whose FP32 running sums lose terms in any order that meets +-2^24 before the ones (and random rows, of
+    products exact in FP64): the interpreter's dot gives the exact sum rounded once, for a tile and its transpose's."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(16, 32, generator=gen) * torch.logspace(-4, 4, 32)
+    a[0] = 1.0
+    a[0, 3], a[0, 29] = 2.0**24, -(2.0**24)
+    b = torch.randn(32, 16, generator=gen)
+    b[:, 0] = 1.0
+    want = (a.double() @ b.double()).float()
+    assert want[0, 0] == 30.0
+    for x, y, expected in ((a, b, want), (b.T.contiguous(), a.T.contiguous(), want.T)):
+        out = torch.empty(x.shape[0], y.shape[1])
+        _dot_kernel[(1,)](x, y, out, x.shape[0], x.shape[1], y.shape[1])
+        assert torch.equal(out, expected)
 
 
 def test_assert_close_bounds_each_flip():
