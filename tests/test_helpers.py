@@ -26,7 +26,7 @@ def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, C: tl.constexpr, N: tl.con
     tl.store(c_ptr + m[:, None] * N + n[None, :], tl.dot(a, b, input_precision="ieee"))
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's dot (tests.helpers.interpreter)")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's dot (helpers.interpreter)")
 def test_interpreter_dot_is_the_exact_product_rounded_once():
     """Rows whose FP32 running sums lose terms in any order that meets +-2^24 before the ones (and random rows, of
     products exact in FP64): the interpreter's dot gives the exact sum rounded once, for a tile and its transpose's."""
