@@ -11,7 +11,8 @@ interpreter's `tl.dot` uses): with one worker per core, more threads per worker 
 cores, and a quick-tier file then ran 6x slower. Set before torch or numpy is imported.
 
 The interpreter's FP32 `tl.dot` is taken exactly and rounded once (`tests.helpers.interpreter`), so that two kernel
-paths tiling the same product differently agree bit for bit on every host, whatever its BLAS kernels.
+paths tiling the same product differently agree bit for bit on every host, whatever its BLAS kernels, and
+`triton.language` is patched once per launch rather than again at every helper call (a third of a kernel test's time).
 """
 
 import os
@@ -27,13 +28,14 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.helpers.interpreter import exact_fp32_dot  # noqa: E402
+from tests.helpers.interpreter import exact_fp32_dot, skip_repeated_interpreter_work  # noqa: E402
 
 
 def pytest_configure(config):
     if os.environ.get("TRITON_INTERPRET") == "1":
         config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
         exact_fp32_dot()
+        skip_repeated_interpreter_work()
 
 
 @pytest.fixture

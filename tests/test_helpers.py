@@ -1,5 +1,5 @@
 """The shared comparisons of tests/helpers bound what they admit; the interpreter's FP32 dot is the exact product
-rounded once."""
+rounded once, and its language patches are taken once per launch and undone after it."""
 
 import ast
 import dataclasses
@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.kernels.mamba2 import decode_reference
+
+from triton.runtime import interpreter
 
 from tests.helpers.compare import assert_close, assert_same_state, mostly_equal
 from tests.helpers.mamba2 import mamba2_inputs
@@ -42,6 +44,38 @@ def test_interpreter_dot_is_the_exact_product_rounded_once():
         out = torch.empty(x.shape[0], y.shape[1])
         _dot_kernel[(1,)](x, y, out, x.shape[0], x.shape[1], y.shape[1])
         assert torch.equal(out, expected)
+
+
+@triton.jit
+def _clamped(x, low, high):
+    return tl.minimum(tl.maximum(x, low), high)
+
+
+@triton.jit
+def _clamp_rows_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    # out [2, N] = x clamped to [-1, 1] (row 0) and to [0, 2] (row 1), through nested helper calls
+    n = tl.arange(0, N)
+    x = tl.load(x_ptr + n)
+    tl.store(out_ptr + n, _clamped(x, -1.0, 1.0))
+    tl.store(out_ptr + N + n, _clamped(_clamped(x, 0.0, 5.0), -5.0, 2.0))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's patches (helpers.interpreter)")
+def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
+    """Two launches of a kernel with three helper calls each patch `triton.language` twice, not eight times; the
+    helpers compute as before, and where the interpreter undoes a launch's patches (triton >= 3.5), `tl.minimum` is
+    the language's own function again after each launch."""
+    minimum, patch_core = tl.minimum, interpreter._patch_lang_core
+    restores = hasattr(interpreter, "_LangPatchScope")
+    patches = []  # one per patching of `tl` (this module's only language module)
+    monkeypatch.setattr(interpreter, "_patch_lang_core", lambda lang, *scope: patches.append(lang) or patch_core(lang, *scope))
+    x = torch.linspace(-3, 3, 16)
+    for _ in range(2):
+        out = torch.empty(2, 16)
+        _clamp_rows_kernel[(1,)](x, out, 16)
+        assert torch.equal(out, torch.stack([x.clamp(-1, 1), x.clamp(0, 2)]))
+        assert tl.minimum is minimum or not restores
+    assert patches == [tl, tl]
 
 
 def test_assert_close_bounds_each_flip():

@@ -5,7 +5,7 @@ The Triton interpreter, which runs the kernel tests on CPU, accepts code the GPU
 here ahead of time for sm_90 with representative constexpr choices: pointer arguments are FP32
 unless named in ARG_TYPES, scalars int32 unless named there. The test suite runs the interpreter
 (tests/conftest.py), whose @triton.jit functions cannot be compiled, so the test runs this file as
-a script in a subprocess without it.
+a script in a subprocess without it, in PARTS parts (every PARTS-th case) that pytest-xdist's workers share.
 """
 
 import inspect
@@ -316,14 +316,17 @@ def signature(kernel, constexprs: dict, types: dict) -> dict:
             for name in inspect.signature(kernel.fn).parameters}
 
 
-def compile_all() -> list[str]:
-    """Compile every case for sm_90; returns one line per failure."""
+PARTS = 6  # about 11 minutes of compiling on one core of a 2-core AMD EPYC without a Triton cache, all parts together
+
+
+def compile_part(part: int) -> list[str]:
+    """Compile every PARTS-th case from `part` for sm_90; returns one line per failure."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     failures = []
-    for kernel, constexprs, *types in cases():
+    for kernel, constexprs, *types in cases()[part::PARTS]:
         try:
             source = ASTSource(kernel, signature(kernel, constexprs, *types or [{}]), constexprs=constexprs)
             assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
@@ -333,16 +336,17 @@ def compile_all() -> list[str]:
 
 
 @pytest.mark.slow
-def test_kernels_compile_for_sm90():
+@pytest.mark.parametrize("part", range(PARTS))
+def test_kernels_compile_for_sm90(part):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # about 8 minutes on one core without a Triton cache, 2 of them GDN's speculative folding launch (four tiles)
-    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run([sys.executable, __file__, str(part)], env=env, capture_output=True, text=True, timeout=1200)
     if run.returncode != 0 and "ptxas" in run.stdout and "No such file" in run.stdout:
         pytest.skip(f"this triton install has no ptxas to assemble sm_90 code: {run.stdout[-300:]}")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
 
 if __name__ == "__main__":
-    problems = compile_all()
-    print("\n".join(problems) or f"{len(cases())} kernel variants compiled for sm_90")
+    part = int(sys.argv[1])
+    problems = compile_part(part)
+    print("\n".join(problems) or f"{len(cases()[part::PARTS])} kernel variants compiled for sm_90")
     sys.exit(1 if problems else 0)
