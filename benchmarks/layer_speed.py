@@ -68,8 +68,6 @@ PHASES = [dict(fold_warps=f, output_warps=o) for f, o in itertools.product((2, 4
 # Mamba-2 configs of one-token windows that run the token scan (`triton_tokens.token_launch_config`)
 # (registers per thread capped so that more programs stay resident: each runs the call's whole chain of folds)
 TOKENS = [dict(num_warps=w, maxnreg=r) for w, r in ((4, 128), (8, None), (8, 64), (8, 80), (8, 96), (8, 128), (16, 64))]
-# where each family's chunked launch reads `chunked_launch_config` (GDN and KDA share the delta rule's)
-LAUNCH_MODULE = {"mamba2": mamba2_triton, "gdn": delta_triton, "kda": delta_triton}
 
 
 def hf_scan(family: str):
@@ -138,7 +136,10 @@ def launches(family: str, config: str, geo: dict, device: str) -> list[dict]:
         return TOKENS
     if phased(family, config, geo):
         return PHASES
-    return WHOLE_HEAD[family] if whole_head(config) else SWEEP[family]
+    if not whole_head(config):
+        return SWEEP[family]
+    # GDN and KDA: a head scale or dual-axis factors may also span narrower programs that exchange them
+    return WHOLE_HEAD[family] + (SWEEP[family] if family in ("gdn", "kda") else [])
 
 
 def ours_runner(fam, inputs, config: str, backend: str):
@@ -172,7 +173,14 @@ def with_launch(family: str, config: str, geo: dict, launch: dict, device: str):
     if phased(family, config, geo):
         default = mamba2_phases.phase_launch_config
         return mock.patch.object(mamba2_phases, "phase_launch_config", lambda *args: {**default(*args), **launch})
-    return mock.patch.object(LAUNCH_MODULE[family], "chunked_launch_config", lambda *args: dict(launch))
+    if family == "mamba2":
+        return mock.patch.object(mamba2_triton, "chunked_launch_config", lambda *args: dict(launch))
+
+    def delta_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
+        if whole_head and launch["BV"] < dv:  # e.g. a head scale whose programs cannot all run at once to exchange it
+            raise ValueError(f"BV={launch['BV']} does not hold the head's {dv} columns, as this call's copies need")
+        return dict(launch)
+    return mock.patch.object(delta_triton, "chunked_launch_config", delta_launch_config)
 
 
 def differences(base, other) -> dict:

@@ -61,20 +61,21 @@ def shared_head_sums(part, exch_ptr, count_ptr, head, rnd, tile, PROGRAMS: tl.co
     """Sums over a head that PROGRAMS programs hold in tiles, as one program holding the whole head would take them
     (up to the order of the additions): this program's partial sums part [C] (FP64) go to its tile's place in slot
     rnd % 2 of the head's exch [heads, 2, PROGRAMS, C] (int64 bits); it counts itself in count[head] and waits until
-    every program of the head has counted rnd times, as `shared_head_amax`. Returns [C] FP64: the programs' parts
-    added in tile order, the same bits in every program."""
+    every program of the head has counted rnd times, as `shared_head_amax`. The parts go out as plain stores and one
+    release of the count after a barrier (the grid barrier's pattern: one fence for the whole program), and come back
+    in one volatile load of every place (coherent, past L1). Returns [C] FP64: the programs' parts summed by one
+    reduction over the places, the same bits in every program."""
     C: tl.constexpr = part.shape[0]
     offs = tl.arange(0, C)
     slots = exch_ptr + (head * 2 + rnd % 2).to(tl.int64) * PROGRAMS * C
-    tl.atomic_xchg(slots + tile * C + offs, part.to(tl.int64, bitcast=True), sem="release")
+    tl.store(slots + tile * C + offs, part.to(tl.int64, bitcast=True))
     tl.debug_barrier()  # every thread's part is out before the count says so
     tl.atomic_add(count_ptr + head, 1, sem="release")
     while tl.atomic_add(count_ptr + head, 0, sem="acquire") < rnd * PROGRAMS:
         pass
-    total = tl.zeros([C], dtype=tl.float64)
-    for t in tl.static_range(PROGRAMS):
-        total += tl.atomic_or(slots + t * C + offs, 0, sem="acquire").to(tl.float64, bitcast=True)
-    return total
+    places = tl.arange(0, triton.next_power_of_2(PROGRAMS))[:, None]  # padding places read 0
+    parts = tl.load(slots + places * C + offs[None, :], mask=places < PROGRAMS, other=0, volatile=True)
+    return tl.sum(parts.to(tl.float64, bitcast=True), axis=0)
 
 
 @triton.jit
