@@ -37,7 +37,7 @@ The kernel computes in FP32 (`tile_dot.dot`; one-token windows take one row, not
 (input_precision "ieee"), so the stored copies' bits do not depend on the launch; a segment's products over d_state
 (B . C and the checkpoint terms) as three TF32 tensor-core products ("tf32x3", FP32-level error), read from memory
 in chunks of CHUNK_COLUMNS columns. No state stays in registers between segments: each fold is stored (pre-image,
-S_hi, S_lo) and read back, from L2 (BENCHMARKS.md, Chunked form: what each change bought).
+S_hi, S_lo) and read back, from L2 (BENCHMARKS.md, Chunked form).
 """
 
 from __future__ import annotations
