@@ -10,10 +10,9 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import interpreter
 
 from replayssm_eval.kernels.mamba2 import decode_reference
-
-from triton.runtime import interpreter
 
 from tests.helpers.compare import assert_close, assert_same_state, mostly_equal
 from tests.helpers.mamba2 import mamba2_inputs
@@ -63,12 +62,13 @@ def _clamp_rows_kernel(x_ptr, out_ptr, N: tl.constexpr):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's patches (helpers.interpreter)")
 def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
     """Two launches of a kernel with three helper calls each patch `triton.language` twice, not eight times; the
-    helpers compute as before, and where the interpreter undoes a launch's patches (triton >= 3.5), `tl.minimum` is
-    the language's own function again after each launch."""
+    helpers compute as before, and where the interpreter undoes a launch's patches (triton 3.6; 3.4 leaves them in
+    place), `tl.minimum` is the language's own function again after each launch."""
     minimum, patch_core = tl.minimum, interpreter._patch_lang_core
     restores = hasattr(interpreter, "_LangPatchScope")
     patches = []  # one per patching of `tl` (this module's only language module)
-    monkeypatch.setattr(interpreter, "_patch_lang_core", lambda lang, *scope: patches.append(lang) or patch_core(lang, *scope))
+    monkeypatch.setattr(interpreter, "_patch_lang_core",
+                        lambda lang, *scope: patches.append(lang) or patch_core(lang, *scope))
     x = torch.linspace(-3, 3, 16)
     for _ in range(2):
         out = torch.empty(2, 16)
