@@ -319,14 +319,14 @@ def signature(kernel, constexprs: dict, types: dict) -> dict:
 PARTS = 6  # about 11 minutes of compiling on one core of a 2-core AMD EPYC without a Triton cache, all parts together
 
 
-def compile_part(part: int) -> list[str]:
-    """Compile every PARTS-th case from `part` for sm_90; returns one line per failure."""
+def compile_cases(chosen: list) -> list[str]:
+    """Compile the chosen cases for sm_90; returns one line per failure."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     failures = []
-    for kernel, constexprs, *types in cases()[part::PARTS]:
+    for kernel, constexprs, *types in chosen:
         try:
             source = ASTSource(kernel, signature(kernel, constexprs, *types or [{}]), constexprs=constexprs)
             assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
@@ -346,7 +346,7 @@ def test_kernels_compile_for_sm90(part):
 
 
 if __name__ == "__main__":
-    part = int(sys.argv[1])
-    problems = compile_part(part)
-    print("\n".join(problems) or f"{len(cases()[part::PARTS])} kernel variants compiled for sm_90")
+    chosen = cases()[int(sys.argv[1])::PARTS]  # this part: every PARTS-th case
+    problems = compile_cases(chosen)
+    print("\n".join(problems) or f"{len(chosen)} kernel variants compiled for sm_90")
     sys.exit(1 if problems else 0)
