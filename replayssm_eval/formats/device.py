@@ -17,6 +17,7 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     scale_tile_amax, column_factors                                (column_factors: scale=rowcol's c_j)
     dual_axis_tile, dual_axis_codes (x, QMAX, COLS)                STEPQuant's dual-axis codes of a whole head
     dual_axis_row_sums, dual_axis_fit, dual_axis_value             the same from the head's row sums (a column slab)
+    abs_sums(x, AXIS), fp16_factor(s)                              a slab's FP64 row sums (an MMA); a stored factor
     feedback_target(x, e, EF)                                      what an `ef=` copy rounds: x + e
     feedback_residual(target, stored, EF)                          the residual an `ef=` copy keeps
     sub_rn(a, b)                                                   a - b never contracted into an FMA
@@ -460,7 +461,7 @@ def column_factors(x):
 
 
 @triton.jit
-def _fp16_factor(s):
+def fp16_factor(s):
     """A dual-axis factor as stored (`dual_axis.fp16_scale`): s clamped to [2^-14, 65504], NaN kept, rounded to FP16."""
     s = tl.where(s < _FACTOR_MIN, _FACTOR_MIN, s)
     return round_fp16(tl.where(s > _FACTOR_MAX, _FACTOR_MAX, s))
@@ -489,6 +490,24 @@ def dual_axis_row_sums(x):
 
 
 @triton.jit
+def abs_sums(x, AXIS: tl.constexpr):
+    """FP64 sums of |x| [R, C] along AXIS ([C] for AXIS 0, [R] for 1), NaN where a NaN is summed, else Inf where an
+    Inf is: a `tl.dot` of |x| with a ones tile where both dims are at least 16, `tl.sum` elsewhere. On a GPU the dot
+    is an FP64 MMA whose operands pass through shared memory without bank conflicts, where `tl.sum` across warps
+    stores each thread's FP64 sums 32 ways on one bank. The MMA sums in its own order, not `tl.sum`'s."""
+    a = tl.abs(x).to(tl.float64)
+    if (x.shape[0] < 16) or (x.shape[1] < 16):
+        s = tl.sum(a, axis=AXIS)
+    elif AXIS == 0:  # [16, C]: every row the sums; one kept by a select (a product with 0 would turn Inf into NaN)
+        s = tl.sum(tl.where(tl.arange(0, 16)[:, None] == 0, tl.dot(tl.full((16, x.shape[0]), 1.0, tl.float64), a),
+                            0.0), axis=0)
+    else:
+        s = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, tl.dot(a, tl.full((x.shape[1], 16), 1.0, tl.float64)),
+                            0.0), axis=1)
+    return s
+
+
+@triton.jit
 def dual_axis_codes(x, QMAX: tl.constexpr, COLS: tl.constexpr):
     """`dual_axis_fit` of x [R, C], a whole oriented head (padding zero) of COLS columns, from its own row sums."""
     return dual_axis_fit(x, dual_axis_row_sums(x), QMAX, COLS)
@@ -508,15 +527,15 @@ def dual_axis_fit(x, sums, QMAX: tl.constexpr, COLS: tl.constexpr):
     boundary."""
     bad = tl.max(((sums != sums) | (sums == float("inf"))).to(tl.int32), axis=0, keep_dims=True)  # [1, 1]
     zero = tl.zeros_like(x)
-    r = _fp16_factor(tl.sqrt(sums / COLS).to(tl.float32))  # [R, 1]
+    r = fp16_factor(tl.sqrt(sums / COLS).to(tl.float32))  # [R, 1]
     wide = tl.max(tl.math.div_rn(tl.abs(x), r + zero), axis=0, keep_dims=True)  # [1, C] max_i |x_ij| / r_i
     # fl32(wide / q) is the torch format's FP32 rounding of its FP64 quotient: a double rounding of a quotient from
     # 53 to 24 bits never differs from the single one (53 >= 2 * 24 + 2)
-    c0 = _fp16_factor(tl.math.div_rn(wide, tl.full(wide.shape, QMAX, tl.float32)))
+    c0 = fp16_factor(tl.math.div_rn(wide, tl.full(wide.shape, QMAX, tl.float32)))
     v = (r * round_int(tl.math.div_rn(x, (r * c0) + zero), QMAX)).to(tl.float64)  # [R, C] r_i z0_ij, exact
     num = tl.sum(v * x.to(tl.float64), axis=0, keep_dims=True)  # [1, C]
     den = tl.sum(v * v, axis=0, keep_dims=True)
-    c = tl.where(den > 0, _fp16_factor((num / tl.where(den > 0, den, 1.0)).to(tl.float32)), c0)
+    c = tl.where(den > 0, fp16_factor((num / tl.where(den > 0, den, 1.0)).to(tl.float32)), c0)
     return round_int(tl.math.div_rn(x, (r * c) + zero), QMAX), r, c, bad
 
 

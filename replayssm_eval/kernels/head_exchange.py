@@ -21,7 +21,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
-    GROUP_DUAL, GROUP_HEAD, dual_axis_value, quantize_tile, round_state_tile, tile_amax,
+    GROUP_DUAL, GROUP_HEAD, abs_sums, dual_axis_value, quantize_tile, round_state_tile, tile_amax,
 )
 
 
@@ -95,7 +95,7 @@ def round_state_copy(x, bits, exch_ptr, count_ptr, bh, rnd, tile, KIND: tl.const
                           BLOCK_P, BLOCK_N)
     elif (GROUP == GROUP_DUAL) and (PROGRAMS > 1):
         rnd += 1
-        part = tl.sum(tl.abs(x).to(tl.float64), axis=0)  # [BLOCK_N] over this tile's head_dim rows
+        part = abs_sums(x, 0)  # [BLOCK_N] over this tile's head_dim rows
         sums = shared_head_sums(part, exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
         y = tl.trans(dual_axis_value(tl.trans(x), sums[:, None], MAX, COLS))  # key rows along d_state
     else:

@@ -1,13 +1,18 @@
 """STEPQuant's dual-axis codec (arXiv 2609.38169, Section 4.3, Eq. 11-14, Appendix C.1) against a per-head numpy
-reading of the paper's equations, its packing, and its errors."""
+reading of the paper's equations, its packing, its errors, and the kernels' FP64 row sums of a tile."""
 
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from replayssm_eval.formats import get_format
+from replayssm_eval.formats.device import abs_sums
 from replayssm_eval.formats.dual_axis import pack_codes, unpack_codes
 from replayssm_eval.replay.config import ReplayConfig
+
+from tests.helpers.device import TEST_DEVICE
 
 
 def _stored(s):
@@ -52,6 +57,30 @@ def test_matches_the_papers_fit(width):
     assert (got[0, 0] == 0).all() and (got[0, 1, :, 2] == 0).all()
     dstate = get_format(f"dualaxis:axis=dstate,width={width}").quantize(x)  # rows along P
     assert torch.equal(dstate, _reference(x.transpose(-1, -2).contiguous(), width).transpose(-1, -2))
+
+
+@triton.jit
+def _abs_sums_kernel(x_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr):
+    rows, cols = tl.arange(0, R), tl.arange(0, C)
+    sums = abs_sums(tl.load(x_ptr + rows[:, None] * C + cols[None, :]), AXIS)
+    tl.store(out_ptr + (cols if AXIS == 0 else rows), sums)
+
+
+@pytest.mark.parametrize("rows,cols,axis", [(16, 128, 0), (128, 32, 1), (64, 16, 0), (8, 32, 0), (32, 8, 1)])
+def test_abs_sums_of_a_tile(rows, cols, axis):
+    """The FP64 sums of |x| behind the dual-axis row factors (a tl.dot with ones where the tile allows one): the
+    exact sums where every order gives them (multiples of 2^-10 below 2^22: sums of 39 bits, more than FP32 holds),
+    NaN where a NaN is summed, Inf where an Inf and no NaN is."""
+    g = torch.Generator().manual_seed(rows + cols)
+    x = torch.randint(-2**12, 2**12, (rows, cols), generator=g).float()
+    x *= torch.exp2(torch.randint(-10, 10, (rows, cols), generator=g).float())
+    x[1, 2], x[3, 4], x[5, 4], x[6, 6] = float("inf"), float("-inf"), float("nan"), float("-inf")
+    x[0] = 0.0
+    out = torch.empty(x.shape[1 - axis], dtype=torch.float64, device=TEST_DEVICE)
+    _abs_sums_kernel[(1,)](x.to(TEST_DEVICE), out, R=rows, C=cols, AXIS=axis)
+    want = x.abs().double().sum(axis)
+    assert torch.equal(out.cpu().nan_to_num(nan=-1.0), want.nan_to_num(nan=-1.0))
+    assert want.isnan().sum() == 1 and want.isinf().sum() == (2 if axis == 0 else 3)  # the test sees both kinds
 
 
 def test_dual_axis_beats_row_scales_alone():

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from replayssm_eval.formats.codec import FP32_CODEC, Group, KernelCodec, tile_codec
 from replayssm_eval.formats.device import (
-    AXIS_HEADDIM, GROUP_DUAL, GROUP_HEAD, RESIDUAL_NONE, dual_axis_value, feedback_residual, feedback_target,
+    AXIS_HEADDIM, GROUP_DUAL, GROUP_HEAD, RESIDUAL_NONE, abs_sums, dual_axis_value, feedback_residual, feedback_target,
     quantize_tile, round_tile, state_bits,
 )
 from replayssm_eval.kernels.delta._common import Prepared
@@ -65,7 +65,7 @@ def store_round(x, key, checkpoint, elem, exch_ptr, count_ptr, bh, rnd, tile, KI
         amax = amax + tl.zeros((BV, 1), tl.float32)
         y = tl.trans(quantize_tile(tl.trans(x), tl.trans(bits), amax, KIND, GROUP, MAX, ORDER, BV, BK))
     elif (GROUP == GROUP_DUAL) and (PROGRAMS > 1):  # the oriented [K, V] view: key rows whole, v columns here
-        sums = shared_head_sums(tl.sum(tl.abs(x).to(tl.float64), axis=1), exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
+        sums = shared_head_sums(abs_sums(x, 1), exch_ptr, count_ptr, bh, rnd, tile, PROGRAMS)
         y = dual_axis_value(x, sums[:, None], MAX, COLS)
     elif AXIS == AXIS_HEADDIM:  # the tile is the oriented [K, V] view
         y = round_tile(x, bits, KIND, GROUP, MAX, ORDER, ROWS, COLS, ROT, BK, BV)
