@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats import get_format
-from replayssm_eval.formats.device import fp16_factor, dual_axis_row_sums, round_int
+from replayssm_eval.formats.device import dual_axis_row_sums, fp16_factor, round_int
 
 STAGES = ("sums", "r", "wide", "c0", "num", "den", "c", "z")
 
@@ -26,9 +26,9 @@ STAGES = ("sums", "r", "wide", "c0", "num", "den", "c", "z")
 @triton.jit
 def _fit_stages_kernel(x_ptr, a_ptr, b_ptr, scale_ptr, sums_ptr, r_ptr, wide_ptr, c0_ptr, num_ptr, den_ptr, c_ptr,
                        z_ptr, R: tl.constexpr, C: tl.constexpr, QMAX: tl.constexpr, DOT: tl.constexpr):
-    """`dual_axis_fit` of head program_id(0) of x [heads, R, C], storing each intermediate; DOT: x made in the kernel
-    as (a b) * scale from a [heads, R, 16], b [heads, 16, C] (small integers in FP16: an exact product) and scale
-    [heads, R] (powers of two)."""
+    """`dual_axis_fit` of head program_id(0) of x [heads, R, C], its steps written out to store each intermediate
+    (`device.dual_axis_fit` keeps them in registers); DOT: x made in the kernel as (a b) * scale from a [heads, R,
+    16], b [heads, 16, C] (small integers in FP16: an exact product) and scale [heads, R] (powers of two)."""
     h = tl.program_id(0).to(tl.int64)
     rows, cols, inner = tl.arange(0, R), tl.arange(0, C), tl.arange(0, 16)
     if DOT:
@@ -72,7 +72,7 @@ def fit_stages(x: torch.Tensor, qmax: float, warps: int, made: tuple | None) -> 
 
 
 def differing(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Elements whose bits differ (NaN against NaN agrees)."""
+    """Elements that differ (NaN against NaN agrees)."""
     return int(((a != b) & ~(a.isnan() & b.isnan())).sum())
 
 
