@@ -493,8 +493,9 @@ def dual_axis_row_sums(x):
 def abs_sums(x, AXIS: tl.constexpr):
     """FP64 sums of |x| [R, C] along AXIS ([C] for AXIS 0, [R] for 1), NaN where a NaN is summed, else Inf where an
     Inf is: a `tl.dot` of |x| with a ones tile where both dims are at least 16, `tl.sum` elsewhere. On a GPU the dot
-    is an FP64 MMA whose operands pass through shared memory without bank conflicts, where `tl.sum` across warps
-    stores each thread's FP64 sums 32 ways on one bank. The MMA sums in its own order, not `tl.sum`'s."""
+    is an FP64 MMA whose operand goes to shared memory in the dot's own layout (the token scan's slab: four 16-byte
+    stores a thread), where `tl.sum` across warps stores each thread's FP64 sums 32 ways on one bank. The MMA sums in
+    its own order, not `tl.sum`'s."""
     a = tl.abs(x).to(tl.float64)
     if (x.shape[0] < 16) or (x.shape[1] < 16):
         s = tl.sum(a, axis=AXIS)
