@@ -48,13 +48,13 @@ def cases() -> list:
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
                      HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, HI_EF=0,
                      LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0,
-                     LO_AXIS=0, LO_ROT=1, LO_EF=0, PROGRAMS=1, DOT="ieee")
+                     LO_AXIS=0, LO_ROT=1, LO_EF=0, PROGRAMS=1, DOT="ieee", BUF=0)
     exchange = {"fold_ptr": "*i32", "rhi_ptr": "*i32", "count_ptr": "*i32"}  # `shared_head_amax`
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
                         READ_ORDER=div, READ_RANDOM=plain, READ_ROWS=1, READ_COLS=0, READ_AXIS=0, READ_ROT=1,
                         RECUR_EF=0, READ_EF=0, SHARED=False, LO_OUTSIDE=False, SKIP=True, DOT="ieee", READ_DOT="tf32x3",
-                        PROGRAMS=1,
+                        PROGRAMS=1, BUF=0,
                         BLOCK_L=16, BLOCK_P=16, BLOCK_N=128, CHUNK_N=32)
     fold_chain = {k: v for k, v in mamba2_chunk.items() if k.startswith("RECUR") or k in ("SKIP", "DOT", "BLOCK_L",
                                                                                           "BLOCK_P")}
@@ -77,7 +77,7 @@ def cases() -> list:
     encode = dict(AXIS=0, ROT=1, BLOCK_R=16, BLOCK_C=128, TAKE=False, BLOCK_B=256, DECODED=False)
     dual_encode = {"r_ptr": "*i16", "c_ptr": "*i16", "codes_ptr": "*u8"}
     mamba2_step = dict(P=80, N=128, NB=128, READ=nvfp4, GROUP=tensor, SKIP=False, FOLD=True, SPLIT=False, BLOCK_E=16,
-                       BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5, HI_AT_FOLD=False)
+                       BLOCK_P=16, BLOCK_N=128, BLOCK_S=8, TILES=5, HI_AT_FOLD=False, BUF=0)
     # decode attention: Qwen3.5-4B's geometry in bf16 (64-column blocks, one split), Nemotron-3-Nano-4B's (32, two
     # splits), an FP32 model's (FP32 FMAs)
     attention = dict(SPLITS=1, BLOCK_G=16, BLOCK_N=64, BLOCK_D=256, PRECISION="tf32", UPCAST=False)
@@ -131,13 +131,15 @@ def cases() -> list:
                                         BLOCK_R=16, BLOCK_C=128), {"seed": "i64", "offset": "i64", "bits_ptr": "*i64"}),
         (formats._head_amax_kernel, dict(GROUP_ELEMS=80 * 128, TAKE=True, ORDER=mul, BLOCK=2048), {"take_ptr": "*i8"}),
         (gdn_chunk_module._chunked_kernel, gdn_chunk, GDN_FLAGS),
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "BUF": 1}, GDN_FLAGS),  # u's rounded to a bf16 buffer
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BV": 128, "LO_GROUP": head, "DOT": "tf32x3"}, GDN_FLAGS),
         # one segment per launch, S_hi kept in FP32 for the torch rounding
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "SEGS": 1, "SHARED": True, "HI_KIND": fp32, "DOT": "tf32x3"}, GDN_FLAGS),
-        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True}, {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
+        (kda_chunk_module._chunked_kernel, {**gdn_chunk, "CLOSED": True, "BUF": 1},
+         {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         # window 1 (conventional decoding): one-row windows, products as broadcast sums
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
-                                            "HI_GROUP": row, "HI_MAX": 127.0}, GDN_FLAGS),
+                                            "HI_GROUP": row, "HI_MAX": 127.0, "BUF": 1}, GDN_FLAGS),
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "LO_GROUP": head},
          {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
         (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "HI_KIND": int(Kind.INT16SR), "HI_GROUP": row, "HI_MAX": 32767.0,
@@ -181,24 +183,24 @@ def cases() -> list:
          {"fold_ptr": "*i32", "rhi_ptr": "*i32", "exch_ptr": "*i64", "count_ptr": "*i32"}),
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=tensor, SKIP=True,
                                        FOLD=True, SPLIT=True, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4, COLUMNS=False, HI_AT_FOLD=False)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False, HI_AT_FOLD=False, BUF=1)),
         # an FP32 read's open fold by columns (`fold_columns`)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=fp32, GROUP=none, SKIP=False,
                                        FOLD=True, SPLIT=False, CLOSED=False, SHARED=True, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=32, TILES=1, COLUMNS=True, HI_AT_FOLD=True)),
+                                       BLOCK_K=32, TILES=1, COLUMNS=True, HI_AT_FOLD=True, BUF=0)),
         # a short window's open fold: the buffer sum as a broadcast
         (gdn_step_module._replay_step_kernel, dict(K=100, V=100, KP=112, BK=128, KIND=fp8, GROUP=row, SKIP=False,
                                        FOLD=True, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=4, BLOCK_V=16,
-                                       BLOCK_K=32, TILES=1, COLUMNS=False, HI_AT_FOLD=False)),
+                                       BLOCK_K=32, TILES=1, COLUMNS=False, HI_AT_FOLD=False, BUF=0)),
         # a reading launch below 4096 rows x heads: NVFP4 as bytes (a folding one: as whole words), one tile (four
         # unrolled tiles, a launch only the sweeps use, take 73 s: Triton's coalescing pass over their loads)
         (gdn_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, BK=128, KIND=nvfp4, GROUP=row, SKIP=False,
                                        FOLD=False, SPLIT=False, CLOSED=False, SHARED=False, BLOCK_E=16, BLOCK_V=16,
-                                       BLOCK_K=128, TILES=1, COLUMNS=False, HI_AT_FOLD=False)),
+                                       BLOCK_K=128, TILES=1, COLUMNS=False, HI_AT_FOLD=False, BUF=0)),
         # a reading launch: NVFP4 words summed by the threads holding their rows, K not a multiple of 16
         (gdn_step_module._replay_step_kernel, dict(K=100, V=128, KP=112, BK=128, KIND=nvfp4, GROUP=head, SKIP=True,
                                        FOLD=False, SPLIT=True, CLOSED=False, SHARED=False, BLOCK_E=16, BLOCK_V=32,
-                                       BLOCK_K=64, TILES=4, COLUMNS=False, WORDS=2, HI_AT_FOLD=True)),
+                                       BLOCK_K=64, TILES=4, COLUMNS=False, WORDS=2, HI_AT_FOLD=True, BUF=0)),
         (kda_step_module._head_terms_kernel, dict(K=128, BK=128, BLOCK_E=16, SKIP=True, KEYS=True)),
         (kda_step_module._head_terms_kernel, dict(K=100, BK=128, BLOCK_E=16, SKIP=False, KEYS=False)),
         (kda_step_module._replay_step_kernel, dict(K=128, V=128, KP=128, KIND=nvfp4, GROUP=head, SKIP=True,
@@ -221,7 +223,8 @@ def cases() -> list:
         (gdn_step_module._step_kernel, dict(W=3, CP=16, BK=128, BV=64, KIND=nvfp4, GROUP=row, SKIP=False),
          {"width_ptr": "*i64", "rhi_ptr": "*i32"}),
         (mamba2_chunk_module._chunk_scan_kernel, mamba2_chunk),
-        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_GROUP": none}),
+        (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "LO_OUTSIDE": True, "READ": fp16sr, "READ_GROUP": none,
+                                                  "BUF": 1}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "RECUR": fp32, "SHARED": True}),
         (mamba2_chunk_module._chunk_scan_kernel, {**mamba2_chunk, "BLOCK_L": 1, "RECUR": int(Kind.INT16SR),
                                                   "RECUR_GROUP": row, "RECUR_MAX": 32767.0, "SHARED": True}),
@@ -301,7 +304,7 @@ def cases() -> list:
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "HI_AT_FOLD": True}),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False, "HI_AT_FOLD": True}),
         # the two launches of a step where some rows fold
-        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "SPLIT": True}),
+        (mamba2_step_module._replay_step_kernel, {**mamba2_step, "SPLIT": True, "BUF": 1}),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "FOLD": False, "SPLIT": True}),
         (mamba2_step_module._replay_step_kernel, {**mamba2_step, "READ": fp8, "GROUP": row, "SKIP": True, "FOLD": False,
                                       "BLOCK_P": 8, "TILES": 10}),
@@ -311,6 +314,12 @@ def cases() -> list:
 
 
 def signature(kernel, constexprs: dict, types: dict) -> dict:
+    """The argument types of a case (each constexpr it gives; every other argument as `types` or ARG_TYPES say). Every
+    constexpr parameter without a default must be given: one typed as a scalar would compile both sides of its
+    branches, which is not the launch."""
+    missing = [name for name, p in inspect.signature(kernel.fn).parameters.items()
+               if "constexpr" in str(p.annotation) and p.default is inspect.Parameter.empty and name not in constexprs]
+    assert not missing, f"{kernel.__name__}: constexprs {missing} not given"
     types = {**ARG_TYPES, **types}
     return {name: "constexpr" if name in constexprs else types.get(name, "*fp32" if name.endswith("_ptr") else "i32")
             for name in inspect.signature(kernel.fn).parameters}
@@ -333,6 +342,12 @@ def compile_cases(chosen: list) -> list[str]:
         except Exception as err:  # noqa: BLE001  every failure is reported, not only the first
             failures.append(f"{kernel.__name__} {constexprs}: {type(err).__name__}: {err}")
     return failures
+
+
+def test_every_case_gives_its_kernels_constexprs():
+    """A kernel that gains a constexpr parameter gains it in every case here too (`signature` names what is missing)."""
+    for kernel, constexprs, *types in cases():
+        signature(kernel, constexprs, *types or [{}])
 
 
 @pytest.mark.slow
