@@ -87,14 +87,10 @@ def function_at(path: str, line: int) -> str:
     return min(around, key=lambda f: f[1] - f[0])[2] if around else "?"
 
 
-def loop_instructions(cubin: bytes, tools: Path) -> tuple[list[tuple[str, tuple[str, int] | None]], int]:
-    """The instructions of the kernel's longest loop, each (opcode without predicate, (file, line) or None), and
-    the kernel's instruction count, from nvdisasm -g."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tools / "nvdisasm", "-g", "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
+def loop_instructions(cubin: str, tools: Path) -> tuple[list[tuple[str, tuple[str, int] | None]], int]:
+    """The instructions of the longest loop of the kernel in the file `cubin`, each (opcode without predicate, (file,
+    line) or None), and the kernel's instruction count, from nvdisasm -g."""
+    text = subprocess.run([tools / "nvdisasm", "-g", "-c", cubin], capture_output=True, text=True, check=True).stdout
     where, pending, labels, code = None, [], {}, []  # code: (address, instruction, where)
     for line in text.splitlines():
         if m := re.search(r'//## File "([^"]+)", line (\d+)', line):
@@ -172,7 +168,7 @@ def main(argv=None):
             f.write(compiled.asm["cubin"])
             f.flush()
             usage = subprocess.run([tools / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
-        loop, total = loop_instructions(compiled.asm["cubin"], tools)
+            loop, total = loop_instructions(f.name, tools)
         print(f"\n{kernel.fn.__module__}.{kernel.__name__}, {options}")
         report(family, loop, total, usage, args.lines)
 

@@ -317,12 +317,13 @@ def signature(kernel, constexprs: dict, types: dict) -> dict:
     """The argument types of a case (each constexpr it gives; every other argument as `types` or ARG_TYPES say). Every
     constexpr parameter without a default must be given: one typed as a scalar would compile both sides of its
     branches, which is not the launch."""
-    missing = [name for name, p in inspect.signature(kernel.fn).parameters.items()
+    params = inspect.signature(kernel.fn).parameters
+    missing = [name for name, p in params.items()
                if "constexpr" in str(p.annotation) and p.default is inspect.Parameter.empty and name not in constexprs]
     assert not missing, f"{kernel.__name__}: constexprs {missing} not given"
     types = {**ARG_TYPES, **types}
     return {name: "constexpr" if name in constexprs else types.get(name, "*fp32" if name.endswith("_ptr") else "i32")
-            for name in inspect.signature(kernel.fn).parameters}
+            for name in params}
 
 
 PARTS = 6  # about 11 minutes of compiling on one core of a 2-core AMD EPYC without a Triton cache, all parts together
