@@ -3,6 +3,8 @@
     python benchmarks/layer_speed.py --out out/layer_speed.json         # H200: Mamba-2 and GDN, about 2 minutes
     python benchmarks/layer_speed.py --families kda --out out/layer_speed_kda.json   # KDA, about 1-2 minutes
     python benchmarks/layer_speed.py --sweep nvfp4:scale=row/fp16sr@16 --profile   # + launch sweep, top CUDA kernels
+    python benchmarks/layer_speed.py --families gdn --sweep stepquant:dualaxis6 \
+        --launches '{"gdn": [{"BV": 16, "num_warps": 8, "DOT": "tf32x3"}]}'       # only the launches given
     TRITON_INTERPRET=1 python benchmarks/layer_speed.py --tiny --device cpu --tokens 64 --segment 32   # smoke run
     python benchmarks/layer_speed.py --save-outputs a.pt; (cd OTHER && PYTHONPATH=$PWD \
         python $OLDPWD/benchmarks/layer_speed.py --compare-outputs $OLDPWD/a.pt)   # a kernel change: the same bits?
@@ -130,8 +132,10 @@ def per_token(family: str, config: str, geo: dict, device: str) -> bool:
     return mamba2_triton.token_scan_rows(cfg, (geo["P"], geo["N"]), 1, torch.device(device)) is not None
 
 
-def launches(family: str, config: str, geo: dict, device: str) -> list[dict]:
-    """The launch configs the sweep tries for a config."""
+def launches(family: str, config: str, geo: dict, device: str, chosen: dict) -> list[dict]:
+    """The launch configs the sweep tries for a config: chosen[family] where given (`--launches`), else by its path."""
+    if family in chosen:
+        return chosen[family]
     if per_token(family, config, geo, device):
         return TOKENS
     if phased(family, config, geo):
@@ -176,7 +180,7 @@ def with_launch(family: str, config: str, geo: dict, launch: dict, device: str):
     if family == "mamba2":
         return mock.patch.object(mamba2_triton, "chunked_launch_config", lambda *args: dict(launch))
 
-    def delta_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
+    def delta_launch_config(dk: int, dv: int, whole_head: bool, bv: int = 0) -> dict:
         if whole_head and launch["BV"] < dv:  # e.g. a head scale whose programs cannot all run at once to exchange it
             raise ValueError(f"BV={launch['BV']} does not hold the head's {dv} columns, as this call's copies need")
         return dict(launch)
@@ -206,6 +210,9 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--segment", type=int, default=2048)
     ap.add_argument("--sweep", default="", help="comma-separated configs whose launch configs are swept")
+    ap.add_argument("--launches", type=json.loads, default={},
+                    help='the sweep\'s launch configs of some families, as JSON: {"gdn": [{"BV": 16, "num_warps": 8, '
+                         '"DOT": "tf32x3"}], "mamba2": []} (the others: every config of the path they run)')
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--save-outputs", help="save each config's first segment (output, S_hi, S_lo) to this file")
     ap.add_argument("--compare-outputs", help="compare each config's first segment with this --save-outputs file")
@@ -243,7 +250,7 @@ def main(argv=None):
             if args.profile and timer.cuda:
                 print(profile_table(step, s0, args.segment), flush=True)
             if config in split_configs(args.sweep) and not note:
-                for launch in launches(family, config, geo, args.device):
+                for launch in launches(family, config, geo, args.device, args.launches):
                     with with_launch(family, config, geo, launch, args.device):
                         try:
                             seconds, first, _ = time_segments(step, s0, args.segment * 2, args.segment, timer)

@@ -3,14 +3,16 @@
 # benchmarks/gpu_check_mamba2.py, then benchmarks/layer_speed.py for FAMILIES (default mamba2: Nemotron-3-Nano-4B's
 # geometry) from this checkout (saving the first segment's output and stored copies) and from each previous checkout
 # in PREVS (space-separated folders holding a checkout's replayssm_eval/ and benchmarks/), each compared bit for bit
-# with this one's; with SWEEP (a comma-separated list of configs) also this checkout's launch sweep of them. TESTS=""
+# with this one's; with SWEEP (a comma-separated list of configs) also this checkout's launch sweep of them (LAUNCHES:
+# layer_speed.py's --launches, as JSON the launch configs swept in some families). TESTS=""
 # skips the tests and the check; TEST_SECONDS (300) limits the tests (138 of the 211 quick tests of the three
 # chunked test files ran in 320 s on an H200, most of it compiling); TEST_K selects tests by pytest's -k and
-# TEST_WORKERS runs them over that many pytest-xdist workers. NCU (a comma-separated list of configs) profiles each
-# one's launch LAUNCH_SKIP (default 1: the first timed one where the warm-up call is one launch; GDN's calls of 2048
-# one-token windows are two) of the kernel matching KERNEL (a regex, default _token_scan_kernel) with Nsight Compute
-# (where the machine lets it read the counters): its details page and its source counters per SASS line
-# (benchmarks/ncu_stalls.py sums them). Logs, JSON and the .ncu-rep reports go to $OUT/chunk-scan/.
+# TEST_WORKERS runs them over that many pytest-xdist workers; SPEED_SECONDS (200) limits each checkout's speed run.
+# NCU (a comma-separated list of configs) profiles each one's launch LAUNCH_SKIP (default 1: the first timed one
+# where the warm-up call is one launch; GDN's calls of 2048 one-token windows are two) of the kernel matching KERNEL
+# (a regex, default _token_scan_kernel) with Nsight Compute (where the machine lets it read the counters): its
+# details page and its source counters per SASS line (benchmarks/ncu_stalls.py sums them). Logs, JSON and the
+# .ncu-rep reports go to $OUT/chunk-scan/.
 #
 #   PREVS=.prev OUT=out scripts/gpu_chunk_scan.sh      # H200: about 5 minutes
 #   FAMILIES=mamba2,gdn TESTS="tests/kernels/test_mamba2_triton.py tests/kernels/test_delta_triton.py" PREVS=.prev \
@@ -32,10 +34,10 @@ if [[ -n $TESTS ]]; then
 fi
 # each checkout runs its own benchmarks/layer_speed.py
 speed=(python benchmarks/layer_speed.py --families "$FAMILIES" --tokens "$TOKENS" --configs "$CONFIGS")
-step speed_after 200 . "${speed[@]}" --save-outputs "$dir/outputs.pt" --out "$dir/speed_after.json" \
-  ${SWEEP:+--sweep "$SWEEP"}
+step speed_after "${SPEED_SECONDS:-200}" . "${speed[@]}" --save-outputs "$dir/outputs.pt" --out "$dir/speed_after.json" \
+  ${SWEEP:+--sweep "$SWEEP"} ${LAUNCHES:+--launches "$LAUNCHES"}
 for prev in $PREVS; do
-  step "speed_$(basename "$prev" | tr -d .)" 200 "$prev" "${speed[@]}" --compare-outputs "$dir/outputs.pt" \
+  step "speed_$(basename "$prev" | tr -d .)" "${SPEED_SECONDS:-200}" "$prev" "${speed[@]}" --compare-outputs "$dir/outputs.pt" \
     --out "$dir/speed_$(basename "$prev" | tr -d .).json"
 done
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats

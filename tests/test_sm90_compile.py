@@ -48,7 +48,7 @@ def cases() -> list:
     gdn_chunk = dict(SEGS=8, LP=16, BK=128, BV=32, CLOSED=False, SHARED=False, HI_KIND=fp16sr, HI_GROUP=none, HI_MAX=1.0,
                      HI_ORDER=div, HI_RANDOM=paired, HI_ROWS=1, HI_COLS=0, HI_AXIS=0, HI_ROT=1, HI_EF=0,
                      LO_KIND=nvfp4, LO_GROUP=row, LO_MAX=1.0, LO_ORDER=div, LO_RANDOM=plain, LO_ROWS=1, LO_COLS=0,
-                     LO_AXIS=0, LO_ROT=1, LO_EF=0, PROGRAMS=1, DOT="ieee", BUF=0)
+                     LO_AXIS=0, LO_ROT=1, LO_EF=0, PROGRAMS=1, TICKETS=False, DOT="ieee", BUF=0)
     exchange = {"fold_ptr": "*i32", "rhi_ptr": "*i32", "count_ptr": "*i32"}  # `shared_head_amax`
     mamba2_chunk = dict(RECUR=fp16sr, RECUR_GROUP=none, RECUR_MAX=1.0, RECUR_ORDER=div, RECUR_RANDOM=(octet, 10, 8),
                         RECUR_ROWS=1, RECUR_COLS=0, RECUR_AXIS=0, RECUR_ROT=1, READ=nvfp4, READ_GROUP=row, READ_MAX=1.0,
@@ -174,9 +174,11 @@ def cases() -> list:
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 128, "SHARED": True, "HI_KIND": int(Kind.INT8),
                                             **{f"HI_{k}": v for k, v in dual.items()}},
          {"fold_ptr": "*i32", "rhi_ptr": "*i32"}),
-        # and over the head's four 32-column programs exchanging the row sums
-        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
-                                            **{f"HI_{k}": v for k, v in dual.items()}, "PROGRAMS": 4},
+        # and over the head's programs exchanging the row sums at batch 1: GDN's eight of 16 columns (more than
+        # the GPU's SMs: numbered by tickets), KDA's four of 32
+        (gdn_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "BV": 16, "SHARED": True, "HI_KIND": int(Kind.INT8),
+                                            **{f"HI_{k}": v for k, v in dual.items()}, "PROGRAMS": 8,
+                                            "TICKETS": True},
          {**GDN_FLAGS, "exch_ptr": "*i64", "count_ptr": "*i32"}),
         (kda_chunk_module._chunked_kernel, {**gdn_chunk, "LP": 1, "SHARED": True, "HI_KIND": int(Kind.INT8),
                                             **{f"HI_{k}": v for k, v in dual.items()}, "PROGRAMS": 4},

@@ -27,10 +27,10 @@ Call them inside your own `@triton.jit` kernels (FP32 in, FP32 out unless noted)
     philox4x32(seed, counter, N_ROUNDS), philox_word(...)          tl.randint4x / tl.randint, bit for bit
     sr_field(word, KIND, BITS)                                     an element's random field from its word
     pair_odd(col, WORDS)                                           1 where an element reads its pair's word, else 0
-They use integer and exact FP32 arithmetic only (no hardware cvt, no approximate division), so the interpreter and any
-GPU give the same bits as the torch reference; `hadamard_tile` adds in FP64 and multiplies by powers of two and
-fp64(1 / sqrt(2)) in `rotation.hadamard_runs`' order, the same bits too (benchmarks/gpu_check_rotation.py). Constants
-come from `rounding`.
+They use integer and exact FP32 arithmetic only (no approximate division; compiled, `round_int` is one `cvt.rni`), so
+the interpreter and any GPU give the same bits as the torch reference; `hadamard_tile` adds in FP64 and multiplies by
+powers of two and fp64(1 / sqrt(2)) in `rotation.hadamard_runs`' order, the same bits too
+(benchmarks/gpu_check_rotation.py). Constants come from `rounding`.
 
 Fast decoders for kernels that stream a packed copy (integer shifts and masks and one exact FP16 -> FP32
 cvt per element, same values as the decoders above):
@@ -212,11 +212,19 @@ def sr_e4m3(x, bits, K: tl.constexpr = _E4M3_SR_BITS):
 
 @triton.jit
 def round_int(v, QMAX: tl.constexpr):
-    """Integer code (FP32) of v: RNE, saturating to +-QMAX, NaN -> 0, a zero code +0 (`rounding.round_int`)."""
-    # on |v| as `_rne_grid`: v may be a product, and an add of it could fuse into an FMA that skips its rounding
-    r = (tl.abs(_clamp(v, QMAX)) + _MAGIC) - _MAGIC  # |v| <= QMAX < 2^22: rounds to an integer, ties to even
-    r = tl.where(r != r, 0.0, r)
-    return tl.where(v < 0, 0.0 - r, r)  # 0.0 - r: a zero code is +0
+    """Integer code (FP32) of v: RNE, saturating to +-QMAX, NaN -> 0, a zero code +0 (`rounding.round_int`).
+    Compiled, one `cvt.rni` (sm_90: `FRND`); the interpreter, which runs no PTX, adds and subtracts 1.5 * 2^23."""
+    if _INTERPRETED:
+        # on |v| as `_rne_grid`: v may be a product, and an add of it could fuse into an FMA that skips its rounding
+        r = (tl.abs(_clamp(v, QMAX)) + _MAGIC) - _MAGIC  # |v| <= QMAX < 2^22: rounds to an integer, ties to even
+        r = tl.where(r != r, 0.0, r)
+        q = tl.where(v < 0, 0.0 - r, r)  # 0.0 - r: a zero code is +0
+    else:
+        r = tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True,
+                                      pack=1)  # ties to even; NaN stays NaN
+        r = tl.where(tl.abs(r) > 0.0, r, 0.0)  # NaN -> 0, -0 -> +0
+        q = tl.minimum(tl.maximum(r, -QMAX), QMAX)  # an integer past QMAX saturates as v would; no NaN left
+    return q
 
 
 @triton.jit

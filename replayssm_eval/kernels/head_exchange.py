@@ -4,11 +4,12 @@ program holding the whole head (which spills its registers, or takes a second pa
 token scan and the GDN and KDA chunked kernels exchange the row sums of STEPQuant's dual-axis factors the same way.
 
 - `ticket_ids` (jit): a program's (tile, head, sequence) in the order programs start, from an atomic counter, so that
-  a head's programs start one after another whatever order the GPU dispatches the grid in (Mamba-2);
+  a head's programs start one after another whatever order the GPU dispatches the grid in;
 - `shared_head_amax`, `shared_head_sums` (jit): the exchanges themselves, through global atomics;
 - `round_state_copy` (jit): a stored copy of a Mamba-2 state tile, exchanging where its head's programs share it;
 - `exchange_programs`, `can_exchange`, `sums_exchanged`: where a launch may exchange (compiled code on a GPU holding
-  at once the programs a program may wait on: its head's with tickets, the launch's in grid order, as GDN and KDA).
+  at once the programs a program may wait on: its head's, numbered in start order or, where the launch's programs
+  all fit at once, in grid order).
 """
 
 from __future__ import annotations
@@ -118,18 +119,17 @@ def sums_exchanged(codec: KernelCodec) -> bool:
     return codec.group == Group.DUAL and codec.axis == "headdim" and codec.rot == 1
 
 
-def exchange_programs(codecs: list[KernelCodec | None], tiles: int, at_once: int, device: torch.device) -> int:
+def exchange_programs(codecs: list[KernelCodec | None], tiles: int, device: torch.device) -> int:
     """The `tiles` programs of a head that exchange the amax of its head-scaled copies (`shared_head_amax`) or the
     row sums of its dual-axis copies (`sums_exchanged`, `shared_head_sums`; not both kinds in one launch), or 1:
-    one program then holds the head. A program waits on the other programs of its head, so `at_once` programs must
-    be resident together: the head's `tiles` where programs take their place in start order (`ticket_ids`: a program
-    waits only on programs of its head that run or start as soon as any program ends), every program of the launch
-    where they take it from the grid (the GPU may start them in any order). A GPU with at least `at_once`
-    multiprocessors holds them (each holds at least one program). Compiled code on a GPU only (the interpreter runs
-    programs one after another: an exchange would wait forever), head-scaled formats in their natural basis
-    (`KernelCodec.natural`) and dual-axis factors along head_dim."""
+    one program then holds the head. A program waits on the other programs of its head, numbered in start order
+    (`ticket_ids`; or in grid order where all of the launch's programs fit at once): it waits only on programs of its
+    head that run or start as soon as any program ends, so the head's `tiles` programs must be resident together,
+    as on a GPU with at least `tiles` multiprocessors (each holds at least one program). Compiled code on a GPU only
+    (the interpreter runs programs one after another: an exchange would wait forever), head-scaled formats in their
+    natural basis (`KernelCodec.natural`) and dual-axis factors along head_dim."""
     head_scaled = [c for c in codecs if c is not None and c.group == Group.HEAD]
     dual = [c for c in codecs if c is not None and c.group == Group.DUAL]
     exchanges = (bool(head_scaled) != bool(dual) and all(c.natural for c in head_scaled)
                  and all(map(sums_exchanged, dual)) and tiles > 1)
-    return tiles if exchanges and can_exchange(at_once, device) else 1
+    return tiles if exchanges and can_exchange(tiles, device) else 1

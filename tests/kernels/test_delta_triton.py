@@ -341,19 +341,20 @@ def test_chunked_triton_modelopt_hadamard(fam, device):
                                   "dualaxis/fp16sr@4", "shared:dualaxis:width=8@4"])
 def test_head_scale_across_programs(fam, text, device, monkeypatch):
     """A head-scaled copy of a 128-column head held by four programs that exchange its amax (or a dual-axis copy, its
-    row sums over V): one fold is exactly write_checkpoint of the launch's FP32 fold (both copies exchanging in the
-    second case); over many folds, and one segment per launch, the outputs and copies are those of one program per
-    head up to FP32 flips."""
+    row sums over V): one fold, in a launch of more programs than a GPU holds at once (a head's take their places in
+    start order), is exactly write_checkpoint of the launch's FP32 fold (both copies exchanging in the second case);
+    over many folds, and one segment per launch, the outputs and copies are those of one program per head up to FP32
+    flips (a budget of one flip: three sequences)."""
     rule = FAMILIES[fam].RULE
     cfg = ReplayConfig.parse(text)
-    sizes = dict(batch=3, heads=1, value_heads=2, dk=40, dv=128)
+    sizes = dict(heads=1, value_heads=2, dk=40, dv=128)
     codecs = [tile_codec(f, True, (128, 40)) for f in (cfg.recur_format, cfg.read_format)]
-    assert head_exchange.exchange_programs(codecs, 4, 24, torch.device(device)) == 4
-    one = delta_inputs(fam, seqlen=4, dtype=torch.float32, device=device, **sizes)
+    assert head_exchange.exchange_programs(codecs, 4, torch.device(device)) == 4
+    one = delta_inputs(fam, batch=40, seqlen=4, dtype=torch.float32, device=device, **sizes)  # 320 programs
     _, rounded = rule.chunk.chunked_triton(rule.prepare(*one, cfg))
     _, fold = rule.chunk.chunked_triton(rule.prepare(*one, cfg), rounded=False)
     assert rounds_to(fold, rounded, cfg)
-    many = delta_inputs(fam, seqlen=37, dtype=torch.float32, device=device, **sizes)
+    many = delta_inputs(fam, batch=3, seqlen=37, dtype=torch.float32, device=device, **sizes)
     o, st = rule.chunk.chunked_triton(rule.prepare(*many, cfg))
     with one_segment_launches():
         o_seg, st_seg = rule.chunk.chunked_triton(rule.prepare(*many, cfg))

@@ -24,22 +24,23 @@ def _codecs(text):
 
 
 def test_exchange_programs_only_in_compiled_code_for_natural_head_scales(monkeypatch):
-    """A head's tiles exchange in compiled code on a GPU with a multiprocessor for each program that must run at once
-    (a head's, numbered in start order; the launch's, numbered by the grid), any number of tiles; never in the
-    interpreter, on the CPU, for one tile, for a head scale along head_dim, or with nothing head-scaled."""
+    """A head's tiles exchange in compiled code on a GPU with a multiprocessor for each of them (they must run at
+    once), any number of tiles; never in the interpreter, on the CPU, for one tile, for a head scale along head_dim,
+    or with nothing head-scaled."""
     gpu = torch.device("cuda")
-    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, 4, torch.device("cpu")) == 1
+    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, torch.device("cpu")) == 1
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, 4, gpu) == 1
+    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, gpu) == 1
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
-    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, 128, gpu) == 4
-    assert exchange_programs(_codecs("int8:scale=head/int8sr:scale=head@16"), 5, 5, gpu) == 5
-    assert exchange_programs(_codecs("shared:nvfp4@16"), 3, 132, gpu) == 3
-    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, 136, gpu) == 1  # 136 programs on 132 multiprocessors
-    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 1, 1, gpu) == 1
-    assert exchange_programs(_codecs("int8:axis=headdim,scale=head/fp16sr@16"), 4, 4, gpu) == 1
-    assert exchange_programs(_codecs("nvfp4:scale=row/fp16sr@16"), 4, 4, gpu) == 1  # nothing to exchange
+    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 4, gpu) == 4
+    assert exchange_programs(_codecs("int8:scale=head/int8sr:scale=head@16"), 5, gpu) == 5
+    assert exchange_programs(_codecs("shared:nvfp4@16"), 132, gpu) == 132
+    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 136, gpu) == 1  # 136 tiles on 132 multiprocessors
+    assert exchange_programs(_codecs("nvfp4/fp16sr@16"), 1, gpu) == 1
+    assert exchange_programs(_codecs("int8:axis=headdim,scale=head/fp16sr@16"), 4, gpu) == 1
+    assert exchange_programs(_codecs("nvfp4:scale=row/fp16sr@16"), 4, gpu) == 1  # nothing to exchange
+    assert exchange_programs(_codecs("dualaxis:axis=headdim/fp16sr@1"), 8, gpu) == 8
 
 
 def test_can_exchange_and_sums_exchanged(monkeypatch):

@@ -31,7 +31,9 @@ from replayssm_eval.formats.device import (
 )
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
-from replayssm_eval.kernels.head_exchange import exchange_programs, shared_head_amax, shared_head_sums, sums_exchanged
+from replayssm_eval.kernels.head_exchange import (
+    can_exchange, exchange_programs, shared_head_amax, shared_head_sums, sums_exchanged,
+)
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
 from replayssm_eval.replay.state import ReplayState, carries_feedback, round_folded
@@ -164,7 +166,8 @@ def round_copies(folded, e_hi, e_lo, key_hi, key_lo, checkpoint, elem, smask, ex
     return s_hi, s_lo, e_hi, e_lo
 
 
-def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch.Tensor, ReplayState]:
+def chunked_triton(p: Prepared, chunked, *, rounded: bool = True,
+                   sums_bv: int = _BV) -> tuple[torch.Tensor, ReplayState]:
     """backend="triton" of `chunked` (FP32 only) through the family's `chunked(p, hi_codec, lo_codec, launch)`; a copy
     whose rounding needs a reduction no program can do (its `tile_codec` is None: a tensor-wide scale; a head scale,
     a two-axis (rowcol, dualaxis) scale, a row scale along V, or a scale tile, block or rotation run of more than one
@@ -175,7 +178,8 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     columns, or the whole head where a copy's scale groups (column and dual-axis factors included), blocks along V or
     rotation runs along V span more; a head scale of a natural-basis format, and dual-axis factors along head_dim
     (V), span the head's programs where they can exchange its amax or their row sums (`exchange_programs`: compiled
-    code on a GPU holding every program of the launch at once), else they take the whole head too.
+    code on a GPU holding a head's programs at once), else they take the whole head too.
+    Programs exchanging row sums hold `sums_bv` v columns (the family's fastest).
 
     rounded=False (for checks): the same launch (same tiling, so the same FP32 fold) but both stored copies are
     written in FP32, i.e. the returned state holds the kernel's folds before rounding; rounding them with
@@ -192,13 +196,15 @@ def chunked_triton(p: Prepared, chunked, *, rounded: bool = True) -> tuple[torch
     dv = p.v.shape[-1]
     exchanged = [c for c in codecs if c is not None and (c.group == Group.HEAD or sums_exchanged(c))]
     spans = any(c is not None and c.spans(_BV) and c not in exchanged for c in codecs)
-    launch = chunked_launch_config(p.k.shape[-1], dv, spans)
+    launch = chunked_launch_config(p.k.shape[-1], dv, spans, sums_bv if any(map(sums_exchanged, exchanged)) else _BV)
     tiles = triton.cdiv(dv, launch["BV"])
-    # programs in grid order: a head's programs wait on programs the GPU may not have started, so all must run at once
-    programs = 1 if spans else exchange_programs(codecs, tiles, p.q.shape[0] * p.q.shape[2] * tiles, p.q.device)
+    programs = 1 if spans else exchange_programs(codecs, tiles, p.q.device)
     if exchanged and not spans and programs == 1:  # no exchange: one program holds the head
         launch = chunked_launch_config(p.k.shape[-1], dv, True)
     launch["PROGRAMS"] = programs
+    # exchanging programs in grid order where all fit the GPU at once, else numbered in start order (`ticket_ids`);
+    # tickets cost registers (KDA's window-1 kernel 154 against 128) and ran the default slower on GDN (BENCHMARKS)
+    launch["TICKETS"] = programs > 1 and not can_exchange(p.q.shape[0] * p.q.shape[2] * tiles, p.q.device)
     if not rounded:
         codecs = [FP32_CODEC] * 2
     return chunked(p, codecs[0], codecs[1], launch)
@@ -218,8 +224,8 @@ def feedback_in_kernel(p: Prepared) -> bool:
     return carries_feedback(copy_codecs(p), p.config)
 
 
-def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
-    """BV (v columns per program: up to _BV, or the whole head for scale groups, blocks or rotation runs spanning more
+def chunked_launch_config(dk: int, dv: int, whole_head: bool, bv: int = _BV) -> dict:
+    """BV (v columns per program: up to bv, or the whole head for scale groups, blocks or rotation runs spanning more
     columns: head scales without an exchange, tall scale tiles, blocks and runs along V), num_warps and DOT of
     `_chunked_kernel`, the H200 sweep's best (benchmarks/layer_speed.py).
 
@@ -228,7 +234,7 @@ def chunked_launch_config(dk: int, dv: int, whole_head: bool) -> dict:
     0.11% of the fp16sr elements; BENCHMARKS.md, Chunked form). The interpreter computes every dot in FP32."""
     if whole_head:
         return {"BV": max(16, triton.next_power_of_2(dv)), "num_warps": 16, "DOT": "tf32x3"}
-    return {"BV": min(max(16, triton.next_power_of_2(dv)), _BV), "num_warps": 8, "DOT": "tf32x3"}
+    return {"BV": min(max(16, triton.next_power_of_2(dv)), bv), "num_warps": 8, "DOT": "tf32x3"}
 
 
 def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | None, lo_codec: KernelCodec | None,
@@ -237,7 +243,7 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
 
     inputs: the family's leading kernel arguments; the kernel then takes fold, last, the checkpoint index at the
     block start, keys_hi, keys_lo, hi, lo, the copies' error-feedback residuals (read and written in place where the
-    codec's `ef` says), o, u, the exchange's slots and counters, NS, the block start, HV, K, V and
+    codec's `ef` says), o, u, the exchange's slots, counters and ticket, NS, the block start, HV, K, V and
     the shared constexprs; grid (v-blocks, value heads, sequences). A copy
     without an in-kernel store (codec None) makes every launch one segment: the kernel keeps that copy's FP32 fold and
     `round_folded` rounds it for the sequences that folded before the next launch (the next segment's u's and outputs
@@ -261,9 +267,9 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
     bv, programs = launch["BV"], launch["PROGRAMS"]
     grid = (triton.cdiv(dv, bv), nv, bsz)  # v-blocks fastest: a GPU starts a head's programs one after another
     fold = seg.folds.to(torch.int32).contiguous()
-    exch, count = fold, fold  # the exchange's slots and counters, unread by a launch without one
+    exch, count = fold, fold  # the exchange's slots, counters and ticket, unread by a launch without one
     if programs > 1:
-        count = torch.zeros(bsz * nv, dtype=torch.int32, device=p.q.device)
+        count = torch.zeros(bsz * nv + 1, dtype=torch.int32, device=p.q.device)  # the head's counters, the ticket
         if any(sums_exchanged(c) for c in (hi_codec, lo_codec) if c is not None):  # `shared_head_sums`
             exch = torch.empty(bsz * nv * 2 * programs * bk, dtype=torch.int64, device=p.q.device)
         else:  # `shared_head_amax`
@@ -285,13 +291,14 @@ def run_segments(p: Prepared, seg: Segments, lp: int, hi_codec: KernelCodec | No
             count.zero_()
         kernel[grid](
             *inputs, fold, last, ckpt[start], keys_hi, keys_lo, hi, lo, res_hi, res_lo, o_pad, u_pad, exch, count,
-            seg.num, start, nv, dk, dv,
+            count[-1:], seg.num, start, nv, dk, dv,
             SEGS=block, LP=lp, BK=bk, BV=bv, CLOSED=cfg.gdn_fold == "closed", SHARED=cfg.shared,
             HI_KIND=hi_kind, HI_GROUP=hi_group, HI_MAX=hi_max, HI_ORDER=hi_order, HI_RANDOM=hi_codec.random,
             HI_ROWS=hi_rows, HI_COLS=hi_cols, HI_AXIS=hi_axis, HI_ROT=hi_rot, HI_EF=int(hi_codec.ef),
             LO_KIND=lo_kind, LO_GROUP=lo_group, LO_MAX=lo_max, LO_ORDER=lo_order, LO_RANDOM=lo_codec.random,
             LO_ROWS=lo_rows, LO_COLS=lo_cols, LO_AXIS=lo_axis, LO_ROT=lo_rot, LO_EF=int(lo_codec.ef),
-            PROGRAMS=programs, DOT=launch["DOT"], BUF=buffer_kind(cfg), num_warps=launch["num_warps"],
+            PROGRAMS=programs, TICKETS=launch["TICKETS"], DOT=launch["DOT"], BUF=buffer_kind(cfg),
+            num_warps=launch["num_warps"],
         )
         for copy, fmt, keys in outside:
             round_folded(copy, fmt, keys, ckpt[start] + 1, seg.folds[:, start], fold_host[start])

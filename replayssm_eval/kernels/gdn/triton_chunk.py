@@ -24,9 +24,10 @@ are independent. The state tile is S[:, v-block] in the HF layout [K, BV]; the s
    dualaxis along K or V; each with error feedback (ef=: the copy's residual loaded, fed into its rounding and
    stored back, `delta.triton_chunk.round_copies`). `rowcol`, `dualaxis`, tiles of more than 32 v rows and
    anything spanning more than one v column along V (row scales, blocks, rotation runs with axis=headdim) need the
-   whole head in one program (used when V <= 128); so do `head` and `dualaxis` along V, unless the head's 32-column
-   programs exchange its amax or row sums at each fold (`head_exchange.exchange_programs`: on a GPU that holds every
-   program of the launch at once).
+   whole head in one program (used when V <= 128); so do `head` and `dualaxis` along V, unless the head's programs
+   (of 32 columns, 16 for dual-axis factors: `SUMS_BV`) exchange its amax or row sums at each fold
+   (`head_exchange.exchange_programs`: on a GPU that holds a head's programs at once; numbered in grid order where
+   all of the launch's programs fit at once, else in start order, `ticket_ids`).
    A copy in a format whose scale group no single program sees (nvfp4:scale=tensor,
    fp8 and int scale=tensor, spans across v columns with V > 128, tiles of other sizes) is stored as the FP32 fold
    and rounded by torch
@@ -46,15 +47,20 @@ from replayssm_eval.kernels.delta.chunked import Segments, pad_segments, segment
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
     forward_substitution, load_copies, load_residuals, round_copies, store_residuals,
 )
+from replayssm_eval.kernels.head_exchange import ticket_ids
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
+
+# v columns of a program exchanging dual-axis row sums: eight 16-column programs a head ran 1.08x four 32-column ones
+# (`stepquant:dualaxis6`, Qwen3.5-4B's geometry, H100; BENCHMARKS.md, STEPQuant presets); KDA's did not (0.99x)
+SUMS_BV = 16
 
 
 @triton.jit
 def _chunked_kernel(
     k_ptr, q_ptr, v_ptr, uk_ptr, gc_ptr, d_ptr, dc_ptr, dend_ptr, beta_ptr, rhi_ptr, pre_ptr, tinv_ptr, tinvc_ptr,
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, res_hi_ptr, res_lo_ptr, o_ptr, u_ptr,
-    exch_ptr, count_ptr,
+    exch_ptr, count_ptr, ticket_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
@@ -63,16 +69,18 @@ def _chunked_kernel(
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
     LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
     LO_EF: tl.constexpr,
-    PROGRAMS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
+    PROGRAMS: tl.constexpr, TICKETS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: k, q [NS, LP, K]; v, uk, o, u [NS, LP, V]; gc, d, dc, beta, rhi, pre [NS, LP];
     # tinv [NS, LP, LP] ((I + A)^-1, or with a buffer dtype A itself for `forward_substitution`); dend [NS];
     # per b: fold, last [NS], checkpoint index at s_begin, keys; hi, lo [B, HV, V, K] read at the start, written at
     # the end, and so are res_hi, res_lo, the copies' error-feedback residuals (HI_EF, LO_EF; else unread);
-    # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`head_exchange.shared_head_amax`)
-    b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
-    hv = tl.program_id(1)
-    tile = tl.program_id(0)
+    # exch, count [B * HV], ticket [1]: PROGRAMS > 1, the exchange of a head scale's amax (`shared_head_amax`,
+    # exch [B * HV, 2, PROGRAMS]) or of dual-axis row sums (`shared_head_sums`, exch [B * HV, 2, PROGRAMS, BK])
+    if TICKETS:  # exchanging programs, more than the GPU holds at once: numbered in start order
+        tile, hv, b = ticket_ids(ticket_ptr, tl.cdiv(V, BV), HV)
+    else:  # grid (v-blocks, value heads, sequences): a GPU starts a head's programs one after another
+        tile, hv, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     vs = tile * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
     ts = tl.arange(0, LP)
@@ -144,7 +152,7 @@ def _chunked_kernel(
 
 def chunked_triton(p: Prepared, *, rounded: bool = True):
     """backend="triton" of `gdn.chunked` (FP32 only); `delta.triton_chunk.chunked_triton` with GDN's `_chunked`."""
-    return shared.chunked_triton(p, _chunked, rounded=rounded)
+    return shared.chunked_triton(p, _chunked, rounded=rounded, sums_bv=SUMS_BV)
 
 
 def _padded_inputs(p: Prepared, seg: Segments, lp: int) -> list[torch.Tensor]:

@@ -30,6 +30,7 @@ from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, padded_inputs, 
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
     forward_substitution, load_copies, load_residuals, round_copies, store_residuals,
 )
+from replayssm_eval.kernels.head_exchange import ticket_ids
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
 
@@ -38,7 +39,7 @@ from replayssm_eval.replay.buffer_round import BUF_FP32
 def _chunked_kernel(
     u0_ptr, whi_ptr, wlo_ptr, qhi_ptr, qlo_ptr, m_ptr, kend_ptr, dend_ptr, u0c_ptr, wc_ptr, q_ptr, rhi_ptr, a_ptr,
     fold_ptr, last_ptr, ckpt_ptr, key_hi_ptr, key_lo_ptr, hi_ptr, lo_ptr, res_hi_ptr, res_lo_ptr, o_ptr, u_ptr,
-    exch_ptr, count_ptr,
+    exch_ptr, count_ptr, ticket_ptr,
     NS, s_begin, HV, K, V,
     SEGS: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CLOSED: tl.constexpr, SHARED: tl.constexpr,
     HI_KIND: tl.constexpr, HI_GROUP: tl.constexpr, HI_MAX: tl.constexpr, HI_ORDER: tl.constexpr,
@@ -47,17 +48,19 @@ def _chunked_kernel(
     LO_KIND: tl.constexpr, LO_GROUP: tl.constexpr, LO_MAX: tl.constexpr, LO_ORDER: tl.constexpr,
     LO_RANDOM: tl.constexpr, LO_ROWS: tl.constexpr, LO_COLS: tl.constexpr, LO_AXIS: tl.constexpr, LO_ROT: tl.constexpr,
     LO_EF: tl.constexpr,
-    PROGRAMS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
+    PROGRAMS: tl.constexpr, TICKETS: tl.constexpr, DOT: tl.constexpr, BUF: tl.constexpr,
 ):
     # per (b, hv) row-major: whi, wlo, qhi, qlo, kend, wc, q [NS, LP, K]; u0, u0c, o, u [NS, LP, V]; m [NS, LP, LP];
     # dend [NS, K]; rhi [NS, LP]; per b: fold, last [NS], checkpoint index at s_begin, keys;
     # hi, lo [B, HV, V, K] read at the start and written at the end, and so are res_hi, res_lo, the copies'
     # error-feedback residuals (HI_EF, LO_EF; else unread). With a buffer dtype (BUF) u0, whi, wlo hold the
     # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `forward_substitution` (else unused);
-    # exch [B * HV, 2, PROGRAMS], count [B * HV]: a head scale's exchange (`head_exchange.shared_head_amax`)
-    b = tl.program_id(2)  # grid (v-blocks, value heads, sequences): a head's programs start one after another
-    hv = tl.program_id(1)
-    tile = tl.program_id(0)
+    # exch, count [B * HV], ticket [1]: PROGRAMS > 1, the exchange of a head scale's amax (`shared_head_amax`,
+    # exch [B * HV, 2, PROGRAMS]) or of dual-axis row sums (`shared_head_sums`, exch [B * HV, 2, PROGRAMS, BK])
+    if TICKETS:  # exchanging programs, more than the GPU holds at once: numbered in start order
+        tile, hv, b = ticket_ids(ticket_ptr, tl.cdiv(V, BV), HV)
+    else:  # grid (v-blocks, value heads, sequences): a GPU starts a head's programs one after another
+        tile, hv, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     vs = tile * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
     ts = tl.arange(0, LP)

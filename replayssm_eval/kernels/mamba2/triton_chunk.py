@@ -194,7 +194,7 @@ def _chunk_scan(grid, A, hi, lo, pre, res, y, checkpoint, keys, config, codecs, 
     programs = 1
     if head_split(recur) and not any(c.spans(PROGRAM_ROWS) and not head_split(c) for c in copies):
         slabs = triton.cdiv(P, PROGRAM_ROWS)
-        programs = exchange_programs(list(copies), slabs, slabs, hi.device)  # programs numbered in start order
+        programs = exchange_programs(list(copies), slabs, hi.device)  # programs numbered in start order
     launch = chunked_launch_config(P, N, programs == 1 and any(c.spans(PROGRAM_ROWS) for c in copies))
     block_p = launch["BLOCK_P"]
     skip = config.skip_read_below
