@@ -341,7 +341,7 @@ def test_chunked_triton_modelopt_hadamard(fam, device):
                                   "dualaxis/fp16sr@4", "shared:dualaxis:width=8@4"])
 def test_head_scale_across_programs(fam, text, device, monkeypatch):
     """A head-scaled copy of a 128-column head held by four programs that exchange its amax (or a dual-axis copy, its
-    row sums over V): one fold, in a launch of more programs than a GPU holds at once (a head's take their places in
+    row sums over V; GDN's in eight programs, `SUMS_BV`): one fold, in a launch of more programs than a GPU holds at once (a head's take their places in
     start order), is exactly write_checkpoint of the launch's FP32 fold (both copies exchanging in the second case);
     over many folds, and one segment per launch, the outputs and copies are those of one program per head up to FP32
     flips (a budget of one flip: three sequences)."""

@@ -32,7 +32,7 @@ from replayssm_eval.formats.device import (
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, Segments, state_after
 from replayssm_eval.kernels.head_exchange import (
-    can_exchange, exchange_programs, shared_head_amax, shared_head_sums, sums_exchanged,
+    can_exchange, exchange_programs, shared_head_amax, shared_head_sums, sums_exchanged, ticket_ids,
 )
 from replayssm_eval.replay.buffer_round import buffer_kind, round_buffered
 from replayssm_eval.replay.keys import READ_COPY, RECUR_COPY, sr_keys
@@ -89,6 +89,18 @@ def forward_substitution(a, r, ts, BUF: tl.constexpr, LP: tl.constexpr):
         u = tl.where(at_t, u_t[None, :], u)
         u_buf = tl.where(at_t, round_buffered(u_t, BUF)[None, :], u_buf)
     return u, u_buf
+
+
+@triton.jit
+def program_place(ticket_ptr, HV, V, BV: tl.constexpr, TICKETS: tl.constexpr):
+    """(v-block, value head, sequence) of a chunked program: from the grid (v-blocks, value heads, sequences), in
+    whose order a GPU starts a head's programs one after another, or with TICKETS (an exchanging launch of more
+    programs than the GPU holds at once) in the order the programs start (`ticket_ids`)."""
+    if TICKETS:
+        tile, hv, b = ticket_ids(ticket_ptr, tl.cdiv(V, BV), HV)
+    else:
+        tile, hv, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    return tile, hv, b
 
 
 @triton.jit

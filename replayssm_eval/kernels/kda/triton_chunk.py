@@ -28,9 +28,8 @@ from replayssm_eval.kernels.delta import triton_chunk as shared
 from replayssm_eval.kernels.delta._common import Prepared
 from replayssm_eval.kernels.delta.chunked import BLOCK_ELEMENTS, padded_inputs, precompute, segment_layout
 from replayssm_eval.kernels.delta.triton_chunk import (  # jit helpers the kernel reads as globals
-    forward_substitution, load_copies, load_residuals, round_copies, store_residuals,
+    forward_substitution, load_copies, load_residuals, program_place, round_copies, store_residuals,
 )
-from replayssm_eval.kernels.head_exchange import ticket_ids
 from replayssm_eval.kernels.tile_dot import dot, window_rows
 from replayssm_eval.replay.buffer_round import BUF_FP32
 
@@ -55,12 +54,10 @@ def _chunked_kernel(
     # hi, lo [B, HV, V, K] read at the start and written at the end, and so are res_hi, res_lo, the copies'
     # error-feedback residuals (HI_EF, LO_EF; else unread). With a buffer dtype (BUF) u0, whi, wlo hold the
     # unsolved r_v, r_hi, r_lo and a [NS, LP, LP] the strictly lower A of `forward_substitution` (else unused);
-    # exch, count [B * HV], ticket [1]: PROGRAMS > 1, the exchange of a head scale's amax (`shared_head_amax`,
-    # exch [B * HV, 2, PROGRAMS]) or of dual-axis row sums (`shared_head_sums`, exch [B * HV, 2, PROGRAMS, BK])
-    if TICKETS:  # exchanging programs, more than the GPU holds at once: numbered in start order
-        tile, hv, b = ticket_ids(ticket_ptr, tl.cdiv(V, BV), HV)
-    else:  # grid (v-blocks, value heads, sequences): a GPU starts a head's programs one after another
-        tile, hv, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # exch, count [B * HV]: PROGRAMS > 1, the exchange of a head scale's amax (`shared_head_amax`, exch
+    # [B * HV, 2, PROGRAMS]) or of dual-axis row sums (`shared_head_sums`, exch [B * HV, 2, PROGRAMS, BK]);
+    # ticket [1]: TICKETS, the programs' start order (`program_place`)
+    tile, hv, b = program_place(ticket_ptr, HV, V, BV, TICKETS)
     vs = tile * BV + tl.arange(0, BV)
     ks = tl.arange(0, BK)
     ts = tl.arange(0, LP)
