@@ -466,9 +466,9 @@ class GDN:
                     for words in (0, 1):
                         for warps in ((4, 8) if block_v * block_k >= 4096 else (2, 4)):
                             out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=words, num_warps=warps))
-                    if block_k == min(64, k) and block_v >= 32:  # rows summed by their threads: one row a thread
-                        out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=2,
-                                        num_warps=block_v // 32))
+                    if block_k == min(64, k) and block_v >= 32:  # rows summed by their threads: one row a thread,
+                        for warps in sorted({block_v // 32, 1}):  # or several (one warp)
+                            out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=2, num_warps=warps))
         return out
 
     def step_variant(self, launch, cfg: dict):
@@ -563,7 +563,8 @@ class KDA(GDN):
         tiles = [dict(BLOCK_V=block_v, BLOCK_K=block_k, WORDS=words, num_warps=warps)
                  for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (0, 1)
                  for warps in (2, 4) if block_v * block_k <= 8192]
-        rows = [dict(BLOCK_V=block_v, BLOCK_K=32, WORDS=2, num_warps=block_v // 32) for block_v in (32, 64, 128)]
+        rows = [dict(BLOCK_V=block_v, BLOCK_K=32, WORDS=2, num_warps=warps) for block_v in (32, 64, 128)
+                for warps in sorted({block_v // 32, 1})]  # a row a thread, or several
         # the row-wise launches first, where a short budget still times them; none capped (the default is timed first)
         return [{**cfg, "maxnreg": None} for cfg in rows + tiles]
 

@@ -86,33 +86,58 @@ def _row_quads(ptr, rows, C: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def _row_words(words_ptr, mask_v, C: tl.constexpr, NW: tl.constexpr):
+    """Words C .. C + 3 (int32, 0 at NW and past) of each row: words_ptr [BLOCK_V] the rows' first words; one 16-byte
+    load a thread holding a row, its four lanes split apart in registers; four [BLOCK_V] tensors."""
+    cols = C + tl.arange(0, 4)
+    quad = tl.load(words_ptr[:, None] + cols[None, :], mask=mask_v[:, None] & (cols < NW)[None, :], other=0)
+    even, odd = tl.split(tl.reshape(quad, (words_ptr.shape[0], 2, 2)))  # lanes (0, 2), (1, 3)
+    w0, w2 = tl.split(even)
+    w1, w3 = tl.split(odd)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _rowwise_block(sk, sq, word_a, word_b, scale, blk: tl.constexpr, rows, k_ptr, q_ptr, K: tl.constexpr):
+    """sk, sq plus scale block blk of the rows (its words 2 blk and 2 blk + 1 and its E4M3 scale byte, each row's own;
+    the words decoded in pairs by `e2m1_f16_pair` against k and q loaded four values at a time, `_row_quads`)."""
+    bk = tl.zeros(rows.shape, dtype=tl.float32)
+    bq = tl.zeros(rows.shape, dtype=tl.float32)
+    for half in tl.static_range(2):
+        if 16 * blk + 8 * half < K:  # word w = 2 blk + half: codes 8 w .. 8 w + 7
+            word = word_a if half == 0 else word_b
+            ka = _row_quads(k_ptr, rows, 16 * blk + 8 * half, K)
+            kb = _row_quads(k_ptr, rows, 16 * blk + 8 * half + 4, K)
+            qa = _row_quads(q_ptr, rows, 16 * blk + 8 * half, K)
+            qb = _row_quads(q_ptr, rows, 16 * blk + 8 * half + 4, K)
+            for j in tl.static_range(4):
+                lo, hi = e2m1_f16_pair(word, j)  # codes 8 w + j, 8 w + j + 4, times 2^-14
+                bk += lo * ka[j]
+                bk += hi * kb[j]
+                bq += lo * qa[j]
+                bq += hi * qb[j]
+    sc = e4m3_fast(scale) * E2M1_F16_SCALE
+    return sk + bk * sc, sq + bq * sc
+
+
+@triton.jit
 def nvfp4_rowwise(data_ptr, scale_ptr, rows, mask_v, k_ptr, q_ptr, K: tl.constexpr, KP: tl.constexpr):
     """(sum_c X[r, c] k[c], the same with q), [BLOCK_V] each, of the NVFP4 rows `rows` (X: E2M1 codes times E4M3 block
     scales, without the global scale), each row summed whole by the thread that holds it: the tensors are [BLOCK_V],
-    so no sum crosses threads. A row's int32 words of 8 codes load one by one and decode in pairs by bit operations
-    (`e2m1_f16_pair`); every thread loads k and q four values at a time (`_row_quads`)."""
+    so no sum crosses threads. A row's int32 words of 8 codes load four at a time (`_row_words`: two scale blocks),
+    with the two blocks' scale bytes in one load, and decode in pairs by bit operations; every thread loads k and q
+    four values at a time (`_row_quads`)."""
     words_ptr = data_ptr.to(tl.pointer_type(tl.int32)) + rows * (KP // 8)
     sk = tl.zeros(rows.shape, dtype=tl.float32)
     sq = tl.zeros(rows.shape, dtype=tl.float32)
-    for blk in tl.static_range(KP // 16):
-        bk = tl.zeros(rows.shape, dtype=tl.float32)
-        bq = tl.zeros(rows.shape, dtype=tl.float32)
-        for w in tl.static_range(2 * blk, 2 * blk + 2):
-            if 8 * w < K:
-                word = tl.load(words_ptr + w, mask=mask_v, other=0)  # codes 8 w .. 8 w + 7
-                ka = _row_quads(k_ptr, rows, 8 * w, K)
-                kb = _row_quads(k_ptr, rows, 8 * w + 4, K)
-                qa = _row_quads(q_ptr, rows, 8 * w, K)
-                qb = _row_quads(q_ptr, rows, 8 * w + 4, K)
-                for j in tl.static_range(4):
-                    lo, hi = e2m1_f16_pair(word, j)  # codes 8 w + j, 8 w + j + 4, times 2^-14
-                    bk += lo * ka[j]
-                    bk += hi * kb[j]
-                    bq += lo * qa[j]
-                    bq += hi * qb[j]
-        sc = e4m3_fast(tl.load(scale_ptr + rows * (KP // 16) + blk, mask=mask_v, other=0)) * E2M1_F16_SCALE
-        sk += bk * sc
-        sq += bq * sc
+    for pair in tl.static_range((KP // 16 + 1) // 2):
+        w0, w1, w2, w3 = _row_words(words_ptr, mask_v, 4 * pair, KP // 8)
+        blocks = 2 * pair + tl.arange(0, 2)
+        s0, s1 = tl.split(tl.load(scale_ptr + rows[:, None] * (KP // 16) + blocks[None, :],
+                                  mask=mask_v[:, None] & (blocks < KP // 16)[None, :], other=0))  # [BLOCK_V] bytes
+        sk, sq = _rowwise_block(sk, sq, w0, w1, s0, 2 * pair, rows, k_ptr, q_ptr, K)
+        if 2 * pair + 1 < KP // 16:
+            sk, sq = _rowwise_block(sk, sq, w2, w3, s1, 2 * pair + 1, rows, k_ptr, q_ptr, K)
     return sk, sq
 
 

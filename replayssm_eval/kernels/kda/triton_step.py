@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.device import NVFP4
+from replayssm_eval.kernels.dependent_launch import dependent_launches, release_dependents, wait_for_prior_launch
 from replayssm_eval.kernels.delta.triton_step import conventional_launch, load_packed, read_args, rowdots
 from replayssm_eval.kernels.step_variants import other_launch_row, read_hi_flags, row_reads_hi, step_launches
 from replayssm_eval.kernels.tile_dot import dot  # a jit helper the kernels read as a global
@@ -50,7 +51,9 @@ def _head_terms_kernel(
     terms_ptr, keys_ptr,  # terms [B, HV, TERMS] (`head_terms`); keys [B, HV, BLOCK_E, K] the decayed buffer keys
     HV, GROUPS, CAP, eps,
     K: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr, SKIP: tl.constexpr, KEYS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    release_dependents(PDL)  # the step's row launches may start; they wait for these terms
     b = tl.program_id(0)
     hv = tl.program_id(1)
     h = hv // GROUPS
@@ -119,8 +122,10 @@ def _replay_step_kernel(
     HV, CAP,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
     SKIP: tl.constexpr, SPLIT: tl.constexpr, HI_AT_FOLD: tl.constexpr, WORDS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_prior_launch(PDL)  # every program, those that return at once too: the next launch waits on this one
+    release_dependents(PDL)
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, False, SPLIT):  # SPLIT: the rows that do not fold only (`_replay_fold_kernel`)
         return
@@ -157,8 +162,9 @@ def _replay_fold_kernel(
     HV, GROUPS, CAP,
     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
     CLOSED: tl.constexpr, SHARED: tl.constexpr, BUF: tl.constexpr, SPLIT: tl.constexpr, HI_AT_FOLD: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_prior_launch(PDL)
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, True, SPLIT):  # SPLIT: the folding rows only (`_replay_step_kernel` the others)
         return
@@ -268,7 +274,9 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     """Launch `_head_terms_kernel` for every row, then `_replay_step_kernel` for the rows that do not fold and
     `_replay_fold_kernel` for those that do: one token per sequence after count[b] committed buffer entries, into the
     given tensors and a workspace of the head's terms (`head_terms`), with no host sync (the launch of the eager step,
-    `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`).
+    `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`). On sm_90 and later the row
+    launches are dependent launches (`dependent_launch`): their programs start while the terms are computed and wait
+    for them.
     folds: the step variant, "none", "some" or "all" rows fold (`step_variants.FOLDS`); "some" launches both step
     kernels, each skipping the other's rows (`step_variants.step_launches`), so a row's output never depends on whether
     other rows fold at this token.
@@ -296,10 +304,11 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     terms = head_terms(bsz, nv, dk, block_e, hi.device)
     open_fold = folds != "none" and not closed
     keys = torch.empty(bsz, nv, block_e, dk, device=hi.device) if open_fold else terms  # [B, HV, BLOCK_E, K]
+    pdl = dependent_launches(hi.device)  # the row launches start while the head's terms are computed
     # one warp a head: its channels' sums over the entries in registers, the entries' dot products by shuffles
     _head_terms_kernel[(bsz, nv)](
         q, k, g, entries["k"], entries["g"], count, fold, terms, keys, nv, groups, cap, float(eps or 0.0),
-        K=dk, BK=bk, BLOCK_E=block_e, SKIP=eps is not None, KEYS=open_fold, num_warps=1,
+        K=dk, BK=bk, BLOCK_E=block_e, SKIP=eps is not None, KEYS=open_fold, PDL=pdl, num_warps=1,
     )
     for fold_path, split in step_launches(folds):
         if fold_path:
@@ -308,14 +317,14 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
                 q, k, v, g, beta, *(entries[name] for name in ("k", "u", "g", "v", "beta")), count, read_hi, fold,
                 hi, data, scales, gs, terms, keys, u, o, out, nv, groups, cap,
                 K=dk, V=dv, KP=kp, BK=bk, KIND=kind, GROUP=group, CLOSED=closed, SHARED=shared, BUF=buf_kind,
-                SPLIT=split, HI_AT_FOLD=hi_at_fold, BLOCK_E=block_e, **cfg,
+                SPLIT=split, HI_AT_FOLD=hi_at_fold, BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, **cfg,
             )
         else:
             cfg = step_launch_config(bsz, nv, dk, dv, kind)
             _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
                 v, beta, entries["u"], count, read_hi, fold, hi, data, scales, gs, terms, u, o, nv, cap,
                 K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, SPLIT=split, HI_AT_FOLD=hi_at_fold,
-                BLOCK_E=block_e, **cfg,
+                BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, **cfg,
             )
 
 
