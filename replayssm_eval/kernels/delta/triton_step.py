@@ -74,27 +74,29 @@ def nvfp4_partials(data_ptr, scale_ptr, rows, mask_v, kd, qd, C: tl.constexpr, K
 
 
 @triton.jit
-def _row_quads(ptr, rows, C: tl.constexpr, K: tl.constexpr):
-    """ptr[C .. C + 3] (0 at K and past) in every thread holding a row of `rows`: one 16-byte load a thread, its four
-    lanes split apart in registers; four [BLOCK_V] tensors."""
-    cols = C + tl.arange(0, 4)
-    quad = tl.load(ptr + tl.broadcast_to(cols[None, :], (rows.shape[0], 4)), mask=(cols < K)[None, :], other=0.0)
-    even, odd = tl.split(tl.reshape(quad, (rows.shape[0], 2, 2)))  # lanes (0, 2), (1, 3)
+def _lanes(quad):
+    """The four lanes of quad [BLOCK_V, 4] (one thread's 16 bytes a row), split apart in registers: four [BLOCK_V]."""
+    even, odd = tl.split(tl.reshape(quad, (quad.shape[0], 2, 2)))  # lanes (0, 2), (1, 3)
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     return x0, x1, x2, x3
 
 
 @triton.jit
+def _row_quads(ptr, rows, C: tl.constexpr, K: tl.constexpr):
+    """ptr[C .. C + 3] (0 at K and past) in every thread holding a row of `rows`: one 16-byte load a thread
+    (`_lanes`); four [BLOCK_V] tensors."""
+    cols = C + tl.arange(0, 4)
+    return _lanes(tl.load(ptr + tl.broadcast_to(cols[None, :], (rows.shape[0], 4)), mask=(cols < K)[None, :],
+                          other=0.0))
+
+
+@triton.jit
 def _row_words(words_ptr, mask_v, C: tl.constexpr, NW: tl.constexpr):
     """Words C .. C + 3 (int32, 0 at NW and past) of each row: words_ptr [BLOCK_V] the rows' first words; one 16-byte
-    load a thread holding a row, its four lanes split apart in registers; four [BLOCK_V] tensors."""
+    load a thread holding a row (`_lanes`); four [BLOCK_V] tensors."""
     cols = C + tl.arange(0, 4)
-    quad = tl.load(words_ptr[:, None] + cols[None, :], mask=mask_v[:, None] & (cols < NW)[None, :], other=0)
-    even, odd = tl.split(tl.reshape(quad, (words_ptr.shape[0], 2, 2)))  # lanes (0, 2), (1, 3)
-    w0, w2 = tl.split(even)
-    w1, w3 = tl.split(odd)
-    return w0, w1, w2, w3
+    return _lanes(tl.load(words_ptr[:, None] + cols[None, :], mask=mask_v[:, None] & (cols < NW)[None, :], other=0))
 
 
 @triton.jit
