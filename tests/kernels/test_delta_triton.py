@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from replayssm_eval.formats.codec import tile_codec
+from replayssm_eval.formats.device import NVFP4
 from replayssm_eval.replay.config import ReplayConfig
 from replayssm_eval.kernels import head_exchange
 from replayssm_eval.kernels.delta import triton_chunk as shared
@@ -145,10 +146,11 @@ def test_chunked_triton_fp32(fam, text, device):
 
 
 # K in chunks of 16, the last one part padding, NVFP4 as words; one chunk, the 2nd program's rows part padding, bytes;
-# a row a thread
+# a row a thread; the NVFP4 read's launch at many sequences (rows summed by their threads, two rows a thread)
 _KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": 1, "num_warps": 4},
                  {"BLOCK_V": 32, "BLOCK_K": 32, "WORDS": 0, "num_warps": 1},
-                 {"BLOCK_V": 32, "BLOCK_K": 16, "WORDS": 2, "num_warps": 1}]
+                 {"BLOCK_V": 32, "BLOCK_K": 16, "WORDS": 2, "num_warps": 1},
+                 kda_step.step_launch_config(256, 32, 128, 128, NVFP4)]
 
 
 @pytest.mark.parametrize("text, launch, dk, phased", [
@@ -157,6 +159,8 @@ _KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": 1, "num_warps": 4},
     ("nvfp4/fp16sr@4", 0, 128, True),  # whole packed words: 16 a row, the E4M3 block scale of each pair
     ("nvfp4:scale=row/fp32@3", 2, 24, False),  # a row a thread
     ("nvfp4:scale=head/fp32@3#skip=0.5", 2, 40, True),
+    ("nvfp4/fp16sr@4", 3, 128, True),  # several rows a thread, whole words
+    ("nvfp4:scale=row/fp32@3", 3, 40, False),
     ("nvfp4:scale=tensor/fp32@3", 1, 40, True),
     ("fp8:scale=row/fp32@3#closed", 0, 24, False),
     ("fp16/fp32@3", 1, 24, True),

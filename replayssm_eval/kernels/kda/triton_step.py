@@ -67,21 +67,29 @@ def _head_terms_kernel(
     count = tl.load(count_ptr + b)
     t = _head_row(terms_ptr, bh, K, BLOCK_E)
     # the entries from the last to the first, each channel's log decays summed in order by the thread holding it:
-    # g_run = g_{i+1..j} (the token's and the later entries'), a_i = exp(g_run); a_i = 0 past the count
+    # g_run = g_{i+1..j} (the token's and the later entries'), a_i = exp(g_run); a_i = 0 past the count. The loop
+    # only loads: its results are stored after it, so the entries' loads are not held behind stores that might alias.
     g_run = tl.load(g_ptr + bh * K + ks, mask=kmask, other=0.0)  # [BK]
-    keys_mask = kmask
-    if KEYS:  # an open fold's buffer sum takes the decayed keys of the rows that fold
-        keys_mask = kmask & (tl.load(fold_ptr + b) != 0)
+    offs_e = tl.arange(0, BLOCK_E)
+    wk = tl.zeros([BLOCK_E], tl.float32)  # a_i (k_j . k_i)
+    wq = tl.zeros([BLOCK_E], tl.float32)  # a_i (q_j . k_i)
+    if KEYS:  # an open fold's buffer sum takes the decayed keys a_i k_i
+        keys = tl.zeros([BLOCK_E, BK], tl.float32)
     for n in tl.static_range(BLOCK_E):
         i = BLOCK_E - 1 - n
         m = kmask & (i < count)
         ent = b.to(tl.int64) * CAP + i
         ak = tl.where(m, tl.load(bk_ptr + (ent * H + h) * K + ks, mask=m, other=0.0) * tl.exp(g_run), 0.0)  # a_i k_i
-        tl.store(t + 3 * K + i, tl.sum(ak * kj, axis=0))  # a_i (k_j . k_i)
-        tl.store(t + 3 * K + BLOCK_E + i, tl.sum(ak * qj, axis=0))  # a_i (q_j . k_i)
+        wk = tl.where(offs_e == i, tl.sum(ak * kj, axis=0), wk)
+        wq = tl.where(offs_e == i, tl.sum(ak * qj, axis=0), wq)
         if KEYS:
-            tl.store(keys_ptr + (bh * BLOCK_E + i) * K + ks, ak, mask=keys_mask)
+            keys = tl.where(offs_e[:, None] == i, ak[None, :], keys)
         g_run += tl.load(bg_ptr + (ent * HV + hv) * K + ks, mask=m, other=0.0)
+    tl.store(t + 3 * K + offs_e, wk)
+    tl.store(t + 3 * K + BLOCK_E + offs_e, wq)
+    if KEYS:  # of the rows that fold
+        keys_mask = kmask & (tl.load(fold_ptr + b) != 0)
+        tl.store(keys_ptr + (bh * BLOCK_E + offs_e[:, None]) * K + ks[None, :], keys, mask=keys_mask[None, :])
     keep = 1.0  # g_run is now g_{0..j}, checkpoint -> token
     if SKIP:  # the checkpoint term is zeroed where its slowest channel decayed below eps
         keep = tl.where(tl.exp(tl.max(tl.where(kmask, g_run, -float("inf")), axis=0)) >= eps, 1.0, 0.0)
@@ -243,16 +251,16 @@ def head_terms(batch: int, heads: int, dk: int, block_e: int, device) -> torch.T
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> dict:
     """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16), WORDS (how NVFP4 codes load,
     `rowdots`), num_warps and maxnreg of `_replay_step_kernel`, whose programs only stream their rows (the head's
-    terms come from `_head_terms_kernel`). Many sequences: the H200 sweep's best at K = V = 128, batch 256
-    (BENCHMARKS.md, Decode step; benchmarks/kernel_speed.py sweeps them), the NVFP4 read capped at 128 registers
-    (uncapped it takes 138 for sm_90, 7 two-warp programs an SM instead of 8: 0.163 ms against 0.148 capped on an
-    H100); few: programs of 16 rows, more of them."""
+    terms come from `_head_terms_kernel`). Many sequences: the sweeps' best at K = V = 128, batch 256 (BENCHMARKS.md,
+    Decode step; benchmarks/kernel_speed.py sweeps them): the FP32 read in two-warp tiles of 64 rows, the NVFP4 read
+    row-wise (WORDS=2: a row's codes summed by the thread holding it, two rows a thread in one warp; 0.103 ms against
+    0.129 for two-warp tiles capped at 128 registers on an H100); few: programs of 16 rows, more of them."""
     block_k = min(128, max(16, triton.next_power_of_2(dk)))
     if batch * heads < 4096:
         return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "num_warps": 2, "maxnreg": None}
-    nvfp4 = kind == NVFP4
-    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32 if nvfp4 else 64), "WORDS": True, "num_warps": 2,
-            "maxnreg": 128 if nvfp4 else None}
+    if kind == NVFP4:
+        return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32), "WORDS": 2, "num_warps": 1, "maxnreg": None}
+    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 64), "WORDS": True, "num_warps": 2, "maxnreg": None}
 
 
 def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
