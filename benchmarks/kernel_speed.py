@@ -3,6 +3,7 @@
     python benchmarks/kernel_speed.py --out out/kernels.json               # H200: both families, about 3-4 minutes
     python benchmarks/kernel_speed.py --quick                               # GPU smoke run (batches 1, 256; short sequences)
     python benchmarks/kernel_speed.py --skip-chunked --families kda --batches 256 --sweeps flush  # one phase's launch sweep
+    python benchmarks/kernel_speed.py --skip-chunked --families gdn --batches 256 --sweeps non-flush --sweep-reads nvfp4
     TRITON_INTERPRET=1 python benchmarks/kernel_speed.py --tiny --device cpu  # CPU: tiny shapes, checks the script runs
 
 Geometries (each family's `models.presets.full_size_preset`): Mamba-2 of Nemotron-3-Nano-4B (H=96, P=80, N=128, G=8), GDN of Qwen3.5-4B (HV=32, H=16, K=V=128),
@@ -72,6 +73,7 @@ MID = WINDOW // 2 - 1  # committed entries of the timed non-flush step: it reads
 FP32_READ, NVFP4_READ, CONVENTIONAL = "shared:fp32@16", "nvfp4/fp32@16", "fp32"
 CHUNK_TRITON, CHUNK_TORCH = "nvfp4/fp16sr@16", "nvfp4:scale=tensor/fp16sr@16"
 SWEEPS = ("non-flush", "flush")  # the step kernels' phases whose launches the tune rows sweep
+SWEEP_READS = {"fp32": FP32_READ, "nvfp4": NVFP4_READ}  # the read copies the tune rows sweep, by name
 GOALS = {"replay_vs_conv": 1.5, "conv_bw": 0.80, "nvfp4_vs_fp32": 2.5, "flush_vs_conv": 1.5, "chunk_vs_step": 50.0}
 F32 = 4
 
@@ -679,7 +681,8 @@ def step_bytes(fam, batch: int, config: str, flush: bool) -> tuple[int, int]:
     return read + batch * fam.token_bytes(MID + 1), read
 
 
-def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweeps: tuple[str, ...]):
+def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweeps: tuple[str, ...],
+                   reads: tuple[str, ...] = tuple(SWEEP_READS)):
     S32 = fam.state_elems() * F32
     name = fam.name
     res.add(dict(section="check", family=name, name="conventional_step vs decode_reference(fp32)", batch=2),
@@ -699,7 +702,7 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweeps: 
             if r.get("ms") is not None and r["ms"] < best.get("ms", math.inf):
                 best.update(block=block, ms=r["ms"])
     block = best["block"]
-    tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps, sweeps) if sweeps and hasattr(fam, "step_variants") \
+    tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps, sweeps, reads) if sweeps and hasattr(fam, "step_variants") \
         else {}
 
     for batch in batches:
@@ -775,19 +778,21 @@ def _tuned(fam, launch, cfg: dict | None, batch: int, variant, keys) -> tuple:
     return launch, kernel + " " + " ".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps, sweeps: tuple[str, ...]) -> dict:
+def step_sweep(res: Results, timer: Timer, fam, batch: int, copy_gbps, sweeps: tuple[str, ...],
+               reads: tuple[str, ...] = tuple(SWEEP_READS)) -> dict:
     """Tune rows: the step kernels over launch configs at `batch`, per read copy: the non-flush `_replay_step_kernel`
     (`step_variants`) and, where the family has `fold_variants`, the flush's `fold_kernel`. The default launch
     is timed first, so a sweep the budget cuts short never picks a slower one. Returns {(phase, config): best launch
     config} where it is not the default; the decode rows use it where batch x heads >= 4096. sweeps: the phases to
-    sweep ("non-flush", "flush")."""
+    sweep ("non-flush", "flush"); reads: the read copies (`SWEEP_READS`)."""
     best = {}
     s0 = fam.fp32_state(batch)
     phases = [("non-flush", MID, "_replay_step_kernel", fam.step_variants, fam.step_variant, fam.step_keys)]
     if hasattr(fam, "fold_variants"):
         phases.append(("flush", WINDOW - 1, fam.fold_kernel, fam.fold_variants, fam.fold_variant, fam.fold_keys))
     for phase, count, kernel, variants, variant, keys in (p for p in phases if p[0] in sweeps):
-        for label, config in (("fp32", FP32_READ), ("nvfp4", NVFP4_READ)):
+        for label in reads:
+            config = SWEEP_READS[label]
             holder = {}
 
             def capture(row, config=config, count=count):
@@ -1092,10 +1097,15 @@ def main(argv=None):
     ap.add_argument("--skip-chunked", action="store_true", help="decode tables only")
     ap.add_argument("--sweeps", default=",".join(SWEEPS),
                     help="comma-separated step phases whose launches to sweep: non-flush, flush (--quick: none)")
+    ap.add_argument("--sweep-reads", default=",".join(SWEEP_READS),
+                    help="comma-separated read copies whose launches the sweeps time: fp32, nvfp4")
     args = ap.parse_args(argv)
     sweeps = tuple(p.strip() for p in args.sweeps.split(",") if p.strip())
     if unknown := [p for p in sweeps if p not in SWEEPS]:
         ap.error(f"unknown sweep {unknown[0]!r}; known: {', '.join(SWEEPS)}")
+    reads = tuple(r.strip() for r in args.sweep_reads.split(",") if r.strip())
+    if unknown := [r for r in reads if r not in SWEEP_READS]:
+        ap.error(f"unknown read copy {unknown[0]!r} in --sweep-reads; known: {', '.join(SWEEP_READS)}")
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     for f in families:
@@ -1128,7 +1138,7 @@ def main(argv=None):
 
     for name, fam in fams.items():
         log(f"--- decode step: {name} ---")
-        decode_section(res, timer, fam, batches, copy_gbps, () if args.quick else sweeps)
+        decode_section(res, timer, fam, batches, copy_gbps, () if args.quick else sweeps, reads)
         _free()
     if not args.skip_chunked:
         for name, fam in fams.items():
