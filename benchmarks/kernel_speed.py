@@ -702,8 +702,9 @@ def decode_section(res: Results, timer: Timer, fam, batches, copy_gbps, sweeps: 
             if r.get("ms") is not None and r["ms"] < best.get("ms", math.inf):
                 best.update(block=block, ms=r["ms"])
     block = best["block"]
-    tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps, sweeps, reads) if sweeps and hasattr(fam, "step_variants") \
-        else {}
+    tuned = {}
+    if sweeps and hasattr(fam, "step_variants"):
+        tuned = step_sweep(res, timer, fam, batches[-1], copy_gbps, sweeps, reads)
 
     for batch in batches:
         st_bytes = batch * 2 * S32
