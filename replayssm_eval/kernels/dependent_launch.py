@@ -9,19 +9,18 @@ launches in stream order.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from replayssm_eval.kernels.compiled import compiled_on_gpu
+
 
 def dependent_launches(device: torch.device) -> bool:
     """Whether launches on `device` may overlap by PDL: compiled code on a GPU of compute capability 9.0 or later (the
     interpreter runs no PTX, and `griddepcontrol` is an sm_90 instruction)."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and torch.cuda.get_device_capability(device) >= (9, 0))
+    return compiled_on_gpu(device) and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 @triton.jit

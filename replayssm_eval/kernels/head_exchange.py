@@ -14,8 +14,6 @@ token scan and the GDN and KDA chunked kernels exchange the row sums of STEPQuan
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -24,6 +22,7 @@ from replayssm_eval.formats.codec import Group, KernelCodec
 from replayssm_eval.formats.device import (
     GROUP_DUAL, GROUP_HEAD, abs_sums, dual_axis_value, quantize_tile, round_state_tile, tile_amax,
 )
+from replayssm_eval.kernels.compiled import compiled_on_gpu
 
 
 @triton.jit
@@ -108,8 +107,7 @@ def can_exchange(at_once: int, device: torch.device) -> bool:
     """Whether `at_once` programs may wait on each other (`shared_head_amax`, `shared_head_sums`): compiled code on a
     GPU with at least `at_once` multiprocessors (each holds at least one program; the interpreter runs programs one
     after another, where an exchange would wait forever)."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and at_once <= torch.cuda.get_device_properties(device).multi_processor_count)
+    return compiled_on_gpu(device) and at_once <= torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def sums_exchanged(codec: KernelCodec) -> bool:
