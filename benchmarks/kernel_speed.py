@@ -525,7 +525,7 @@ class KDA(GDN):
     """Kimi Delta Attention: GDN's layout with a per-channel decay g [.., HV, K]; its own step kernel launch."""
 
     name = "kda"
-    step_keys = ("BLOCK_V", "BLOCK_K", "WORDS", "num_warps", "maxnreg")
+    step_keys = ("BLOCK_V", "BLOCK_K", "WORDS", "TERMS", "num_warps", "maxnreg")
     dims = staticmethod(GDN.dims)
 
     def token_bytes(self, entries: int) -> int:
@@ -550,28 +550,47 @@ class KDA(GDN):
                   "g": _valid(self._decay(batch, cap, self.HV, self.K), count)}
         return anchored_state(s0, config, buffer, count)
 
-    def step_launch(self, state: ReplayState, config: str):
+    def step_launch(self, state: ReplayState, config: str, step_config: dict | None = None):
         """The kernel launch of decode_step_triton for one token from `state`: `_replay_fold_kernel` when a sequence
-        flushes, else `_replay_step_kernel`."""
+        flushes, else `_replay_step_kernel`, after the head terms' launch where the step makes one. step_config: the
+        reading launch's config in place of `step_launch_config`'s. The launch carries `.with_step_config(cfg)`, the
+        same step captured with another (`step_variant`)."""
         q, k, v, g, beta = self.token(state.batch, 1)
-        return captured_launch(kda_triton, ("_replay_step_kernel", "_replay_fold_kernel"),
-                               lambda: self.kernels.decode_step(q, k, v, g, beta, state, config),
-                               prepare=("_head_terms_kernel",))
+        default = kda_triton.step_launch_config
+        if step_config is not None:
+            kda_triton.step_launch_config = lambda *args: step_config
+        try:
+            launch, out = captured_launch(kda_triton, ("_replay_step_kernel", "_replay_fold_kernel"),
+                                          lambda: self.kernels.decode_step(q, k, v, g, beta, state, config),
+                                          prepare=("_head_terms_kernel",))
+        finally:
+            kda_triton.step_launch_config = default
+        launch.with_step_config = lambda cfg: self.step_launch(state, config, cfg)[0]
+        return launch, out
 
     def step_variants(self) -> list[dict]:
         """Launch configs of `_replay_step_kernel` the non-flush tune rows sweep (a fold runs `_replay_fold_kernel`):
-        state rows per program, columns per pass, NVFP4 codes as words or bytes, warps."""
+        state rows per program, columns per pass, NVFP4 codes as words or bytes, whether a program computes its
+        head's terms (TERMS: whole heads, no head terms launch), warps."""
         k = max(16, triton.next_power_of_2(self.K))
+        v = max(16, triton.next_power_of_2(self.V))
         tiles = [dict(BLOCK_V=block_v, BLOCK_K=block_k, WORDS=words, num_warps=warps)
                  for block_v in (16, 32, 64) for block_k in sorted({32, 64, k}) for words in (0, 1)
                  for warps in (2, 4) if block_v * block_k <= 8192]
         rows = [dict(BLOCK_V=block_v, BLOCK_K=32, WORDS=2, num_warps=warps) for block_v in (32, 64, 128)
                 for warps in sorted({block_v // 32, 1})]  # a row a thread, or several
+        # whole heads with their terms: rows summed by their threads (four rows a thread in one warp, capped or not,
+        # or two in two warps), or in tiles of words
+        heads = [dict(BLOCK_V=v, BLOCK_K=32, WORDS=2, TERMS=True, num_warps=1, maxnreg=regs) for regs in (None, 128)]
+        heads += [dict(BLOCK_V=v, BLOCK_K=32, WORDS=2, TERMS=True, num_warps=max(1, v // 64))]
+        heads += [dict(BLOCK_V=v, BLOCK_K=64, WORDS=1, TERMS=True, num_warps=warps) for warps in (4, 8)]
         # the row-wise launches first, where a short budget still times them; none capped (the default is timed first)
-        return [{**cfg, "maxnreg": None} for cfg in rows + tiles]
+        return [{key: {"TERMS": False, "maxnreg": None, **cfg}[key] for key in self.step_keys}
+                for cfg in rows + heads + tiles]
 
     def step_variant(self, launch, cfg: dict):
-        return self._variant(launch, cfg, "_replay_step_kernel")
+        """The step captured with the reading launch config cfg: with TERMS, no head terms launch where no row folds."""
+        return launch.with_step_config(cfg)
 
     fold_kernel = "_replay_fold_kernel"
     fold_keys = ("BLOCK_V", "BLOCK_K", "STAGES", "num_warps", "maxnreg")
@@ -837,13 +856,13 @@ def _distinct(configs: list[dict], fixed: dict) -> list[dict]:
 
 
 _SHORT = {"BLOCK_P": "p", "BLOCK_V": "v", "BLOCK_K": "k", "TILES": "t", "WORDS": "words", "num_warps": "w",
-          "maxnreg": "r", "STAGES": "s"}
+          "maxnreg": "r", "STAGES": "s", "TERMS": "terms"}
 
 
 def _short(cfg: dict) -> str:
     """A launch config as a row name: p16 t1 w4 (BLOCK_P, TILES, num_warps), v16 k128 t8 w4 r128 (BLOCK_V, BLOCK_K,
-    ..., maxnreg where set)."""
-    return " ".join(f"{_SHORT[k]}{int(v)}" for k, v in cfg.items() if v is not None)
+    ..., maxnreg where set; TERMS only where on)."""
+    return " ".join(f"{_SHORT[k]}{int(v)}" for k, v in cfg.items() if v is not None and not (k == "TERMS" and not v))
 
 
 def derive_amortised(res: Results, name: str, batch: int, copy_gbps):

@@ -43,7 +43,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compiled code, not the interpreter
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="step_sass_")  # every compile timed as a fresh machine's
 
 SIZES = dict(K=128, V=128, KP=128, BK=128, P=80, N=128, NB=128, BLOCK_E=16, BLOCK_N=128, BLOCK_S=8, BUF=0, PDL=True,
-             SKIP=False, FOLD=False, SPLIT=False, CLOSED=False, HI_AT_FOLD=True)
+             SKIP=False, FOLD=False, SPLIT=False, CLOSED=False, HI_AT_FOLD=True, TERMS=False)
 ROWS = {"mamba2": 80, "gdn": 128, "kda": 128}  # state rows a head's programs split
 PTR_TYPES = {"fold_ptr": "*i8", "read_hi_ptr": "*i8", "rhi_ptr": "*i8", "count_ptr": "*i64", "data_ptr": "*u8",
              "scale_ptr": "*u8", "scales_ptr": "*u8", "skip": "fp32", "eps": "fp32"}

@@ -146,11 +146,16 @@ def test_chunked_triton_fp32(fam, text, device):
 
 
 # K in chunks of 16, the last one part padding, NVFP4 as words; one chunk, the 2nd program's rows part padding, bytes;
-# a row a thread; the NVFP4 read's launch at many sequences (rows summed by their threads, two rows a thread)
-_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": 1, "num_warps": 4},
-                 {"BLOCK_V": 32, "BLOCK_K": 32, "WORDS": 0, "num_warps": 1},
-                 {"BLOCK_V": 32, "BLOCK_K": 16, "WORDS": 2, "num_warps": 1},
-                 kda_step.step_launch_config(256, 32, 128, 128, NVFP4)]
+# a row a thread; rows summed by their threads, two rows a thread; whole heads whose programs compute their head's
+# terms (TERMS: the head terms launch of the folding rows only, or none), rows summed by their threads (one row a
+# thread in two warps) or in tiles of words; the NVFP4 read's launch at many sequences (whole heads, one warp)
+_KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": 1, "TERMS": False, "num_warps": 4},
+                 {"BLOCK_V": 32, "BLOCK_K": 32, "WORDS": 0, "TERMS": False, "num_warps": 1},
+                 {"BLOCK_V": 32, "BLOCK_K": 16, "WORDS": 2, "TERMS": False, "num_warps": 1},
+                 {"BLOCK_V": 64, "BLOCK_K": 32, "WORDS": 2, "TERMS": False, "num_warps": 1},
+                 {"BLOCK_V": 64, "BLOCK_K": 16, "WORDS": 2, "TERMS": True, "num_warps": 2},
+                 {"BLOCK_V": 64, "BLOCK_K": 16, "WORDS": 1, "TERMS": True, "num_warps": 4},
+                 kda_step.step_launch_config(256, 32, 64, 64, NVFP4)]
 
 
 @pytest.mark.parametrize("text, launch, dk, phased", [
@@ -165,6 +170,11 @@ _KDA_LAUNCHES = [{"BLOCK_V": 16, "BLOCK_K": 16, "WORDS": 1, "num_warps": 4},
     ("fp8:scale=row/fp32@3#closed", 0, 24, False),
     ("fp16/fp32@3", 1, 24, True),
     ("shared:fp8sr@3#skip=0.8", 0, 24, False),
+    ("nvfp4/fp16sr@4", 4, 128, True),  # whole heads with their terms
+    ("nvfp4:scale=head/fp32@3#skip=0.5", 4, 40, False),
+    ("nvfp4:scale=row/fp32@3#closed", 5, 24, False),
+    ("fp16/fp32@3", 5, 40, True),
+    ("nvfp4/fp16sr@4", 6, 40, True),
 ])
 def test_kda_step_launches(text, launch, dk, phased, device, monkeypatch):
     """KDA's single-token read kernel with other launches (K in several chunks, part-padding chunks and row blocks) ==

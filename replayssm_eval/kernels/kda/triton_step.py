@@ -14,8 +14,10 @@ Layering, tiling and what the delta-rule families share: as in `triton_chunk`'s 
    buffered u rows times their decayed keys as one product, BLOCK_K columns at a time, since a column's fold needs
    only that column; closed, the whole S_hi rows and the delta rule re-run over the buffered raw entries), which the
    host rounds to both copies. A head's terms computed once, not in each of its programs, leave the rows a stream
-   (BENCHMARKS.md, Decode step); `step_launch_config` and `fold_launch_config` give the block sizes
-   (benchmarks/kernel_speed.py sweeps them).
+   (BENCHMARKS.md, Decode step). A reading launch whose programs each hold a whole head (TERMS) computes its
+   head's terms itself, before its rows, and the terms launch then computes the folding rows' only (none where no
+   row folds). `step_launch_config` and `fold_launch_config` give the block sizes (benchmarks/kernel_speed.py
+   sweeps them).
 2. `verify_triton`: output-only speculative verification of T drafts per sequence from a
    checkpoint copy and the committed buffer (drafts' u by forward substitution), no state write;
    `kda.verify` is it in the `KernelFamily` call convention.
@@ -44,18 +46,11 @@ def _head_row(terms_ptr, bh, K: tl.constexpr, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _head_terms_kernel(
-    q_ptr, k_ptr, g_ptr,  # the token: q, k [B, H, K]; g [B, HV, K]
-    bk_ptr, bg_ptr,  # buffer k [B, CAP, H, K]; g [B, CAP, HV, K]
-    count_ptr, fold_ptr,  # [B] committed entries; [B] int8 fold after the token
-    terms_ptr, keys_ptr,  # terms [B, HV, TERMS] (`head_terms`); keys [B, HV, BLOCK_E, K] the decayed buffer keys
-    HV, GROUPS, CAP, eps,
-    K: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr, SKIP: tl.constexpr, KEYS: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    release_dependents(PDL)  # the step's row launches may start; they wait for these terms
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
+def _store_head_terms(q_ptr, k_ptr, g_ptr, bk_ptr, bg_ptr, count_ptr, fold_ptr, terms_ptr, keys_ptr, b, hv, HV,
+                      GROUPS, CAP, eps, K: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr, SKIP: tl.constexpr,
+                      KEYS: tl.constexpr):
+    """Store the terms of head hv of sequence b (`head_terms`), and with KEYS, where the row folds, its decayed
+    buffer keys a_i k_i (an open fold's buffer sum). Pointers as `_head_terms_kernel`'s."""
     h = hv // GROUPS
     H = HV // GROUPS
     bh = b.to(tl.int64) * HV + hv
@@ -102,6 +97,26 @@ def _head_terms_kernel(
 
 
 @triton.jit
+def _head_terms_kernel(
+    q_ptr, k_ptr, g_ptr,  # the token: q, k [B, H, K]; g [B, HV, K]
+    bk_ptr, bg_ptr,  # buffer k [B, CAP, H, K]; g [B, CAP, HV, K]
+    count_ptr, fold_ptr,  # [B] committed entries; [B] int8 fold after the token
+    terms_ptr, keys_ptr,  # terms [B, HV, TERMS] (`head_terms`); keys [B, HV, BLOCK_E, K] the decayed buffer keys
+    HV, GROUPS, CAP, eps,
+    K: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr, SKIP: tl.constexpr, KEYS: tl.constexpr,
+    FOLDING: tl.constexpr, PDL: tl.constexpr,
+):
+    """The head's terms (`_store_head_terms`) of every row, or with FOLDING of the rows that fold only (the reading
+    launch computes its rows' own: `_replay_step_kernel` with TERMS)."""
+    release_dependents(PDL)  # the step's row launches may start; they wait for these terms
+    b = tl.program_id(0)
+    if other_launch_row(fold_ptr, b, True, FOLDING):
+        return
+    _store_head_terms(q_ptr, k_ptr, g_ptr, bk_ptr, bg_ptr, count_ptr, fold_ptr, terms_ptr, keys_ptr, b,
+                      tl.program_id(1), HV, GROUPS, CAP, eps, K, BK, BLOCK_E, SKIP, KEYS)
+
+
+@triton.jit
 def _buffer_terms(terms_ptr, bu_ptr, v_ptr, beta_ptr, count, b, bh, hv, offs_v, mask_v, sk, sq, CAP, HV,
                   K: tl.constexpr, V: tl.constexpr, BLOCK_E: tl.constexpr):
     """The token's u and o [BLOCK_V] of the rows offs_v from the row dots sk = S_src^T (d k), sq = S_src^T (d q), the
@@ -122,22 +137,29 @@ def _buffer_terms(terms_ptr, bu_ptr, v_ptr, beta_ptr, count, b, bh, hv, offs_v, 
 
 @triton.jit
 def _replay_step_kernel(
-    v_ptr, beta_ptr,  # the token: v [B, HV, V]; beta [B, HV]
-    bu_ptr, count_ptr,  # buffer u [B, CAP, HV, V]; [B] committed entries
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr,  # the token: q, k [B, H, K]; g [B, HV, K]; v [B, HV, V]; beta [B, HV]
+    bk_ptr, bg_ptr, bu_ptr, count_ptr,  # buffer k [B, CAP, H, K], g [B, CAP, HV, K], u [B, CAP, HV, V]; [B] entries
     rhi_ptr, fold_ptr,  # [B] int8: read S_hi instead of the read copy; fold after the token
     hi_ptr, data_ptr, scale_ptr, gs_ptr,  # S_hi [B, HV, V, K] FP32 and the packed read copy
     terms_ptr, u_ptr, o_ptr,  # terms [B, HV, TERMS] (`head_terms`); u, o [B, HV, V]
-    HV, CAP,
-    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
+    HV, GROUPS, CAP, eps,
+    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr, GROUP: tl.constexpr,
     SKIP: tl.constexpr, SPLIT: tl.constexpr, HI_AT_FOLD: tl.constexpr, WORDS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TERMS: tl.constexpr, PDL: tl.constexpr,
 ):
+    """The rows of a step that do not fold (`launch_replay_step`). TERMS: one program a head (BLOCK_V >= V) that
+    computes its head's terms itself (`_store_head_terms`) instead of reading those of `_head_terms_kernel`; the token
+    and the buffer's k and g are read only then."""
     wait_for_prior_launch(PDL)  # every program, those that return at once too: the next launch waits on this one
     release_dependents(PDL)
     b = tl.program_id(0)
     if other_launch_row(fold_ptr, b, False, SPLIT):  # SPLIT: the rows that do not fold only (`_replay_fold_kernel`)
         return
     hv = tl.program_id(1)
+    if TERMS:
+        _store_head_terms(q_ptr, k_ptr, g_ptr, bk_ptr, bg_ptr, count_ptr, fold_ptr, terms_ptr, terms_ptr, b, hv, HV,
+                          GROUPS, CAP, eps, K, BK, BLOCK_E, SKIP, False)
+        tl.debug_barrier()  # every thread's terms stored before any thread loads them
     bh = b.to(tl.int64) * HV + hv
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_v = offs_v < V
@@ -250,17 +272,22 @@ def head_terms(batch: int, heads: int, dk: int, block_e: int, device) -> torch.T
 
 def step_launch_config(batch: int, heads: int, dk: int, dv: int, kind: int) -> dict:
     """BLOCK_V (state rows per program), BLOCK_K (columns per pass, a multiple of 16), WORDS (how NVFP4 codes load,
-    `rowdots`), num_warps and maxnreg of `_replay_step_kernel`, whose programs only stream their rows (the head's
-    terms come from `_head_terms_kernel`). Many sequences: the sweeps' best at K = V = 128, batch 256 (BENCHMARKS.md,
-    Decode step; benchmarks/kernel_speed.py sweeps them): the FP32 read in two-warp tiles of 64 rows, the NVFP4 read
-    row-wise (WORDS=2: a row's codes summed by the thread holding it, two rows a thread in one warp; 0.103 ms against
-    0.129 for two-warp tiles capped at 128 registers on an H100); few: programs of 16 rows, more of them."""
+    `rowdots`), TERMS (whole heads computing their terms: BLOCK_V >= dv), num_warps and maxnreg of
+    `_replay_step_kernel`, whose programs stream their rows after the head's terms (`_head_terms_kernel`'s, or with
+    TERMS their own).
+    Many sequences: the sweeps' best at K = V = 128, batch 256 (BENCHMARKS.md, Decode step;
+    benchmarks/kernel_speed.py sweeps them): the FP32 read in two-warp tiles of 64 rows; the NVFP4 read row-wise
+    (WORDS=2: a row's codes summed by the thread holding it), a whole head in one warp computing its terms (0.098 ms
+    against 0.103 for two rows a thread after the terms launch on an H100; heads of more than 128 channels or rows,
+    untimed, take the latter); few: programs of 16 rows, more of them."""
     block_k = min(128, max(16, triton.next_power_of_2(dk)))
     if batch * heads < 4096:
-        return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "num_warps": 2, "maxnreg": None}
+        return {"BLOCK_V": 16, "BLOCK_K": block_k, "WORDS": True, "TERMS": False, "num_warps": 2, "maxnreg": None}
     if kind == NVFP4:
-        return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 32), "WORDS": 2, "num_warps": 1, "maxnreg": None}
-    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 64), "WORDS": True, "num_warps": 2, "maxnreg": None}
+        whole = max(dk, dv) <= 128
+        return {"BLOCK_V": max(16, triton.next_power_of_2(dv)) if whole else 64, "BLOCK_K": min(block_k, 32),
+                "WORDS": 2, "TERMS": whole, "num_warps": 1, "maxnreg": None}
+    return {"BLOCK_V": 64, "BLOCK_K": min(block_k, 64), "WORDS": True, "TERMS": False, "num_warps": 2, "maxnreg": None}
 
 
 def fold_launch_config(batch: int, heads: int, dv: int) -> dict:
@@ -279,7 +306,8 @@ def step_grid(batch: int, heads: int, dv: int, block_v: int) -> tuple[int, int, 
 
 def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, u, o, out, *, folds, closed, shared,
                        groups, eps, buf_kind):
-    """Launch `_head_terms_kernel` for every row, then `_replay_step_kernel` for the rows that do not fold and
+    """Launch `_head_terms_kernel` for every row (for the folding rows only, or not at all where none folds, when the
+    reading launch computes its rows' terms: TERMS), then `_replay_step_kernel` for the rows that do not fold and
     `_replay_fold_kernel` for those that do: one token per sequence after count[b] committed buffer entries, into the
     given tensors and a workspace of the head's terms (`head_terms`), with no host sync (the launch of the eager step,
     `delta.triton_step.decode_step`, and of the static step, `kernels.static_step`). On sm_90 and later the row
@@ -313,11 +341,18 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
     open_fold = folds != "none" and not closed
     keys = torch.empty(bsz, nv, block_e, dk, device=hi.device) if open_fold else terms  # [B, HV, BLOCK_E, K]
     pdl = dependent_launches(hi.device)  # the row launches start while the head's terms are computed
-    # one warp a head: its channels' sums over the entries in registers, the entries' dot products by shuffles
-    _head_terms_kernel[(bsz, nv)](
-        q, k, g, entries["k"], entries["g"], count, fold, terms, keys, nv, groups, cap, float(eps or 0.0),
-        K=dk, BK=bk, BLOCK_E=block_e, SKIP=eps is not None, KEYS=open_fold, PDL=pdl, num_warps=1,
-    )
+    read_cfg = step_launch_config(bsz, nv, dk, dv, kind)
+    if read_cfg["TERMS"] and read_cfg["BLOCK_V"] < dv:
+        raise ValueError(f"a reading launch with TERMS holds a whole head: BLOCK_V {read_cfg['BLOCK_V']} < V {dv}")
+    # one warp a head: its channels' sums over the entries in registers, the entries' dot products by shuffles; where
+    # the reading launch computes its rows' terms itself (TERMS), of the folding rows only
+    own_terms = read_cfg["TERMS"]
+    if not (own_terms and folds == "none"):
+        _head_terms_kernel[(bsz, nv)](
+            q, k, g, entries["k"], entries["g"], count, fold, terms, keys, nv, groups, cap, float(eps or 0.0),
+            K=dk, BK=bk, BLOCK_E=block_e, SKIP=eps is not None, KEYS=open_fold, FOLDING=own_terms, PDL=pdl,
+            num_warps=1,
+        )
     for fold_path, split in step_launches(folds):
         if fold_path:
             cfg = fold_launch_config(bsz, nv, dv)
@@ -328,11 +363,11 @@ def launch_replay_step(hi, packed, read_fmt, buffer, count, new, read_hi, fold, 
                 SPLIT=split, HI_AT_FOLD=hi_at_fold, BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, **cfg,
             )
         else:
-            cfg = step_launch_config(bsz, nv, dk, dv, kind)
-            _replay_step_kernel[step_grid(bsz, nv, dv, cfg["BLOCK_V"])](
-                v, beta, entries["u"], count, read_hi, fold, hi, data, scales, gs, terms, u, o, nv, cap,
-                K=dk, V=dv, KP=kp, KIND=kind, GROUP=group, SKIP=eps is not None, SPLIT=split, HI_AT_FOLD=hi_at_fold,
-                BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, **cfg,
+            _replay_step_kernel[step_grid(bsz, nv, dv, read_cfg["BLOCK_V"])](
+                q, k, g, v, beta, entries["k"], entries["g"], entries["u"], count, read_hi, fold, hi, data, scales, gs,
+                terms, u, o, nv, groups, cap, float(eps or 0.0),
+                K=dk, V=dv, KP=kp, BK=bk, KIND=kind, GROUP=group, SKIP=eps is not None, SPLIT=split,
+                HI_AT_FOLD=hi_at_fold, BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, **read_cfg,
             )
 
 
