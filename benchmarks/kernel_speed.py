@@ -459,19 +459,20 @@ class GDN:
 
     def step_variants(self) -> list[dict]:
         """Launch configs of `_replay_step_kernel` the tune rows sweep (the non-flush step at the largest batch): rows
-        per tile, columns per pass, tiles per program, NVFP4 codes as words or bytes (the FP32 read ignores it), warps."""
-        out = []
+        per tile, columns per pass, tiles per program, NVFP4 codes as words or bytes (the FP32 read ignores it), warps;
+        the row-wise launches first, where a short budget still times them."""
+        rows, tiles = [], []
         k = max(16, triton.next_power_of_2(self.K))
         for block_v in (16, 32, 64, 128):
             for block_k in sorted({min(64, k), k}):  # K in chunks of 64, or whole
-                for tiles in sorted({1, triton.cdiv(self.V, block_v)}):
+                for t in sorted({1, triton.cdiv(self.V, block_v)}):
                     for words in (0, 1):
                         for warps in ((4, 8) if block_v * block_k >= 4096 else (2, 4)):
-                            out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=words, num_warps=warps))
+                            tiles.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=t, WORDS=words, num_warps=warps))
                     if block_k == min(64, k) and block_v >= 32:  # rows summed by their threads: one row a thread,
                         for warps in sorted({block_v // 32, 1}):  # or several (one warp)
-                            out.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=tiles, WORDS=2, num_warps=warps))
-        return out
+                            rows.append(dict(BLOCK_V=block_v, BLOCK_K=block_k, TILES=t, WORDS=2, num_warps=warps))
+        return rows + tiles
 
     def step_variant(self, launch, cfg: dict):
         return step_variant(gdn_triton, launch, cfg, self.state_heads, self.V, cfg["BLOCK_V"])
